@@ -1,0 +1,45 @@
+//! The heart of Idem: apply an effect once per idempotency key, however many
+//! times the request or message carrying it is delivered.
+//!
+//! Delivery is at-least-once; processing is effectively-once by idempotency keys,
+//! within a dedupe window (7 days by default). This crate holds the protocol and
+//! its types; it has no database drivers and does no I/O. The stores live in
+//! `idem-sqlite` (embedded, the default) and `idem-postgres`.
+//!
+//! Modules:
+//! - [`key`](crate::IdempotencyKey): validated keys and scopes;
+//! - [`fingerprint`](crate::Fingerprint): payload hashes (RFC 8785 JSON or raw bytes);
+//! - [`outcome`](crate::Outcome): the stored result replayed to duplicates;
+//! - [`record`](crate::Record): record states and fencing tokens;
+//! - [`protocol`]: the decision table every store follows;
+//! - [`store`](crate::LeaseStore): the traits stores implement, and the leased apply;
+//! - [`clock`](crate::Clock): injectable time;
+//! - [`settings`](crate::Settings): lease and retention, with defaults;
+//! - [`error`](crate::Error): refusals and store failures;
+//! - [`observe`]: metrics and logs for protocol events.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod clock;
+mod error;
+mod fingerprint;
+mod key;
+pub mod observe;
+mod outcome;
+pub mod protocol;
+mod record;
+mod settings;
+mod store;
+
+pub use clock::{Clock, ManualClock, SharedClock, SystemClock, Timestamp};
+pub use error::{ApplyError, Error, ErrorKind, StoreError};
+pub use fingerprint::{Fingerprint, FingerprintError};
+pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN, Scope};
+pub use outcome::{Outcome, OutcomeKind};
+pub use protocol::{Decision, decide};
+pub use record::{FencingToken, Record, RecordState, UnknownState};
+pub use settings::{DEFAULT_LEASE, DEFAULT_RETENTION, Settings};
+pub use store::{
+    Applied, Claim, Claimed, LeaseStore, Operation, RecordCount, RecordFilter, RecordStore,
+    apply_leased,
+};

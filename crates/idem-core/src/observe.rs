@@ -1,0 +1,65 @@
+//! Metrics and logs for protocol events, emitted in one place so every store
+//! reports them the same way.
+//!
+//! Counters go through the `metrics` facade (any exporter the application
+//! installs picks them up). Duplicates are logged at info: suppressing them is the
+//! library doing its job, not an error. Keys are never logged, only scopes.
+
+use crate::{Error, FencingToken, Scope};
+
+/// A duplicate was answered with the stored outcome.
+pub fn replayed(scope: &Scope) {
+    metrics::counter!("duplicates_suppressed_total", "scope" => scope.as_str().to_owned())
+        .increment(1);
+    tracing::info!(
+        scope = scope.as_str(),
+        "duplicate suppressed; stored outcome replayed"
+    );
+}
+
+/// An in-flight claim whose lease ended was taken over.
+pub fn took_over(scope: &Scope, token: FencingToken) {
+    metrics::counter!("lease_takeovers_total", "scope" => scope.as_str().to_owned()).increment(1);
+    tracing::info!(
+        scope = scope.as_str(),
+        token = token.get(),
+        "expired lease taken over"
+    );
+}
+
+/// A refusal produced by the protocol.
+pub fn refused(error: &Error) {
+    match error {
+        Error::KeyReuse { scope, .. } => {
+            metrics::counter!("idempotency_key_reuse_total", "scope" => scope.as_str().to_owned())
+                .increment(1);
+            tracing::info!(
+                scope = scope.as_str(),
+                "key reused with a different payload"
+            );
+        }
+        Error::InFlight { scope, .. } => {
+            metrics::counter!("idempotency_key_conflicts_total", "scope" => scope.as_str().to_owned())
+                .increment(1);
+            tracing::info!(
+                scope = scope.as_str(),
+                "concurrent duplicate answered as in flight"
+            );
+        }
+        Error::Fenced {
+            scope,
+            held,
+            current,
+            ..
+        } => {
+            metrics::counter!("fenced_total", "scope" => scope.as_str().to_owned()).increment(1);
+            tracing::warn!(
+                scope = scope.as_str(),
+                held = held.get(),
+                current = current.map(FencingToken::get),
+                "fenced: a newer owner holds this record; the stale worker's write was rejected"
+            );
+        }
+        Error::InvalidKey(_) | Error::Store(_) => {}
+    }
+}

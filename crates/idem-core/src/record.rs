@@ -1,0 +1,143 @@
+//! What a store keeps per `(scope, key)`, and the text form of its state.
+
+use std::fmt;
+use std::num::NonZeroU64;
+use std::str::FromStr;
+
+use crate::clock::Timestamp;
+use crate::{Fingerprint, IdempotencyKey, Outcome, Scope};
+
+/// The life of a record. In flight while a worker holds the claim; completed or
+/// failed (terminally) once an outcome is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RecordState {
+    /// Claimed; the effect is running or its worker died and the lease will run out.
+    InFlight,
+    /// Applied; the outcome is replayed to duplicates.
+    Completed,
+    /// Failed terminally; the failure is replayed to duplicates.
+    Failed,
+}
+
+impl RecordState {
+    /// All states, in lifecycle order.
+    pub const ALL: [RecordState; 3] = [Self::InFlight, Self::Completed, Self::Failed];
+
+    /// The text stored in the database and shown to people.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InFlight => "in_flight",
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+        }
+    }
+
+    /// Whether an outcome is stored (completed or failed).
+    pub fn is_settled(self) -> bool {
+        !matches!(self, Self::InFlight)
+    }
+}
+
+impl fmt::Display for RecordState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A state name that is not one of `in_flight`, `completed`, `failed`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown record state {0:?}: expected one of in_flight, completed, failed")]
+pub struct UnknownState(pub String);
+
+impl FromStr for RecordState {
+    type Err = UnknownState;
+    fn from_str(s: &str) -> Result<Self, UnknownState> {
+        Self::ALL
+            .into_iter()
+            .find(|state| state.as_str() == s)
+            .ok_or_else(|| UnknownState(s.to_owned()))
+    }
+}
+
+/// A fencing token: grows with every claim or takeover of a record and is never
+/// reused. Completion is accepted only from the holder of the current token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FencingToken(NonZeroU64);
+
+impl FencingToken {
+    /// The first token a record gets.
+    pub const FIRST: FencingToken = FencingToken(NonZeroU64::MIN);
+
+    /// Wraps a stored value; `None` for zero or a negative number.
+    pub fn new(value: i64) -> Option<Self> {
+        u64::try_from(value)
+            .ok()
+            .and_then(NonZeroU64::new)
+            .map(Self)
+    }
+
+    /// The token after this one.
+    pub fn next(self) -> Self {
+        Self(self.0.checked_add(1).expect("fencing token overflow"))
+    }
+
+    /// The value as stored in a signed 64-bit column.
+    pub fn get(self) -> i64 {
+        i64::try_from(self.0.get()).expect("fencing tokens stay below i64::MAX")
+    }
+}
+
+impl fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// One stored record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// Who applied the key.
+    pub scope: Scope,
+    /// The key.
+    pub key: IdempotencyKey,
+    /// Hash of the payload first seen with this key.
+    pub fingerprint: Fingerprint,
+    /// In flight, completed or failed.
+    pub state: RecordState,
+    /// The current fencing token.
+    pub token: FencingToken,
+    /// When the current claim's lease ends (in-flight records).
+    pub lease_until: Option<Timestamp>,
+    /// The stored outcome (settled records).
+    pub outcome: Option<Outcome>,
+    /// When the key was first claimed.
+    pub created_at: Timestamp,
+    /// When the record last changed.
+    pub updated_at: Timestamp,
+    /// When the record may be swept.
+    pub expires_at: Timestamp,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_text_round_trips_and_unknown_text_is_named() {
+        for state in RecordState::ALL {
+            assert_eq!(state.as_str().parse::<RecordState>(), Ok(state));
+        }
+        let err = "done".parse::<RecordState>().unwrap_err();
+        assert!(err.to_string().contains("\"done\""));
+    }
+
+    #[test]
+    fn tokens_are_positive_and_grow() {
+        assert_eq!(FencingToken::new(0), None);
+        assert_eq!(FencingToken::new(-3), None);
+        let one = FencingToken::FIRST;
+        assert_eq!(one.get(), 1);
+        assert!(one.next() > one);
+        assert_eq!(FencingToken::new(2), Some(one.next()));
+    }
+}

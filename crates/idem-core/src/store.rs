@@ -1,0 +1,238 @@
+//! What every store offers, whatever the database: the leased protocol (claim,
+//! renew, complete, release) and inspection and retention of records.
+//!
+//! The *atomic* mode, where the effect receives the store's open transaction, is
+//! necessarily typed by the driver (`rusqlite::Transaction`, `sqlx::Transaction`)
+//! and so lives on each store as an inherent `apply` method; it follows the same
+//! [`decide`](crate::decide) table.
+
+use std::future::Future;
+
+use crate::clock::Timestamp;
+use crate::{
+    Error, FencingToken, Fingerprint, IdempotencyKey, Outcome, Record, RecordState, Scope,
+};
+
+/// A claim held by one worker: the right to run the effect and record its
+/// outcome, as long as the token is current.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    /// Scope of the record.
+    pub scope: Scope,
+    /// The key.
+    pub key: IdempotencyKey,
+    /// The token this worker holds; completion is accepted only with it.
+    pub token: FencingToken,
+    /// When the lease ends unless renewed.
+    pub lease_until: Timestamp,
+    /// Whether this claim took over an expired one (a worker died or stalled).
+    pub took_over: bool,
+}
+
+/// What [`LeaseStore::claim`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claimed {
+    /// The caller now holds the key and must run the effect, then complete or
+    /// release.
+    Fresh(Claim),
+    /// The key was settled before: here is its stored outcome. Run nothing.
+    Replayed(Outcome),
+}
+
+/// What an apply returned: the outcome, and whether it was produced now or
+/// replayed from the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Applied {
+    /// The effect ran in this call and its outcome was stored.
+    Fresh(Outcome),
+    /// A duplicate: the stored outcome of an earlier call.
+    Replayed(Outcome),
+}
+
+impl Applied {
+    /// The outcome, fresh or replayed.
+    pub fn outcome(&self) -> &Outcome {
+        match self {
+            Self::Fresh(o) | Self::Replayed(o) => o,
+        }
+    }
+
+    /// Takes the outcome.
+    pub fn into_outcome(self) -> Outcome {
+        match self {
+            Self::Fresh(o) | Self::Replayed(o) => o,
+        }
+    }
+
+    /// Whether this was a replay.
+    pub fn is_replay(&self) -> bool {
+        matches!(self, Self::Replayed(_))
+    }
+}
+
+/// One operation of a batch apply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Operation {
+    /// Scope.
+    pub scope: Scope,
+    /// Key.
+    pub key: IdempotencyKey,
+    /// Fingerprint of the payload.
+    pub fingerprint: Fingerprint,
+}
+
+impl Operation {
+    /// An operation.
+    pub fn new(scope: Scope, key: IdempotencyKey, fingerprint: Fingerprint) -> Self {
+        Self {
+            scope,
+            key,
+            fingerprint,
+        }
+    }
+}
+
+/// The leased protocol: for effects outside the database (an upstream HTTP call,
+/// a payment gateway, an email).
+///
+/// The window between the effect and the completion cannot be closed for such
+/// effects; it is narrowed: a worker that dies leaves an in-flight claim whose
+/// lease runs out, after which a retry takes it over with a greater token, and
+/// the stale worker's completion is refused as [`Error::Fenced`].
+///
+/// ```
+/// # async fn demo(store: impl idem_core::LeaseStore) -> Result<(), idem_core::Error> {
+/// use idem_core::{Claimed, Fingerprint, IdempotencyKey, Outcome, Scope};
+/// let scope = Scope::new("emails").unwrap();
+/// let key = IdempotencyKey::new("welcome/user-7").unwrap();
+/// match store.claim(&scope, &key, Fingerprint::of_bytes(b"welcome")).await? {
+///     Claimed::Fresh(claim) => {
+///         // send the email here, outside the database
+///         store.complete(&claim, &Outcome::success("sent")).await?;
+///     }
+///     Claimed::Replayed(outcome) => assert_eq!(outcome.body, b"sent"),
+/// }
+/// # Ok(()) }
+/// ```
+pub trait LeaseStore: Send + Sync {
+    /// Claims the key for this caller (a new record, or a takeover of an expired
+    /// lease), or returns the stored outcome. Refuses with `InFlight` or
+    /// `KeyReuse` per the protocol table.
+    fn claim(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: Fingerprint,
+    ) -> impl Future<Output = Result<Claimed, Error>> + Send;
+
+    /// Extends the lease of a held claim (a heartbeat for long effects).
+    /// `Fenced` if the claim was taken over.
+    fn renew(&self, claim: &Claim) -> impl Future<Output = Result<Claim, Error>> + Send;
+
+    /// Stores the outcome (a success or a terminal failure) and settles the
+    /// record. `Fenced` if the token is no longer current.
+    fn complete(
+        &self,
+        claim: &Claim,
+        outcome: &Outcome,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Gives the key back after a retryable failure, so the next retry runs at
+    /// once. The record keeps its token (ended lease), so tokens never repeat.
+    fn release(&self, claim: &Claim) -> impl Future<Output = Result<(), Error>> + Send;
+}
+
+/// Which records to list.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecordFilter {
+    /// Only this scope.
+    pub scope: Option<Scope>,
+    /// Only this state.
+    pub state: Option<RecordState>,
+    /// At most this many (newest first); `None` for all.
+    pub limit: Option<usize>,
+}
+
+/// Inspection, schema and retention, for operators and the `idem` command.
+pub trait RecordStore: Send + Sync {
+    /// Creates or upgrades the schema. Safe to run again and from several
+    /// processes at once.
+    fn migrate(&self) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// The record for `(scope, key)`, if any.
+    fn get(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+    ) -> impl Future<Output = Result<Option<Record>, Error>> + Send;
+
+    /// Records matching the filter, newest first.
+    fn list(
+        &self,
+        filter: &RecordFilter,
+    ) -> impl Future<Output = Result<Vec<Record>, Error>> + Send;
+
+    /// How many records are stored, and how many of them are past retention.
+    fn count(&self) -> impl Future<Output = Result<RecordCount, Error>> + Send;
+
+    /// Deletes at most `limit` records past retention; returns how many.
+    fn sweep_batch(&self, limit: usize) -> impl Future<Output = Result<u64, Error>> + Send;
+
+    /// Deletes every record past retention, `batch` at a time, so no single
+    /// transaction holds locks for long. Returns how many were deleted.
+    fn sweep(&self, batch: usize) -> impl Future<Output = Result<u64, Error>> + Send {
+        async move {
+            let batch = batch.max(1);
+            let mut total = 0;
+            loop {
+                let deleted = self.sweep_batch(batch).await?;
+                total += deleted;
+                if deleted < batch as u64 {
+                    return Ok(total);
+                }
+            }
+        }
+    }
+}
+
+/// Record counts reported by [`RecordStore::count`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RecordCount {
+    /// All stored records.
+    pub total: u64,
+    /// Records past retention, waiting for a sweep.
+    pub expired: u64,
+}
+
+/// Runs an effect outside the database under the leased protocol: claim, run,
+/// then complete (success or terminal failure) or release (retryable failure).
+///
+/// The effect receives the claim so it can forward the token downstream as a
+/// fencing token, or renew the lease while it works.
+pub async fn apply_leased<S, F, Fut, E>(
+    store: &S,
+    scope: &Scope,
+    key: &IdempotencyKey,
+    fingerprint: Fingerprint,
+    effect: F,
+) -> Result<Applied, crate::ApplyError<E>>
+where
+    S: LeaseStore + ?Sized,
+    F: FnOnce(Claim) -> Fut,
+    Fut: Future<Output = Result<Outcome, E>>,
+{
+    let claim = match store.claim(scope, key, fingerprint).await? {
+        Claimed::Replayed(outcome) => return Ok(Applied::Replayed(outcome)),
+        Claimed::Fresh(claim) => claim,
+    };
+    match effect(claim.clone()).await {
+        Ok(outcome) => {
+            store.complete(&claim, &outcome).await?;
+            Ok(Applied::Fresh(outcome))
+        }
+        Err(error) => {
+            store.release(&claim).await?;
+            Err(crate::ApplyError::Effect(error))
+        }
+    }
+}
