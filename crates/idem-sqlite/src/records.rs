@@ -1,0 +1,286 @@
+//! Every statement on `idem_records`, and the mapping between its rows and
+//! [`Record`]. Nothing else in the crate writes SQL for this table.
+
+use idem_core::{
+    Error, FencingToken, Fingerprint, IdempotencyKey, Outcome, OutcomeKind, Record, RecordFilter,
+    RecordState, Scope, Timestamp,
+};
+use rusqlite::{Connection, OptionalExtension, Row, params};
+
+use crate::errors::{corrupt, map_err};
+
+const COLUMNS: &str = "scope, key, fingerprint, state, token, lease_until, outcome_kind, \
+                       outcome_body, outcome_meta, created_at, updated_at, expires_at";
+
+fn kind_text(kind: OutcomeKind) -> &'static str {
+    match kind {
+        OutcomeKind::Success => "success",
+        OutcomeKind::TerminalFailure => "terminal_failure",
+    }
+}
+
+fn parse_kind(text: &str) -> Result<OutcomeKind, Error> {
+    match text {
+        "success" => Ok(OutcomeKind::Success),
+        "terminal_failure" => Ok(OutcomeKind::TerminalFailure),
+        other => Err(corrupt(format!("unknown outcome kind {other:?}"))),
+    }
+}
+
+/// The state a settled record gets for an outcome.
+pub fn settled_state(outcome: &Outcome) -> RecordState {
+    match outcome.kind {
+        OutcomeKind::Success => RecordState::Completed,
+        OutcomeKind::TerminalFailure => RecordState::Failed,
+    }
+}
+
+struct RawRow {
+    scope: String,
+    key: String,
+    fingerprint: Vec<u8>,
+    state: String,
+    token: i64,
+    lease_until: Option<i64>,
+    outcome_kind: Option<String>,
+    outcome_body: Option<Vec<u8>>,
+    outcome_meta: Option<String>,
+    created_at: i64,
+    updated_at: i64,
+    expires_at: i64,
+}
+
+fn raw(row: &Row<'_>) -> rusqlite::Result<RawRow> {
+    Ok(RawRow {
+        scope: row.get(0)?,
+        key: row.get(1)?,
+        fingerprint: row.get(2)?,
+        state: row.get(3)?,
+        token: row.get(4)?,
+        lease_until: row.get(5)?,
+        outcome_kind: row.get(6)?,
+        outcome_body: row.get(7)?,
+        outcome_meta: row.get(8)?,
+        created_at: row.get(9)?,
+        updated_at: row.get(10)?,
+        expires_at: row.get(11)?,
+    })
+}
+
+impl RawRow {
+    fn into_record(self) -> Result<Record, Error> {
+        let at = || format!("{}/{}", self.scope, self.key);
+        let outcome = match (self.outcome_kind, self.outcome_body) {
+            (Some(kind), Some(body)) => Some(Outcome {
+                kind: parse_kind(&kind)?,
+                body,
+                meta: Outcome::parse_meta(self.outcome_meta.as_deref().unwrap_or("{}"))
+                    .map_err(|e| corrupt(format!("outcome metadata of {}: {e}", at())))?,
+            }),
+            _ => None,
+        };
+        Ok(Record {
+            fingerprint: Fingerprint::from_slice(&self.fingerprint)
+                .ok_or_else(|| corrupt(format!("fingerprint of {} is not 32 bytes", at())))?,
+            state: self
+                .state
+                .parse()
+                .map_err(|e| corrupt(format!("record {}: {e}", at())))?,
+            token: FencingToken::new(self.token)
+                .ok_or_else(|| corrupt(format!("record {} has token {}", at(), self.token)))?,
+            lease_until: self.lease_until.map(Timestamp),
+            outcome,
+            created_at: Timestamp(self.created_at),
+            updated_at: Timestamp(self.updated_at),
+            expires_at: Timestamp(self.expires_at),
+            scope: Scope::new(self.scope).map_err(|e| corrupt(e.to_string()))?,
+            key: IdempotencyKey::new(self.key).map_err(|e| corrupt(e.to_string()))?,
+        })
+    }
+}
+
+/// Reads one record.
+pub fn select(conn: &Connection, scope: &str, key: &str) -> Result<Option<Record>, Error> {
+    let mut stmt = conn
+        .prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM idem_records WHERE scope = ?1 AND key = ?2"
+        ))
+        .map_err(|e| map_err("prepare the record lookup", e))?;
+    stmt.query_row(params![scope, key], raw)
+        .optional()
+        .map_err(|e| map_err("read a record", e))?
+        .map(RawRow::into_record)
+        .transpose()
+}
+
+/// Reads the records for many `(scope, key)` pairs with one statement.
+pub fn select_many(conn: &Connection, pairs: &[(&str, &str)]) -> Result<Vec<Record>, Error> {
+    let wanted = serde_json::to_string(pairs).expect("string pairs always serialize");
+    let mut stmt = conn
+        .prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM idem_records WHERE (scope, key) IN \
+             (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(?1))"
+        ))
+        .map_err(|e| map_err("prepare the batch lookup", e))?;
+    let rows = stmt
+        .query_map(params![wanted], raw)
+        .map_err(|e| map_err("read records", e))?;
+    rows.map(|row| {
+        row.map_err(|e| map_err("read records", e))
+            .and_then(RawRow::into_record)
+    })
+    .collect()
+}
+
+/// Writes a whole record, inserting it or replacing the one stored under the
+/// same `(scope, key)`. Callers have decided, inside the same transaction, that
+/// the replacement is allowed.
+pub fn write(conn: &Connection, record: &Record) -> Result<(), Error> {
+    let mut stmt = conn
+        .prepare_cached(&format!(
+            "INSERT INTO idem_records ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12) \
+             ON CONFLICT (scope, key) DO UPDATE SET fingerprint = excluded.fingerprint, \
+             state = excluded.state, token = excluded.token, lease_until = excluded.lease_until, \
+             outcome_kind = excluded.outcome_kind, outcome_body = excluded.outcome_body, \
+             outcome_meta = excluded.outcome_meta, created_at = excluded.created_at, \
+             updated_at = excluded.updated_at, expires_at = excluded.expires_at"
+        ))
+        .map_err(|e| map_err("prepare the record write", e))?;
+    let outcome = record.outcome.as_ref();
+    stmt.execute(params![
+        record.scope.as_str(),
+        record.key.as_str(),
+        &record.fingerprint.as_bytes()[..],
+        record.state.as_str(),
+        record.token.get(),
+        record.lease_until.map(|t| t.0),
+        outcome.map(|o| kind_text(o.kind)),
+        outcome.map(|o| &o.body[..]),
+        outcome.map(Outcome::meta_json),
+        record.created_at.0,
+        record.updated_at.0,
+        record.expires_at.0,
+    ])
+    .map_err(|e| map_err("write a record", e))?;
+    Ok(())
+}
+
+/// A change to an in-flight record, accepted only from the holder of its token.
+#[derive(Debug)]
+pub enum HeldChange<'a> {
+    /// Store the outcome and settle the record.
+    Settle {
+        /// The outcome.
+        outcome: &'a Outcome,
+        /// New end of retention.
+        expires_at: Timestamp,
+    },
+    /// Move the end of the lease (renew, or release by ending it now).
+    Lease(Timestamp),
+}
+
+/// Applies `change` if `token` is still the record's token and it is in flight.
+/// Returns whether a row was changed.
+pub fn update_held(
+    conn: &Connection,
+    scope: &str,
+    key: &str,
+    token: FencingToken,
+    change: HeldChange<'_>,
+    now: Timestamp,
+) -> Result<bool, Error> {
+    let changed = match change {
+        HeldChange::Settle {
+            outcome,
+            expires_at,
+        } => {
+            let mut stmt = conn
+                .prepare_cached(
+                    "UPDATE idem_records SET state = ?1, outcome_kind = ?2, outcome_body = ?3, \
+                     outcome_meta = ?4, lease_until = NULL, updated_at = ?5, expires_at = ?6 \
+                     WHERE scope = ?7 AND key = ?8 AND token = ?9 AND state = 'in_flight'",
+                )
+                .map_err(|e| map_err("prepare the completion", e))?;
+            stmt.execute(params![
+                settled_state(outcome).as_str(),
+                kind_text(outcome.kind),
+                &outcome.body[..],
+                outcome.meta_json(),
+                now.0,
+                expires_at.0,
+                scope,
+                key,
+                token.get(),
+            ])
+            .map_err(|e| map_err("complete a record", e))?
+        }
+        HeldChange::Lease(until) => {
+            let mut stmt = conn
+                .prepare_cached(
+                    "UPDATE idem_records SET lease_until = ?1, updated_at = ?2 \
+                     WHERE scope = ?3 AND key = ?4 AND token = ?5 AND state = 'in_flight'",
+                )
+                .map_err(|e| map_err("prepare the lease update", e))?;
+            stmt.execute(params![until.0, now.0, scope, key, token.get()])
+                .map_err(|e| map_err("update a lease", e))?
+        }
+    };
+    Ok(changed == 1)
+}
+
+/// Records matching `filter`, newest first.
+pub fn list(conn: &Connection, filter: &RecordFilter) -> Result<Vec<Record>, Error> {
+    let mut stmt = conn
+        .prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM idem_records \
+             WHERE (?1 IS NULL OR scope = ?1) AND (?2 IS NULL OR state = ?2) \
+             ORDER BY created_at DESC, scope, key LIMIT ?3"
+        ))
+        .map_err(|e| map_err("prepare the listing", e))?;
+    let limit = filter
+        .limit
+        .map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX));
+    let rows = stmt
+        .query_map(
+            params![
+                filter.scope.as_ref().map(Scope::as_str),
+                filter.state.map(RecordState::as_str),
+                limit
+            ],
+            raw,
+        )
+        .map_err(|e| map_err("list records", e))?;
+    rows.map(|row| {
+        row.map_err(|e| map_err("list records", e))
+            .and_then(RawRow::into_record)
+    })
+    .collect()
+}
+
+/// `(all records, records past retention)`.
+pub fn count(conn: &Connection, now: Timestamp) -> Result<(u64, u64), Error> {
+    conn.prepare_cached(
+        "SELECT count(*), coalesce(sum(expires_at <= ?1), 0) FROM idem_records",
+    )
+    .and_then(|mut stmt| {
+        stmt.query_row(params![now.0], |row| {
+            Ok((row.get::<_, i64>(0)?, row.get::<_, i64>(1)?))
+        })
+    })
+    .map(|(total, expired)| (total.unsigned_abs(), expired.unsigned_abs()))
+    .map_err(|e| map_err("count records", e))
+}
+
+/// Deletes at most `limit` records past retention, oldest first.
+pub fn sweep_batch(conn: &Connection, now: Timestamp, limit: usize) -> Result<u64, Error> {
+    let mut stmt = conn
+        .prepare_cached(
+            "DELETE FROM idem_records WHERE (scope, key) IN \
+             (SELECT scope, key FROM idem_records WHERE expires_at <= ?1 ORDER BY expires_at LIMIT ?2)",
+        )
+        .map_err(|e| map_err("prepare the sweep", e))?;
+    let deleted = stmt
+        .execute(params![now.0, i64::try_from(limit).unwrap_or(i64::MAX)])
+        .map_err(|e| map_err("sweep expired records", e))?;
+    Ok(deleted as u64)
+}

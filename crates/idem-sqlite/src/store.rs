@@ -1,0 +1,581 @@
+//! [`SqliteStore`]: the apply protocol on an embedded SQLite file.
+//!
+//! Every decision is taken by [`idem_core::decide`] inside a `BEGIN IMMEDIATE`
+//! transaction on the writer thread, so the record read and the record written
+//! cannot be separated by another writer. Before that, two cheap steps answer
+//! most duplicates without touching the writer: a read on a reader connection
+//! (a settled record is replayed, a reused key refused), and the in-process
+//! [hold](crate::holds) that answers a concurrent duplicate `InFlight` at once.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use idem_core::{
+    Applied, ApplyError, Claim, Claimed, Decision, Error, FencingToken, Fingerprint,
+    IdempotencyKey, LeaseStore, Operation, Outcome, Record, RecordCount, RecordFilter,
+    RecordState, RecordStore, Scope, Settings, SharedClock, SystemClock, Timestamp, decide,
+    observe, protocol,
+};
+use rusqlite::{Connection, Transaction, TransactionBehavior};
+
+use crate::connection::{ConnectionOptions, Connections, Synchronous};
+use crate::errors::map_err;
+use crate::holds::{Hold, Holds};
+use crate::records::{self, HeldChange, settled_state};
+use crate::schema;
+
+/// The embedded store. Cheap to clone; clones share the writer thread.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use idem_core::{Fingerprint, IdempotencyKey, Outcome, Scope};
+/// use idem_sqlite::SqliteStore;
+///
+/// let dir = std::env::temp_dir().join(format!("idem-doc-{}", std::process::id()));
+/// std::fs::create_dir_all(&dir)?;
+/// let store = SqliteStore::open(dir.join("idem.db")).await?;
+/// let scope = Scope::new("payments")?;
+/// let key = IdempotencyKey::new("payment-1")?;
+/// let fp = Fingerprint::of_bytes(b"debit 10 from acc-1");
+/// for _delivery in 0..3 {
+///     store.apply(&scope, &key, fp, |tx| {
+///         tx.execute("CREATE TABLE IF NOT EXISTS debits (amount INTEGER)", [])?;
+///         tx.execute("INSERT INTO debits VALUES (10)", [])?;
+///         Ok::<_, rusqlite::Error>(Outcome::success("ok"))
+///     }).await?;
+/// }
+/// let debits: i64 = store.with_connection(|c| c.query_row("SELECT count(*) FROM debits", [], |r| r.get(0))).await??;
+/// assert_eq!(debits, 1);
+/// # std::fs::remove_dir_all(&dir)?; Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    connections: Connections,
+    holds: Holds,
+    settings: Settings,
+    clock: SharedClock,
+}
+
+/// Options for opening a [`SqliteStore`].
+#[derive(Debug, Clone)]
+pub struct SqliteStoreBuilder {
+    path: PathBuf,
+    settings: Settings,
+    clock: SharedClock,
+    connection: ConnectionOptions,
+}
+
+impl SqliteStoreBuilder {
+    /// Lease and retention.
+    pub fn settings(mut self, settings: Settings) -> Self {
+        self.settings = settings;
+        self
+    }
+
+    /// The clock (a [`idem_core::ManualClock`] in tests).
+    pub fn clock(mut self, clock: SharedClock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Commit durability; `Full` by default.
+    pub fn synchronous(mut self, synchronous: Synchronous) -> Self {
+        self.connection.synchronous = synchronous;
+        self
+    }
+
+    /// How long to wait for another process's write lock; 5 s by default.
+    pub fn busy_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.connection.busy_timeout = timeout;
+        self
+    }
+
+    /// Opens (creating if needed) the file and brings its schema up to date.
+    pub async fn open(self) -> Result<SqliteStore, Error> {
+        let connections =
+            Connections::open(self.path, self.connection, |conn| schema::migrate(conn)).await?;
+        Ok(SqliteStore {
+            inner: Arc::new(Inner {
+                connections,
+                holds: Holds::default(),
+                settings: self.settings,
+                clock: self.clock,
+            }),
+        })
+    }
+}
+
+/// What the writer decided for one key.
+enum Step {
+    Answer(Result<Outcome, Error>),
+    Run(Decision),
+}
+
+fn begin(conn: &mut Connection) -> Result<Transaction<'_>, Error> {
+    conn.transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(|e| map_err("begin a write transaction", e))
+}
+
+fn commit(tx: Transaction<'_>) -> Result<(), Error> {
+    tx.commit().map_err(|e| map_err("commit", e))
+}
+
+/// Reports a protocol answer through metrics and logs, and passes it on.
+fn observed(scope: &Scope, answer: Result<Decision, Error>) -> Step {
+    match answer {
+        Ok(Decision::Replay(outcome)) => {
+            observe::replayed(scope);
+            Step::Answer(Ok(outcome))
+        }
+        Ok(decision) => Step::Run(decision),
+        Err(refusal) => {
+            observe::refused(&refusal);
+            Step::Answer(Err(refusal))
+        }
+    }
+}
+
+struct Protocol<'a> {
+    settings: &'a Settings,
+    now: Timestamp,
+}
+
+impl Protocol<'_> {
+    fn step(&self, found: Option<&Record>, op: &Operation) -> Step {
+        observed(
+            &op.scope,
+            decide(
+                found,
+                &op.scope,
+                &op.key,
+                &op.fingerprint,
+                self.now,
+                self.settings,
+            ),
+        )
+    }
+
+    /// The record written when `decision` is carried out: in flight with a lease
+    /// when `outcome` is `None`, settled otherwise.
+    fn record(
+        &self,
+        op: &Operation,
+        found: Option<&Record>,
+        decision: &Decision,
+        outcome: Option<Outcome>,
+    ) -> Record {
+        let token = decision.token().expect("only claims are written");
+        if matches!(decision, Decision::TakeOver { .. }) {
+            observe::took_over(&op.scope, token);
+        }
+        let created_at = match (decision, found) {
+            (Decision::TakeOver { .. }, Some(previous)) => previous.created_at,
+            _ => self.now,
+        };
+        Record {
+            scope: op.scope.clone(),
+            key: op.key.clone(),
+            fingerprint: op.fingerprint,
+            state: outcome
+                .as_ref()
+                .map_or(RecordState::InFlight, settled_state),
+            token,
+            lease_until: outcome
+                .is_none()
+                .then(|| self.now.plus(self.settings.lease)),
+            outcome,
+            created_at,
+            updated_at: self.now,
+            expires_at: self.now.plus(self.settings.retention),
+        }
+    }
+}
+
+fn fenced(claim: &Claim, current: Option<FencingToken>) -> Error {
+    let error = Error::Fenced {
+        scope: claim.scope.clone(),
+        key: claim.key.clone(),
+        held: claim.token,
+        current,
+    };
+    observe::refused(&error);
+    error
+}
+
+impl SqliteStore {
+    /// Opens `path` with the defaults (lease 60 s, retention 7 days, system
+    /// clock, `synchronous=FULL`).
+    pub async fn open(path: impl AsRef<Path>) -> Result<Self, Error> {
+        Self::builder(path).open().await
+    }
+
+    /// Starts configuring a store on `path`.
+    pub fn builder(path: impl AsRef<Path>) -> SqliteStoreBuilder {
+        SqliteStoreBuilder {
+            path: path.as_ref().to_path_buf(),
+            settings: Settings::default(),
+            clock: Arc::new(SystemClock),
+            connection: ConnectionOptions::default(),
+        }
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        self.inner.connections.path()
+    }
+
+    /// Lease and retention.
+    pub fn settings(&self) -> &Settings {
+        &self.inner.settings
+    }
+
+    /// The store's clock.
+    pub fn clock(&self) -> &SharedClock {
+        &self.inner.clock
+    }
+
+    fn protocol(&self) -> Protocol<'_> {
+        Protocol {
+            settings: &self.inner.settings,
+            now: self.inner.clock.now(),
+        }
+    }
+
+    /// Runs `job` on the write connection, outside the protocol: for the
+    /// application's own schema and reads that must see the latest writes.
+    pub async fn with_connection<R: Send + 'static>(
+        &self,
+        job: impl FnOnce(&mut Connection) -> R + Send + 'static,
+    ) -> Result<R, Error> {
+        self.inner.connections.write(job).await
+    }
+
+    /// Answers from a reader connection when the record settles the matter
+    /// (replay, key reuse, a live lease); `None` when the writer must decide.
+    async fn answer_early(&self, op: &Operation) -> Result<Option<Outcome>, Error> {
+        let (scope, key) = (op.scope.to_string(), op.key.to_string());
+        let Some(found) = self
+            .inner
+            .connections
+            .read(move |conn| records::select(conn, &scope, &key))
+            .await?
+        else {
+            return Ok(None);
+        };
+        match self.protocol().step(Some(&found), op) {
+            Step::Answer(answer) => answer.map(Some),
+            Step::Run(_) => Ok(None),
+        }
+    }
+
+    fn hold(&self, op: &Operation) -> Result<Hold, Error> {
+        self.inner
+            .holds
+            .try_hold(op.scope.as_str(), op.key.as_str())
+            .ok_or_else(|| {
+                let refusal = protocol::busy(&op.scope, &op.key, &self.inner.settings);
+                observe::refused(&refusal);
+                refusal
+            })
+    }
+
+    /// Applies `effect` once for `(scope, key)` in atomic mode: the effect gets
+    /// the open `BEGIN IMMEDIATE` transaction, and the record is written and
+    /// committed with it, in one commit.
+    ///
+    /// A duplicate gets the stored outcome (`Applied::Replayed`) without running
+    /// the effect; a concurrent duplicate gets `InFlight` at once; a key reused
+    /// with another payload gets `KeyReuse`. An effect error rolls the whole
+    /// transaction back (nothing is recorded, the next retry runs again); return
+    /// [`Outcome::terminal_failure`] instead to store a failure for replay.
+    pub async fn apply<F, E>(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: Fingerprint,
+        effect: F,
+    ) -> Result<Applied, ApplyError<E>>
+    where
+        F: FnOnce(&Transaction<'_>) -> Result<Outcome, E> + Send + 'static,
+        E: Send + 'static,
+    {
+        let op = Operation::new(scope.clone(), key.clone(), fingerprint);
+        if let Some(outcome) = self.answer_early(&op).await? {
+            return Ok(Applied::Replayed(outcome));
+        }
+        let _hold = self.hold(&op)?;
+        let store = self.clone();
+        self.inner
+            .connections
+            .write(move |conn| {
+                let protocol = store.protocol();
+                let tx = begin(conn)?;
+                let found = records::select(&tx, op.scope.as_str(), op.key.as_str())?;
+                let decision = match protocol.step(found.as_ref(), &op) {
+                    Step::Answer(answer) => return Ok(Applied::Replayed(answer?)),
+                    Step::Run(decision) => decision,
+                };
+                let outcome = effect(&tx).map_err(ApplyError::Effect)?;
+                let record = protocol.record(&op, found.as_ref(), &decision, Some(outcome.clone()));
+                records::write(&tx, &record)?;
+                commit(tx)?;
+                Ok(Applied::Fresh(outcome))
+            })
+            .await?
+    }
+
+    /// Applies a batch in one transaction: every key is looked up with one
+    /// statement, `effect(tx, i)` runs only for operations that are new, and one
+    /// commit settles them all. Returns one answer per operation, in order; a
+    /// key repeated inside the batch is answered like a later duplicate.
+    ///
+    /// If any effect fails, the whole batch is rolled back and the error names
+    /// the operation's index; the caller may then apply the operations one by one.
+    pub async fn apply_batch<F, E>(
+        &self,
+        ops: &[Operation],
+        mut effect: F,
+    ) -> Result<Vec<Result<Applied, Error>>, ApplyError<(usize, E)>>
+    where
+        F: FnMut(&Transaction<'_>, usize) -> Result<Outcome, E> + Send + 'static,
+        E: Send + 'static,
+    {
+        let ops = ops.to_vec();
+        let mut holds = HashMap::new();
+        for op in &ops {
+            let pair = (op.scope.to_string(), op.key.to_string());
+            if !holds.contains_key(&pair) {
+                let hold = self.inner.holds.try_hold(&pair.0, &pair.1);
+                holds.insert(pair, hold);
+            }
+        }
+        let held: HashMap<(String, String), bool> =
+            holds.iter().map(|(k, v)| (k.clone(), v.is_some())).collect();
+        let store = self.clone();
+        self.inner
+            .connections
+            .write(move |conn| {
+                let protocol = store.protocol();
+                let tx = begin(conn)?;
+                let pairs: Vec<(&str, &str)> = held
+                    .iter()
+                    .filter(|(_, held)| **held)
+                    .map(|((s, k), _)| (s.as_str(), k.as_str()))
+                    .collect();
+                let mut found: HashMap<(String, String), Record> =
+                    records::select_many(&tx, &pairs)?
+                        .into_iter()
+                        .map(|r| ((r.scope.to_string(), r.key.to_string()), r))
+                        .collect();
+                let mut answers = Vec::with_capacity(ops.len());
+                let mut written = Vec::new();
+                for (index, op) in ops.iter().enumerate() {
+                    let pair = (op.scope.to_string(), op.key.to_string());
+                    if !held[&pair] {
+                        let refusal = protocol::busy(&op.scope, &op.key, &store.inner.settings);
+                        observe::refused(&refusal);
+                        answers.push(Err(refusal));
+                        continue;
+                    }
+                    match protocol.step(found.get(&pair), op) {
+                        Step::Answer(answer) => answers.push(answer.map(Applied::Replayed)),
+                        Step::Run(decision) => {
+                            let outcome = effect(&tx, index)
+                                .map_err(|e| ApplyError::Effect((index, e)))?;
+                            let record = protocol.record(
+                                op,
+                                found.get(&pair),
+                                &decision,
+                                Some(outcome.clone()),
+                            );
+                            found.insert(pair, record.clone());
+                            written.push(record);
+                            answers.push(Ok(Applied::Fresh(outcome)));
+                        }
+                    }
+                }
+                for record in &written {
+                    records::write(&tx, record)?;
+                }
+                commit(tx)?;
+                drop(holds);
+                Ok(answers)
+            })
+            .await?
+    }
+
+    /// Completes a leased claim whose effect is a write in this database: the
+    /// effect and the fenced completion run in one transaction. If the claim was
+    /// taken over, the effect does not run and nothing is written: `Fenced`.
+    pub async fn complete_with<F, E>(&self, claim: &Claim, effect: F) -> Result<Outcome, ApplyError<E>>
+    where
+        F: FnOnce(&Transaction<'_>) -> Result<Outcome, E> + Send + 'static,
+        E: Send + 'static,
+    {
+        let claim = claim.clone();
+        let store = self.clone();
+        self.inner
+            .connections
+            .write(move |conn| {
+                let now = store.inner.clock.now();
+                let tx = begin(conn)?;
+                let found = records::select(&tx, claim.scope.as_str(), claim.key.as_str())?;
+                match &found {
+                    Some(r) if r.token == claim.token && r.state == RecordState::InFlight => {}
+                    other => return Err(fenced(&claim, other.as_ref().map(|r| r.token)).into()),
+                }
+                let outcome = effect(&tx).map_err(ApplyError::Effect)?;
+                records::update_held(
+                    &tx,
+                    claim.scope.as_str(),
+                    claim.key.as_str(),
+                    claim.token,
+                    HeldChange::Settle {
+                        outcome: &outcome,
+                        expires_at: now.plus(store.inner.settings.retention),
+                    },
+                    now,
+                )?;
+                commit(tx)?;
+                Ok(outcome)
+            })
+            .await?
+    }
+
+    /// Changes a held claim on the writer; `Fenced` when the token is no longer
+    /// current.
+    async fn change_held(
+        &self,
+        claim: &Claim,
+        change: impl FnOnce(Timestamp, &Settings) -> HeldChange<'static> + Send + 'static,
+    ) -> Result<Timestamp, Error> {
+        let claim = claim.clone();
+        let store = self.clone();
+        self.inner
+            .connections
+            .write(move |conn| {
+                let now = store.inner.clock.now();
+                let (scope, key) = (claim.scope.as_str(), claim.key.as_str());
+                let tx = begin(conn)?;
+                if !records::update_held(&tx, scope, key, claim.token, change(now, &store.inner.settings), now)? {
+                    let current = records::select(&tx, scope, key)?.map(|r| r.token);
+                    return Err(fenced(&claim, current));
+                }
+                commit(tx)?;
+                Ok(now)
+            })
+            .await?
+    }
+}
+
+impl LeaseStore for SqliteStore {
+    async fn claim(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: Fingerprint,
+    ) -> Result<Claimed, Error> {
+        let op = Operation::new(scope.clone(), key.clone(), fingerprint);
+        if let Some(outcome) = self.answer_early(&op).await? {
+            return Ok(Claimed::Replayed(outcome));
+        }
+        let _hold = self.hold(&op)?;
+        let store = self.clone();
+        self.inner
+            .connections
+            .write(move |conn| {
+                let protocol = store.protocol();
+                let tx = begin(conn)?;
+                let found = records::select(&tx, op.scope.as_str(), op.key.as_str())?;
+                let decision = match protocol.step(found.as_ref(), &op) {
+                    Step::Answer(answer) => return answer.map(Claimed::Replayed),
+                    Step::Run(decision) => decision,
+                };
+                let record = protocol.record(&op, found.as_ref(), &decision, None);
+                records::write(&tx, &record)?;
+                commit(tx)?;
+                Ok(Claimed::Fresh(Claim {
+                    scope: op.scope,
+                    key: op.key,
+                    token: record.token,
+                    lease_until: record.lease_until.expect("claims carry a lease"),
+                    took_over: matches!(decision, Decision::TakeOver { .. }),
+                }))
+            })
+            .await?
+    }
+
+    async fn renew(&self, claim: &Claim) -> Result<Claim, Error> {
+        let lease = self.inner.settings.lease;
+        let now = self
+            .change_held(claim, move |now, _| HeldChange::Lease(now.plus(lease)))
+            .await?;
+        Ok(Claim {
+            lease_until: now.plus(lease),
+            ..claim.clone()
+        })
+    }
+
+    async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
+        let outcome = outcome.clone();
+        self.complete_with(claim, move |_| Ok::<_, std::convert::Infallible>(outcome))
+            .await
+            .map(drop)
+            .map_err(|e| match e {
+                ApplyError::Protocol(e) => e,
+                ApplyError::Effect(never) => match never {},
+            })
+    }
+
+    async fn release(&self, claim: &Claim) -> Result<(), Error> {
+        self.change_held(claim, |now, _| HeldChange::Lease(now))
+            .await
+            .map(drop)
+    }
+}
+
+impl RecordStore for SqliteStore {
+    async fn migrate(&self) -> Result<(), Error> {
+        self.inner.connections.write(schema::migrate).await?
+    }
+
+    async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, Error> {
+        let (scope, key) = (scope.to_string(), key.to_string());
+        self.inner
+            .connections
+            .read(move |conn| records::select(conn, &scope, &key))
+            .await
+    }
+
+    async fn list(&self, filter: &RecordFilter) -> Result<Vec<Record>, Error> {
+        let filter = filter.clone();
+        self.inner
+            .connections
+            .read(move |conn| records::list(conn, &filter))
+            .await
+    }
+
+    async fn count(&self) -> Result<RecordCount, Error> {
+        let now = self.inner.clock.now();
+        self.inner
+            .connections
+            .read(move |conn| {
+                records::count(conn, now).map(|(total, expired)| RecordCount { total, expired })
+            })
+            .await
+    }
+
+    async fn sweep_batch(&self, limit: usize) -> Result<u64, Error> {
+        let now = self.inner.clock.now();
+        self.inner
+            .connections
+            .write(move |conn| records::sweep_batch(conn, now, limit))
+            .await?
+    }
+}
