@@ -129,7 +129,11 @@ impl Connections {
                 }
             })
             .map_err(|e| {
-                StoreError::with_source(ErrorKind::Other, "could not start the SQLite writer thread", e)
+                StoreError::with_source(
+                    ErrorKind::Other,
+                    "could not start the SQLite writer thread",
+                    e,
+                )
             })?;
         opened_rx.await.map_err(|_| stopped())??;
         Ok(Self {
@@ -201,5 +205,9 @@ impl Connections {
 }
 
 fn stopped() -> Error {
-    StoreError::new(ErrorKind::Unavailable, "the SQLite writer thread has stopped").into()
+    StoreError::new(
+        ErrorKind::Unavailable,
+        "the SQLite writer thread has stopped",
+    )
+    .into()
 }

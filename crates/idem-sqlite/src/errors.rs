@@ -7,7 +7,9 @@ use rusqlite::ErrorCode;
 pub fn map_err(doing: &str, error: rusqlite::Error) -> Error {
     let kind = kind_of(&error);
     let hint = match kind {
-        ErrorKind::Busy => "; another process holds the write lock for longer than the busy timeout — raise it or use PostgreSQL for several processes",
+        ErrorKind::Busy => {
+            "; another process holds the write lock for longer than the busy timeout — raise it or use PostgreSQL for several processes"
+        }
         ErrorKind::Unavailable => "; check that the directory exists and is writable",
         ErrorKind::Corrupt => "; the file is not an idem SQLite database of a known version",
         _ => "",

@@ -259,16 +259,14 @@ pub fn list(conn: &Connection, filter: &RecordFilter) -> Result<Vec<Record>, Err
 
 /// `(all records, records past retention)`.
 pub fn count(conn: &Connection, now: Timestamp) -> Result<(u64, u64), Error> {
-    conn.prepare_cached(
-        "SELECT count(*), coalesce(sum(expires_at <= ?1), 0) FROM idem_records",
-    )
-    .and_then(|mut stmt| {
-        stmt.query_row(params![now.0], |row| {
-            Ok((row.get::<_, i64>(0)?, row.get::<_, i64>(1)?))
+    conn.prepare_cached("SELECT count(*), coalesce(sum(expires_at <= ?1), 0) FROM idem_records")
+        .and_then(|mut stmt| {
+            stmt.query_row(params![now.0], |row| {
+                Ok((row.get::<_, i64>(0)?, row.get::<_, i64>(1)?))
+            })
         })
-    })
-    .map(|(total, expired)| (total.unsigned_abs(), expired.unsigned_abs()))
-    .map_err(|e| map_err("count records", e))
+        .map(|(total, expired)| (total.unsigned_abs(), expired.unsigned_abs()))
+        .map_err(|e| map_err("count records", e))
 }
 
 /// Deletes at most `limit` records past retention, oldest first.

@@ -60,7 +60,6 @@ pub fn migrate(conn: &mut Connection) -> Result<(), Error> {
             .map_err(|e| map_err("apply a migration", e))?;
         tx.pragma_update(None, "user_version", version + 1)
             .map_err(|e| map_err("record the schema version", e))?;
-        tx.commit()
-            .map_err(|e| map_err("commit a migration", e))?;
+        tx.commit().map_err(|e| map_err("commit a migration", e))?;
     }
 }

@@ -13,9 +13,8 @@ use std::sync::Arc;
 
 use idem_core::{
     Applied, ApplyError, Claim, Claimed, Decision, Error, FencingToken, Fingerprint,
-    IdempotencyKey, LeaseStore, Operation, Outcome, Record, RecordCount, RecordFilter,
-    RecordState, RecordStore, Scope, Settings, SharedClock, SystemClock, Timestamp, decide,
-    observe, protocol,
+    IdempotencyKey, LeaseStore, Operation, Outcome, Record, RecordCount, RecordFilter, RecordState,
+    RecordStore, Scope, Settings, SharedClock, SystemClock, Timestamp, decide, observe, protocol,
 };
 use rusqlite::{Connection, Transaction, TransactionBehavior};
 
@@ -355,8 +354,20 @@ impl SqliteStore {
                 holds.insert(pair, hold);
             }
         }
-        let held: HashMap<(String, String), bool> =
-            holds.iter().map(|(k, v)| (k.clone(), v.is_some())).collect();
+        let held: HashMap<(String, String), bool> = holds
+            .iter()
+            .map(|(k, v)| (k.clone(), v.is_some()))
+            .collect();
+        if !held.values().any(|held| *held) {
+            return Ok(ops
+                .iter()
+                .map(|op| {
+                    let refusal = protocol::busy(&op.scope, &op.key, &self.inner.settings);
+                    observe::refused(&refusal);
+                    Err(refusal)
+                })
+                .collect());
+        }
         let store = self.clone();
         self.inner
             .connections
@@ -386,8 +397,8 @@ impl SqliteStore {
                     match protocol.step(found.get(&pair), op) {
                         Step::Answer(answer) => answers.push(answer.map(Applied::Replayed)),
                         Step::Run(decision) => {
-                            let outcome = effect(&tx, index)
-                                .map_err(|e| ApplyError::Effect((index, e)))?;
+                            let outcome =
+                                effect(&tx, index).map_err(|e| ApplyError::Effect((index, e)))?;
                             let record = protocol.record(
                                 op,
                                 found.get(&pair),
@@ -413,7 +424,11 @@ impl SqliteStore {
     /// Completes a leased claim whose effect is a write in this database: the
     /// effect and the fenced completion run in one transaction. If the claim was
     /// taken over, the effect does not run and nothing is written: `Fenced`.
-    pub async fn complete_with<F, E>(&self, claim: &Claim, effect: F) -> Result<Outcome, ApplyError<E>>
+    pub async fn complete_with<F, E>(
+        &self,
+        claim: &Claim,
+        effect: F,
+    ) -> Result<Outcome, ApplyError<E>>
     where
         F: FnOnce(&Transaction<'_>) -> Result<Outcome, E> + Send + 'static,
         E: Send + 'static,
@@ -463,7 +478,14 @@ impl SqliteStore {
                 let now = store.inner.clock.now();
                 let (scope, key) = (claim.scope.as_str(), claim.key.as_str());
                 let tx = begin(conn)?;
-                if !records::update_held(&tx, scope, key, claim.token, change(now, &store.inner.settings), now)? {
+                if !records::update_held(
+                    &tx,
+                    scope,
+                    key,
+                    claim.token,
+                    change(now, &store.inner.settings),
+                    now,
+                )? {
                     let current = records::select(&tx, scope, key)?.map(|r| r.token);
                     return Err(fenced(&claim, current));
                 }

@@ -1,1 +1,86 @@
-//! placeholder
+//! Test tools for Idem and for applications built on it.
+//!
+//! Modules:
+//! - [`harness`]: the seam a store implements to run the conformance suite;
+//! - [`conformance`]: the suite itself, one async function per case;
+//! - [`crash`]: crash tests with real processes killed by SIGKILL;
+//! - [`deliveries`]: at-least-once delivery simulated (duplicates, shuffles);
+//! - [`services`]: whether a missing database fails or skips a test.
+//!
+//! A store's test file implements [`Harness`] and invokes
+//! [`conformance_suite!`] once; that expands to one test per case.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod conformance;
+pub mod crash;
+pub mod deliveries;
+pub mod harness;
+pub mod services;
+
+pub use harness::{Effect, Gate, GateControl, Harness};
+
+/// Expands to one test per conformance case for the given [`Harness`] type,
+/// plus the crash tests and the child they spawn. Use it at the top level of
+/// an integration test file or in a module of one.
+#[macro_export]
+macro_rules! conformance_suite {
+    ($harness:ty) => {
+        $crate::conformance_suite!(@cases $harness;
+            fresh_key_applies_once_and_duplicates_replay,
+            scopes_are_separate,
+            key_reuse_is_refused_and_changes_nothing,
+            concurrent_duplicate_is_answered_not_queued,
+            sixty_four_concurrent_callers_apply_once,
+            retryable_failure_rolls_back_and_releases,
+            terminal_failure_is_stored_and_replayed,
+            leased_claim_complete_replay,
+            zombie_is_fenced,
+            atomic_apply_takes_over_an_expired_claim,
+            renewal_extends_the_lease,
+            release_lets_the_next_retry_run_at_once,
+            retention_is_enforced_by_bounded_sweeps,
+            expired_records_are_replaced_with_a_greater_token,
+            batch_apply_dedupes_and_commits_once,
+            batch_answers_a_busy_key_in_flight,
+            records_can_be_listed_and_shown,
+        );
+        $crate::conformance_suite!(@crashes $harness;
+            crash_after_claim => AfterClaim,
+            crash_inside_effect => InsideEffect,
+            crash_after_commit => AfterCommit,
+            crash_after_leased_claim => LeasedAfterClaim,
+        );
+
+        #[test]
+        fn duplicated_and_shuffled_deliveries_reach_the_same_state() {
+            $crate::conformance::duplicated_and_shuffled_deliveries_reach_the_same_state::<$harness>();
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        #[ignore = "child process of the crash tests, which start it themselves"]
+        async fn crash_child() {
+            $crate::crash::child::<$harness>().await;
+        }
+    };
+    (@cases $harness:ty; $($case:ident),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn $case() {
+            if let Some(h) = <$harness as $crate::Harness>::fresh().await {
+                $crate::conformance::$case(h).await;
+            }
+        }
+    )*};
+    (@crashes $harness:ty; $($name:ident => $point:ident),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            if let Some(h) = <$harness as $crate::Harness>::fresh().await {
+                let child = match module_path!().split_once("::") {
+                    Some((_, module)) => format!("{module}::crash_child"),
+                    None => "crash_child".to_owned(),
+                };
+                $crate::crash::crash_and_recover(h, $crate::crash::CrashPoint::$point, &child).await;
+            }
+        }
+    )*};
+}

@@ -1,0 +1,260 @@
+//! Turns sqlx errors into Idem's [`StoreError`], in exactly one function.
+//!
+//! Everything above this module decides on an [`ErrorKind`] (retry on
+//! `SerializationFailure`, `Busy` and `Unavailable`; give up on the rest) and never
+//! sees a driver type. The messages are for the person reading a log or a CLI
+//! error: they say where the server was (host, port, database, user — never the
+//! password) and what to do next.
+
+use std::fmt;
+use std::time::Duration;
+
+use idem_core::{ErrorKind, StoreError};
+use sqlx::migrate::MigrateError;
+use sqlx::postgres::{PgConnectOptions, PgPool};
+
+/// Where the store connects, described without the password, plus the pool
+/// limits that explain a pool time-out.
+#[derive(Clone)]
+pub(crate) struct Endpoint {
+    /// `host:port`, or the Unix socket path.
+    address: String,
+    database: Option<String>,
+    user: String,
+    max_connections: u32,
+    acquire_timeout: Duration,
+}
+
+impl Endpoint {
+    /// Describes the server that `options` point at.
+    pub(crate) fn new(
+        options: &PgConnectOptions,
+        max_connections: u32,
+        acquire_timeout: Duration,
+    ) -> Self {
+        let address = match options.get_socket() {
+            Some(path) => format!("unix socket {}", path.display()),
+            None => format!("{}:{}", options.get_host(), options.get_port()),
+        };
+        Self {
+            address,
+            database: options.get_database().map(str::to_owned),
+            user: options.get_username().to_owned(),
+            max_connections,
+            acquire_timeout,
+        }
+    }
+
+    /// Describes the server behind an existing pool.
+    pub(crate) fn of_pool(pool: &PgPool) -> Self {
+        let options = pool.options();
+        Self::new(
+            &pool.connect_options(),
+            options.get_max_connections(),
+            options.get_acquire_timeout(),
+        )
+    }
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} (", self.address)?;
+        if let Some(database) = &self.database {
+            write!(f, "database {database}, ")?;
+        }
+        write!(f, "user {})", self.user)
+    }
+}
+
+impl fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "\"{self}\"")
+    }
+}
+
+/// The one mapping from a sqlx error to a store error.
+pub(crate) fn store_error(error: sqlx::Error, at: &Endpoint) -> StoreError {
+    let (kind, message) = classify(&error, at);
+    StoreError::with_source(kind, message, error)
+}
+
+/// A row that sqlx read fine but that does not hold a valid record (an unknown
+/// state, a fingerprint of the wrong length, ...). Reported through
+/// [`sqlx::Error::Decode`] so that it reaches [`store_error`] like every other
+/// failure, and comes out as [`ErrorKind::Corrupt`].
+#[derive(Debug)]
+pub(crate) struct BadRow(pub(crate) String);
+
+impl fmt::Display for BadRow {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for BadRow {}
+
+impl BadRow {
+    /// As a sqlx error.
+    pub(crate) fn into_sqlx(message: impl Into<String>) -> sqlx::Error {
+        sqlx::Error::Decode(Box::new(Self(message.into())))
+    }
+}
+
+const RUN_MIGRATIONS: &str = "run the migrations (PgStore::builder(url).migrate(true), or RecordStore::migrate) against this database";
+
+fn classify(error: &sqlx::Error, at: &Endpoint) -> (ErrorKind, String) {
+    use sqlx::Error as E;
+    match error {
+        E::Io(e) => (
+            ErrorKind::Unavailable,
+            format!(
+                "cannot reach PostgreSQL at {at}: {e}; is the server running and accepting connections there?"
+            ),
+        ),
+        E::Tls(e) => (
+            ErrorKind::Config,
+            format!(
+                "TLS with PostgreSQL at {at} failed: {e}; check the sslmode and certificates in the URL"
+            ),
+        ),
+        E::PoolTimedOut => (
+            ErrorKind::Unavailable,
+            format!(
+                "no connection to PostgreSQL at {at} within {} ms: the server is down or unreachable, or all {} pooled connections stayed busy; check the server, or raise max_connections",
+                at.acquire_timeout.as_millis(),
+                at.max_connections
+            ),
+        ),
+        E::PoolClosed => (
+            ErrorKind::Unavailable,
+            format!(
+                "the connection pool to PostgreSQL at {at} was closed; this store can no longer be used, connect a new one"
+            ),
+        ),
+        E::WorkerCrashed => (
+            ErrorKind::Unavailable,
+            format!("the connection to PostgreSQL at {at} lost its background worker; retry"),
+        ),
+        E::Configuration(e) => (
+            ErrorKind::Config,
+            format!(
+                "the PostgreSQL connection settings are not valid: {e}; write the URL as postgres://user@host:port/database"
+            ),
+        ),
+        E::Database(db) => {
+            let code = db.code().unwrap_or_default();
+            let message = db.message();
+            let kind = match &*code {
+                "23505" => ErrorKind::UniqueViolation,
+                "40001" | "40P01" => ErrorKind::SerializationFailure,
+                "55P03" => ErrorKind::Busy,
+                "57P01" | "57P02" | "57P03" | "53300" => ErrorKind::Unavailable,
+                c if c.starts_with("08") => ErrorKind::Unavailable,
+                "3D000" | "28000" | "28P01" => ErrorKind::Config,
+                "42P01" | "42703" => ErrorKind::Corrupt,
+                _ => ErrorKind::Other,
+            };
+            let advice = match (&*code, kind) {
+                (_, ErrorKind::UniqueViolation) => {
+                    "a row with the same key already exists; run the operation again".to_owned()
+                }
+                (_, ErrorKind::SerializationFailure) => {
+                    "PostgreSQL aborted the transaction to keep it consistent; run the operation again".to_owned()
+                }
+                (_, ErrorKind::Busy) => "a lock was not available; retry shortly".to_owned(),
+                (_, ErrorKind::Unavailable) => {
+                    "the server is shutting down, starting up or out of connections; retry once it is back".to_owned()
+                }
+                ("3D000", _) => {
+                    "create the database (CREATE DATABASE ...) or fix its name in the URL".to_owned()
+                }
+                (_, ErrorKind::Config) => {
+                    "check the user and password in the URL and the server's pg_hba.conf".to_owned()
+                }
+                (_, ErrorKind::Corrupt) => RUN_MIGRATIONS.to_owned(),
+                ("25P02", _) => {
+                    "an earlier statement in this transaction failed; an effect must return Err when its SQL fails".to_owned()
+                }
+                _ => "see the PostgreSQL message above".to_owned(),
+            };
+            (
+                kind,
+                format!("PostgreSQL at {at} answered {code}: {message}; {advice}"),
+            )
+        }
+        E::Decode(e) | E::ColumnDecode { source: e, .. } => (
+            ErrorKind::Corrupt,
+            format!(
+                "a row of idem_records could not be read: {e}; the table was changed by hand or by an incompatible version of idem"
+            ),
+        ),
+        E::ColumnNotFound(_) | E::ColumnIndexOutOfBounds { .. } | E::TypeNotFound { .. } => (
+            ErrorKind::Corrupt,
+            format!(
+                "the idem_records table does not have the expected shape ({error}); {RUN_MIGRATIONS}"
+            ),
+        ),
+        E::Migrate(m) => match &**m {
+            MigrateError::Execute(inner) | MigrateError::ExecuteMigration(inner, _) => {
+                let (kind, message) = classify(inner, at);
+                (kind, format!("while migrating the schema: {message}"))
+            }
+            MigrateError::Source(_) => (
+                ErrorKind::Other,
+                format!("the migrations built into idem-postgres could not be read: {m}"),
+            ),
+            _ => (
+                ErrorKind::Corrupt,
+                format!(
+                    "the schema in PostgreSQL at {at} was migrated by a different version of idem-postgres ({m}); run the version that migrated it, or a newer one"
+                ),
+            ),
+        },
+        other => (
+            ErrorKind::Other,
+            format!("PostgreSQL at {at}: {other}"),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::str::FromStr;
+
+    use super::*;
+
+    fn endpoint() -> Endpoint {
+        let options = PgConnectOptions::from_str("postgres://app:s3cret@db.example:6543/orders")
+            .expect("a valid URL");
+        Endpoint::new(&options, 16, Duration::from_secs(5))
+    }
+
+    #[test]
+    fn connection_failures_are_unavailable_and_name_the_server_but_not_the_password() {
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let error = store_error(sqlx::Error::Io(refused), &endpoint());
+        assert_eq!(error.kind(), ErrorKind::Unavailable);
+        let text = error.to_string();
+        assert!(text.contains("db.example:6543"), "{text}");
+        assert!(text.contains("database orders, user app"), "{text}");
+        assert!(text.contains("is the server running"), "{text}");
+        assert!(!text.contains("s3cret"), "{text}");
+
+        let error = store_error(sqlx::Error::PoolTimedOut, &endpoint());
+        assert_eq!(error.kind(), ErrorKind::Unavailable);
+        assert!(error.to_string().contains("5000 ms"), "{error}");
+        assert_eq!(
+            store_error(sqlx::Error::PoolClosed, &endpoint()).kind(),
+            ErrorKind::Unavailable
+        );
+    }
+
+    #[test]
+    fn bad_rows_are_corrupt() {
+        let error = store_error(BadRow::into_sqlx("unknown state \"x\""), &endpoint());
+        assert_eq!(error.kind(), ErrorKind::Corrupt);
+        assert!(error.to_string().contains("unknown state"), "{error}");
+        let error = store_error(sqlx::Error::ColumnNotFound("token".into()), &endpoint());
+        assert_eq!(error.kind(), ErrorKind::Corrupt);
+    }
+}

@@ -1,0 +1,190 @@
+//! Crash tests with real processes.
+//!
+//! The test binary runs itself again as a child (an ignored test that does
+//! nothing unless the crash variables are set). The child applies an operation
+//! and stops at a named [`CrashPoint`], printing a marker; the parent then kills
+//! it with SIGKILL — no destructors, no rollback by the child — and retries the
+//! operation the way a redelivery would. The effect, counted in the database,
+//! must end up applied exactly once.
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use idem_core::{ApplyError, Claimed, Error, LeaseStore, ManualClock, Operation};
+
+use crate::conformance::op;
+use crate::harness::{Effect, Harness, counter_outcome};
+
+/// Where the child stops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CrashPoint {
+    /// Atomic mode: the key is held, the effect has not written yet.
+    AfterClaim,
+    /// Atomic mode: the effect wrote, the record and commit have not happened.
+    InsideEffect,
+    /// Atomic mode: committed, but the caller was never told (no ack).
+    AfterCommit,
+    /// Leased mode: the claim is committed, the effect never completes.
+    LeasedAfterClaim,
+}
+
+impl CrashPoint {
+    /// Every point.
+    pub const ALL: [CrashPoint; 4] = [
+        Self::AfterClaim,
+        Self::InsideEffect,
+        Self::AfterCommit,
+        Self::LeasedAfterClaim,
+    ];
+
+    /// The point's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::AfterClaim => "after-claim",
+            Self::InsideEffect => "inside-effect",
+            Self::AfterCommit => "after-commit",
+            Self::LeasedAfterClaim => "leased-after-claim",
+        }
+    }
+
+    fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.as_str() == name)
+    }
+}
+
+const LOCATION: &str = "IDEM_CRASH_LOCATION";
+const POINT: &str = "IDEM_CRASH_POINT";
+const MARKER: &str = "IDEM-CRASH-POINT";
+const AMOUNT: i64 = 10;
+const COUNTER: &str = "crash";
+
+fn crash_op() -> Operation {
+    op("crash", "payment-1", "debit 10")
+}
+
+/// Called by a test effect at `point`: announces it and waits to be killed.
+pub fn reach(point: CrashPoint) -> ! {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{MARKER} {}", point.as_str());
+    let _ = out.flush();
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// The child's side: does nothing unless started by [`crash_and_recover`].
+pub async fn child<H: Harness>() {
+    let (Ok(location), Ok(point)) = (std::env::var(LOCATION), std::env::var(POINT)) else {
+        return;
+    };
+    let point = CrashPoint::parse(&point).expect("known crash point");
+    let h = H::open(&location, ManualClock::starting_now()).await;
+    let pay = crash_op();
+    match point {
+        CrashPoint::LeasedAfterClaim => {
+            let claimed = h.store().claim(&pay.scope, &pay.key, pay.fingerprint).await;
+            assert!(matches!(claimed, Ok(Claimed::Fresh(_))), "{claimed:?}");
+            reach(point)
+        }
+        CrashPoint::AfterCommit => {
+            h.apply_add(&pay, COUNTER, AMOUNT, Effect::Succeed)
+                .await
+                .expect("apply");
+            reach(point)
+        }
+        CrashPoint::AfterClaim | CrashPoint::InsideEffect => {
+            let result = h
+                .apply_add(&pay, COUNTER, AMOUNT, Effect::Crash(point))
+                .await;
+            panic!("the effect should have stopped at {point:?}, got {result:?}");
+        }
+    }
+}
+
+/// Runs the child until it reaches `point`, kills it with SIGKILL, then retries
+/// the operation and checks it was applied exactly once. `child_test` is the
+/// full name of the test that calls [`child`].
+pub async fn crash_and_recover<H: Harness>(h: H, point: CrashPoint, child_test: &str) {
+    let exe = std::env::current_exe().expect("test binary path");
+    let mut child = Command::new(exe)
+        .args([
+            "--exact",
+            child_test,
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(LOCATION, h.location())
+        .env(POINT, point.as_str())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start the child process");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (seen_tx, seen_rx) = mpsc::channel();
+    let expected = format!("{MARKER} {}", point.as_str());
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if line.contains(&expected) {
+                let _ = seen_tx.send(());
+            }
+        }
+    });
+    let reached = seen_rx.recv_timeout(Duration::from_secs(120));
+    child.kill().expect("SIGKILL the child");
+    let status = child.wait().expect("reap the child");
+    reached.unwrap_or_else(|_| panic!("the child never reached {point:?} (status {status:?})"));
+    assert_eq!(status.signal(), Some(9), "the child died by SIGKILL");
+
+    let pay = crash_op();
+    if point == CrashPoint::LeasedAfterClaim {
+        assert_eq!(h.counter(COUNTER).await, 0);
+        let held = h.store().claim(&pay.scope, &pay.key, pay.fingerprint).await;
+        assert!(matches!(held, Err(Error::InFlight { .. })), "{held:?}");
+        h.clock()
+            .advance(idem_core::DEFAULT_LEASE + Duration::from_secs(5));
+        let Ok(Claimed::Fresh(claim)) =
+            h.store().claim(&pay.scope, &pay.key, pay.fingerprint).await
+        else {
+            panic!("the dead worker's claim must be taken over once its lease ended")
+        };
+        assert!(claim.took_over);
+        h.complete_add(&claim, COUNTER, AMOUNT)
+            .await
+            .expect("complete");
+    } else {
+        let expected_before = if point == CrashPoint::AfterCommit {
+            AMOUNT
+        } else {
+            0
+        };
+        assert_eq!(h.counter(COUNTER).await, expected_before);
+        let applied = retry_while_in_flight(&h, &pay).await;
+        assert_eq!(applied.outcome(), &counter_outcome(AMOUNT));
+        assert_eq!(applied.is_replay(), point == CrashPoint::AfterCommit);
+    }
+    assert_eq!(h.counter(COUNTER).await, AMOUNT, "applied exactly once");
+    let again = retry_while_in_flight(&h, &pay).await;
+    assert!(again.is_replay());
+    assert_eq!(h.counter(COUNTER).await, AMOUNT);
+}
+
+/// Redelivers until the store stops answering `InFlight` (a killed client's
+/// session may take a moment to be noticed by a database server).
+async fn retry_while_in_flight<H: Harness>(h: &H, pay: &Operation) -> idem_core::Applied {
+    for _ in 0..500 {
+        match h.apply_add(pay, COUNTER, AMOUNT, Effect::Succeed).await {
+            Ok(applied) => return applied,
+            Err(ApplyError::Protocol(Error::InFlight { .. })) => {
+                tokio::time::sleep(Duration::from_millis(20)).await
+            }
+            Err(other) => panic!("retry failed: {other:?}"),
+        }
+    }
+    panic!("still in flight after 10 s of redeliveries")
+}
