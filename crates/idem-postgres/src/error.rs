@@ -210,10 +210,7 @@ fn classify(error: &sqlx::Error, at: &Endpoint) -> (ErrorKind, String) {
                 ),
             ),
         },
-        other => (
-            ErrorKind::Other,
-            format!("PostgreSQL at {at}: {other}"),
-        ),
+        other => (ErrorKind::Other, format!("PostgreSQL at {at}: {other}")),
     }
 }
 

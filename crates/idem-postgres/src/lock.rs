@@ -44,7 +44,8 @@ pub(crate) fn lock_key(scope: &Scope, key: &IdempotencyKey) -> i64 {
 /// says: under REPEATABLE READ or SERIALIZABLE the snapshot would be taken by
 /// the lock statement, before the lock is granted (see the module docs).
 pub(crate) async fn begin(pool: &PgPool) -> sqlx::Result<Transaction<'static, Postgres>> {
-    pool.begin_with("BEGIN ISOLATION LEVEL READ COMMITTED").await
+    pool.begin_with("BEGIN ISOLATION LEVEL READ COMMITTED")
+        .await
 }
 
 /// Takes the key's lock if it is free; `false` if another transaction holds it.
@@ -83,7 +84,9 @@ pub(crate) async fn try_lock_all(conn: &mut PgConnection, keys: &[i64]) -> sqlx:
             .ok()
             .and_then(|i| granted.get_mut(i))
             .ok_or_else(|| {
-                sqlx::Error::Protocol(format!("advisory lock answer for unknown position {ordinal}"))
+                sqlx::Error::Protocol(format!(
+                    "advisory lock answer for unknown position {ordinal}"
+                ))
             })?;
         *slot = row.try_get(1)?;
     }

@@ -1,1 +1,42 @@
-//! placeholder
+//! Idem: delivery at-least-once, processing effectively-once by idempotency
+//! keys, within a dedupe window (7 days by default).
+//!
+//! This is the crate applications depend on. It re-exports the protocol types
+//! from `idem-core` and, by feature, the stores:
+//! - `sqlite` (default): [`SqliteStore`], embedded, zero set-up;
+//! - `postgres`: [`PgStore`], shared by many processes and machines.
+//!
+//! Modules:
+//! - [`StoreLocation`]: `sqlite://PATH` / `postgres://URL` parsing;
+//! - [`AnyStore`]: a store chosen at run time, behind the shared traits.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use idem::{Fingerprint, IdempotencyKey, Outcome, Scope, SqliteStore};
+//! let dir = tempfile::tempdir()?;
+//! let store = SqliteStore::open(dir.path().join("idem.db")).await?;
+//! let (scope, key) = (Scope::new("payments")?, IdempotencyKey::new("pay-1")?);
+//! let applied = store
+//!     .apply(&scope, &key, Fingerprint::of_bytes(b"10 EUR"), |tx| {
+//!         tx.execute_batch("CREATE TABLE IF NOT EXISTS t (x INTEGER); INSERT INTO t VALUES (1);")?;
+//!         Ok::<_, idem::sqlite::rusqlite::Error>(Outcome::success("paid"))
+//!     })
+//!     .await?;
+//! assert!(!applied.is_replay());
+//! # Ok(()) }
+//! ```
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod any;
+mod location;
+
+pub use any::AnyStore;
+pub use idem_core::*;
+pub use location::{LocationError, StoreLocation};
+
+#[cfg(feature = "sqlite")]
+pub use idem_sqlite::{self as sqlite, SqliteStore};
+
+#[cfg(feature = "postgres")]
+pub use idem_postgres::{self as postgres, PgStore};

@@ -1,0 +1,163 @@
+//! `idem keys ls` and `idem keys show`: what the store holds, for people (a
+//! table) and scripts (`--json`).
+
+use std::time::SystemTime;
+
+use anyhow::Context;
+use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
+use idem::{
+    AnyStore, IdempotencyKey, Outcome, Record, RecordFilter, RecordState, RecordStore, Scope,
+    Timestamp,
+};
+use serde_json::{Value, json};
+
+use crate::cli::{LsArgs, ShowArgs, StateArg};
+
+fn state(arg: StateArg) -> RecordState {
+    match arg {
+        StateArg::InFlight => RecordState::InFlight,
+        StateArg::Completed => RecordState::Completed,
+        StateArg::Failed => RecordState::Failed,
+    }
+}
+
+fn time(t: Timestamp) -> String {
+    humantime::format_rfc3339_seconds(t.to_system_time()).to_string()
+}
+
+fn lease(record: &Record) -> String {
+    match record.lease_until {
+        None => "-".into(),
+        Some(until) => {
+            let now = SystemTime::now();
+            match until.to_system_time().duration_since(now) {
+                Ok(left) => format!("{}s left", left.as_secs()),
+                Err(_) => "ended".into(),
+            }
+        }
+    }
+}
+
+fn body_text(outcome: &Outcome) -> String {
+    match std::str::from_utf8(&outcome.body) {
+        Ok(text) => text.to_owned(),
+        Err(_) => format!("<{} bytes of binary data>", outcome.body.len()),
+    }
+}
+
+fn preview(outcome: Option<&Outcome>) -> String {
+    let Some(outcome) = outcome else {
+        return "-".into();
+    };
+    let text = body_text(outcome);
+    if text.chars().count() > 40 {
+        format!("{}…", text.chars().take(39).collect::<String>())
+    } else {
+        text
+    }
+}
+
+fn to_json(record: &Record) -> Value {
+    json!({
+        "scope": record.scope.as_str(),
+        "key": record.key.as_str(),
+        "state": record.state.as_str(),
+        "token": record.token.get(),
+        "fingerprint": record.fingerprint.to_hex(),
+        "lease_until_ms": record.lease_until.map(|t| t.0),
+        "created_at_ms": record.created_at.0,
+        "updated_at_ms": record.updated_at.0,
+        "expires_at_ms": record.expires_at.0,
+        "outcome": record.outcome.as_ref().map(|o| json!({
+            "failure": o.is_failure(),
+            "body": body_text(o),
+            "meta": o.meta,
+        })),
+    })
+}
+
+pub async fn list(store: &AnyStore, args: &LsArgs) -> anyhow::Result<()> {
+    let filter = RecordFilter {
+        scope: args.scope.as_deref().map(Scope::new).transpose()?,
+        state: args.state.map(state),
+        limit: Some(args.limit),
+    };
+    let records = store.list(&filter).await.context("cannot list records")?;
+    if args.output.json {
+        let all: Vec<Value> = records.iter().map(to_json).collect();
+        println!("{}", serde_json::to_string_pretty(&all)?);
+        return Ok(());
+    }
+    if records.is_empty() {
+        println!("no records match");
+        return Ok(());
+    }
+    let mut table = Table::new();
+    table.load_preset(UTF8_FULL_CONDENSED).set_header([
+        "scope", "key", "state", "token", "created", "expires", "lease", "outcome",
+    ]);
+    for r in &records {
+        table.add_row([
+            r.scope.to_string(),
+            r.key.to_string(),
+            r.state.to_string(),
+            r.token.to_string(),
+            time(r.created_at),
+            time(r.expires_at),
+            lease(r),
+            preview(r.outcome.as_ref()),
+        ]);
+    }
+    println!("{table}");
+    if records.len() == args.limit {
+        println!("(first {} shown; use --limit for more)", args.limit);
+    }
+    Ok(())
+}
+
+pub async fn show(store: &AnyStore, args: &ShowArgs) -> anyhow::Result<()> {
+    let scope = Scope::new(args.scope.as_str())?;
+    let key = IdempotencyKey::new(args.key.as_str())?;
+    let record = store
+        .get(&scope, &key)
+        .await
+        .context("cannot read the record")?
+        .with_context(|| format!("no record for key {key} in scope {scope}"))?;
+    if args.output.json {
+        println!("{}", serde_json::to_string_pretty(&to_json(&record))?);
+        return Ok(());
+    }
+    let mut table = Table::new();
+    table.load_preset(UTF8_FULL_CONDENSED);
+    let mut rows = vec![
+        ("scope", record.scope.to_string()),
+        ("key", record.key.to_string()),
+        ("state", record.state.to_string()),
+        ("token", record.token.to_string()),
+        ("fingerprint", record.fingerprint.to_hex()),
+        ("created", time(record.created_at)),
+        ("updated", time(record.updated_at)),
+        ("expires", time(record.expires_at)),
+        ("lease", lease(&record)),
+    ];
+    if let Some(outcome) = &record.outcome {
+        rows.push((
+            "outcome",
+            if outcome.is_failure() {
+                "terminal failure"
+            } else {
+                "success"
+            }
+            .into(),
+        ));
+        for (name, value) in &outcome.meta {
+            rows.push(("meta", format!("{name}: {value}")));
+        }
+        rows.push(("body", body_text(outcome)));
+    }
+    for (name, value) in rows {
+        table.add_row([name.to_owned(), value]);
+    }
+    println!("{table}");
+    Ok(())
+}

@@ -1,0 +1,57 @@
+//! One module per subcommand; [`run`] picks the one asked for.
+
+mod bench;
+mod demo;
+mod gc;
+mod keys;
+mod migrate;
+
+use anyhow::Context;
+use idem::{AnyStore, StoreLocation};
+
+use crate::cli::{BenchCommand, Cli, Command, KeysCommand};
+
+/// The store used when neither `--store` nor `IDEM_STORE` is given.
+pub const DEFAULT_STORE: &str = "sqlite://idem.db";
+
+/// Runs the command.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    let store = cli.store.as_deref();
+    match cli.command {
+        Command::Migrate => migrate::run(&location(store)?).await,
+        Command::Keys(KeysCommand::Ls(args)) => keys::list(&open(store).await?, &args).await,
+        Command::Keys(KeysCommand::Show(args)) => keys::show(&open(store).await?, &args).await,
+        Command::Gc(args) => gc::run(&open(store).await?, &args).await,
+        Command::Demo(args) => demo::run(store.map(parse).transpose()?, &args).await,
+        Command::Bench(BenchCommand::Apply(args)) => {
+            bench::apply(store.map(parse).transpose()?, &args).await
+        }
+    }
+}
+
+fn parse(url: &str) -> anyhow::Result<StoreLocation> {
+    url.parse()
+        .with_context(|| "invalid --store (or IDEM_STORE)".to_owned())
+}
+
+fn location(store: Option<&str>) -> anyhow::Result<StoreLocation> {
+    parse(store.unwrap_or(DEFAULT_STORE))
+}
+
+async fn open(store: Option<&str>) -> anyhow::Result<AnyStore> {
+    let location = location(store)?;
+    AnyStore::open(&location)
+        .await
+        .with_context(|| format!("cannot open the store at {location}"))
+}
+
+/// A temporary embedded store for commands that should not touch real data by
+/// default; the directory is removed when the guard drops.
+fn temporary_store() -> anyhow::Result<(tempfile::TempDir, StoreLocation)> {
+    let dir = tempfile::Builder::new()
+        .prefix("idem-")
+        .tempdir()
+        .context("cannot create a temporary directory")?;
+    let location = StoreLocation::Sqlite(dir.path().join("idem.db"));
+    Ok((dir, location))
+}

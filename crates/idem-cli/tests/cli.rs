@@ -1,0 +1,158 @@
+//! The `idem` binary, run as a user would.
+
+use std::process::{Command, Output};
+
+fn idem(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(args)
+        .env_remove("IDEM_STORE")
+        .output()
+        .expect("run idem")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The two numbers of a table row, by its label.
+fn row(stdout: &str, label: &str) -> (i64, i64) {
+    let line = stdout
+        .lines()
+        .find(|l| l.contains(label))
+        .unwrap_or_else(|| panic!("no row {label:?} in:\n{stdout}"));
+    let cells: Vec<i64> = line
+        .split('┆')
+        .skip(1)
+        .map(|c| c.trim_matches(|ch: char| ch == '│' || ch.is_whitespace()))
+        .map(|c| c.split_whitespace().next().unwrap().parse().unwrap())
+        .collect();
+    (cells[0], cells[1])
+}
+
+#[test]
+fn demo_shows_double_effects_for_the_naive_handler_and_none_with_idem() {
+    let out = idem(&["demo", "--payments", "300", "--workers", "6"]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    let (naive, with_idem) = row(&stdout, "double effects");
+    assert!(
+        naive > 0,
+        "duplicates must hurt the naive handler:\n{stdout}"
+    );
+    assert_eq!(with_idem, 0, "{stdout}");
+    let (_, applied) = row(&stdout, "effects applied");
+    assert_eq!(applied, 300);
+    let (naive_suppressed, suppressed) = row(&stdout, "duplicates suppressed");
+    assert_eq!(naive_suppressed, 0);
+    assert_eq!(
+        suppressed, naive,
+        "every duplicate the naive handler applied, Idem suppressed"
+    );
+}
+
+#[test]
+fn keys_migrate_and_gc_work_on_a_store_left_by_the_demo() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("idem.db").display());
+    let out = idem(&["--store", &store, "migrate"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("schema up to date"));
+
+    let out = idem(&["--store", &store, "demo", "--payments", "20"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    let out = idem(&[
+        "--store",
+        &store,
+        "keys",
+        "ls",
+        "--json",
+        "--state",
+        "completed",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let records: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let records = records.as_array().unwrap();
+    assert_eq!(records.len(), 20);
+    let key = records[0]["key"].as_str().unwrap().to_owned();
+    assert_eq!(records[0]["state"], "completed");
+
+    let out = idem(&["--store", &store, "keys", "ls", "--limit", "5"]);
+    let table = text(&out.stdout);
+    assert!(
+        table.contains("payments") && table.contains("--limit"),
+        "{table}"
+    );
+
+    let out = idem(&["--store", &store, "keys", "show", "payments", &key]);
+    let shown = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        shown.contains("completed") && shown.contains("balance"),
+        "{shown}"
+    );
+
+    let out = idem(&["--store", &store, "keys", "show", "payments", "no-such-key"]);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("no record for key no-such-key"));
+
+    let out = idem(&["--store", &store, "gc"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("deleted 0 expired records; 20 records remain"));
+}
+
+fn fails_clearly(args: &[&str], expected: &str) {
+    let out = idem(args);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(expected),
+        "expected {expected:?} in:\n{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
+fn bad_input_gets_a_clear_error_and_no_panic() {
+    fails_clearly(
+        &["--store", "mysql://root:secret@localhost/db", "keys", "ls"],
+        "unknown store URL scheme \"mysql\"",
+    );
+    fails_clearly(
+        &["--store", "idem.db", "keys", "ls"],
+        "write sqlite://idem.db",
+    );
+    fails_clearly(
+        &[
+            "--store",
+            "postgres://postgres@127.0.0.1:1/idem",
+            "keys",
+            "ls",
+        ],
+        "database unavailable",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("idem.db").display());
+    fails_clearly(
+        &["--store", &store, "keys", "show", "payments", ""],
+        "idempotency key is empty",
+    );
+    let long = "k".repeat(256);
+    fails_clearly(
+        &["--store", &store, "keys", "show", "payments", &long],
+        "256 characters long",
+    );
+    fails_clearly(
+        &["--store", &store, "keys", "show", "payments", "a\u{1}b"],
+        "not visible ASCII",
+    );
+    fails_clearly(
+        &[
+            "--store",
+            "sqlite:///nonexistent-dir/sub/idem.db",
+            "keys",
+            "ls",
+        ],
+        "check that the directory exists",
+    );
+}

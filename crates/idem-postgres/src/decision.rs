@@ -1,0 +1,207 @@
+//! Reading a record and deciding what to do with it: the step every claim path
+//! (`apply`, `apply_batch`, `claim`) shares.
+//!
+//! Two ways in. [`PgStore::peek`] is the fast path: one plain `SELECT` outside any
+//! transaction that answers most duplicates (a replay, a reused key, a live
+//! claim) in one round trip. It can do so because those answers only depend on
+//! facts that do not change under a caller's feet: a settled record keeps its
+//! outcome and fingerprint until it expires, and a stale "in flight" only makes
+//! a caller retry a little early. Anything that would *write* (no record, an
+//! expired one, an ended lease) goes the locked way, [`PgStore::decide_locked`],
+//! which reads again under the key's advisory lock before deciding.
+//!
+//! [`Plan`] then turns a claim decision into the record to write.
+
+use idem_core::{
+    Decision, Error, FencingToken, Fingerprint, IdempotencyKey, Outcome, Record, RecordState,
+    Scope, Settings, Timestamp, decide, observe, protocol,
+};
+use sqlx::postgres::PgConnection;
+
+use crate::store::PgStore;
+use crate::{lock, records};
+
+/// Reports a decision's protocol events: replays, refusals and takeovers.
+pub(crate) fn observed(
+    decision: Result<Decision, Error>,
+    scope: &Scope,
+) -> Result<Decision, Error> {
+    match &decision {
+        Ok(Decision::Replay(_)) => observe::replayed(scope),
+        Ok(Decision::TakeOver { token }) => observe::took_over(scope, *token),
+        Ok(Decision::Claim { .. }) => {}
+        Err(error) => observe::refused(error),
+    }
+    decision
+}
+
+impl PgStore {
+    /// The fast path: `Ok(Some(outcome))` for a replay, `Err` for a refusal,
+    /// `Ok(None)` when the caller must take the locked path.
+    pub(crate) async fn peek(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+    ) -> Result<Option<Outcome>, Error> {
+        let found = records::fetch(self.pool(), scope, key)
+            .await
+            .map_err(|e| self.fail(e))?;
+        let Some(found) = found else {
+            return Ok(None);
+        };
+        let now = self.clock().now();
+        match decide(Some(&found), scope, key, fingerprint, now, self.settings()) {
+            Ok(Decision::Replay(outcome)) => {
+                observe::replayed(scope);
+                Ok(Some(outcome))
+            }
+            Ok(Decision::Claim { .. } | Decision::TakeOver { .. }) => Ok(None),
+            Err(error) => {
+                observe::refused(&error);
+                Err(error)
+            }
+        }
+    }
+
+    /// The locked path, inside the caller's transaction: tries the key's lock
+    /// (a duplicate that finds it taken is answered `InFlight` at once, never
+    /// queued), then reads the record in a new statement and decides. Returns
+    /// the decision and the record it was made on.
+    pub(crate) async fn decide_locked(
+        &self,
+        conn: &mut PgConnection,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        now: Timestamp,
+    ) -> Result<(Decision, Option<Record>), Error> {
+        let granted = lock::try_lock(&mut *conn, lock::lock_key(scope, key))
+            .await
+            .map_err(|e| self.fail(e))?;
+        if !granted {
+            let error = protocol::busy(scope, key, self.settings());
+            observe::refused(&error);
+            return Err(error);
+        }
+        // A separate statement from the lock: its snapshot is taken after the
+        // grant, so it sees what the previous holder committed (see `lock`).
+        let found = records::fetch(&mut *conn, scope, key)
+            .await
+            .map_err(|e| self.fail(e))?;
+        let decision = observed(
+            decide(
+                found.as_ref(),
+                scope,
+                key,
+                fingerprint,
+                now,
+                self.settings(),
+            ),
+            scope,
+        )?;
+        Ok((decision, found))
+    }
+}
+
+/// What a caller does once the protocol has decided.
+#[derive(Debug)]
+pub(crate) enum Next {
+    /// Return the stored outcome; run nothing.
+    Replay(Outcome),
+    /// Run the effect (or hand out the claim) under this plan.
+    Run(Plan),
+}
+
+impl Next {
+    /// What to do after `decision`: replay, or run with this plan.
+    ///
+    /// A takeover keeps the record's `created_at` and `expires_at`: the dedupe
+    /// window counts from the first time the key was claimed, however many
+    /// workers it took. A claim (no record, or one past retention) starts a new
+    /// window at `now`.
+    pub(crate) fn after(
+        decision: Decision,
+        found: Option<&Record>,
+        now: Timestamp,
+        settings: &Settings,
+    ) -> Self {
+        let fresh = |token| Plan {
+            token,
+            took_over: false,
+            created_at: now,
+            expires_at: now.plus(settings.retention),
+        };
+        match (decision, found) {
+            (Decision::Replay(outcome), _) => Next::Replay(outcome),
+            (Decision::Claim { token }, _) | (Decision::TakeOver { token }, None) => {
+                Next::Run(fresh(token))
+            }
+            (Decision::TakeOver { token }, Some(found)) => Next::Run(Plan {
+                token,
+                took_over: true,
+                created_at: found.created_at,
+                expires_at: found.expires_at,
+            }),
+        }
+    }
+}
+
+/// What a claim or takeover writes, apart from the state it writes it in.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Plan {
+    /// The token of the new claim.
+    pub(crate) token: FencingToken,
+    /// Whether an expired lease was taken over.
+    pub(crate) took_over: bool,
+    created_at: Timestamp,
+    expires_at: Timestamp,
+}
+
+impl Plan {
+    /// The record of a claim that already has its outcome (atomic mode).
+    pub(crate) fn settled(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: Fingerprint,
+        outcome: Outcome,
+        now: Timestamp,
+    ) -> Record {
+        Record {
+            scope: scope.clone(),
+            key: key.clone(),
+            fingerprint,
+            state: records::settled_state(outcome.kind),
+            token: self.token,
+            lease_until: None,
+            outcome: Some(outcome),
+            created_at: self.created_at,
+            updated_at: now,
+            expires_at: self.expires_at,
+        }
+    }
+
+    /// The record of a claim whose effect is still to run (leased mode).
+    pub(crate) fn in_flight(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: Fingerprint,
+        lease_until: Timestamp,
+        now: Timestamp,
+    ) -> Record {
+        Record {
+            scope: scope.clone(),
+            key: key.clone(),
+            fingerprint,
+            state: RecordState::InFlight,
+            token: self.token,
+            lease_until: Some(lease_until),
+            outcome: None,
+            created_at: self.created_at,
+            updated_at: now,
+            expires_at: self.expires_at,
+        }
+    }
+}

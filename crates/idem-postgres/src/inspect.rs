@@ -1,0 +1,44 @@
+//! Schema, inspection and retention for operators and the `idem` command:
+//! [`RecordStore`] over the same table.
+//!
+//! Retention is enforced by deleting expired records in bounded batches; each
+//! batch skips rows a running transaction holds (`FOR UPDATE SKIP LOCKED`), so a
+//! sweep never waits for, nor blocks, the protocol.
+
+use idem_core::{Error, IdempotencyKey, Record, RecordCount, RecordFilter, RecordStore, Scope};
+
+use crate::records;
+use crate::store::PgStore;
+
+impl RecordStore for PgStore {
+    async fn migrate(&self) -> Result<(), Error> {
+        records::MIGRATOR
+            .run(self.pool())
+            .await
+            .map_err(|e| self.fail(e.into()))
+    }
+
+    async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, Error> {
+        records::fetch(self.pool(), scope, key)
+            .await
+            .map_err(|e| self.fail(e))
+    }
+
+    async fn list(&self, filter: &RecordFilter) -> Result<Vec<Record>, Error> {
+        records::list(self.pool(), filter)
+            .await
+            .map_err(|e| self.fail(e))
+    }
+
+    async fn count(&self) -> Result<RecordCount, Error> {
+        records::count(self.pool(), self.clock().now())
+            .await
+            .map_err(|e| self.fail(e))
+    }
+
+    async fn sweep_batch(&self, limit: usize) -> Result<u64, Error> {
+        records::sweep(self.pool(), self.clock().now(), limit)
+            .await
+            .map_err(|e| self.fail(e))
+    }
+}

@@ -1,0 +1,282 @@
+//! The `idem_records` table: its migrations and every SQL statement that reads or
+//! writes it, each written once, here.
+//!
+//! The protocol modules (`atomic`, `batch`, `leased`, `inspect`) say *when* a
+//! statement runs and under which lock; this module says *what* it is. Functions
+//! return raw sqlx results; callers map failures through
+//! [`store_error`](crate::error::store_error).
+
+mod row;
+
+use idem_core::{
+    Claim, FencingToken, IdempotencyKey, Outcome, Record, RecordCount, RecordFilter, RecordState,
+    Scope, Timestamp,
+};
+use sqlx::Row;
+use sqlx::migrate::Migrator;
+use sqlx::postgres::{PgConnection, PgExecutor};
+
+pub(crate) use row::settled_state;
+
+/// The schema migrations shipped with this crate (`migrations/`). The migrator
+/// takes a session advisory lock, so several processes may run it at once.
+pub(crate) static MIGRATOR: Migrator = sqlx::migrate!();
+
+/// The columns a full record is read from, in one place for every `SELECT`.
+macro_rules! record_columns {
+    () => {
+        "scope, key, fingerprint, state, token, lease_until, outcome_kind, outcome_body, \
+         outcome_meta, created_at, updated_at, expires_at"
+    };
+}
+
+/// The record of `(scope, key)`, if any.
+pub(crate) async fn fetch<'e>(
+    db: impl PgExecutor<'e>,
+    scope: &Scope,
+    key: &IdempotencyKey,
+) -> sqlx::Result<Option<Record>> {
+    sqlx::query(concat!(
+        "SELECT ",
+        record_columns!(),
+        " FROM idem_records WHERE scope = $1 AND key = $2"
+    ))
+    .bind(scope.as_str())
+    .bind(key.as_str())
+    .fetch_optional(db)
+    .await?
+    .as_ref()
+    .map(row::record)
+    .transpose()
+}
+
+/// The records of several `(scope, key)` pairs, in one statement, in no
+/// particular order.
+pub(crate) async fn fetch_all(
+    conn: &mut PgConnection,
+    keys: &[(&Scope, &IdempotencyKey)],
+) -> sqlx::Result<Vec<Record>> {
+    let scopes: Vec<&str> = keys.iter().map(|(s, _)| s.as_str()).collect();
+    let names: Vec<&str> = keys.iter().map(|(_, k)| k.as_str()).collect();
+    sqlx::query(concat!(
+        "SELECT ",
+        record_columns!(),
+        " FROM idem_records WHERE (scope, key) IN (SELECT * FROM unnest($1::text[], $2::text[]))"
+    ))
+    .bind(scopes)
+    .bind(names)
+    .fetch_all(conn)
+    .await?
+    .iter()
+    .map(row::record)
+    .collect()
+}
+
+/// Writes whole records (new ones, or replacements of the ones read under the
+/// lock) in one statement; returns how many rows were written.
+///
+/// An existing row is replaced only if the new token is greater: tokens only
+/// grow, so a smaller or equal one means the row changed after it was read and
+/// the caller's decision is stale. Callers compare the count with the number
+/// of records and roll back on a shortfall. The keys must be distinct.
+pub(crate) async fn write(conn: &mut PgConnection, records: &[Record]) -> sqlx::Result<u64> {
+    let c = row::Columns::of(records);
+    let done = sqlx::query(concat!(
+        "INSERT INTO idem_records (",
+        record_columns!(),
+        ") SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::bigint[], \
+         $6::bigint[], $7::text[], $8::bytea[], $9::text[], $10::bigint[], $11::bigint[], $12::bigint[]) \
+         ON CONFLICT (scope, key) DO UPDATE SET \
+           fingerprint = EXCLUDED.fingerprint, state = EXCLUDED.state, token = EXCLUDED.token, \
+           lease_until = EXCLUDED.lease_until, outcome_kind = EXCLUDED.outcome_kind, \
+           outcome_body = EXCLUDED.outcome_body, outcome_meta = EXCLUDED.outcome_meta, \
+           created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at, \
+           expires_at = EXCLUDED.expires_at \
+         WHERE idem_records.token < EXCLUDED.token"
+    ))
+    .bind(c.scope)
+    .bind(c.key)
+    .bind(c.fingerprint)
+    .bind(c.state)
+    .bind(c.token)
+    .bind(c.lease_until)
+    .bind(c.outcome_kind)
+    .bind(c.outcome_body)
+    .bind(c.outcome_meta)
+    .bind(c.created_at)
+    .bind(c.updated_at)
+    .bind(c.expires_at)
+    .execute(conn)
+    .await?;
+    Ok(done.rows_affected())
+}
+
+/// What a fenced update found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fence {
+    /// The caller's token was current and the record in flight: the update was made.
+    Held,
+    /// The update matched nothing; `current` is the record's token, if it exists.
+    Lost {
+        /// The record's token as the same statement saw it.
+        current: Option<FencingToken>,
+    },
+}
+
+fn fence(row: &sqlx::postgres::PgRow) -> sqlx::Result<Fence> {
+    if row.try_get("held")? {
+        return Ok(Fence::Held);
+    }
+    let current: Option<i64> = row.try_get("current")?;
+    Ok(Fence::Lost {
+        current: current.map(row::token).transpose()?,
+    })
+}
+
+/// Settles an in-flight record with `outcome`, if `claim` still holds it.
+///
+/// The `current` CTE reads the row in the same snapshot as the update, so a
+/// refusal names the token that won without another round trip.
+pub(crate) async fn settle(
+    conn: &mut PgConnection,
+    claim: &Claim,
+    outcome: &Outcome,
+    now: Timestamp,
+) -> sqlx::Result<Fence> {
+    let row = sqlx::query(
+        "WITH current AS (SELECT token FROM idem_records WHERE scope = $1 AND key = $2), \
+         changed AS ( \
+           UPDATE idem_records SET state = $4, outcome_kind = $5, outcome_body = $6, \
+             outcome_meta = $7, lease_until = NULL, updated_at = $8 \
+           WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_flight' \
+           RETURNING 1) \
+         SELECT EXISTS (SELECT 1 FROM changed) AS held, (SELECT token FROM current) AS current",
+    )
+    .bind(claim.scope.as_str())
+    .bind(claim.key.as_str())
+    .bind(claim.token.get())
+    .bind(settled_state(outcome.kind).as_str())
+    .bind(row::kind_text(outcome.kind))
+    .bind(outcome.body.as_slice())
+    .bind(outcome.meta_json())
+    .bind(now.0)
+    .fetch_one(conn)
+    .await?;
+    fence(&row)
+}
+
+/// Moves the lease end of an in-flight record, if `claim` still holds it: later
+/// to renew, to now to release.
+pub(crate) async fn set_lease(
+    conn: &mut PgConnection,
+    claim: &Claim,
+    lease_until: Timestamp,
+    now: Timestamp,
+) -> sqlx::Result<Fence> {
+    let row = sqlx::query(
+        "WITH current AS (SELECT token FROM idem_records WHERE scope = $1 AND key = $2), \
+         changed AS ( \
+           UPDATE idem_records SET lease_until = $4, updated_at = $5 \
+           WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_flight' \
+           RETURNING 1) \
+         SELECT EXISTS (SELECT 1 FROM changed) AS held, (SELECT token FROM current) AS current",
+    )
+    .bind(claim.scope.as_str())
+    .bind(claim.key.as_str())
+    .bind(claim.token.get())
+    .bind(lease_until.0)
+    .bind(now.0)
+    .fetch_one(conn)
+    .await?;
+    fence(&row)
+}
+
+/// The token and state of `(scope, key)`, with the row locked until the
+/// transaction ends.
+pub(crate) async fn lock_token(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    key: &IdempotencyKey,
+) -> sqlx::Result<Option<(FencingToken, RecordState)>> {
+    let Some(found) = sqlx::query(
+        "SELECT token, state FROM idem_records WHERE scope = $1 AND key = $2 FOR UPDATE",
+    )
+    .bind(scope.as_str())
+    .bind(key.as_str())
+    .fetch_optional(conn)
+    .await?
+    else {
+        return Ok(None);
+    };
+    Ok(Some((
+        row::token(found.try_get("token")?)?,
+        row::state(found.try_get("state")?)?,
+    )))
+}
+
+/// Records matching `filter`, newest first.
+pub(crate) async fn list<'e>(
+    db: impl PgExecutor<'e>,
+    filter: &RecordFilter,
+) -> sqlx::Result<Vec<Record>> {
+    sqlx::query(concat!(
+        "SELECT ",
+        record_columns!(),
+        " FROM idem_records \
+          WHERE ($1::text IS NULL OR scope = $1) AND ($2::text IS NULL OR state = $2) \
+          ORDER BY created_at DESC, scope, key \
+          LIMIT $3"
+    ))
+    .bind(filter.scope.as_ref().map(Scope::as_str))
+    .bind(filter.state.map(RecordState::as_str))
+    .bind(filter.limit.map(|n| i64::try_from(n).unwrap_or(i64::MAX)))
+    .fetch_all(db)
+    .await?
+    .iter()
+    .map(row::record)
+    .collect()
+}
+
+/// How many records there are, and how many are past retention at `now`.
+pub(crate) async fn count<'e>(
+    db: impl PgExecutor<'e>,
+    now: Timestamp,
+) -> sqlx::Result<RecordCount> {
+    let row = sqlx::query(
+        "SELECT count(*) AS total, count(*) FILTER (WHERE expires_at <= $1) AS expired \
+         FROM idem_records",
+    )
+    .bind(now.0)
+    .fetch_one(db)
+    .await?;
+    let total: i64 = row.try_get("total")?;
+    let expired: i64 = row.try_get("expired")?;
+    Ok(RecordCount {
+        total: total.unsigned_abs(),
+        expired: expired.unsigned_abs(),
+    })
+}
+
+/// Deletes at most `limit` records past retention at `now`, oldest first, and
+/// returns how many.
+///
+/// Rows another transaction is writing are skipped, not waited for; the
+/// outer `expires_at` test re-checks a row that was renewed after the inner
+/// select saw it.
+pub(crate) async fn sweep<'e>(
+    db: impl PgExecutor<'e>,
+    now: Timestamp,
+    limit: usize,
+) -> sqlx::Result<u64> {
+    let done = sqlx::query(
+        "DELETE FROM idem_records AS r \
+         USING (SELECT scope, key FROM idem_records WHERE expires_at <= $1 \
+                ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED) AS due \
+         WHERE r.scope = due.scope AND r.key = due.key AND r.expires_at <= $1",
+    )
+    .bind(now.0)
+    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+    .execute(db)
+    .await?;
+    Ok(done.rows_affected())
+}

@@ -1,0 +1,163 @@
+//! Rows of `idem_records` to and from [`Record`]s: the one place where the
+//! table's text and numbers become typed values.
+//!
+//! Record states use [`RecordState::as_str`] and its `FromStr`; the outcome kind
+//! (`success` / `terminal_failure`) is converted here. A row that does not hold a
+//! valid record is reported as [`BadRow`], which surfaces as
+//! [`ErrorKind::Corrupt`](idem_core::ErrorKind::Corrupt).
+
+use idem_core::{
+    FencingToken, Fingerprint, IdempotencyKey, Outcome, OutcomeKind, Record, RecordState, Scope,
+    Timestamp,
+};
+use sqlx::Row;
+use sqlx::postgres::PgRow;
+
+use crate::error::BadRow;
+
+/// The text stored in `outcome_kind`.
+pub(crate) fn kind_text(kind: OutcomeKind) -> &'static str {
+    match kind {
+        OutcomeKind::Success => "success",
+        OutcomeKind::TerminalFailure => "terminal_failure",
+    }
+}
+
+/// Reads `outcome_kind` back.
+fn parse_kind(text: &str) -> Result<OutcomeKind, sqlx::Error> {
+    match text {
+        "success" => Ok(OutcomeKind::Success),
+        "terminal_failure" => Ok(OutcomeKind::TerminalFailure),
+        other => Err(BadRow::into_sqlx(format!(
+            "unknown outcome kind {other:?}: expected success or terminal_failure"
+        ))),
+    }
+}
+
+/// The state a record settles in when it stores an outcome of this kind.
+pub(crate) fn settled_state(kind: OutcomeKind) -> RecordState {
+    match kind {
+        OutcomeKind::Success => RecordState::Completed,
+        OutcomeKind::TerminalFailure => RecordState::Failed,
+    }
+}
+
+/// Reads a token column.
+pub(crate) fn token(value: i64) -> Result<FencingToken, sqlx::Error> {
+    FencingToken::new(value)
+        .ok_or_else(|| BadRow::into_sqlx(format!("fencing token {value} is not positive")))
+}
+
+/// Reads a state column.
+pub(crate) fn state(text: &str) -> Result<RecordState, sqlx::Error> {
+    text.parse()
+        .map_err(|e: idem_core::UnknownState| BadRow::into_sqlx(e.to_string()))
+}
+
+/// A full record from a row selected with `record_columns!()`.
+pub(crate) fn record(row: &PgRow) -> Result<Record, sqlx::Error> {
+    let scope: String = row.try_get("scope")?;
+    let key: String = row.try_get("key")?;
+    let scope = Scope::new(scope).map_err(|e| BadRow::into_sqlx(e.to_string()))?;
+    let key = IdempotencyKey::new(key).map_err(|e| BadRow::into_sqlx(e.to_string()))?;
+    let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
+    let fingerprint = Fingerprint::from_slice(&fingerprint).ok_or_else(|| {
+        BadRow::into_sqlx(format!(
+            "fingerprint of {scope}/{key} is {} bytes, not 32",
+            fingerprint.len()
+        ))
+    })?;
+    let kind: Option<String> = row.try_get("outcome_kind")?;
+    let outcome = match kind {
+        None => None,
+        Some(kind) => {
+            let body: Option<Vec<u8>> = row.try_get("outcome_body")?;
+            let meta: Option<String> = row.try_get("outcome_meta")?;
+            let meta = Outcome::parse_meta(meta.as_deref().unwrap_or("{}")).map_err(|e| {
+                BadRow::into_sqlx(format!(
+                    "outcome metadata of {scope}/{key} is not a JSON string map: {e}"
+                ))
+            })?;
+            Some(Outcome {
+                kind: parse_kind(&kind)?,
+                body: body.unwrap_or_default(),
+                meta,
+            })
+        }
+    };
+    Ok(Record {
+        fingerprint,
+        state: state(row.try_get("state")?)?,
+        token: token(row.try_get("token")?)?,
+        lease_until: row.try_get::<Option<i64>, _>("lease_until")?.map(Timestamp),
+        outcome,
+        created_at: Timestamp(row.try_get("created_at")?),
+        updated_at: Timestamp(row.try_get("updated_at")?),
+        expires_at: Timestamp(row.try_get("expires_at")?),
+        scope,
+        key,
+    })
+}
+
+/// Records laid out column by column, as the multi-row upsert binds them.
+#[derive(Default)]
+pub(crate) struct Columns {
+    pub(crate) scope: Vec<String>,
+    pub(crate) key: Vec<String>,
+    pub(crate) fingerprint: Vec<Vec<u8>>,
+    pub(crate) state: Vec<&'static str>,
+    pub(crate) token: Vec<i64>,
+    pub(crate) lease_until: Vec<Option<i64>>,
+    pub(crate) outcome_kind: Vec<Option<&'static str>>,
+    pub(crate) outcome_body: Vec<Option<Vec<u8>>>,
+    pub(crate) outcome_meta: Vec<Option<String>>,
+    pub(crate) created_at: Vec<i64>,
+    pub(crate) updated_at: Vec<i64>,
+    pub(crate) expires_at: Vec<i64>,
+}
+
+impl Columns {
+    /// The columns of `records`.
+    pub(crate) fn of(records: &[Record]) -> Self {
+        let mut columns = Self::default();
+        for r in records {
+            columns.scope.push(r.scope.as_str().to_owned());
+            columns.key.push(r.key.as_str().to_owned());
+            columns.fingerprint.push(r.fingerprint.as_bytes().to_vec());
+            columns.state.push(r.state.as_str());
+            columns.token.push(r.token.get());
+            columns.lease_until.push(r.lease_until.map(|t| t.0));
+            columns
+                .outcome_kind
+                .push(r.outcome.as_ref().map(|o| kind_text(o.kind)));
+            columns
+                .outcome_body
+                .push(r.outcome.as_ref().map(|o| o.body.clone()));
+            columns
+                .outcome_meta
+                .push(r.outcome.as_ref().map(Outcome::meta_json));
+            columns.created_at.push(r.created_at.0);
+            columns.updated_at.push(r.updated_at.0);
+            columns.expires_at.push(r.expires_at.0);
+        }
+        columns
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outcome_kinds_round_trip_and_settle_in_the_matching_state() {
+        for kind in [OutcomeKind::Success, OutcomeKind::TerminalFailure] {
+            assert_eq!(parse_kind(kind_text(kind)).unwrap(), kind);
+        }
+        assert!(parse_kind("ok").is_err());
+        assert_eq!(settled_state(OutcomeKind::Success), RecordState::Completed);
+        assert_eq!(
+            settled_state(OutcomeKind::TerminalFailure),
+            RecordState::Failed
+        );
+    }
+}

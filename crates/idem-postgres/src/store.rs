@@ -1,0 +1,267 @@
+//! The store handle and how it is made: [`PgStore`], [`PgStoreBuilder`], and the
+//! small helpers every protocol path shares (transactions, error mapping,
+//! fencing refusals).
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::{
+    Claim, Error, ErrorKind, FencingToken, Settings, SharedClock, StoreError, SystemClock, observe,
+};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, Postgres};
+use sqlx::{ConnectOptions, Connection, Transaction};
+
+use crate::error::{Endpoint, store_error};
+use crate::{lock, records};
+
+/// The default size of the connection pool.
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 16;
+
+/// How long an operation waits for a pooled connection by default before it
+/// fails as unavailable.
+pub const DEFAULT_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// An Idem store on PostgreSQL, shared by many processes and machines.
+///
+/// Cheap to clone: clones share one connection pool. Implements
+/// [`LeaseStore`](idem_core::LeaseStore) and [`RecordStore`](idem_core::RecordStore),
+/// and offers the atomic mode ([`PgStore::apply`], [`PgStore::apply_batch`],
+/// [`PgStore::complete_with`]) where the effect runs in the store's transaction.
+#[derive(Clone)]
+pub struct PgStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: PgPool,
+    settings: Settings,
+    clock: SharedClock,
+    endpoint: Endpoint,
+}
+
+impl fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgStore")
+            .field("endpoint", &self.inner.endpoint)
+            .field("settings", &self.inner.settings)
+            .field("clock", &self.inner.clock)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PgStore {
+    /// A builder for a store at `url` (`postgres://user@host:port/database`).
+    pub fn builder(url: impl Into<String>) -> PgStoreBuilder {
+        PgStoreBuilder {
+            url: url.into(),
+            settings: Settings::default(),
+            clock: Arc::new(SystemClock),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            acquire_timeout: DEFAULT_ACQUIRE_TIMEOUT,
+            migrate: true,
+        }
+    }
+
+    /// Connects to `url` with the defaults (system clock, default settings, a
+    /// pool of 16) and migrates the schema.
+    pub async fn connect(url: &str) -> Result<PgStore, Error> {
+        Self::builder(url).connect().await
+    }
+
+    /// A store over an existing pool, for applications that already have one.
+    /// Does not migrate: call [`RecordStore::migrate`](idem_core::RecordStore::migrate)
+    /// once if the schema may be missing.
+    pub fn from_pool(pool: PgPool, settings: Settings, clock: SharedClock) -> PgStore {
+        let endpoint = Endpoint::of_pool(&pool);
+        PgStore {
+            inner: Arc::new(Inner {
+                pool,
+                settings,
+                clock,
+                endpoint,
+            }),
+        }
+    }
+
+    /// The connection pool, for the application's own queries.
+    pub fn pool(&self) -> &PgPool {
+        &self.inner.pool
+    }
+
+    /// Lease and retention settings.
+    pub fn settings(&self) -> &Settings {
+        &self.inner.settings
+    }
+
+    /// The clock every lease and retention time is read from.
+    pub fn clock(&self) -> &SharedClock {
+        &self.inner.clock
+    }
+
+    /// Maps a sqlx error (the only place a driver error becomes an Idem error).
+    pub(crate) fn fail(&self, error: sqlx::Error) -> Error {
+        Error::Store(store_error(error, &self.inner.endpoint))
+    }
+
+    /// Opens a transaction for a locked read-then-write.
+    pub(crate) async fn begin(&self) -> Result<Transaction<'static, Postgres>, Error> {
+        lock::begin(self.pool()).await.map_err(|e| self.fail(e))
+    }
+
+    /// Commits.
+    pub(crate) async fn commit(&self, tx: Transaction<'static, Postgres>) -> Result<(), Error> {
+        tx.commit().await.map_err(|e| self.fail(e))
+    }
+
+    /// Rolls back now rather than when the connection is next used, so the key's
+    /// lock is free by the time the caller hears the answer. A failed rollback
+    /// is only logged: the server rolls back anyway when the connection goes.
+    pub(crate) async fn roll_back(&self, tx: Transaction<'static, Postgres>) {
+        if let Err(error) = tx.rollback().await {
+            tracing::warn!(%error, "rollback failed; the connection is discarded");
+        }
+    }
+
+    /// Writes records read under the lock; a row that changed since it was read
+    /// (which the lock should make impossible) fails the operation as a
+    /// serialization failure, so nothing is committed on a stale decision.
+    pub(crate) async fn write(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        written: &[idem_core::Record],
+    ) -> Result<(), Error> {
+        let count = records::write(conn, written)
+            .await
+            .map_err(|e| self.fail(e))?;
+        if count == written.len() as u64 {
+            return Ok(());
+        }
+        Err(Error::Store(StoreError::new(
+            ErrorKind::SerializationFailure,
+            format!(
+                "{} of {} records changed in PostgreSQL at {} while their key was locked; something writes idem_records without taking the key's advisory lock; run the operation again",
+                written.len() as u64 - count,
+                written.len(),
+                self.inner.endpoint
+            ),
+        )))
+    }
+
+    /// The refusal for a claim whose token is no longer current, reported.
+    pub(crate) fn fenced(&self, claim: &Claim, current: Option<FencingToken>) -> Error {
+        let error = Error::Fenced {
+            scope: claim.scope.clone(),
+            key: claim.key.clone(),
+            held: claim.token,
+            current,
+        };
+        observe::refused(&error);
+        error
+    }
+}
+
+/// Sets up a [`PgStore`]: settings, clock, pool size, and whether to migrate.
+pub struct PgStoreBuilder {
+    url: String,
+    settings: Settings,
+    clock: SharedClock,
+    max_connections: u32,
+    acquire_timeout: Duration,
+    migrate: bool,
+}
+
+impl fmt::Debug for PgStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The URL may carry a password: show where it points, never the URL.
+        let target = PgConnectOptions::from_str(&self.url)
+            .map(|o| Endpoint::new(&o, self.max_connections, self.acquire_timeout).to_string())
+            .unwrap_or_else(|_| "<URL not valid>".to_owned());
+        f.debug_struct("PgStoreBuilder")
+            .field("target", &target)
+            .field("settings", &self.settings)
+            .field("clock", &self.clock)
+            .field("max_connections", &self.max_connections)
+            .field("acquire_timeout", &self.acquire_timeout)
+            .field("migrate", &self.migrate)
+            .finish()
+    }
+}
+
+impl PgStoreBuilder {
+    /// Lease and retention settings (default: [`Settings::default`]).
+    pub fn settings(mut self, settings: Settings) -> Self {
+        self.settings = settings;
+        self
+    }
+
+    /// The clock (default: the system clock). Tests pass a
+    /// [`ManualClock`](idem_core::ManualClock).
+    pub fn clock(mut self, clock: SharedClock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The most connections the pool opens (default 16).
+    pub fn max_connections(mut self, max: u32) -> Self {
+        self.max_connections = max.max(1);
+        self
+    }
+
+    /// How long an operation waits for a pooled connection before failing as
+    /// unavailable (default 5 s).
+    pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
+        self.acquire_timeout = timeout;
+        self
+    }
+
+    /// Whether [`connect`](Self::connect) creates or upgrades the schema
+    /// (default `true`; safe from several processes at once).
+    pub fn migrate(mut self, migrate: bool) -> Self {
+        self.migrate = migrate;
+        self
+    }
+
+    /// Connects: checks the server answers (one connection, no retries, so an
+    /// unreachable server is reported at once and with its real cause), migrates
+    /// if asked, and opens the pool.
+    pub async fn connect(self) -> Result<PgStore, Error> {
+        let options = PgConnectOptions::from_str(&self.url).map_err(|e| {
+            // Said without the URL itself, which may hold a password.
+            Error::Store(StoreError::with_source(
+                ErrorKind::Config,
+                format!(
+                    "the PostgreSQL URL is not valid: {e}; write it as postgres://user@host:port/database"
+                ),
+                e,
+            ))
+        })?;
+        let endpoint = Endpoint::new(&options, self.max_connections, self.acquire_timeout);
+        let fail = |e| Error::Store(store_error(e, &endpoint));
+
+        let mut first = options.connect().await.map_err(fail)?;
+        if self.migrate {
+            records::MIGRATOR
+                .run(&mut first)
+                .await
+                .map_err(|e| fail(e.into()))?;
+        }
+        if let Err(error) = first.close().await {
+            tracing::debug!(%error, "closing the start-up connection failed");
+        }
+
+        let pool = PgPoolOptions::new()
+            .max_connections(self.max_connections)
+            .acquire_timeout(self.acquire_timeout)
+            .connect_lazy_with(options);
+        Ok(PgStore {
+            inner: Arc::new(Inner {
+                pool,
+                settings: self.settings,
+                clock: self.clock,
+                endpoint,
+            }),
+        })
+    }
+}

@@ -1,0 +1,145 @@
+//! Where a store lives, written as a URL: `sqlite://PATH` or `postgres://...`.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+/// A parsed store location.
+#[derive(Clone, PartialEq, Eq)]
+pub enum StoreLocation {
+    /// An embedded SQLite file (`sqlite://idem.db`, `sqlite:///var/lib/idem.db`).
+    Sqlite(PathBuf),
+    /// A PostgreSQL connection URL (`postgres://user@host:5432/db`).
+    Postgres(String),
+}
+
+/// A store URL that could not be understood.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LocationError {
+    /// The URL names a scheme Idem has no store for.
+    #[error(
+        "unknown store URL scheme {scheme:?} in {url:?}: use sqlite://PATH for the embedded store or postgres://USER@HOST:PORT/DATABASE"
+    )]
+    UnknownScheme {
+        /// The scheme found.
+        scheme: String,
+        /// The URL as given (password removed).
+        url: String,
+    },
+    /// The text has no `scheme://` part.
+    #[error(
+        "store {url:?} is not a URL: write sqlite://{url} for an embedded SQLite file, or postgres://USER@HOST:PORT/DATABASE"
+    )]
+    NoScheme {
+        /// The text as given.
+        url: String,
+    },
+    /// `sqlite://` with no path.
+    #[error(
+        "store URL {url:?} has no file path: write sqlite://idem.db or sqlite:///absolute/path.db"
+    )]
+    EmptyPath {
+        /// The URL as given.
+        url: String,
+    },
+}
+
+impl FromStr for StoreLocation {
+    type Err = LocationError;
+
+    fn from_str(url: &str) -> Result<Self, LocationError> {
+        let Some((scheme, rest)) = url.split_once("://") else {
+            return Err(LocationError::NoScheme {
+                url: url.to_owned(),
+            });
+        };
+        match scheme.to_ascii_lowercase().as_str() {
+            "sqlite" if rest.is_empty() => Err(LocationError::EmptyPath {
+                url: url.to_owned(),
+            }),
+            "sqlite" => Ok(Self::Sqlite(PathBuf::from(rest))),
+            "postgres" | "postgresql" => Ok(Self::Postgres(url.to_owned())),
+            _ => Err(LocationError::UnknownScheme {
+                scheme: scheme.to_owned(),
+                url: redact(url),
+            }),
+        }
+    }
+}
+
+/// The URL with any password replaced by `***`.
+fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, tail) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _password)) => format!("{scheme}://{user}:***@{host}{tail}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
+}
+
+impl fmt::Display for StoreLocation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Sqlite(path) => write!(f, "sqlite://{}", path.display()),
+            Self::Postgres(url) => f.write_str(&redact(url)),
+        }
+    }
+}
+
+impl fmt::Debug for StoreLocation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "StoreLocation({self})")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_both_stores_and_explains_the_rest() {
+        assert_eq!(
+            "sqlite://idem.db".parse(),
+            Ok(StoreLocation::Sqlite("idem.db".into()))
+        );
+        assert_eq!(
+            "sqlite:///var/lib/idem.db".parse(),
+            Ok(StoreLocation::Sqlite("/var/lib/idem.db".into()))
+        );
+        assert!(matches!(
+            "postgresql://u@h/db".parse(),
+            Ok(StoreLocation::Postgres(_))
+        ));
+        let err = "mysql://root:secret@localhost/db"
+            .parse::<StoreLocation>()
+            .unwrap_err();
+        assert!(
+            matches!(err, LocationError::UnknownScheme { ref scheme, .. } if scheme == "mysql")
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains("sqlite://PATH") && !text.contains("secret"),
+            "{text}"
+        );
+        assert!(matches!(
+            "idem.db".parse::<StoreLocation>(),
+            Err(LocationError::NoScheme { .. })
+        ));
+        assert!(matches!(
+            "sqlite://".parse::<StoreLocation>(),
+            Err(LocationError::EmptyPath { .. })
+        ));
+    }
+
+    #[test]
+    fn display_hides_passwords() {
+        let location: StoreLocation = "postgres://app:hunter2@db:5432/idem".parse().unwrap();
+        assert_eq!(location.to_string(), "postgres://app:***@db:5432/idem");
+    }
+}

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Makes sure the services the test suite talks to answer on loopback:
+# PostgreSQL (5432), RabbitMQ (5672) and NATS with JetStream (4222).
+# A service that does not answer is started; one that is not installed is
+# installed from Debian's packages first. Exits non-zero, naming the service,
+# if one still does not answer.
+set -uo pipefail
+
+log() { printf '[services] %s\n' "$*" >&2; }
+
+answers() { # host port
+  timeout 2 bash -c "exec 3<>/dev/tcp/$1/$2" 2>/dev/null
+}
+
+wait_for() { # name port seconds
+  local name=$1 port=$2 limit=$3 waited=0
+  until answers 127.0.0.1 "$port"; do
+    if [ "$waited" -ge "$limit" ]; then
+      return 1
+    fi
+    sleep 1
+    waited=$((waited + 1))
+  done
+  log "$name answers on 127.0.0.1:$port"
+}
+
+apt_updated=0
+install_packages() {
+  if [ "$apt_updated" = 0 ]; then
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2 || return 1
+    apt_updated=1
+  fi
+  log "installing $* from Debian's packages"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >&2
+}
+
+start_postgres() {
+  if ! ls /etc/postgresql/*/main >/dev/null 2>&1; then
+    install_packages postgresql || return 1
+    local conf
+    conf=$(ls -d /etc/postgresql/*/main | head -n 1)
+    # Local tests connect as postgres over TCP without a password, as on the
+    # development machines.
+    printf 'host all all 127.0.0.1/32 trust\nhost all all ::1/128 trust\n' \
+      | cat - "$conf/pg_hba.conf" > "$conf/pg_hba.conf.new" && mv "$conf/pg_hba.conf.new" "$conf/pg_hba.conf"
+  fi
+  pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n 1)" main start >&2
+}
+
+start_rabbitmq() {
+  command -v rabbitmq-server >/dev/null || install_packages rabbitmq-server || return 1
+  rabbitmq-server -detached >&2
+}
+
+start_nats() {
+  command -v nats-server >/dev/null || [ -x /usr/sbin/nats-server ] || install_packages nats-server || return 1
+  mkdir -p /var/lib/nats-server
+  start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- \
+    -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log >&2
+}
+
+ensure() { # name port start-function seconds
+  local name=$1 port=$2 start=$3 limit=$4
+  if answers 127.0.0.1 "$port"; then
+    log "$name answers on 127.0.0.1:$port"
+    return 0
+  fi
+  log "$name does not answer on 127.0.0.1:$port; starting it"
+  "$start" || log "starting $name failed"
+  if ! wait_for "$name" "$port" "$limit"; then
+    log "ERROR: $name still does not answer on 127.0.0.1:$port after ${limit}s"
+    return 1
+  fi
+}
+
+failed=0
+ensure PostgreSQL 5432 start_postgres 60 || failed=1
+ensure RabbitMQ 5672 start_rabbitmq 90 || failed=1
+ensure NATS 4222 start_nats 30 || failed=1
+
+if [ "$failed" = 0 ] && command -v psql >/dev/null; then
+  if ! psql -h 127.0.0.1 -U postgres -d postgres -tAc 'SELECT 1' >/dev/null 2>&1; then
+    log "ERROR: PostgreSQL answers but 'psql -h 127.0.0.1 -U postgres' cannot log in without a password"
+    failed=1
+  fi
+fi
+
+if [ "$failed" != 0 ]; then
+  log "ERROR: required services are missing; the service-backed tests cannot run"
+  exit 1
+fi
