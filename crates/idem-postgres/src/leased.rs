@@ -14,7 +14,9 @@
 //! so a zombie worker whose claim was taken over cannot commit its effect either.
 //!
 //! Releasing keeps the record, with its lease ended at once: the next claim is a
-//! takeover with the next token, so tokens never repeat.
+//! takeover with the next token, so tokens never repeat. (A released record looks
+//! exactly like an expired lease, so that claim reports `took_over` and counts in
+//! `lease_takeovers_total`.)
 
 use futures::future::BoxFuture;
 use idem_core::{

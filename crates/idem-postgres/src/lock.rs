@@ -28,7 +28,9 @@ use sqlx::{Row, Transaction};
 /// BLAKE3 over the scope, a zero byte and the key. Scopes and keys are visible
 /// ASCII, so the zero byte cannot be part of either and the framing is
 /// unambiguous. Two different keys share a lock only on a 64-bit hash collision,
-/// which at worst answers one of them `InFlight` for a moment.
+/// which at worst answers one of them `InFlight` for a moment. The keys live in
+/// PostgreSQL's single-`bigint` advisory lock space, which an application's own
+/// advisory locks may share; a clash there has the same harmless effect.
 pub(crate) fn lock_key(scope: &Scope, key: &IdempotencyKey) -> i64 {
     let mut hasher = blake3::Hasher::new();
     hasher.update(scope.as_str().as_bytes());

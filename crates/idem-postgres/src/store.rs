@@ -203,7 +203,7 @@ impl PgStoreBuilder {
         self
     }
 
-    /// The most connections the pool opens (default 16).
+    /// The most connections the pool opens (default 16, at least 1).
     pub fn max_connections(mut self, max: u32) -> Self {
         self.max_connections = max.max(1);
         self
@@ -242,8 +242,10 @@ impl PgStoreBuilder {
 
         let mut first = options.connect().await.map_err(fail)?;
         if self.migrate {
+            // `run_direct` on the connection itself: `run(&mut conn)` goes through
+            // `Acquire`, which makes this future not provably `Send`.
             records::MIGRATOR
-                .run(&mut first)
+                .run_direct(None, &mut first, false)
                 .await
                 .map_err(|e| fail(e.into()))?;
         }

@@ -1,8 +1,10 @@
 //! A fresh PostgreSQL database per test, dropped when the test ends (even when
 //! it fails), plus the small bank the tests' effects write to.
 //!
-//! The server is `IDEM_TEST_PG_ADMIN_URL` if set, else
-//! `postgres://postgres@127.0.0.1:5432/postgres`.
+//! The server is `IDEM_TEST_POSTGRES_URL` if set, else
+//! `postgres://postgres@127.0.0.1:5432/postgres`. When it cannot be reached the
+//! test is skipped with a message, unless `IDEM_REQUIRE_SERVICES` is set (as in
+//! CI), which makes it fail.
 
 #![allow(dead_code)]
 
@@ -22,8 +24,25 @@ pub struct TestDb {
 }
 
 fn admin_url() -> String {
-    std::env::var("IDEM_TEST_PG_ADMIN_URL")
+    std::env::var("IDEM_TEST_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
+}
+
+/// A connection to the server's maintenance database, or `None` (after
+/// reporting it) when the server cannot be reached.
+pub async fn admin() -> Option<PgConnection> {
+    match PgConnection::connect(&admin_url()).await {
+        Ok(conn) => Some(conn),
+        Err(error) => {
+            idem_testkit::services::missing_service("PostgreSQL", &error.to_string());
+            None
+        }
+    }
+}
+
+/// `url` with its database replaced by `database`.
+pub fn server_url_with(database: &str) -> String {
+    with_database(&admin_url(), database)
 }
 
 fn with_database(url: &str, database: &str) -> String {
@@ -33,13 +52,15 @@ fn with_database(url: &str, database: &str) -> String {
 
 impl TestDb {
     /// Creates `idem_t_<random hex>` and a bank table in it:
-    /// `accounts(id, balance)` with account 1 holding 100.
-    pub async fn new() -> TestDb {
+    /// `accounts(id, balance)` with account 1 holding 100. `None` when the
+    /// server cannot be reached and services are not required.
+    pub async fn new() -> Option<TestDb> {
+        let mut admin = admin().await?;
         let admin_url = admin_url();
-        let name = format!("idem_t_{:016x}", RandomState::new().hash_one(std::process::id()));
-        let mut admin = PgConnection::connect(&admin_url)
-            .await
-            .expect("PostgreSQL for tests must be reachable (set IDEM_TEST_PG_ADMIN_URL)");
+        let name = format!(
+            "idem_t_{:016x}",
+            RandomState::new().hash_one(std::process::id())
+        );
         sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE {name}")))
             .execute(&mut admin)
             .await
@@ -50,7 +71,9 @@ impl TestDb {
             admin_url,
             name,
         };
-        let mut conn = PgConnection::connect(&db.url).await.expect("connect test db");
+        let mut conn = PgConnection::connect(&db.url)
+            .await
+            .expect("connect test db");
         sqlx::raw_sql(
             "CREATE TABLE accounts (id INT PRIMARY KEY, balance BIGINT NOT NULL);
              INSERT INTO accounts VALUES (1, 100);",
@@ -59,7 +82,7 @@ impl TestDb {
         .await
         .expect("create accounts");
         conn.close().await.ok();
-        db
+        Some(db)
     }
 
     /// A migrated store with default settings and the system clock.

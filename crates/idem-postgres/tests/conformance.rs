@@ -1,0 +1,174 @@
+//! The shared conformance suite against PostgreSQL, one fresh database per test.
+
+mod common;
+
+use std::sync::Arc;
+
+use futures::FutureExt;
+use idem_core::{Applied, ApplyError, Claim, Error, ManualClock, Operation, Outcome};
+use idem_postgres::PgStore;
+use idem_testkit::crash::{self, CrashPoint};
+use idem_testkit::harness::{RETRYABLE_FAILURE, counter_outcome, terminal_outcome};
+use idem_testkit::{Effect, Harness};
+use sqlx::PgConnection;
+
+use common::TestDb;
+
+struct Postgres {
+    store: PgStore,
+    clock: ManualClock,
+    url: String,
+    _db: Option<Arc<TestDb>>,
+}
+
+async fn add(conn: &mut PgConnection, counter: &str, amount: i64) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(
+        "INSERT INTO counters (name, value) VALUES ($1, $2) \
+         ON CONFLICT (name) DO UPDATE SET value = counters.value + excluded.value RETURNING value",
+    )
+    .bind(counter)
+    .bind(amount)
+    .fetch_one(conn)
+    .await
+}
+
+async fn run_effect(
+    conn: &mut PgConnection,
+    counter: String,
+    amount: i64,
+    effect: Effect,
+) -> Result<Outcome, String> {
+    match &effect {
+        Effect::FailTerminal => return Ok(terminal_outcome()),
+        Effect::Crash(CrashPoint::AfterClaim) => crash::reach(CrashPoint::AfterClaim),
+        Effect::Gate(gate) => {
+            let _ = gate.enter().await;
+        }
+        _ => {}
+    }
+    let value = add(conn, &counter, amount)
+        .await
+        .map_err(|e| e.to_string())?;
+    match effect {
+        Effect::FailRetryable => Err(RETRYABLE_FAILURE.to_owned()),
+        Effect::Crash(point) => crash::reach(point),
+        _ => Ok(counter_outcome(value)),
+    }
+}
+
+impl Postgres {
+    async fn at(url: String, clock: ManualClock, db: Option<Arc<TestDb>>) -> Self {
+        let store = PgStore::builder(url.clone())
+            .clock(Arc::new(clock.clone()))
+            .connect()
+            .await
+            .expect("connect the PostgreSQL store");
+        let mut conn = store.pool().acquire().await.expect("a connection");
+        sqlx::raw_sql(
+            "CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value BIGINT NOT NULL)",
+        )
+        .execute(&mut *conn)
+        .await
+        .expect("create counters");
+        drop(conn);
+        Self {
+            store,
+            clock,
+            url,
+            _db: db,
+        }
+    }
+}
+
+impl Harness for Postgres {
+    type Store = PgStore;
+
+    async fn fresh() -> Option<Self> {
+        let db = Arc::new(TestDb::new().await?);
+        Some(Self::at(db.url.clone(), ManualClock::starting_now(), Some(db)).await)
+    }
+
+    async fn reopen(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            clock: self.clock.clone(),
+            url: self.url.clone(),
+            _db: self._db.clone(),
+        }
+    }
+
+    async fn open(location: &str, clock: ManualClock) -> Self {
+        Self::at(location.to_owned(), clock, None).await
+    }
+
+    fn location(&self) -> String {
+        self.url.clone()
+    }
+
+    fn store(&self) -> &PgStore {
+        &self.store
+    }
+
+    fn clock(&self) -> &ManualClock {
+        &self.clock
+    }
+
+    async fn apply_add(
+        &self,
+        op: &Operation,
+        counter: &str,
+        amount: i64,
+        effect: Effect,
+    ) -> Result<Applied, ApplyError<String>> {
+        let counter = counter.to_owned();
+        self.store
+            .apply(&op.scope, &op.key, op.fingerprint, move |conn| {
+                run_effect(conn, counter, amount, effect).boxed()
+            })
+            .await
+    }
+
+    async fn apply_batch_add(
+        &self,
+        ops: &[Operation],
+        adds: &[(String, i64)],
+    ) -> Result<Vec<Result<Applied, Error>>, ApplyError<(usize, String)>> {
+        let adds = adds.to_vec();
+        self.store
+            .apply_batch(ops, move |conn, i| {
+                let (counter, amount) = adds[i].clone();
+                async move {
+                    if amount == i64::MIN {
+                        return Err("refused by the test".to_owned());
+                    }
+                    run_effect(conn, counter, amount, Effect::Succeed).await
+                }
+                .boxed()
+            })
+            .await
+    }
+
+    async fn complete_add(
+        &self,
+        claim: &Claim,
+        counter: &str,
+        amount: i64,
+    ) -> Result<Outcome, ApplyError<String>> {
+        let counter = counter.to_owned();
+        self.store
+            .complete_with(claim, move |conn| {
+                run_effect(conn, counter, amount, Effect::Succeed).boxed()
+            })
+            .await
+    }
+
+    async fn counter(&self, counter: &str) -> i64 {
+        sqlx::query_scalar("SELECT coalesce((SELECT value FROM counters WHERE name = $1), 0)")
+            .bind(counter)
+            .fetch_one(self.store.pool())
+            .await
+            .expect("read counter")
+    }
+}
+
+idem_testkit::conformance_suite!(Postgres);

@@ -1,0 +1,234 @@
+//! Leased mode against a real PostgreSQL, with a manual clock: claims, fenced
+//! completions, takeovers, releases and renewals.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{TestDb, clock};
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use idem_core::{
+    Applied, ApplyError, Claim, Claimed, Clock, Error, Fingerprint, IdempotencyKey, LeaseStore,
+    Outcome, RecordState, RecordStore, Scope, apply_leased,
+};
+
+fn scope() -> Scope {
+    Scope::new("emails").unwrap()
+}
+
+fn key(k: &str) -> IdempotencyKey {
+    IdempotencyKey::new(k).unwrap()
+}
+
+fn fp() -> Fingerprint {
+    Fingerprint::of_bytes(b"welcome")
+}
+
+fn fresh(claimed: Claimed) -> Claim {
+    match claimed {
+        Claimed::Fresh(claim) => claim,
+        Claimed::Replayed(outcome) => panic!("expected a fresh claim, got replay {outcome:?}"),
+    }
+}
+
+#[tokio::test]
+async fn claim_complete_then_replay() {
+    let Some(db) = TestDb::new().await else {
+        return;
+    };
+    let clock = clock();
+    let store = db.store_at(&clock).await;
+
+    let claim = fresh(store.claim(&scope(), &key("user-7"), fp()).await.unwrap());
+    assert_eq!(claim.token.get(), 1);
+    assert!(!claim.took_over);
+    assert_eq!(claim.lease_until, clock.now().plus(Duration::from_secs(60)));
+
+    let err = store
+        .claim(&scope(), &key("user-7"), fp())
+        .await
+        .unwrap_err();
+    match err {
+        Error::InFlight { retry_after, .. } => assert_eq!(retry_after, Duration::from_secs(1)),
+        other => panic!("expected InFlight, got {other:?}"),
+    }
+
+    let sent = Outcome::success("sent").with_meta("provider", "smtp");
+    store.complete(&claim, &sent).await.unwrap();
+    assert_eq!(
+        store.claim(&scope(), &key("user-7"), fp()).await.unwrap(),
+        Claimed::Replayed(sent.clone())
+    );
+
+    let record = store.get(&scope(), &key("user-7")).await.unwrap().unwrap();
+    assert_eq!(record.state, RecordState::Completed);
+    assert_eq!(record.outcome, Some(sent.clone()));
+    assert_eq!(record.lease_until, None);
+
+    // The generic leased apply sees the replay too and runs nothing.
+    let applied = apply_leased(&store, &scope(), &key("user-7"), fp(), |_| async {
+        Err::<Outcome, &str>("must not run")
+    })
+    .await
+    .unwrap();
+    assert_eq!(applied, Applied::Replayed(sent));
+}
+
+#[tokio::test]
+async fn expired_lease_is_taken_over_and_the_zombie_is_fenced() {
+    let Some(db) = TestDb::new().await else {
+        return;
+    };
+    let clock = clock();
+    let store = db.store_at(&clock).await;
+
+    let claimed_at = clock.now();
+    let zombie = fresh(store.claim(&scope(), &key("user-7"), fp()).await.unwrap());
+    clock.advance(Duration::from_secs(61));
+    let heir = fresh(store.claim(&scope(), &key("user-7"), fp()).await.unwrap());
+    assert_eq!(heir.token.get(), 2);
+    assert!(heir.took_over);
+
+    let err = store
+        .complete(&zombie, &Outcome::success("zombie"))
+        .await
+        .unwrap_err();
+    match err {
+        Error::Fenced { held, current, .. } => {
+            assert_eq!(held.get(), 1);
+            assert_eq!(current.map(|t| t.get()), Some(2));
+        }
+        other => panic!("expected Fenced, got {other:?}"),
+    }
+    assert!(matches!(
+        store.renew(&zombie).await,
+        Err(Error::Fenced { .. })
+    ));
+    assert!(matches!(
+        store.release(&zombie).await,
+        Err(Error::Fenced { .. })
+    ));
+
+    store
+        .complete(&heir, &Outcome::success("heir"))
+        .await
+        .unwrap();
+    let record = store.get(&scope(), &key("user-7")).await.unwrap().unwrap();
+    assert_eq!(record.token.get(), 2);
+    assert_eq!(record.outcome, Some(Outcome::success("heir")));
+    // A takeover keeps the window of the first claim.
+    assert_eq!(record.created_at, claimed_at);
+    assert_eq!(
+        record.expires_at,
+        claimed_at.plus(Duration::from_secs(3600))
+    );
+}
+
+#[tokio::test]
+async fn release_then_claim_again_gets_the_next_token() {
+    let Some(db) = TestDb::new().await else {
+        return;
+    };
+    let clock = clock();
+    let store = db.store_at(&clock).await;
+
+    let first = fresh(store.claim(&scope(), &key("user-7"), fp()).await.unwrap());
+    store.release(&first).await.unwrap();
+    let second = fresh(store.claim(&scope(), &key("user-7"), fp()).await.unwrap());
+    assert_eq!(second.token.get(), 2);
+    assert!(matches!(
+        store.complete(&first, &Outcome::empty()).await,
+        Err(Error::Fenced { .. })
+    ));
+    store.complete(&second, &Outcome::empty()).await.unwrap();
+}
+
+#[tokio::test]
+async fn renewed_lease_is_not_taken_over() {
+    let Some(db) = TestDb::new().await else {
+        return;
+    };
+    let clock = clock();
+    let store = db.store_at(&clock).await;
+
+    let claim = fresh(store.claim(&scope(), &key("user-7"), fp()).await.unwrap());
+    clock.advance(Duration::from_secs(40));
+    let renewed = store.renew(&claim).await.unwrap();
+    assert_eq!(renewed.token, claim.token);
+    assert_eq!(
+        renewed.lease_until,
+        clock.now().plus(Duration::from_secs(60))
+    );
+
+    clock.advance(Duration::from_secs(40)); // 80 s after the claim, 40 s after the renewal
+    assert!(matches!(
+        store.claim(&scope(), &key("user-7"), fp()).await,
+        Err(Error::InFlight { .. })
+    ));
+    store.complete(&renewed, &Outcome::empty()).await.unwrap();
+}
+
+/// Debits 10 from account 1 in the completion's transaction.
+fn debit(conn: &mut sqlx::PgConnection) -> BoxFuture<'_, Result<Outcome, sqlx::Error>> {
+    async move {
+        sqlx::query("UPDATE accounts SET balance = balance - 10 WHERE id = 1")
+            .execute(&mut *conn)
+            .await?;
+        Ok(Outcome::success("debited"))
+    }
+    .boxed()
+}
+
+#[tokio::test]
+async fn complete_with_commits_the_effect_only_for_the_current_token() {
+    let Some(db) = TestDb::new().await else {
+        return;
+    };
+    let clock = clock();
+    let store = db.store_at(&clock).await;
+
+    let zombie = fresh(store.claim(&scope(), &key("pay-1"), fp()).await.unwrap());
+    clock.advance(Duration::from_secs(61));
+    let heir = fresh(store.claim(&scope(), &key("pay-1"), fp()).await.unwrap());
+
+    let err = store.complete_with(&zombie, debit).await.unwrap_err();
+    assert!(
+        matches!(err, ApplyError::Protocol(Error::Fenced { .. })),
+        "{err:?}"
+    );
+    assert_eq!(db.balance(&store, 1).await, 100);
+
+    let outcome = store.complete_with(&heir, debit).await.unwrap();
+    assert_eq!(outcome, Outcome::success("debited"));
+    assert_eq!(db.balance(&store, 1).await, 90);
+    assert_eq!(
+        store.claim(&scope(), &key("pay-1"), fp()).await.unwrap(),
+        Claimed::Replayed(outcome)
+    );
+}
+
+#[tokio::test]
+async fn sixty_four_concurrent_claims_give_one_claim() {
+    let Some(db) = TestDb::new().await else {
+        return;
+    };
+    let clock = clock();
+    let store = db.store_at(&clock).await;
+    let claims = (0..64).map(|_| {
+        let store = store.clone();
+        tokio::spawn(async move { store.claim(&scope(), &key("hot"), fp()).await })
+    });
+    let mut fresh = 0;
+    for result in futures::future::join_all(claims).await {
+        match result.unwrap() {
+            Ok(Claimed::Fresh(claim)) => {
+                assert_eq!(claim.token.get(), 1);
+                fresh += 1;
+            }
+            Err(Error::InFlight { .. }) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(fresh, 1);
+}
