@@ -206,3 +206,29 @@ async fn concurrent_connects_migrate_once() {
     apply_noop(&store, "k").await;
     assert_eq!(db.balance(&store, 1).await, 101);
 }
+
+/// Type-checks, never runs: every public future is `Send`, so it can be
+/// spawned and used from generic code such as the conformance harness.
+fn _public_futures_are_send(store: &PgStore, claim: &idem_core::Claim) {
+    use idem_core::LeaseStore;
+
+    fn send<T: Send>(_: T) {}
+    let (s, k, fp) = (scope(), key("k"), Fingerprint::of_bytes(b""));
+    send(PgStore::connect(""));
+    send(PgStore::builder("").connect());
+    send(store.apply(&s, &k, fp, |_| {
+        async { Ok::<_, String>(Outcome::empty()) }.boxed()
+    }));
+    send(store.apply_batch(&[], |_, _| {
+        async { Ok::<_, String>(Outcome::empty()) }.boxed()
+    }));
+    send(store.complete_with(claim, |_| {
+        async { Ok::<_, String>(Outcome::empty()) }.boxed()
+    }));
+    send(store.claim(&s, &k, fp));
+    send(store.complete(claim, &Outcome::empty()));
+    send(store.renew(claim));
+    send(store.release(claim));
+    send(store.migrate());
+    send(store.sweep(10));
+}

@@ -97,8 +97,7 @@ impl SqliteStoreBuilder {
 
     /// Opens (creating if needed) the file and brings its schema up to date.
     pub async fn open(self) -> Result<SqliteStore, Error> {
-        let connections =
-            Connections::open(self.path, self.connection, |conn| schema::migrate(conn)).await?;
+        let connections = Connections::open(self.path, self.connection, schema::migrate).await?;
         Ok(SqliteStore {
             inner: Arc::new(Inner {
                 connections,
@@ -349,9 +348,10 @@ impl SqliteStore {
         let mut holds = HashMap::new();
         for op in &ops {
             let pair = (op.scope.to_string(), op.key.to_string());
-            if !holds.contains_key(&pair) {
-                let hold = self.inner.holds.try_hold(&pair.0, &pair.1);
-                holds.insert(pair, hold);
+            if let std::collections::hash_map::Entry::Vacant(slot) = holds.entry(pair) {
+                let (scope, key) = slot.key();
+                let hold = self.inner.holds.try_hold(scope, key);
+                slot.insert(hold);
             }
         }
         let held: HashMap<(String, String), bool> = holds

@@ -143,28 +143,24 @@ pub async fn concurrent_duplicate_is_answered_not_queued<H: Harness>(h: H) {
 /// effect (a row update) happens once and all callers see the same outcome.
 pub async fn sixty_four_concurrent_callers_apply_once<H: Harness>(h: H) {
     let pay = op("payments", "p-64", "debit 7");
-    let handles: Vec<_> = (0..64)
-        .map(|_| {
-            let pay = pay.clone();
-            async {
-                let h = h.reopen().await;
-                tokio::spawn(async move {
-                    loop {
-                        match h.apply_add(&pay, "acc", 7, Effect::Succeed).await {
-                            Ok(applied) => return applied,
-                            Err(ApplyError::Protocol(Error::InFlight { .. })) => {
-                                tokio::time::sleep(Duration::from_millis(2)).await
-                            }
-                            Err(other) => panic!("unexpected error: {other:?}"),
-                        }
+    let mut handles = Vec::with_capacity(64);
+    for _ in 0..64 {
+        let (h, pay) = (h.reopen().await, pay.clone());
+        handles.push(tokio::spawn(async move {
+            loop {
+                match h.apply_add(&pay, "acc", 7, Effect::Succeed).await {
+                    Ok(applied) => return applied,
+                    Err(ApplyError::Protocol(Error::InFlight { .. })) => {
+                        tokio::time::sleep(Duration::from_millis(2)).await
                     }
-                })
+                    Err(other) => panic!("unexpected error: {other:?}"),
+                }
             }
-        })
-        .collect();
+        }));
+    }
     let mut fresh = 0;
     for handle in futures::future::join_all(handles).await {
-        let applied = handle.await.unwrap();
+        let applied = handle.unwrap();
         assert_eq!(applied.outcome(), &counter_outcome(7));
         fresh += usize::from(!applied.is_replay());
     }
