@@ -55,6 +55,31 @@ pub enum Error {
         /// The record's current token, where the store knew it without another read.
         current: Option<FencingToken>,
     },
+    /// A guarded write carried a token or version that is not newer than the
+    /// stored one: a newer owner or a newer version exists. Never retry it.
+    #[error(
+        "stale write to {target}: it carries {carried}, but {} is stored; a newer owner or a newer version exists, so this write is rejected and must not be retried",
+        stored.map_or_else(|| "no row".to_owned(), |s| s.to_string())
+    )]
+    Stale {
+        /// What was written (table, column and row).
+        target: String,
+        /// The token or version the write carried.
+        carried: i64,
+        /// The stored token or version, if the row exists.
+        stored: Option<i64>,
+    },
+    /// Somebody else holds a live lease on the resource.
+    #[error(
+        "resource {resource} is leased to another holder for {} ms more; try again after that",
+        retry_after.as_millis()
+    )]
+    LeaseHeld {
+        /// The resource.
+        resource: crate::Resource,
+        /// When the current lease ends.
+        retry_after: Duration,
+    },
     /// A key or scope broke the rules.
     #[error(transparent)]
     InvalidKey(#[from] KeyError),
@@ -68,9 +93,12 @@ impl Error {
     /// transient store failure). Key reuse and fencing are never retryable.
     pub fn is_retryable(&self) -> bool {
         match self {
-            Self::InFlight { .. } => true,
+            Self::InFlight { .. } | Self::LeaseHeld { .. } => true,
             Self::Store(e) => e.kind().is_transient(),
-            Self::KeyReuse { .. } | Self::Fenced { .. } | Self::InvalidKey(_) => false,
+            Self::KeyReuse { .. }
+            | Self::Fenced { .. }
+            | Self::Stale { .. }
+            | Self::InvalidKey(_) => false,
         }
     }
 }

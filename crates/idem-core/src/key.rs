@@ -46,7 +46,7 @@ pub enum KeyError {
     },
 }
 
-fn validate(what: &'static str, value: &str) -> Result<(), KeyError> {
+pub(crate) fn validate(what: &'static str, value: &str) -> Result<(), KeyError> {
     if value.is_empty() {
         return Err(KeyError::Empty { what });
     }

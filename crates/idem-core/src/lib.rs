@@ -15,6 +15,7 @@
 //! - [`store`](crate::LeaseStore): the traits stores implement, and the leased apply;
 //! - [`clock`](crate::Clock): injectable time;
 //! - [`settings`](crate::Settings): lease and retention, with defaults;
+//! - [`fence`](crate::FenceStore): fencing tokens on named resources and guarded (versioned) writes;
 //! - [`error`](crate::Error): refusals and store failures;
 //! - [`observe`]: metrics and logs for protocol events.
 #![forbid(unsafe_code)]
@@ -22,8 +23,9 @@
 
 mod clock;
 mod error;
+mod fence;
 mod fingerprint;
-mod key;
+pub(crate) mod key;
 pub mod observe;
 mod outcome;
 pub mod protocol;
@@ -33,6 +35,7 @@ mod store;
 
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock, Timestamp};
 pub use error::{ApplyError, Error, ErrorKind, StoreError};
+pub use fence::{FenceStore, Guard, IdentifierError, Lease, Ordering as GuardOrdering, Resource};
 pub use fingerprint::{Fingerprint, FingerprintError};
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN, Scope};
 pub use outcome::{Outcome, OutcomeKind};

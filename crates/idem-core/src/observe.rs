@@ -52,7 +52,7 @@ pub fn refused(error: &Error) {
             current,
             ..
         } => {
-            metrics::counter!("fenced_total", "scope" => scope.as_str().to_owned()).increment(1);
+            metrics::counter!("fenced_total", "kind" => "record").increment(1);
             tracing::warn!(
                 scope = scope.as_str(),
                 held = held.get(),
@@ -60,6 +60,19 @@ pub fn refused(error: &Error) {
                 "fenced: a newer owner holds this record; the stale worker's write was rejected"
             );
         }
-        Error::InvalidKey(_) | Error::Store(_) => {}
+        Error::Stale {
+            target,
+            carried,
+            stored,
+        } => {
+            metrics::counter!("fenced_total", "kind" => "guarded_write").increment(1);
+            tracing::warn!(
+                target = target.as_str(),
+                carried,
+                stored,
+                "stale write rejected: a newer owner or version exists"
+            );
+        }
+        Error::LeaseHeld { .. } | Error::InvalidKey(_) | Error::Store(_) => {}
     }
 }

@@ -17,6 +17,8 @@
 //! - `lock`: per-key advisory locks and the transactions they live in;
 //! - `records`: the `idem_records` table: migrations and every SQL statement on it,
 //!   and (in `records::row`) the conversion of rows to records;
+//! - `fences`: fencing-token leases ([`FenceStore`](idem_core::FenceStore)) and
+//!   [`PgStore::advance`], the guarded write on the application's own tables;
 //! - `error`: the one mapping of sqlx errors to [`ErrorKind`](idem_core::ErrorKind).
 //!
 //! # How concurrent callers are kept apart
@@ -80,6 +82,7 @@ mod atomic;
 mod batch;
 mod decision;
 mod error;
+mod fences;
 mod inspect;
 mod leased;
 mod lock;

@@ -5,10 +5,14 @@ mod common;
 use std::sync::Arc;
 
 use futures::FutureExt;
-use idem_core::{Applied, ApplyError, Claim, Error, ManualClock, Operation, Outcome};
+use idem_core::{
+    Applied, ApplyError, Claim, Error, Guard, GuardOrdering, ManualClock, Operation, Outcome,
+};
 use idem_postgres::PgStore;
 use idem_testkit::crash::{self, CrashPoint};
-use idem_testkit::harness::{RETRYABLE_FAILURE, counter_outcome, terminal_outcome};
+use idem_testkit::harness::{
+    RETRYABLE_FAILURE, counter_outcome, set_outcome, stale_outcome, terminal_outcome,
+};
 use idem_testkit::{Effect, Harness};
 use sqlx::PgConnection;
 
@@ -30,6 +34,37 @@ async fn add(conn: &mut PgConnection, counter: &str, amount: i64) -> Result<i64,
     .bind(amount)
     .fetch_one(conn)
     .await
+}
+
+async fn guarded_set(
+    store: &PgStore,
+    conn: &mut PgConnection,
+    register: &str,
+    value: i64,
+    carried: i64,
+    ordering: GuardOrdering,
+) -> Result<(), Error> {
+    let column = match ordering {
+        GuardOrdering::Version => "version",
+        GuardOrdering::Fence => "fence",
+    };
+    let guard = Guard::new("registers", "name", column, ordering).unwrap();
+    sqlx::query("INSERT INTO registers (name) VALUES ($1) ON CONFLICT (name) DO NOTHING")
+        .bind(register)
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    store
+        .advance(&mut *conn, &guard, register.to_owned(), carried)
+        .await?;
+    sqlx::query("UPDATE registers SET value = $1 WHERE name = $2")
+        .bind(value)
+        .bind(register)
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    add(conn, &format!("writes:{register}"), 1).await.unwrap();
+    Ok(())
 }
 
 async fn run_effect(
@@ -65,7 +100,9 @@ impl Postgres {
             .expect("connect the PostgreSQL store");
         let mut conn = store.pool().acquire().await.expect("a connection");
         sqlx::raw_sql(
-            "CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value BIGINT NOT NULL)",
+            "CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value BIGINT NOT NULL); \
+             CREATE TABLE IF NOT EXISTS registers (name TEXT PRIMARY KEY, value BIGINT NOT NULL DEFAULT 0, \
+             version BIGINT NOT NULL DEFAULT 0, fence BIGINT NOT NULL DEFAULT 0);",
         )
         .execute(&mut *conn)
         .await
@@ -168,6 +205,57 @@ impl Harness for Postgres {
             .fetch_one(self.store.pool())
             .await
             .expect("read counter")
+    }
+
+    async fn guarded_set(
+        &self,
+        register: &str,
+        value: i64,
+        carried: i64,
+        ordering: GuardOrdering,
+    ) -> Result<(), Error> {
+        let mut tx = self.store.pool().begin().await.unwrap();
+        guarded_set(&self.store, &mut tx, register, value, carried, ordering).await?;
+        tx.commit().await.unwrap();
+        Ok(())
+    }
+
+    async fn apply_versioned_set(
+        &self,
+        op: &Operation,
+        register: &str,
+        value: i64,
+        version: i64,
+    ) -> Result<Applied, ApplyError<String>> {
+        let (store, register) = (self.store.clone(), register.to_owned());
+        self.store
+            .apply(&op.scope, &op.key, op.fingerprint, move |conn| {
+                async move {
+                    let set = guarded_set(
+                        &store,
+                        conn,
+                        &register,
+                        value,
+                        version,
+                        GuardOrdering::Version,
+                    );
+                    match set.await {
+                        Ok(()) => Ok(set_outcome(value)),
+                        Err(Error::Stale { .. }) => Ok(stale_outcome()),
+                        Err(other) => Err(other.to_string()),
+                    }
+                }
+                .boxed()
+            })
+            .await
+    }
+
+    async fn register(&self, register: &str) -> (i64, i64, i64) {
+        sqlx::query_as("SELECT value, version, fence FROM registers WHERE name = $1")
+            .bind(register)
+            .fetch_one(self.store.pool())
+            .await
+            .expect("read register")
     }
 }
 

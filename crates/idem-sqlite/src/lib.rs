@@ -8,6 +8,7 @@
 //!   the async runtime (WAL, `BEGIN IMMEDIATE`, busy timeout, `synchronous=FULL`);
 //! - `holds`: in-process try-locks that answer concurrent duplicates at once;
 //! - `records`: every statement on the `idem_records` table;
+//! - `fences`: fencing-token leases (`idem_fences`) and [`advance`], the guarded write;
 //! - `schema`: migrations, versioned by `PRAGMA user_version`;
 //! - `errors`: SQLite error codes mapped to [`idem_core::ErrorKind`].
 #![forbid(unsafe_code)]
@@ -15,12 +16,14 @@
 
 mod connection;
 mod errors;
+mod fences;
 mod holds;
 mod records;
 mod schema;
 mod store;
 
 pub use connection::Synchronous;
+pub use fences::advance;
 pub use rusqlite;
 pub use schema::SCHEMA_VERSION;
 pub use store::{SqliteStore, SqliteStoreBuilder};

@@ -10,7 +10,8 @@ use crate::errors::map_err;
 use idem_core::Error;
 
 /// Migrations in order; migration `i` brings the schema to version `i + 1`.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE idem_records (
     scope        TEXT    NOT NULL,
     key          TEXT    NOT NULL,
@@ -28,7 +29,16 @@ CREATE TABLE idem_records (
 ) WITHOUT ROWID;
 CREATE INDEX idem_records_expires_at ON idem_records (expires_at);
 CREATE INDEX idem_records_created_at ON idem_records (created_at);
-"#];
+"#,
+    r#"
+CREATE TABLE idem_fences (
+    resource    TEXT    NOT NULL PRIMARY KEY,
+    token       INTEGER NOT NULL CHECK (token > 0),
+    lease_until INTEGER NOT NULL,
+    updated_at  INTEGER NOT NULL
+) WITHOUT ROWID;
+"#,
+];
 
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

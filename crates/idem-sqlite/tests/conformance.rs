@@ -3,11 +3,15 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use idem_core::{Applied, ApplyError, Claim, Error, ManualClock, Operation, Outcome};
+use idem_core::{
+    Applied, ApplyError, Claim, Error, Guard, GuardOrdering, ManualClock, Operation, Outcome,
+};
 use idem_sqlite::SqliteStore;
 use idem_sqlite::rusqlite::{self, Connection, params};
 use idem_testkit::crash::{self, CrashPoint};
-use idem_testkit::harness::{RETRYABLE_FAILURE, counter_outcome, terminal_outcome};
+use idem_testkit::harness::{
+    RETRYABLE_FAILURE, counter_outcome, set_outcome, stale_outcome, terminal_outcome,
+};
 use idem_testkit::{Effect, Harness};
 
 struct Sqlite {
@@ -24,6 +28,33 @@ fn add(conn: &Connection, counter: &str, amount: i64) -> rusqlite::Result<i64> {
         params![counter, amount],
         |row| row.get(0),
     )
+}
+
+fn guarded_set(
+    conn: &Connection,
+    register: &str,
+    value: i64,
+    carried: i64,
+    ordering: GuardOrdering,
+) -> Result<(), Error> {
+    let column = match ordering {
+        GuardOrdering::Version => "version",
+        GuardOrdering::Fence => "fence",
+    };
+    let guard = Guard::new("registers", "name", column, ordering).unwrap();
+    conn.execute(
+        "INSERT INTO registers (name) VALUES (?1) ON CONFLICT (name) DO NOTHING",
+        params![register],
+    )
+    .unwrap();
+    idem_sqlite::advance(conn, &guard, &register, carried)?;
+    conn.execute(
+        "UPDATE registers SET value = ?1 WHERE name = ?2",
+        params![value, register],
+    )
+    .unwrap();
+    add(conn, &format!("writes:{register}"), 1).unwrap();
+    Ok(())
 }
 
 fn run_effect(
@@ -58,7 +89,9 @@ impl Sqlite {
         store
             .with_connection(|c| {
                 c.execute_batch(
-                    "CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
+                    "CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL); \
+                     CREATE TABLE IF NOT EXISTS registers (name TEXT PRIMARY KEY, value INTEGER NOT NULL DEFAULT 0, \
+                     version INTEGER NOT NULL DEFAULT 0, fence INTEGER NOT NULL DEFAULT 0);",
                 )
             })
             .await
@@ -161,6 +194,62 @@ impl Harness for Sqlite {
                     "SELECT coalesce((SELECT value FROM counters WHERE name = ?1), 0)",
                     params![counter],
                     |row| row.get(0),
+                )
+            })
+            .await
+            .unwrap()
+            .unwrap()
+    }
+
+    async fn guarded_set(
+        &self,
+        register: &str,
+        value: i64,
+        carried: i64,
+        ordering: GuardOrdering,
+    ) -> Result<(), Error> {
+        let register = register.to_owned();
+        self.store
+            .with_connection(move |c| {
+                let tx = c.transaction().unwrap();
+                guarded_set(&tx, &register, value, carried, ordering)?;
+                tx.commit().unwrap();
+                Ok(())
+            })
+            .await
+            .unwrap()
+    }
+
+    async fn apply_versioned_set(
+        &self,
+        op: &Operation,
+        register: &str,
+        value: i64,
+        version: i64,
+    ) -> Result<Applied, ApplyError<String>> {
+        let register = register.to_owned();
+        self.store
+            .apply(
+                &op.scope,
+                &op.key,
+                op.fingerprint,
+                move |tx| match guarded_set(tx, &register, value, version, GuardOrdering::Version) {
+                    Ok(()) => Ok(set_outcome(value)),
+                    Err(Error::Stale { .. }) => Ok(stale_outcome()),
+                    Err(other) => Err(other.to_string()),
+                },
+            )
+            .await
+    }
+
+    async fn register(&self, register: &str) -> (i64, i64, i64) {
+        let register = register.to_owned();
+        self.store
+            .with_connection(move |c| {
+                c.query_row(
+                    "SELECT value, version, fence FROM registers WHERE name = ?1",
+                    params![register],
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
                 )
             })
             .await

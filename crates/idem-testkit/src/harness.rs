@@ -5,7 +5,8 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use idem_core::{
-    Applied, ApplyError, Claim, Error, LeaseStore, ManualClock, Operation, Outcome, RecordStore,
+    Applied, ApplyError, Claim, Error, FenceStore, GuardOrdering, LeaseStore, ManualClock,
+    Operation, Outcome, RecordStore,
 };
 use tokio::sync::oneshot;
 
@@ -83,7 +84,7 @@ pub const RETRYABLE_FAILURE: &str = "upstream unavailable";
 /// One store under test, with a manual clock and a counters table.
 pub trait Harness: Sized + Send + Sync + 'static {
     /// The store.
-    type Store: LeaseStore + RecordStore + Clone + 'static;
+    type Store: LeaseStore + RecordStore + FenceStore + Clone + 'static;
 
     /// A store on a fresh, empty database with a [`ManualClock`], or `None`
     /// (after printing why) when the database server is not reachable and
@@ -136,4 +137,41 @@ pub trait Harness: Sized + Send + Sync + 'static {
 
     /// The counter's value (0 if never written).
     fn counter(&self, counter: &str) -> impl Future<Output = i64> + Send;
+
+    /// In one transaction: advance the guard of register `register` (its
+    /// `version` column for [`GuardOrdering::Version`], its `fence` column for
+    /// [`GuardOrdering::Fence`]) to `carried` with the store's guarded-write
+    /// helper, then set its value and add 1 to counter `writes:<register>`.
+    /// A stale write changes nothing and returns the helper's `Stale` error.
+    fn guarded_set(
+        &self,
+        register: &str,
+        value: i64,
+        carried: i64,
+        ordering: GuardOrdering,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Atomic apply of a versioned `set(register, value)` message: the effect is
+    /// [`Harness::guarded_set`] with a version guard; a stale version is stored as
+    /// the terminal outcome [`stale_outcome`], so its duplicates replay it.
+    fn apply_versioned_set(
+        &self,
+        op: &Operation,
+        register: &str,
+        value: i64,
+        version: i64,
+    ) -> impl Future<Output = Result<Applied, ApplyError<String>>> + Send;
+
+    /// The register's `(value, version, fence)`.
+    fn register(&self, register: &str) -> impl Future<Output = (i64, i64, i64)> + Send;
+}
+
+/// The outcome stored for a versioned message that arrived after a newer one.
+pub fn stale_outcome() -> Outcome {
+    Outcome::terminal_failure("stale version").with_meta("reason", "stale")
+}
+
+/// The outcome of an applied versioned message.
+pub fn set_outcome(value: i64) -> Outcome {
+    Outcome::success(value.to_string()).with_meta("effect", "set")
 }

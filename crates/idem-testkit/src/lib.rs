@@ -4,6 +4,7 @@
 //! - [`harness`]: the seam a store implements to run the conformance suite;
 //! - [`conformance`]: the suite itself, one async function per case;
 //! - [`crash`]: crash tests with real processes killed by SIGKILL;
+//! - [`fencing`]: fencing-token and guarded-write cases (pauses, reordering);
 //! - [`deliveries`]: at-least-once delivery simulated (duplicates, shuffles);
 //! - [`services`]: whether a missing database fails or skips a test.
 //!
@@ -15,6 +16,7 @@
 pub mod conformance;
 pub mod crash;
 pub mod deliveries;
+pub mod fencing;
 pub mod harness;
 pub mod services;
 
@@ -45,6 +47,11 @@ macro_rules! conformance_suite {
             batch_answers_a_busy_key_in_flight,
             records_can_be_listed_and_shown,
         );
+        $crate::conformance_suite!(@fencing $harness;
+            fencing_tokens_grow_and_are_never_reused,
+            a_paused_worker_cannot_overwrite_its_successor,
+            reordered_versions_keep_the_newest_and_apply_once,
+        );
         $crate::conformance_suite!(@crashes $harness;
             crash_after_claim => AfterClaim,
             crash_inside_effect => InsideEffect,
@@ -68,6 +75,14 @@ macro_rules! conformance_suite {
         async fn $case() {
             if let Some(h) = <$harness as $crate::Harness>::fresh().await {
                 $crate::conformance::$case(h).await;
+            }
+        }
+    )*};
+    (@fencing $harness:ty; $($case:ident),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $case() {
+            if let Some(h) = <$harness as $crate::Harness>::fresh().await {
+                $crate::fencing::$case(h).await;
             }
         }
     )*};
