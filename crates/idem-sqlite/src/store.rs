@@ -195,6 +195,14 @@ impl Protocol<'_> {
     }
 }
 
+/// The protocol error of an operation whose effect cannot fail.
+fn protocol_only(error: ApplyError<std::convert::Infallible>) -> Error {
+    match error {
+        ApplyError::Protocol(e) => e,
+        ApplyError::Effect(never) => match never {},
+    }
+}
+
 fn fenced(claim: &Claim, current: Option<FencingToken>) -> Error {
     let error = Error::Fenced {
         scope: claim.scope.clone(),
@@ -304,8 +312,43 @@ impl SqliteStore {
         E: Send + 'static,
     {
         let op = Operation::new(scope.clone(), key.clone(), fingerprint);
+        self.decide_then(
+            op,
+            Applied::Replayed,
+            move |tx, protocol, op, found, decision| {
+                let outcome = effect(tx).map_err(ApplyError::Effect)?;
+                let record = protocol.record(op, found, &decision, Some(outcome.clone()));
+                records::write(tx, &record)?;
+                Ok(Applied::Fresh(outcome))
+            },
+        )
+        .await
+    }
+
+    /// What `apply` and `claim` share: answer from a reader when the record
+    /// settles the matter, take the in-process hold, then on the writer read the
+    /// record, decide, and — for a claim or takeover — let `carry_out` write
+    /// inside the same transaction, which is committed after it.
+    async fn decide_then<R, E>(
+        &self,
+        op: Operation,
+        replayed: fn(Outcome) -> R,
+        carry_out: impl FnOnce(
+            &Transaction<'_>,
+            &Protocol<'_>,
+            &Operation,
+            Option<&Record>,
+            Decision,
+        ) -> Result<R, ApplyError<E>>
+        + Send
+        + 'static,
+    ) -> Result<R, ApplyError<E>>
+    where
+        R: Send + 'static,
+        E: Send + 'static,
+    {
         if let Some(outcome) = self.answer_early(&op).await? {
-            return Ok(Applied::Replayed(outcome));
+            return Ok(replayed(outcome));
         }
         let _hold = self.hold(&op)?;
         let store = self.clone();
@@ -316,14 +359,12 @@ impl SqliteStore {
                 let tx = begin(conn)?;
                 let found = records::select(&tx, op.scope.as_str(), op.key.as_str())?;
                 let decision = match protocol.step(found.as_ref(), &op) {
-                    Step::Answer(answer) => return Ok(Applied::Replayed(answer?)),
+                    Step::Answer(answer) => return Ok(replayed(answer?)),
                     Step::Run(decision) => decision,
                 };
-                let outcome = effect(&tx).map_err(ApplyError::Effect)?;
-                let record = protocol.record(&op, found.as_ref(), &decision, Some(outcome.clone()));
-                records::write(&tx, &record)?;
+                let done = carry_out(&tx, &protocol, &op, found.as_ref(), decision)?;
                 commit(tx)?;
-                Ok(Applied::Fresh(outcome))
+                Ok(done)
             })
             .await?
     }
@@ -504,33 +545,23 @@ impl LeaseStore for SqliteStore {
         fingerprint: Fingerprint,
     ) -> Result<Claimed, Error> {
         let op = Operation::new(scope.clone(), key.clone(), fingerprint);
-        if let Some(outcome) = self.answer_early(&op).await? {
-            return Ok(Claimed::Replayed(outcome));
-        }
-        let _hold = self.hold(&op)?;
-        let store = self.clone();
-        self.inner
-            .connections
-            .write(move |conn| {
-                let protocol = store.protocol();
-                let tx = begin(conn)?;
-                let found = records::select(&tx, op.scope.as_str(), op.key.as_str())?;
-                let decision = match protocol.step(found.as_ref(), &op) {
-                    Step::Answer(answer) => return answer.map(Claimed::Replayed),
-                    Step::Run(decision) => decision,
-                };
-                let record = protocol.record(&op, found.as_ref(), &decision, None);
-                records::write(&tx, &record)?;
-                commit(tx)?;
-                Ok(Claimed::Fresh(Claim {
-                    scope: op.scope,
-                    key: op.key,
+        self.decide_then(
+            op,
+            Claimed::Replayed,
+            |tx, protocol, op, found, decision| {
+                let record = protocol.record(op, found, &decision, None);
+                records::write(tx, &record)?;
+                Ok::<_, ApplyError<std::convert::Infallible>>(Claimed::Fresh(Claim {
+                    scope: op.scope.clone(),
+                    key: op.key.clone(),
                     token: record.token,
                     lease_until: record.lease_until.expect("claims carry a lease"),
                     took_over: matches!(decision, Decision::TakeOver { .. }),
                 }))
-            })
-            .await?
+            },
+        )
+        .await
+        .map_err(protocol_only)
     }
 
     async fn renew(&self, claim: &Claim) -> Result<Claim, Error> {
@@ -549,10 +580,7 @@ impl LeaseStore for SqliteStore {
         self.complete_with(claim, move |_| Ok::<_, std::convert::Infallible>(outcome))
             .await
             .map(drop)
-            .map_err(|e| match e {
-                ApplyError::Protocol(e) => e,
-                ApplyError::Effect(never) => match never {},
-            })
+            .map_err(protocol_only)
     }
 
     async fn release(&self, claim: &Claim) -> Result<(), Error> {

@@ -75,13 +75,7 @@ pub async fn apply(location: Option<StoreLocation>, args: &BenchApplyArgs) -> an
         (0.0..=1.0).contains(&args.duplicates),
         "--duplicates is a share between 0.0 and 1.0"
     );
-    let (_temporary, location) = match location {
-        Some(location) => (None, location),
-        None => {
-            let (dir, location) = super::temporary_store()?;
-            (Some(dir), location)
-        }
-    };
+    let (_temporary, location) = super::given_or_temporary(location)?;
     let bank = Bank::open(&location).await?;
     bank.reset(args.accounts, i64::MAX / 2).await?;
     let run: u32 = rand::rng().random();

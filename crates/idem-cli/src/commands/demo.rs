@@ -39,13 +39,7 @@ struct Run {
 pub async fn run(location: Option<StoreLocation>, args: &DemoArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.accounts > 0, "--accounts must be at least 1");
     anyhow::ensure!(args.workers > 0, "--workers must be at least 1");
-    let (_temporary, location) = match location {
-        Some(location) => (None, location),
-        None => {
-            let (dir, location) = super::temporary_store()?;
-            (Some(dir), location)
-        }
-    };
+    let (_temporary, location) = super::given_or_temporary(location)?;
     let bank = Bank::open(&location).await?;
     let mut rng = StdRng::seed_from_u64(args.seed);
     let run: u32 = rand::rng().random();

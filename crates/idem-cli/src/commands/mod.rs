@@ -45,13 +45,19 @@ async fn open(store: Option<&str>) -> anyhow::Result<AnyStore> {
         .with_context(|| format!("cannot open the store at {location}"))
 }
 
-/// A temporary embedded store for commands that should not touch real data by
-/// default; the directory is removed when the guard drops.
-fn temporary_store() -> anyhow::Result<(tempfile::TempDir, StoreLocation)> {
+/// The given store, or — for commands that should not touch real data by
+/// default — an embedded store in a temporary directory, removed when the
+/// returned guard drops.
+fn given_or_temporary(
+    location: Option<StoreLocation>,
+) -> anyhow::Result<(Option<tempfile::TempDir>, StoreLocation)> {
+    if let Some(location) = location {
+        return Ok((None, location));
+    }
     let dir = tempfile::Builder::new()
         .prefix("idem-")
         .tempdir()
         .context("cannot create a temporary directory")?;
     let location = StoreLocation::Sqlite(dir.path().join("idem.db"));
-    Ok((dir, location))
+    Ok((Some(dir), location))
 }
