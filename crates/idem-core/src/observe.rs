@@ -3,7 +3,9 @@
 //!
 //! Counters go through the `metrics` facade (any exporter the application
 //! installs picks them up). Duplicates are logged at info: suppressing them is the
-//! library doing its job, not an error. Keys are never logged, only scopes.
+//! library doing its job, not an error. Events carry the scope, not the key:
+//! the key travels in the caller's tracing span, where the application decides
+//! whether spans are recorded.
 
 use crate::{Error, FencingToken, Scope};
 
