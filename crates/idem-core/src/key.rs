@@ -148,6 +148,22 @@ validated_name!(
     "scope"
 );
 
+impl Scope {
+    /// The scope's first segment (up to the first `/` or `:`), used as the
+    /// metrics label so that per-tenant or per-principal scopes do not create a
+    /// time series each.
+    ///
+    /// ```
+    /// use idem_core::Scope;
+    /// assert_eq!(Scope::new("payments/tenant-7").unwrap().family(), "payments");
+    /// assert_eq!(Scope::new("http:3f2a:POST:/orders").unwrap().family(), "http");
+    /// assert_eq!(Scope::new("emails").unwrap().family(), "emails");
+    /// ```
+    pub fn family(&self) -> &str {
+        self.0.split(['/', ':']).next().unwrap_or(&self.0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,7 +2,8 @@
 //! reports them the same way.
 //!
 //! Counters go through the `metrics` facade (any exporter the application
-//! installs picks them up). Duplicates are logged at info: suppressing them is the
+//! installs picks them up), labelled with the scope's family (its first
+//! segment, see [`Scope::family`]) so per-tenant scopes do not multiply series. Duplicates are logged at info: suppressing them is the
 //! library doing its job, not an error. Events carry the scope, not the key:
 //! the key travels in the caller's tracing span, where the application decides
 //! whether spans are recorded.
@@ -11,7 +12,7 @@ use crate::{Error, FencingToken, Scope};
 
 /// A duplicate was answered with the stored outcome.
 pub fn replayed(scope: &Scope) {
-    metrics::counter!("duplicates_suppressed_total", "scope" => scope.as_str().to_owned())
+    metrics::counter!("duplicates_suppressed_total", "scope" => scope.family().to_owned())
         .increment(1);
     tracing::info!(
         scope = scope.as_str(),
@@ -21,7 +22,7 @@ pub fn replayed(scope: &Scope) {
 
 /// An in-flight claim whose lease ended was taken over.
 pub fn took_over(scope: &Scope, token: FencingToken) {
-    metrics::counter!("lease_takeovers_total", "scope" => scope.as_str().to_owned()).increment(1);
+    metrics::counter!("lease_takeovers_total", "scope" => scope.family().to_owned()).increment(1);
     tracing::info!(
         scope = scope.as_str(),
         token = token.get(),
@@ -33,7 +34,7 @@ pub fn took_over(scope: &Scope, token: FencingToken) {
 pub fn refused(error: &Error) {
     match error {
         Error::KeyReuse { scope, .. } => {
-            metrics::counter!("idempotency_key_reuse_total", "scope" => scope.as_str().to_owned())
+            metrics::counter!("idempotency_key_reuse_total", "scope" => scope.family().to_owned())
                 .increment(1);
             tracing::info!(
                 scope = scope.as_str(),
@@ -41,7 +42,7 @@ pub fn refused(error: &Error) {
             );
         }
         Error::InFlight { scope, .. } => {
-            metrics::counter!("idempotency_key_conflicts_total", "scope" => scope.as_str().to_owned())
+            metrics::counter!("idempotency_key_conflicts_total", "scope" => scope.family().to_owned())
                 .increment(1);
             tracing::info!(
                 scope = scope.as_str(),

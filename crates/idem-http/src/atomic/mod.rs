@@ -1,0 +1,248 @@
+//! Atomic handlers: route handlers whose own SQL and the stored response commit
+//! in **one** transaction, on SQLite ([`sqlite`]) and PostgreSQL ([`postgres`]).
+//!
+//! # Why a route wrapper and not an extractor
+//!
+//! The stores' atomic `apply` owns the transaction from `BEGIN` to `COMMIT`: it
+//! claims the key inside it, runs the effect with it, writes the record
+//! (with the outcome) inside it, and commits once. For the response to be that
+//! outcome, `apply` has to see the handler's *response* before it commits. An
+//! axum extractor sees neither: it runs before the handler and is gone when
+//! the response is made, and the transaction it would hand out is a borrow
+//! (`&rusqlite::Transaction`, `&mut PgConnection`) that cannot be parked in a
+//! `'static` request extension while `apply` waits. So the handler runs
+//! *inside* `apply`:
+//!
+//! 1. the wrapper reads the key (400 when missing on a route that requires one,
+//!    or malformed), reads the body under the limit (413), and derives the
+//!    scope and fingerprint exactly as the [layer](crate::IdempotencyLayer) does;
+//! 2. it calls the store's atomic `apply`; a duplicate is answered from the
+//!    store (the stored response, `Idempotent-Replayed: true`), a reused key
+//!    and a concurrent duplicate are refused (422 / 409) — the handler does not
+//!    run;
+//! 3. otherwise your handler runs with the open transaction (which already
+//!    holds the claim) and the parsed [`AtomicRequest`], and returns a
+//!    [`StoredResponse`];
+//! 4. a response whose status is stored (2xx, 4xx but 408/409/429 by default)
+//!    becomes the record's outcome and commits **with your writes**; any other
+//!    status, or a [`Failure`], rolls everything back — your writes and the
+//!    claim — so the next retry runs again.
+//!
+//! A crash anywhere leaves both the writes and the record, or neither. The
+//! fresh response and every replay are built from the same stored outcome, so
+//! they are identical apart from `Idempotent-Replayed`.
+//!
+//! Requests without a key on a route that does not require one run the handler
+//! once in a plain transaction, committed or rolled back by the same rule.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use axum::{Router, routing::post_service};
+//! use http::StatusCode;
+//! use idem::SqliteStore;
+//! use idem_http::{IdempotencyConfig, KeyRequirement, StoredResponse, atomic};
+//!
+//! let dir = tempfile::tempdir()?;
+//! let store = SqliteStore::open(dir.path().join("app.db")).await?;
+//! let config = IdempotencyConfig::default().require_key(KeyRequirement::Always);
+//! let app: Router = Router::new().route(
+//!     "/orders",
+//!     post_service(atomic::sqlite(store, config, |tx, request| {
+//!         tx.execute("CREATE TABLE IF NOT EXISTS orders (body BLOB)", [])?;
+//!         tx.execute("INSERT INTO orders VALUES (?1)", [request.body().as_ref()])?;
+//!         Ok(StoredResponse::text(StatusCode::CREATED, "created"))
+//!     })),
+//! );
+//! # drop(app); Ok(()) }
+//! ```
+
+#[cfg(feature = "postgres")]
+mod postgres;
+mod sqlite;
+
+use std::fmt;
+
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http::request::Parts;
+use http::{Extensions, HeaderMap, Method, Request, Uri};
+use idem::{Applied, ApplyError, Fingerprint, IdempotencyKey, Outcome, Scope};
+use serde::de::DeserializeOwned;
+
+#[cfg(feature = "postgres")]
+pub use postgres::{PgRoute, postgres};
+pub use sqlite::{SqliteRoute, sqlite};
+
+use crate::body::read_limited;
+use crate::identity::{fingerprint_of, principal_of, route_of, scope_of};
+use crate::key_header::read_key;
+use crate::{IdempotencyConfig, Mode, Refusal, StoredResponse, StoredStatuses};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The request as an atomic handler sees it: its head, its whole body, and
+/// its key.
+#[derive(Debug)]
+pub struct AtomicRequest {
+    parts: Parts,
+    body: Bytes,
+    key: Option<IdempotencyKey>,
+    route: String,
+}
+
+impl AtomicRequest {
+    /// The method.
+    pub fn method(&self) -> &Method {
+        &self.parts.method
+    }
+
+    /// The URI.
+    pub fn uri(&self) -> &Uri {
+        &self.parts.uri
+    }
+
+    /// The headers.
+    pub fn headers(&self) -> &HeaderMap {
+        &self.parts.headers
+    }
+
+    /// The extensions (axum's `MatchedPath`, anything earlier layers added).
+    pub fn extensions(&self) -> &Extensions {
+        &self.parts.extensions
+    }
+
+    /// The route template (or the path outside a router).
+    pub fn route(&self) -> &str {
+        &self.route
+    }
+
+    /// The whole body.
+    pub fn body(&self) -> &Bytes {
+        &self.body
+    }
+
+    /// The idempotency key; `None` on a keyless request to a route that does
+    /// not require one.
+    pub fn key(&self) -> Option<&IdempotencyKey> {
+        self.key.as_ref()
+    }
+
+    /// The body parsed as JSON.
+    pub fn json<T: DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+        serde_json::from_slice(&self.body)
+    }
+}
+
+/// A handler failure that is nobody's final answer: everything the handler
+/// wrote is rolled back, the key is released, and the client gets a 500 that
+/// says a retry is safe. The error itself is logged, not sent.
+///
+/// Any error converts into it, so handlers can use `?` on driver calls.
+pub struct Failure(BoxError);
+
+impl Failure {
+    /// Wraps an error.
+    pub fn new(error: impl Into<BoxError>) -> Self {
+        Self(error.into())
+    }
+}
+
+impl<E: std::error::Error + Send + Sync + 'static> From<E> for Failure {
+    fn from(error: E) -> Self {
+        Self(Box::new(error))
+    }
+}
+
+impl fmt::Debug for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Failure").field(&self.0).finish()
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// What an atomic handler returns.
+pub type HandlerResult = Result<StoredResponse, Failure>;
+
+/// Why a handler's transaction was rolled back: the error type of the atomic
+/// `apply` calls.
+#[derive(Debug)]
+pub(crate) enum Rollback {
+    /// The handler failed.
+    Failed(Failure),
+    /// The handler answered with a status that is not stored (5xx, 408, 429 by default).
+    NotStored(Box<StoredResponse>),
+}
+
+/// Turns a handler's answer into the outcome to commit, or the reason to roll back.
+pub(crate) fn settle(stored: &StoredStatuses, answer: HandlerResult) -> Result<Outcome, Rollback> {
+    match answer {
+        Ok(response) if stored.contains(response.status()) => Ok(response.to_outcome()),
+        Ok(response) => Err(Rollback::NotStored(Box::new(response))),
+        Err(failure) => Err(Rollback::Failed(failure)),
+    }
+}
+
+/// A request that passed the checks: its key, scope and fingerprint (when it
+/// has a key) and the request for the handler.
+pub(crate) struct Admitted {
+    pub(crate) keyed: Option<(Scope, IdempotencyKey, Fingerprint)>,
+    pub(crate) request: AtomicRequest,
+}
+
+/// Reads the key and the body, refusing what the layer would refuse.
+pub(crate) async fn admit<B>(
+    config: &IdempotencyConfig,
+    request: Request<B>,
+) -> Result<Admitted, Refusal>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let route = route_of(request.uri(), request.extensions());
+    let key = read_key(request.headers())?;
+    if key.is_none() && config.require_key.applies_to(&route) {
+        return Err(Refusal::MissingKey);
+    }
+    let (parts, body) = request.into_parts();
+    let body = read_limited(&parts.headers, body, config.body_limit).await?;
+    let keyed = key.clone().map(|key| {
+        let principal = principal_of(&parts.headers, config.principal_header.as_ref());
+        let scope = scope_of(&principal, &parts.method, &route);
+        let fingerprint = fingerprint_of(&parts.method, &route, &parts, &body);
+        (scope, key, fingerprint)
+    });
+    Ok(Admitted {
+        keyed,
+        request: AtomicRequest {
+            parts,
+            body,
+            key,
+            route,
+        },
+    })
+}
+
+/// The response for what an atomic `apply` (or a keyless transaction) returned.
+pub(crate) fn answer(applied: Result<Applied, ApplyError<Rollback>>, mode: Mode) -> Response {
+    match applied {
+        Ok(Applied::Fresh(outcome)) => match StoredResponse::from_outcome(outcome) {
+            Ok(stored) => stored.into_response(),
+            Err(damaged) => Refusal::Corrupt(damaged.to_string()).to_response(mode),
+        },
+        Ok(Applied::Replayed(outcome)) => match StoredResponse::from_outcome(outcome) {
+            Ok(stored) => stored.into_replay(),
+            Err(damaged) => Refusal::Corrupt(damaged.to_string()).to_response(mode),
+        },
+        Err(ApplyError::Effect(Rollback::NotStored(response))) => response.into_response(),
+        Err(ApplyError::Effect(Rollback::Failed(failure))) => {
+            tracing::warn!(error = %failure, "atomic handler failed; its writes were rolled back and the key released");
+            Refusal::HandlerFailed.to_response(mode)
+        }
+        Err(ApplyError::Protocol(refusal)) => Refusal::Protocol(refusal).to_response(mode),
+    }
+}

@@ -1,0 +1,275 @@
+//! [`IdempotencyConfig`]: everything the layer and the atomic handlers decide
+//! by, with the defaults of the specification.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::header::AUTHORIZATION;
+use http::{HeaderName, Method, StatusCode};
+use idem::{DEFAULT_LEASE, DEFAULT_RETENTION, Settings};
+
+/// Which vocabulary refusals are written in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// The IETF draft: `application/problem+json` bodies (RFC 9457), 422 for a
+    /// reused key.
+    #[default]
+    Ietf,
+    /// Stripe-compatible: `{"error":{"type":"idempotency_error","message":...}}`,
+    /// 400 for a reused key.
+    Stripe,
+}
+
+/// Where a request without a key is refused.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum KeyRequirement {
+    /// A key is optional everywhere: requests without one pass through
+    /// untouched (the default).
+    #[default]
+    Optional,
+    /// Every request whose method accepts a key must carry one.
+    Always,
+    /// Only these routes (matched against the route template, else the path)
+    /// require a key.
+    Routes(BTreeSet<String>),
+}
+
+impl KeyRequirement {
+    /// Whether a request to `route` must carry a key.
+    pub fn applies_to(&self, route: &str) -> bool {
+        match self {
+            Self::Optional => false,
+            Self::Always => true,
+            Self::Routes(routes) => routes.contains(route),
+        }
+    }
+}
+
+/// Which response statuses are stored and replayed. The rest release the key,
+/// so the next retry runs again.
+#[derive(Clone)]
+pub struct StoredStatuses(Arc<dyn Fn(StatusCode) -> bool + Send + Sync>);
+
+impl StoredStatuses {
+    /// The default: 2xx and 4xx, except 408, 409 and 429 (which say "try
+    /// again", so storing them would turn a transient answer into a permanent one).
+    pub fn standard() -> Self {
+        Self::matching(|status| {
+            (status.is_success() || status.is_client_error())
+                && !matches!(status.as_u16(), 408 | 409 | 429)
+        })
+    }
+
+    /// Exactly the statuses for which `stored` is true.
+    pub fn matching(stored: impl Fn(StatusCode) -> bool + Send + Sync + 'static) -> Self {
+        Self(Arc::new(stored))
+    }
+
+    /// Whether a response with `status` is stored.
+    pub fn contains(&self, status: StatusCode) -> bool {
+        (self.0)(status)
+    }
+}
+
+impl Default for StoredStatuses {
+    fn default() -> Self {
+        Self::standard()
+    }
+}
+
+impl fmt::Debug for StoredStatuses {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let stored: Vec<u16> = (100..600)
+            .filter_map(|code| StatusCode::from_u16(code).ok())
+            .filter(|status| self.contains(*status))
+            .map(|status| status.as_u16())
+            .collect();
+        write!(f, "StoredStatuses({} of the standard codes", stored.len())?;
+        if let (Some(first), Some(last)) = (stored.first(), stored.last()) {
+            write!(f, ", {first}..={last}")?;
+        }
+        f.write_str(")")
+    }
+}
+
+/// The default body limit: 1 MiB.
+pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
+
+/// How the layer and the atomic handlers treat keyed requests.
+///
+/// ```
+/// use std::time::Duration;
+/// use http::{HeaderName, Method};
+/// use idem_http::{IdempotencyConfig, KeyRequirement, Mode};
+///
+/// let config = IdempotencyConfig::default()
+///     .mode(Mode::Stripe)
+///     .methods([Method::POST])
+///     .require_key_on(["/payments"])
+///     .principal_header(HeaderName::from_static("x-tenant-id"))
+///     .body_limit(64 * 1024)
+///     .lease(Duration::from_secs(30));
+/// assert!(config.key_requirement().applies_to("/payments"));
+/// ```
+#[derive(Debug, Clone)]
+pub struct IdempotencyConfig {
+    pub(crate) mode: Mode,
+    pub(crate) methods: Vec<Method>,
+    pub(crate) require_key: KeyRequirement,
+    pub(crate) principal_header: Option<HeaderName>,
+    pub(crate) body_limit: usize,
+    pub(crate) stored: StoredStatuses,
+    pub(crate) lease: Duration,
+    pub(crate) retention: Duration,
+}
+
+impl Default for IdempotencyConfig {
+    fn default() -> Self {
+        Self {
+            mode: Mode::Ietf,
+            methods: vec![Method::POST, Method::PATCH],
+            require_key: KeyRequirement::Optional,
+            principal_header: Some(AUTHORIZATION),
+            body_limit: DEFAULT_BODY_LIMIT,
+            stored: StoredStatuses::standard(),
+            lease: DEFAULT_LEASE,
+            retention: DEFAULT_RETENTION,
+        }
+    }
+}
+
+impl IdempotencyConfig {
+    /// IETF (default) or Stripe vocabulary.
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// The methods whose requests may carry a key (default POST and PATCH).
+    /// Requests with other methods pass through untouched, key or not.
+    pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.methods = methods.into_iter().collect();
+        self
+    }
+
+    /// Where a missing key is refused (default: nowhere).
+    pub fn require_key(mut self, requirement: KeyRequirement) -> Self {
+        self.require_key = requirement;
+        self
+    }
+
+    /// Requires a key on these routes (route templates such as
+    /// `/accounts/{id}`, or paths when the layer runs outside a router).
+    pub fn require_key_on<R: Into<String>>(self, routes: impl IntoIterator<Item = R>) -> Self {
+        self.require_key(KeyRequirement::Routes(
+            routes.into_iter().map(Into::into).collect(),
+        ))
+    }
+
+    /// The header that names the caller (default `Authorization`). Its value is
+    /// hashed into the scope and never stored. Use a stable tenant or account
+    /// header when credentials rotate between retries.
+    pub fn principal_header(mut self, header: HeaderName) -> Self {
+        self.principal_header = Some(header);
+        self
+    }
+
+    /// Scopes keys by method and route only: every caller shares one key
+    /// space. Only for services with a single client.
+    pub fn without_principal(mut self) -> Self {
+        self.principal_header = None;
+        self
+    }
+
+    /// The largest keyed request body read (default 1 MiB); larger ones get 413.
+    pub fn body_limit(mut self, bytes: usize) -> Self {
+        self.body_limit = bytes;
+        self
+    }
+
+    /// Which response statuses are stored (default [`StoredStatuses::standard`]).
+    pub fn stored_statuses(mut self, stored: StoredStatuses) -> Self {
+        self.stored = stored;
+        self
+    }
+
+    /// How long an in-flight claim is protected (default 60 s). The layer renews
+    /// a claim every third of this while the service works on it, so give the
+    /// store the same lease: [`IdempotencyLayer::open`](crate::IdempotencyLayer::open)
+    /// does, and [`store_settings`](Self::store_settings) has it for opening a
+    /// store by hand.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// How long records are kept: the dedupe window (default 7 days). Applied to
+    /// the store that [`IdempotencyLayer::open`](crate::IdempotencyLayer::open) opens.
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// The vocabulary of refusals.
+    pub fn vocabulary(&self) -> Mode {
+        self.mode
+    }
+
+    /// Where a missing key is refused.
+    pub fn key_requirement(&self) -> &KeyRequirement {
+        &self.require_key
+    }
+
+    /// Whether requests with `method` may carry a key.
+    pub fn accepts_key(&self, method: &Method) -> bool {
+        self.methods.contains(method)
+    }
+
+    /// Lease and retention as store settings, for opening a store by hand:
+    /// `SqliteStore::builder(path).settings(config.store_settings())`.
+    pub fn store_settings(&self) -> Settings {
+        Settings::default()
+            .with_lease(self.lease)
+            .with_retention(self.retention)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_follow_the_specification() {
+        let config = IdempotencyConfig::default();
+        assert_eq!(config.mode, Mode::Ietf);
+        assert!(config.accepts_key(&Method::POST) && config.accepts_key(&Method::PATCH));
+        assert!(!config.accepts_key(&Method::GET) && !config.accepts_key(&Method::PUT));
+        assert!(!config.require_key.applies_to("/anything"));
+        assert_eq!(config.principal_header, Some(AUTHORIZATION));
+        assert_eq!(config.body_limit, 1024 * 1024);
+        assert_eq!(config.store_settings().lease, Duration::from_secs(60));
+        assert_eq!(
+            config.store_settings().retention,
+            Duration::from_secs(7 * 24 * 3600)
+        );
+    }
+
+    #[test]
+    fn standard_statuses_store_success_and_client_errors_but_not_try_again() {
+        let stored = StoredStatuses::standard();
+        for code in [200, 201, 204, 400, 402, 404, 422] {
+            assert!(
+                stored.contains(StatusCode::from_u16(code).unwrap()),
+                "{code}"
+            );
+        }
+        for code in [301, 408, 409, 429, 500, 502, 503, 504] {
+            assert!(
+                !stored.contains(StatusCode::from_u16(code).unwrap()),
+                "{code}"
+            );
+        }
+    }
+}

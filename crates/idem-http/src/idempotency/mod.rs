@@ -1,0 +1,298 @@
+//! The `Idempotency-Key` middleware for any tower service: [`IdempotencyLayer`]
+//! and the [`IdempotencyService`] it wraps around an inner service.
+//!
+//! # Why the leased protocol
+//!
+//! The inner service is opaque (an axum router, a reverse proxy, anything that
+//! answers HTTP), so its effect cannot join the store's transaction. The layer
+//! therefore uses the *leased* protocol:
+//!
+//! 1. read the key (none: pass through untouched, or 400 where one is
+//!    required), read the body under the limit (413 over it), derive the
+//!    scope (principal hash, method, route) and fingerprint (method, route,
+//!    target, canonical body);
+//! 2. **claim** `(scope, key)`: a settled record is replayed with
+//!    `Idempotent-Replayed: true`; a different payload is refused (422, Stripe
+//!    400); a live claim is refused at once (409 + `Retry-After`);
+//! 3. call the inner service, renewing the claim every third of the lease
+//!    while it works (so a slow request is not taken over by its own retry);
+//! 4. **complete** the record with the response (status, headers, body) when
+//!    its status is one that is stored (2xx and 4xx except 408/409/429 by
+//!    default), or **release** the key (5xx, 408, 429) so the next retry runs
+//!    again.
+//!
+//! The gap between the inner service's effect and step 4 cannot be closed for
+//! an opaque service; it is narrowed. Steps 3 and 4 run in their own task, so a
+//! client that hangs up does not strand the claim half-way. If the inner
+//! service fails without a response (an error, a panic, a broken response
+//! body), or answers with the [`UnknownOutcome`] marker, whether the effect
+//! happened is unknown: the claim is *kept* until its lease ends, then a retry
+//! runs the request again. Services whose effect is a write to the store's own
+//! database should use [`atomic`](crate::atomic) handlers instead, where there
+//! is no gap at all.
+//!
+//! # Layout
+//!
+//! - [`config`](IdempotencyConfig): what is keyed, required, stored, and how long;
+//! - `layer`: [`IdempotencyLayer`], which holds the store and the config;
+//! - `future`: [`ResponseFuture`];
+//! - `problem`: [`Refusal`], the answers the layer gives itself, and the one
+//!   function that maps them (and store errors) to HTTP statuses.
+
+mod config;
+mod future;
+mod layer;
+pub(crate) mod problem;
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use axum::body::Body;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http::Request;
+use http_body_util::BodyExt;
+use idem::{Claim, Claimed, LeaseStore};
+use tower::Service;
+
+pub use config::{DEFAULT_BODY_LIMIT, IdempotencyConfig, KeyRequirement, Mode, StoredStatuses};
+pub use future::ResponseFuture;
+pub use layer::IdempotencyLayer;
+pub use problem::Refusal;
+
+use crate::StoredResponse;
+use crate::body::read_limited;
+use crate::identity::{fingerprint_of, principal_of, route_of, scope_of};
+use crate::key_header::read_key;
+
+/// A response extension an inner service sets to say "I may or may not have
+/// applied the effect" (an upstream timed out after the request was sent, say).
+/// The layer then neither stores the response nor releases the key: the claim
+/// is kept until its lease ends, and the response goes to the client as it is.
+///
+/// ```
+/// use axum::response::{IntoResponse, Response};
+/// use http::StatusCode;
+/// use idem_http::UnknownOutcome;
+///
+/// let mut response = StatusCode::GATEWAY_TIMEOUT.into_response();
+/// response.extensions_mut().insert(UnknownOutcome);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UnknownOutcome;
+
+pub(crate) struct Shared<St> {
+    pub(crate) store: St,
+    pub(crate) config: IdempotencyConfig,
+}
+
+/// The middleware: applies `Idempotency-Key` semantics in front of `S`. Made by
+/// [`IdempotencyLayer`]. Runs on Tokio: the work on a claimed key is spawned,
+/// so it finishes even if the client disconnects.
+pub struct IdempotencyService<S, St> {
+    inner: S,
+    shared: Arc<Shared<St>>,
+}
+
+impl<S: Clone, St> Clone for IdempotencyService<S, St> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<S: std::fmt::Debug, St> std::fmt::Debug for IdempotencyService<S, St> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdempotencyService")
+            .field("inner", &self.inner)
+            .field("config", &self.shared.config)
+            .finish_non_exhaustive()
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl<S, St, ReqBody, ResBody> Service<Request<ReqBody>> for IdempotencyService<S, St>
+where
+    S: Service<Request<Body>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    St: LeaseStore + 'static,
+    ReqBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = Response;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        // The clone is not ready; the service that was polled ready is the one used.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        ResponseFuture::new(serve(Arc::clone(&self.shared), inner, request))
+    }
+}
+
+async fn serve<S, St, ReqBody, ResBody>(
+    shared: Arc<Shared<St>>,
+    inner: S,
+    request: Request<ReqBody>,
+) -> Result<Response, S::Error>
+where
+    S: Service<Request<Body>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    St: LeaseStore + 'static,
+    ReqBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let config = &shared.config;
+    let mode = config.mode;
+    if !config.accepts_key(request.method()) {
+        return pass_through(inner, request).await;
+    }
+    let route = route_of(request.uri(), request.extensions());
+    let key = match read_key(request.headers()) {
+        Ok(Some(key)) => key,
+        Ok(None) if config.require_key.applies_to(&route) => {
+            return Ok(Refusal::MissingKey.to_response(mode));
+        }
+        Ok(None) => return pass_through(inner, request).await,
+        Err(malformed) => return Ok(Refusal::Header(malformed).to_response(mode)),
+    };
+
+    let (parts, body) = request.into_parts();
+    let body = match read_limited(&parts.headers, body, config.body_limit).await {
+        Ok(body) => body,
+        Err(refusal) => return Ok(refusal.to_response(mode)),
+    };
+    let principal = principal_of(&parts.headers, config.principal_header.as_ref());
+    let scope = scope_of(&principal, &parts.method, &route);
+    let fingerprint = fingerprint_of(&parts.method, &route, &parts, &body);
+
+    let claim = match shared.store.claim(&scope, &key, fingerprint).await {
+        Ok(Claimed::Fresh(claim)) => claim,
+        Ok(Claimed::Replayed(outcome)) => {
+            return Ok(match StoredResponse::from_outcome(outcome) {
+                Ok(stored) => stored.into_replay(),
+                Err(damaged) => Refusal::Corrupt(damaged.to_string()).to_response(mode),
+            });
+        }
+        Err(refusal) => return Ok(Refusal::from(refusal).to_response(mode)),
+    };
+
+    // From here on the work finishes even if the client goes away: a claim
+    // abandoned half-way would answer every retry 409 until its lease ended.
+    let request = Request::from_parts(parts, Body::from(body));
+    let settle = tokio::spawn(run_claimed(Arc::clone(&shared), inner, request, claim));
+    match settle.await {
+        Ok(answer) => answer,
+        Err(failed) => {
+            tracing::error!(scope = scope.as_str(), error = %failed, "the service failed while holding a claim; the key stays reserved until its lease ends");
+            Ok(Refusal::OutcomeUnknown.to_response(mode))
+        }
+    }
+}
+
+/// Renews the claim every third of the lease while the service works, so a
+/// slow request is not taken over by its own retry. If this process dies the
+/// renewals stop, and the lease runs out as usual.
+async fn renew_while_running<St: LeaseStore>(shared: Arc<Shared<St>>, mut claim: Claim) {
+    let every = (shared.config.lease / 3).max(std::time::Duration::from_millis(10));
+    loop {
+        tokio::time::sleep(every).await;
+        match shared.store.renew(&claim).await {
+            Ok(renewed) => claim = renewed,
+            Err(error) => {
+                tracing::warn!(scope = claim.scope.as_str(), %error, "could not renew the claim; a retry may take it over when its lease ends");
+                return;
+            }
+        }
+    }
+}
+
+/// Calls the inner service for a claimed key, then completes or releases the
+/// claim according to the response.
+async fn run_claimed<S, St, ResBody>(
+    shared: Arc<Shared<St>>,
+    mut inner: S,
+    request: Request<Body>,
+    claim: Claim,
+) -> Result<Response, S::Error>
+where
+    S: Service<Request<Body>, Response = Response<ResBody>>,
+    St: LeaseStore + 'static,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let config = &shared.config;
+    let scope = claim.scope.as_str();
+    let heartbeat = tokio::spawn(renew_while_running(Arc::clone(&shared), claim.clone()));
+    let called = inner.call(request).await;
+    heartbeat.abort();
+    let response = match called {
+        Ok(response) => response,
+        Err(error) => {
+            tracing::warn!(
+                scope,
+                "the service failed without a response; the key stays reserved until its lease ends"
+            );
+            return Err(error);
+        }
+    };
+    if response.extensions().get::<UnknownOutcome>().is_some() {
+        tracing::info!(
+            scope,
+            "the service reported an unknown outcome; the key stays reserved until its lease ends"
+        );
+        return Ok(response.map(Body::new));
+    }
+    if !config.stored.contains(response.status()) {
+        if let Err(error) = shared.store.release(&claim).await {
+            tracing::warn!(scope, %error, "could not release the key; it is freed when its lease ends");
+        }
+        return Ok(response.map(Body::new));
+    }
+
+    let (parts, body) = response.into_parts();
+    let body = match body.collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(error) => {
+            let error: BoxError = error.into();
+            tracing::warn!(scope, %error, "the response body broke off; the key stays reserved until its lease ends");
+            return Ok(Refusal::OutcomeUnknown.to_response(config.mode));
+        }
+    };
+    let stored = StoredResponse::from_parts(parts.status, parts.headers.clone(), body.clone());
+    if let Err(error) = shared.store.complete(&claim, &stored.to_outcome()).await {
+        // The effect happened and this is its answer; only the record is
+        // missing, so a retry after the lease would run the request again.
+        tracing::warn!(scope, %error, "could not store the response; the client gets it, but a retry after the lease may run again");
+    }
+    Ok(Response::from_parts(parts, Body::from(body)).into_response())
+}
+
+async fn pass_through<S, ReqBody, ResBody>(
+    mut inner: S,
+    request: Request<ReqBody>,
+) -> Result<Response, S::Error>
+where
+    S: Service<Request<Body>, Response = Response<ResBody>>,
+    ReqBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let response = inner.call(request.map(Body::new)).await?;
+    Ok(response.map(Body::new))
+}

@@ -1,0 +1,237 @@
+//! The answers the layer gives itself, instead of the inner service: the rows of
+//! the status table, in either vocabulary.
+//!
+//! | refusal                           | status | IETF body           | Stripe body `error.type` |
+//! |-----------------------------------|--------|---------------------|--------------------------|
+//! | key missing where required        | 400    | problem+json        | `idempotency_error`      |
+//! | key malformed, or several keys    | 400    | problem+json        | `idempotency_error`      |
+//! | same key, different payload       | 422 / Stripe 400 | problem+json | `idempotency_error`   |
+//! | same key, original still running  | 409 + `Retry-After` | problem+json | `idempotency_error`  |
+//! | body over the limit               | 413    | problem+json        | `invalid_request_error`  |
+//! | body could not be read            | 400    | problem+json        | `invalid_request_error`  |
+//! | outcome unknown (inner failed)    | 502    | problem+json        | `api_error`              |
+//! | atomic handler failed (rolled back) | 500  | problem+json        | `api_error`              |
+//! | store busy or unreachable         | 503 + `Retry-After` | problem+json | `api_error`          |
+//! | store failed otherwise            | 500    | problem+json        | `api_error`              |
+//!
+//! Statuses are decided in one function, [`Refusal::status`]; everything else
+//! here only writes bodies.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::response::Response;
+use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderValue, StatusCode};
+use idem::Error;
+use serde_json::json;
+
+use super::config::Mode;
+use crate::key_header::KeyHeaderError;
+
+/// Why the layer answered a keyed request itself.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// The route requires a key and the request carried none.
+    #[error(
+        "this request requires an Idempotency-Key header: make one key per operation (a UUID) and send it with every retry"
+    )]
+    MissingKey,
+    /// The key header was malformed or repeated.
+    #[error(transparent)]
+    Header(#[from] KeyHeaderError),
+    /// The body is larger than the configured limit.
+    #[error(
+        "the request body is larger than {limit} bytes, the most this endpoint reads for a keyed request"
+    )]
+    BodyTooLarge {
+        /// The limit, in bytes.
+        limit: usize,
+    },
+    /// The body could not be read.
+    #[error("the request body could not be read: {0}")]
+    BodyUnreadable(String),
+    /// The protocol refused the request (reused key, in flight) or the store failed.
+    #[error(transparent)]
+    Protocol(#[from] Error),
+    /// The request reached the service, but no complete answer came back: the
+    /// effect may or may not have happened. The claim is kept until its lease
+    /// ends; a retry after that runs the request again.
+    #[error(
+        "the request was handed to the service but no complete response came back, so whether it took effect is unknown; the key stays reserved until its lease ends, then a retry with the same key runs it again"
+    )]
+    OutcomeUnknown,
+    /// An atomic handler failed: its writes were rolled back and the key released.
+    #[error(
+        "the request failed and nothing it wrote was kept; the key was released, so a retry with the same key runs it again"
+    )]
+    HandlerFailed,
+    /// The stored outcome could not be turned back into a response.
+    #[error("the stored response for this key cannot be replayed: {0}")]
+    Corrupt(String),
+}
+
+impl Refusal {
+    /// The HTTP status of this refusal in `mode`: the only place refusals and
+    /// store errors become statuses.
+    pub fn status(&self, mode: Mode) -> StatusCode {
+        match self {
+            Self::MissingKey | Self::Header(_) | Self::BodyUnreadable(_) => StatusCode::BAD_REQUEST,
+            Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::OutcomeUnknown => StatusCode::BAD_GATEWAY,
+            Self::HandlerFailed | Self::Corrupt(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Protocol(error) => match error {
+                Error::KeyReuse { .. } => match mode {
+                    Mode::Ietf => StatusCode::UNPROCESSABLE_ENTITY,
+                    Mode::Stripe => StatusCode::BAD_REQUEST,
+                },
+                Error::InFlight { .. } => StatusCode::CONFLICT,
+                Error::InvalidKey(_) => StatusCode::BAD_REQUEST,
+                Error::Store(store) if store.kind().is_transient() => {
+                    StatusCode::SERVICE_UNAVAILABLE
+                }
+                _ => StatusCode::INTERNAL_SERVER_ERROR,
+            },
+        }
+    }
+
+    /// How long the client should wait before retrying, for refusals where a
+    /// retry can succeed: whole seconds, at least one.
+    pub fn retry_after(&self) -> Option<u64> {
+        let wait = match self {
+            Self::Protocol(Error::InFlight { retry_after, .. }) => *retry_after,
+            Self::Protocol(Error::Store(store)) if store.kind().is_transient() => {
+                Duration::from_secs(1)
+            }
+            _ => return None,
+        };
+        Some(wait.as_millis().div_ceil(1000).max(1) as u64)
+    }
+
+    fn problem_type(&self) -> &'static str {
+        match self {
+            Self::MissingKey => "missing-idempotency-key",
+            Self::Header(_) | Self::Protocol(Error::InvalidKey(_)) => "malformed-idempotency-key",
+            Self::Protocol(Error::KeyReuse { .. }) => "idempotency-key-reused",
+            Self::Protocol(Error::InFlight { .. }) => "idempotency-key-in-flight",
+            Self::BodyTooLarge { .. } => "request-too-large",
+            Self::BodyUnreadable(_) => "request-unreadable",
+            Self::OutcomeUnknown => "outcome-unknown",
+            Self::HandlerFailed => "handler-failed",
+            Self::Corrupt(_) | Self::Protocol(_) => "idempotency-store-failure",
+        }
+    }
+
+    fn title(&self) -> &'static str {
+        match self {
+            Self::MissingKey => "Idempotency-Key is missing",
+            Self::Header(_) | Self::Protocol(Error::InvalidKey(_)) => {
+                "Idempotency-Key is malformed"
+            }
+            Self::Protocol(Error::KeyReuse { .. }) => {
+                "Idempotency-Key was already used with another request"
+            }
+            Self::Protocol(Error::InFlight { .. }) => {
+                "A request with this Idempotency-Key is still being processed"
+            }
+            Self::BodyTooLarge { .. } => "Request body too large",
+            Self::BodyUnreadable(_) => "Request body unreadable",
+            Self::OutcomeUnknown => "Outcome unknown",
+            Self::HandlerFailed => "Request failed; nothing was kept",
+            Self::Corrupt(_) | Self::Protocol(_) => "Idempotency store failure",
+        }
+    }
+
+    fn stripe_type(&self) -> &'static str {
+        match self {
+            Self::MissingKey | Self::Header(_) => "idempotency_error",
+            Self::Protocol(
+                Error::InvalidKey(_) | Error::KeyReuse { .. } | Error::InFlight { .. },
+            ) => "idempotency_error",
+            Self::BodyTooLarge { .. } | Self::BodyUnreadable(_) => "invalid_request_error",
+            Self::OutcomeUnknown | Self::HandlerFailed | Self::Corrupt(_) | Self::Protocol(_) => {
+                "api_error"
+            }
+        }
+    }
+
+    /// The response for this refusal in `mode`.
+    pub fn to_response(&self, mode: Mode) -> Response {
+        let status = self.status(mode);
+        if status.is_server_error() {
+            tracing::warn!(error = %self, "idempotency layer answered {status}");
+        } else {
+            tracing::debug!(error = %self, "idempotency layer answered {status}");
+        }
+        let (content_type, body) = match mode {
+            Mode::Ietf => (
+                "application/problem+json",
+                json!({
+                    "type": format!("urn:idem:problem:{}", self.problem_type()),
+                    "title": self.title(),
+                    "status": status.as_u16(),
+                    "detail": self.to_string(),
+                }),
+            ),
+            Mode::Stripe => (
+                "application/json",
+                json!({ "error": { "type": self.stripe_type(), "message": self.to_string() } }),
+            ),
+        };
+        let mut response = Response::new(Body::from(body.to_string()));
+        *response.status_mut() = status;
+        let headers = response.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+        if let Some(seconds) = self.retry_after() {
+            headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use idem::{ErrorKind, IdempotencyKey, Scope, StoreError};
+
+    use super::*;
+
+    fn in_flight(ms: u64) -> Refusal {
+        Refusal::Protocol(Error::InFlight {
+            scope: Scope::new("s").unwrap(),
+            key: IdempotencyKey::new("k").unwrap(),
+            retry_after: Duration::from_millis(ms),
+        })
+    }
+
+    #[test]
+    fn every_row_has_its_status_in_both_modes() {
+        let reuse = Refusal::Protocol(Error::KeyReuse {
+            scope: Scope::new("s").unwrap(),
+            key: IdempotencyKey::new("k").unwrap(),
+        });
+        assert_eq!(reuse.status(Mode::Ietf), StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(reuse.status(Mode::Stripe), StatusCode::BAD_REQUEST);
+        for mode in [Mode::Ietf, Mode::Stripe] {
+            assert_eq!(Refusal::MissingKey.status(mode), StatusCode::BAD_REQUEST);
+            assert_eq!(in_flight(10).status(mode), StatusCode::CONFLICT);
+            assert_eq!(
+                Refusal::BodyTooLarge { limit: 1 }.status(mode),
+                StatusCode::PAYLOAD_TOO_LARGE
+            );
+            let busy = Refusal::Protocol(Error::Store(StoreError::new(ErrorKind::Busy, "busy")));
+            assert_eq!(busy.status(mode), StatusCode::SERVICE_UNAVAILABLE);
+        }
+    }
+
+    #[test]
+    fn retry_after_is_whole_seconds_and_at_least_one() {
+        assert_eq!(in_flight(0).retry_after(), Some(1));
+        assert_eq!(in_flight(400).retry_after(), Some(1));
+        assert_eq!(in_flight(1000).retry_after(), Some(1));
+        assert_eq!(in_flight(1001).retry_after(), Some(2));
+        assert_eq!(Refusal::MissingKey.retry_after(), None);
+        let response = in_flight(2500).to_response(Mode::Stripe);
+        assert_eq!(response.headers()[RETRY_AFTER], "3");
+    }
+}

@@ -1,0 +1,51 @@
+//! `Idempotency-Key` for HTTP services: retries of a request are applied once,
+//! and every retry gets the first answer.
+//!
+//! Delivery over HTTP is at-least-once (clients, proxies and load balancers
+//! retry); processing is effectively-once by idempotency keys, within the
+//! store's dedupe window (7 days by default). Semantics follow the IETF draft
+//! "The Idempotency-Key HTTP Header Field", with a Stripe-compatible mode:
+//!
+//! | situation                                  | IETF mode                        | Stripe mode                 |
+//! |--------------------------------------------|----------------------------------|-----------------------------|
+//! | key missing where the route requires one   | 400 problem+json                 | 400 `idempotency_error`     |
+//! | key malformed (empty, > 255, not visible ASCII, several headers) | 400        | 400                         |
+//! | same key, different payload                | 422 problem+json                 | 400 `idempotency_error`     |
+//! | same key, original still running           | 409 problem+json + `Retry-After` | 409 + `Retry-After`         |
+//! | same key, completed                        | stored status, headers and body + `Idempotent-Replayed: true` | same |
+//! | body over the limit                        | 413                              | 413                         |
+//!
+//! Two ways in:
+//!
+//! - [`IdempotencyLayer`], a tower layer for any service (an axum router, a
+//!   reverse proxy): the *leased* protocol, for effects the store cannot see;
+//! - [`atomic`] handlers, for axum routes whose effect is SQL on the store's own
+//!   database (SQLite or PostgreSQL): the handler's writes and the stored
+//!   response commit in one transaction.
+//!
+//! # Modules
+//!
+//! - [`idempotency`]: the layer, its service, config, future, and the refusals
+//!   with the one function that maps them to HTTP statuses;
+//! - [`atomic`]: route wrappers that run a handler inside the store's atomic `apply`;
+//! - `key_header`: reading `Idempotency-Key` (RFC 8941 String, or bare);
+//! - `identity`: the scope (principal hash, method, route) and the fingerprint
+//!   (method, route, target, canonical body) of a keyed request;
+//! - `stored`: [`StoredResponse`], a response as stored and replayed;
+//! - `body`: reading a keyed request's body under the limit.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod atomic;
+mod body;
+pub mod idempotency;
+mod identity;
+mod key_header;
+mod stored;
+
+pub use idempotency::{
+    DEFAULT_BODY_LIMIT, IdempotencyConfig, IdempotencyLayer, IdempotencyService, KeyRequirement,
+    Mode, Refusal, ResponseFuture, StoredStatuses, UnknownOutcome,
+};
+pub use key_header::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, KeyHeaderError, parse_key, read_key};
+pub use stored::{NotAResponse, StoredResponse};
