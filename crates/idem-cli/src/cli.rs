@@ -1,5 +1,7 @@
 //! Command-line arguments.
 
+use std::path::PathBuf;
+
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// Idem: at-least-once delivery, effectively-once processing by idempotency keys.
@@ -31,6 +33,19 @@ pub enum Command {
     /// Measure throughput.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Put Idempotency-Key semantics in front of any HTTP service: a gateway
+    /// that forwards to --upstream and replays stored answers to retries.
+    Serve(ServeArgs),
+    /// Deliver each message of a RabbitMQ queue or a NATS JetStream consumer
+    /// to an HTTP endpoint with Idempotency-Key = the message's key; ack after
+    /// the answer, retry with backoff, dead-letter after the last attempt.
+    Forward(crate::commands::forward::ForwardArgs),
+    /// Publish the store's outbox rows, each with its own key (AMQP message_id,
+    /// Nats-Msg-Id, Idempotency-Key); retry with jitter, dead-letter after N attempts.
+    Relay(crate::commands::relay::RelayArgs),
+    /// List, show and redrive dead letters; a redrive keeps the original key.
+    #[command(subcommand)]
+    Dlq(crate::commands::dlq::DlqCommand),
 }
 
 /// `idem keys ...`
@@ -119,6 +134,12 @@ pub struct DemoArgs {
 pub enum BenchCommand {
     /// Bare transaction vs atomic apply vs replay vs batched apply, in one run.
     Apply(BenchApplyArgs),
+    /// The same upstream called directly and through the gateway (unique keys,
+    /// replays, no key), in one run, with an in-process upstream and gateway.
+    Http(BenchHttpArgs),
+    /// An effectively-once consumer vs a plain at-least-once one on RabbitMQ or
+    /// NATS JetStream into PostgreSQL, one message per transaction and batched.
+    Consume(crate::commands::bench_consume::BenchConsumeArgs),
 }
 
 /// `idem bench apply`
@@ -139,4 +160,91 @@ pub struct BenchApplyArgs {
     /// Accounts the operations update (fewer means more row contention).
     #[arg(long, default_value_t = 1000)]
     pub accounts: i64,
+}
+
+/// `idem bench http`
+#[derive(Debug, Args)]
+pub struct BenchHttpArgs {
+    /// Requests per phase.
+    #[arg(long, default_value_t = 4000)]
+    pub requests: usize,
+    /// Concurrent clients.
+    #[arg(long, default_value_t = 32)]
+    pub concurrency: usize,
+    /// What the upstream does per POST.
+    #[arg(long, value_enum, default_value_t = UpstreamWork::Both)]
+    pub upstream: UpstreamWork,
+    /// Size of each request's JSON body, in bytes.
+    #[arg(long, default_value_t = 256)]
+    pub body: usize,
+    /// Rounds in which the phases take turns, each sending requests/rounds
+    /// per phase.
+    #[arg(long, default_value_t = 4)]
+    pub rounds: usize,
+}
+
+/// The in-process upstream of `idem bench http`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum UpstreamWork {
+    /// Commits one row per POST to its own SQLite file (synchronous=FULL): a
+    /// service whose POSTs have a durable effect, the kind keys exist for.
+    Durable,
+    /// Answers at once and keeps nothing: shows the gateway's own cost.
+    Echo,
+    /// Both, one after the other.
+    Both,
+}
+
+/// `idem serve`. Each setting comes from its flag, else its `IDEM_*`
+/// variable, else the `--config` file, else the default. The store is the
+/// global `--store` (or `IDEM_STORE`, or `store` in the file) [default: sqlite://idem.db].
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// The service to forward to: http://HOST:PORT, optionally with a base path.
+    #[arg(long, env = "IDEM_UPSTREAM", value_name = "URL")]
+    pub upstream: Option<String>,
+    /// Where the gateway listens [default: 127.0.0.1:8080].
+    #[arg(long, env = "IDEM_LISTEN", value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// How refusals are written: ietf (problem+json, 422 for a reused key) or
+    /// stripe (idempotency_error, 400) [default: ietf].
+    #[arg(long, env = "IDEM_MODE", value_name = "MODE")]
+    pub mode: Option<String>,
+    /// Refuse POST and PATCH requests that carry no Idempotency-Key (400)
+    /// [default: false].
+    #[arg(
+        long,
+        env = "IDEM_REQUIRE_KEY",
+        value_name = "BOOL",
+        num_args = 0..=1,
+        default_missing_value = "true"
+    )]
+    pub require_key: Option<bool>,
+    /// Largest keyed request body read, such as 1MiB, 64KiB or 65536; larger
+    /// ones get 413 [default: 1MiB].
+    #[arg(long, env = "IDEM_MAX_BODY", value_name = "SIZE")]
+    pub max_body: Option<String>,
+    /// How long an in-flight claim is protected, such as 60s or 2m [default: 60s].
+    #[arg(long, env = "IDEM_LEASE", value_name = "DURATION")]
+    pub lease: Option<String>,
+    /// How long answers are kept for replay: the dedupe window, such as 24h or
+    /// 7d [default: 7d].
+    #[arg(long, env = "IDEM_RETENTION", value_name = "DURATION")]
+    pub retention: Option<String>,
+    /// Serve /metrics (Prometheus) and /healthz on this address [default: off].
+    #[arg(long, env = "IDEM_ADMIN_LISTEN", value_name = "ADDR")]
+    pub admin_listen: Option<String>,
+    /// How long to wait for the upstream's answer; past it the outcome is
+    /// unknown and the client gets 504 [default: 30s].
+    #[arg(long, env = "IDEM_UPSTREAM_TIMEOUT", value_name = "DURATION")]
+    pub upstream_timeout: Option<String>,
+    /// The header that names the caller; keys are scoped by its hash, `none`
+    /// to share one key space [default: authorization].
+    #[arg(long, env = "IDEM_PRINCIPAL_HEADER", value_name = "HEADER")]
+    pub principal_header: Option<String>,
+    /// A TOML file with the same settings: upstream, listen, store, mode,
+    /// require_key, max_body, lease, retention, admin_listen,
+    /// upstream_timeout, principal_header.
+    #[arg(long, env = "IDEM_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
 }

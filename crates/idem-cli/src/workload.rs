@@ -76,13 +76,13 @@ const RECORD: &str =
     "INSERT INTO idem_demo_ledger (payment_id, account, amount) VALUES ($1, $2, $3)";
 const TOTALS: &str = "SELECT count(*), count(DISTINCT payment_id), CAST(coalesce(sum(amount), 0) AS BIGINT) FROM idem_demo_ledger";
 
-fn sqlite_debit(conn: &rusqlite::Connection, p: &Payment) -> rusqlite::Result<Outcome> {
+pub(crate) fn sqlite_debit(conn: &rusqlite::Connection, p: &Payment) -> rusqlite::Result<Outcome> {
     let balance: i64 = conn.query_row(DEBIT, params![p.amount, p.account], |r| r.get(0))?;
     conn.execute(RECORD, params![p.id.as_str(), p.account, p.amount])?;
     Ok(outcome(balance))
 }
 
-fn pg_debit<'c>(
+pub(crate) fn pg_debit<'c>(
     conn: &'c mut sqlx::PgConnection,
     p: Payment,
 ) -> BoxFuture<'c, Result<Outcome, sqlx::Error>> {
@@ -167,6 +167,31 @@ impl Bank {
             Self::Postgres(s) => {
                 let mut tx = s.pool().begin().await?;
                 pg_debit(&mut tx, p).await?;
+                tx.commit().await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Several debits in one transaction, with no dedupe at all.
+    pub async fn debit_bare_batch(&self, payments: &[Payment]) -> anyhow::Result<()> {
+        let payments = payments.to_vec();
+        match self {
+            Self::Sqlite(s) => {
+                s.with_connection(move |c| -> rusqlite::Result<()> {
+                    let tx = c.transaction()?;
+                    for p in &payments {
+                        sqlite_debit(&tx, p)?;
+                    }
+                    tx.commit()
+                })
+                .await??
+            }
+            Self::Postgres(s) => {
+                let mut tx = s.pool().begin().await?;
+                for p in payments {
+                    pg_debit(&mut tx, p).await?;
+                }
                 tx.commit().await?;
             }
         }

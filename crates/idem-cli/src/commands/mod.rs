@@ -1,10 +1,16 @@
 //! One module per subcommand; [`run`] picks the one asked for.
 
 mod bench;
+pub(crate) mod bench_consume;
+mod bench_http;
 mod demo;
+pub(crate) mod dlq;
+pub(crate) mod forward;
 mod gc;
 mod keys;
 mod migrate;
+pub(crate) mod relay;
+mod serve;
 
 use anyhow::Context;
 use idem::{AnyStore, StoreLocation};
@@ -25,6 +31,16 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Demo(args) => demo::run(store.map(parse).transpose()?, &args).await,
         Command::Bench(BenchCommand::Apply(args)) => {
             bench::apply(store.map(parse).transpose()?, &args).await
+        }
+        Command::Bench(BenchCommand::Http(args)) => {
+            bench_http::run(store.map(parse).transpose()?, &args).await
+        }
+        Command::Serve(args) => serve::run(store, &args).await,
+        Command::Forward(args) => forward::run(open(store).await?, &args).await,
+        Command::Relay(args) => relay::run(open(store).await?, &args).await,
+        Command::Dlq(command) => dlq::run(open(store).await?, command).await,
+        Command::Bench(BenchCommand::Consume(args)) => {
+            bench_consume::run(store.map(parse).transpose()?, &args).await
         }
     }
 }

@@ -1,0 +1,227 @@
+//! RabbitMQ through lapin: one channel, manual acks, a prefetch limit
+//! (`basic.qos`).
+//!
+//! The consumer is started with `no_ack = false`: RabbitMQ keeps every
+//! delivery until it is acked, and gives unacked ones back to the queue when
+//! the channel or connection closes (a crash included). Batches are acked with
+//! one cumulative `basic.ack` (`multiple = true`) on the highest delivery tag.
+//!
+//! RabbitMQ has no delayed requeue: a failed message's settle handle waits out
+//! the redelivery delay, then `basic.nack`s it with `requeue = true`, holding
+//! one prefetch slot meanwhile.
+//!
+//! Delivery counts: quorum queues carry `x-delivery-count` (the number of
+//! earlier deliveries) on redeliveries; a delivery whose `redelivered` flag is
+//! clear is a first delivery. A classic queue's redelivery carries no count,
+//! and the runtime counts failures in the store instead.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures::StreamExt;
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{Acker, Channel, Connection, ConnectionProperties};
+
+use super::source::without_password;
+use super::{Delivery, Message, Route, Settle, Transport, TransportError};
+
+/// A RabbitMQ queue consumed with manual acks.
+#[derive(Debug)]
+pub struct AmqpTransport {
+    connection: Connection,
+    channel: Channel,
+    consumer: lapin::Consumer,
+    route: Route,
+}
+
+/// Settles one RabbitMQ delivery.
+#[derive(Debug, Clone)]
+pub struct AmqpSettle {
+    tag: u64,
+    acker: Acker,
+}
+
+fn fail(context: &'static str) -> impl FnOnce(lapin::Error) -> TransportError {
+    move |error| TransportError::new(context, error)
+}
+
+impl AmqpTransport {
+    /// Connects to `url` (`amqp://USER:PASSWORD@HOST:PORT/VHOST`, the vhost
+    /// percent-encoded: `%2f` for `/`), sets the prefetch limit, and starts a
+    /// manual-ack consumer on `queue`, which must exist.
+    pub async fn connect(url: &str, queue: &str, prefetch: u16) -> Result<Self, TransportError> {
+        let connection = Connection::connect(url, ConnectionProperties::default())
+            .await
+            .map_err(fail("connect to RabbitMQ"))?;
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(fail("open a RabbitMQ channel"))?;
+        channel
+            .basic_qos(prefetch.max(1), BasicQosOptions::default())
+            .await
+            .map_err(fail("set the prefetch limit (basic.qos)"))?;
+        let options = BasicConsumeOptions {
+            no_ack: false,
+            ..BasicConsumeOptions::default()
+        };
+        let consumer = channel
+            .basic_consume(queue.into(), "".into(), options, FieldTable::default())
+            .await
+            .map_err(|e| TransportError::new(format!("consume from queue {queue:?}"), e))?;
+        let public = without_password(url);
+        let origin = format!("{}/{queue}", public.trim_end_matches('/'));
+        Ok(Self {
+            connection,
+            channel,
+            consumer,
+            route: Route::queue(origin, url, queue),
+        })
+    }
+}
+
+impl Settle for AmqpSettle {
+    async fn ack(&self) -> Result<(), TransportError> {
+        let done = self
+            .acker
+            .ack(BasicAckOptions::default())
+            .await
+            .map_err(fail("ack (basic.ack)"))?;
+        used(done, "ack")
+    }
+
+    async fn requeue(&self, delay: Duration) -> Result<(), TransportError> {
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        let options = BasicNackOptions {
+            multiple: false,
+            requeue: true,
+        };
+        let done = self
+            .acker
+            .nack(options)
+            .await
+            .map_err(fail("requeue (basic.nack)"))?;
+        used(done, "requeue")
+    }
+
+    /// One cumulative ack on the highest tag: RabbitMQ settles every
+    /// outstanding delivery of the channel up to it, which are these.
+    async fn ack_all(settles: Vec<AmqpSettle>) -> Result<(), TransportError> {
+        let Some(last) = settles.iter().max_by_key(|s| s.tag) else {
+            return Ok(());
+        };
+        let done = last
+            .acker
+            .ack(BasicAckOptions { multiple: true })
+            .await
+            .map_err(fail("ack a batch (basic.ack multiple)"))?;
+        used(done, "batch ack")
+    }
+}
+
+/// lapin answers `false` when the channel closed under the handle: the
+/// delivery is back in the queue and will be redelivered.
+fn used(done: bool, what: &str) -> Result<(), TransportError> {
+    if done {
+        Ok(())
+    } else {
+        Err(TransportError::new(
+            format!("{what} not sent"),
+            "the channel closed first; RabbitMQ will redeliver the message",
+        ))
+    }
+}
+
+impl Transport for AmqpTransport {
+    type Settle = AmqpSettle;
+
+    async fn receive(&mut self) -> Result<Option<Delivery<AmqpSettle>>, TransportError> {
+        match self.consumer.next().await {
+            None => Ok(None),
+            Some(Err(error)) => Err(TransportError::new("receive from RabbitMQ", error)),
+            Some(Ok(delivery)) => Ok(Some(convert(delivery))),
+        }
+    }
+
+    fn route(&self) -> Route {
+        self.route.clone()
+    }
+
+    async fn close(self) {
+        if let Err(error) = self.channel.close(200, "consumer stopped".into()).await {
+            tracing::debug!(%error, "closing the RabbitMQ channel failed");
+        }
+        if let Err(error) = self.connection.close(200, "consumer stopped".into()).await {
+            tracing::debug!(%error, "closing the RabbitMQ connection failed");
+        }
+    }
+}
+
+fn convert(delivery: lapin::message::Delivery) -> Delivery<AmqpSettle> {
+    let properties = &delivery.properties;
+    let mut headers = BTreeMap::new();
+    let mut earlier: Option<u32> = None;
+    if let Some(table) = properties.headers() {
+        for (name, value) in table {
+            if name.as_str() == "x-delivery-count" {
+                earlier = number(value).and_then(|n| u32::try_from(n).ok());
+            }
+            if let Some(text) = text(value) {
+                headers.insert(name.to_string(), text);
+            }
+        }
+    }
+    let delivery_count = match (earlier, delivery.redelivered) {
+        (Some(n), _) => Some(n.saturating_add(1)),
+        (None, false) => Some(1),
+        (None, true) => None,
+    };
+    let message = Message {
+        payload: delivery.data.into(),
+        headers,
+        message_id: properties.message_id().as_ref().map(|id| id.to_string()),
+        content_type: properties.content_type().as_ref().map(|t| t.to_string()),
+        subject: delivery.routing_key.to_string(),
+        coordinates: None,
+        delivery_count,
+        published_at: properties
+            .timestamp()
+            .and_then(|seconds| i64::try_from(seconds).ok())
+            .map(|seconds| idem_core::Timestamp(seconds.saturating_mul(1000))),
+    };
+    Delivery {
+        message,
+        settle: AmqpSettle {
+            tag: delivery.delivery_tag,
+            acker: delivery.acker,
+        },
+    }
+}
+
+fn number(value: &AMQPValue) -> Option<i64> {
+    match value {
+        AMQPValue::ShortShortInt(n) => Some((*n).into()),
+        AMQPValue::ShortShortUInt(n) => Some((*n).into()),
+        AMQPValue::ShortInt(n) => Some((*n).into()),
+        AMQPValue::ShortUInt(n) => Some((*n).into()),
+        AMQPValue::LongInt(n) => Some((*n).into()),
+        AMQPValue::LongUInt(n) => Some((*n).into()),
+        AMQPValue::LongLongInt(n) => Some(*n),
+        _ => None,
+    }
+}
+
+fn text(value: &AMQPValue) -> Option<String> {
+    match value {
+        AMQPValue::ShortString(s) => Some(s.to_string()),
+        AMQPValue::LongString(s) => std::str::from_utf8(s.as_bytes()).ok().map(str::to_owned),
+        AMQPValue::Boolean(b) => Some(b.to_string()),
+        AMQPValue::Float(f) => Some(f.to_string()),
+        AMQPValue::Double(f) => Some(f.to_string()),
+        AMQPValue::Timestamp(t) => Some(t.to_string()),
+        other => number(other).map(|n| n.to_string()),
+    }
+}

@@ -1,0 +1,192 @@
+//! [`ConsumerConfig`]: everything the runtime decides by, with the defaults
+//! of the specification (dead-letter after 5 attempts).
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::Scope;
+use idem_retry::{Backoff, RetryBudget};
+
+use super::KeyRule;
+
+/// The default number of attempts before a message is dead-lettered: 5.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
+/// The default number of messages worked on at once in single mode: 8.
+pub const DEFAULT_CONCURRENCY: usize = 8;
+/// The default batch size in batch mode: 100.
+pub const DEFAULT_BATCH: usize = 100;
+/// The default number of batches applied at once in batch mode: 4.
+pub const DEFAULT_BATCHES_AT_ONCE: usize = 4;
+
+/// A named point in the runtime where a fault-injection test may stop the
+/// process (SPEC §9 crash points).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Checkpoint {
+    /// The effect and its record committed; the ack has not been sent.
+    AfterCommit,
+}
+
+type CheckpointHook = Arc<dyn Fn(Checkpoint) + Send + Sync>;
+
+/// How a consumer runs.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem::Scope;
+/// use idem_broker::consume::{ConsumerConfig, KeyRule, KeySource};
+///
+/// let config = ConsumerConfig::new(Scope::new("billing").unwrap())
+///     .key(KeyRule::new(KeySource::Header("x-event-id".into())))
+///     .max_attempts(3)
+///     .concurrency(16)
+///     .batch(200, Duration::from_millis(20));
+/// assert_eq!(config.max_attempts_value(), 3);
+/// ```
+#[derive(Clone)]
+pub struct ConsumerConfig {
+    pub(crate) scope: Scope,
+    pub(crate) key: KeyRule,
+    pub(crate) max_attempts: u32,
+    pub(crate) concurrency: usize,
+    pub(crate) batch: usize,
+    pub(crate) batch_linger: Duration,
+    pub(crate) batches_at_once: usize,
+    pub(crate) redelivery: Backoff,
+    pub(crate) in_flight_patience: Duration,
+    pub(crate) dead_letter_terminal_failures: bool,
+    pub(crate) budget: Option<Arc<RetryBudget>>,
+    pub(crate) checkpoint: Option<CheckpointHook>,
+}
+
+impl fmt::Debug for ConsumerConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConsumerConfig")
+            .field("scope", &self.scope)
+            .field("key", &self.key)
+            .field("max_attempts", &self.max_attempts)
+            .field("concurrency", &self.concurrency)
+            .field("batch", &self.batch)
+            .field("batch_linger", &self.batch_linger)
+            .field("batches_at_once", &self.batches_at_once)
+            .field("redelivery", &self.redelivery)
+            .field("in_flight_patience", &self.in_flight_patience)
+            .field(
+                "dead_letter_terminal_failures",
+                &self.dead_letter_terminal_failures,
+            )
+            .field("budget", &self.budget.is_some())
+            .field("checkpoint", &self.checkpoint.is_some())
+            .finish()
+    }
+}
+
+impl ConsumerConfig {
+    /// The defaults, applying in `scope`: keys from the message id (keyless
+    /// messages dead-lettered), dead letter after 5 attempts, 8 messages at
+    /// once, batches of 100 closed after 10 ms of quiet (4 applied at once),
+    /// redelivery delays
+    /// with full jitter from 200 ms up to 20 s.
+    pub fn new(scope: Scope) -> Self {
+        Self {
+            scope,
+            key: KeyRule::default(),
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            concurrency: DEFAULT_CONCURRENCY,
+            batch: DEFAULT_BATCH,
+            batch_linger: Duration::from_millis(10),
+            batches_at_once: DEFAULT_BATCHES_AT_ONCE,
+            redelivery: Backoff::default(),
+            in_flight_patience: Duration::from_secs(30),
+            dead_letter_terminal_failures: false,
+            budget: None,
+            checkpoint: None,
+        }
+    }
+
+    /// Where keys come from.
+    pub fn key(mut self, rule: KeyRule) -> Self {
+        self.key = rule;
+        self
+    }
+
+    /// Attempts before a message is dead-lettered (at least 1).
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts.max(1);
+        self
+    }
+
+    /// The attempt limit.
+    pub fn max_attempts_value(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// Messages worked on at once in single mode (at least 1). The broker's
+    /// prefetch should be at least this.
+    pub fn concurrency(mut self, concurrency: usize) -> Self {
+        self.concurrency = concurrency.max(1);
+        self
+    }
+
+    /// Batch mode: at most `size` messages per transaction; a batch is closed
+    /// early when no message arrives for `linger`.
+    pub fn batch(mut self, size: usize, linger: Duration) -> Self {
+        self.batch = size.max(1);
+        self.batch_linger = linger;
+        self
+    }
+
+    /// Batch mode: how many batches are applied at once (at least 1; default
+    /// 4). Their acks still go out in the order the batches were received, so
+    /// a cumulative ack never covers a delivery that is not settled yet.
+    pub fn batches_at_once(mut self, batches: usize) -> Self {
+        self.batches_at_once = batches.max(1);
+        self
+    }
+
+    /// The delays before a failed message is redelivered: retry `k` waits a
+    /// full-jitter draw from `[0, min(cap, base·2^k)]`. Only base and cap are
+    /// used; the attempt limit is [`max_attempts`](Self::max_attempts).
+    pub fn redelivery(mut self, backoff: Backoff) -> Self {
+        self.redelivery = backoff;
+        self
+    }
+
+    /// How long a message whose key another consumer holds right now (a
+    /// duplicate being applied concurrently) is retried locally before it is
+    /// given back to the broker. Such waits are not failed attempts.
+    pub fn in_flight_patience(mut self, patience: Duration) -> Self {
+        self.in_flight_patience = patience;
+        self
+    }
+
+    /// Whether a stored terminal failure (an effect that returned
+    /// [`Outcome::terminal_failure`](idem_core::Outcome::terminal_failure), a
+    /// 4xx from the sidecar's endpoint) is also recorded as a dead letter
+    /// before the ack. Off by default: the failure is the message's answer.
+    pub fn dead_letter_terminal_failures(mut self, yes: bool) -> Self {
+        self.dead_letter_terminal_failures = yes;
+        self
+    }
+
+    /// A retry budget shared with the rest of the process: each message
+    /// counts as a request and each redelivery of a failure as a retry. When
+    /// the budget is spent, failed messages are still given back (nothing is
+    /// dropped) but with the backoff's longest delay.
+    pub fn retry_budget(mut self, budget: Arc<RetryBudget>) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
+    /// Calls `hook` at each [`Checkpoint`]. For fault-injection tests.
+    pub fn checkpoint(mut self, hook: impl Fn(Checkpoint) + Send + Sync + 'static) -> Self {
+        self.checkpoint = Some(Arc::new(hook));
+        self
+    }
+
+    /// The scope messages are applied in.
+    pub fn scope(&self) -> &Scope {
+        &self.scope
+    }
+}

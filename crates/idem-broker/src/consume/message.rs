@@ -1,0 +1,94 @@
+//! What a consumer sees of a delivery, whatever the broker: the payload, the
+//! headers, the broker's own identifiers and its delivery count.
+//!
+//! Adapters fill a [`Message`] from their native delivery (lapin's `Delivery`,
+//! async-nats' `jetstream::Message`), so key extraction, attempt counting and
+//! dead-lettering are written once, against this type.
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use idem_core::{Fingerprint, IdempotencyKey, Scope, Timestamp};
+
+/// One received message, broker-neutral.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    /// The body, as published.
+    pub payload: Bytes,
+    /// Application headers, as text (non-text values are written in their
+    /// natural text form; binary values are dropped).
+    pub headers: BTreeMap<String, String>,
+    /// The publisher's message id: AMQP `message_id`, or NATS `Nats-Msg-Id`.
+    pub message_id: Option<String>,
+    /// The payload's content type, where the broker carries one
+    /// (AMQP `content_type`, a NATS `Content-Type` header).
+    pub content_type: Option<String>,
+    /// The AMQP routing key or the NATS subject it was published to.
+    pub subject: String,
+    /// The message's position in a log, stable across redeliveries of this one
+    /// publish: `STREAM/SEQUENCE` on NATS JetStream. `None` on RabbitMQ, whose
+    /// queues have no stable positions.
+    pub coordinates: Option<String>,
+    /// How many times the broker has delivered this message, this delivery
+    /// included, where the broker counts (NATS `delivered`; RabbitMQ quorum
+    /// queues' `x-delivery-count` + 1, or 1 for a first delivery).
+    pub delivery_count: Option<u32>,
+    /// When the broker received it from its publisher, if it says so.
+    pub published_at: Option<Timestamp>,
+}
+
+impl Message {
+    /// A message with this payload and nothing else (for tests and adapters).
+    pub fn new(payload: impl Into<Bytes>) -> Self {
+        Self {
+            payload: payload.into(),
+            headers: BTreeMap::new(),
+            message_id: None,
+            content_type: None,
+            subject: String::new(),
+            coordinates: None,
+            delivery_count: None,
+            published_at: None,
+        }
+    }
+
+    /// A header, looked up without regard to case (AMQP header names are
+    /// case-sensitive, NATS and HTTP ones are not; publishers disagree).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .get(name)
+            .or_else(|| {
+                self.headers
+                    .iter()
+                    .find(|(k, _)| k.eq_ignore_ascii_case(name))
+                    .map(|(_, v)| v)
+            })
+            .map(String::as_str)
+    }
+}
+
+/// A message with the identity it is applied under: scope, key and payload
+/// fingerprint. This is what an effect receives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyedMessage {
+    /// The consumer's scope (the handler's name).
+    pub scope: Scope,
+    /// The idempotency key taken from the message.
+    pub key: IdempotencyKey,
+    /// The hash of the payload (canonical JSON when the payload is JSON).
+    pub fingerprint: Fingerprint,
+    /// The message.
+    pub message: Message,
+}
+
+impl KeyedMessage {
+    /// The message's payload.
+    pub fn payload(&self) -> &[u8] {
+        &self.message.payload
+    }
+
+    /// The operation the store dedupes on.
+    pub fn operation(&self) -> idem_core::Operation {
+        idem_core::Operation::new(self.scope.clone(), self.key.clone(), self.fingerprint)
+    }
+}

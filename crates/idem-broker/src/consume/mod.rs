@@ -1,0 +1,53 @@
+//! Consumers that apply, commit, and only then ack.
+//!
+//! Delivery from RabbitMQ and NATS JetStream is at-least-once: a message is
+//! redelivered when its consumer dies before acking, and publishers send
+//! duplicates. A consumer built here applies each message's effect once per
+//! idempotency key, in the same transaction as the dedupe record, and acks
+//! only after that transaction committed. A redelivery of a committed message
+//! is answered from the store and acked without running the effect again;
+//! duplicates are normal and logged at info (`duplicates_suppressed_total`
+//! counts them).
+//!
+//! # Layout
+//!
+//! - `transport`: the [`Transport`] and [`Settle`] traits a broker adapter implements;
+//! - `amqp`: [`AmqpTransport`], RabbitMQ through lapin (manual ack, prefetch);
+//! - `nats`: [`NatsTransport`], NATS JetStream through async-nats (pull, explicit ack, ack-wait);
+//! - `source`: [`Source`], a broker chosen by URL, and [`AnyTransport`];
+//! - `message`: [`Message`], broker-neutral, and [`KeyedMessage`];
+//! - `key`: [`KeyRule`], where keys come from and what to do without one;
+//! - `apply`: [`Apply`] / [`ApplyBatch`], and the atomic effects [`SqliteApply`], [`PgApply`];
+//! - `attempts`: failed attempts counted in the store, [`ConsumerStore`];
+//! - `config`: [`ConsumerConfig`] with the defaults;
+//! - `runtime`: [`Consumer`] and the single-message path;
+//! - `batch`: [`Consumer::run_batched`], N messages per transaction;
+//! - `stats`: [`Stats`], counters for tests and the benchmark.
+
+mod amqp;
+mod apply;
+mod attempts;
+mod batch;
+mod config;
+mod key;
+mod message;
+mod nats;
+mod runtime;
+mod source;
+mod stats;
+mod transport;
+
+pub use amqp::{AmqpSettle, AmqpTransport};
+pub use apply::{Apply, ApplyBatch, BatchAnswer, PgApply, SqliteApply};
+pub use attempts::{Attempts, ConsumerStore, Failures};
+pub use config::{
+    Checkpoint, ConsumerConfig, DEFAULT_BATCH, DEFAULT_BATCHES_AT_ONCE, DEFAULT_CONCURRENCY,
+    DEFAULT_MAX_ATTEMPTS,
+};
+pub use key::{KeyRule, KeySource, MissingKey, NoKey};
+pub use message::{KeyedMessage, Message};
+pub use nats::{NatsOptions, NatsSettle, NatsTransport};
+pub use runtime::{ConsumeError, Consumer};
+pub use source::{AnySettle, AnyTransport, InvalidSource, Source, SourceOptions};
+pub use stats::{Stats, StatsSnapshot};
+pub use transport::{Delivery, Route, Settle, Transport, TransportError};

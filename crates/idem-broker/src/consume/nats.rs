@@ -1,0 +1,201 @@
+//! NATS JetStream through async-nats: a durable pull consumer with explicit
+//! acks and an ack-wait.
+//!
+//! The consumer must ack each message explicitly (`AckPolicy::Explicit`); a
+//! message not acked within the ack-wait is redelivered, which is how a
+//! consumer that crashed between commit and ack gets its message back (after
+//! at most the ack-wait). A failed message is `-NAK`ed with a delay, which the
+//! server honours itself. The server counts deliveries (`delivered` in the
+//! ack subject) and keeps the publish time; both reach the runtime. Messages
+//! are pulled in batches of up to the prefetch size.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, AckKind, consumer::AckPolicy, consumer::pull};
+use futures::StreamExt;
+
+use super::source::without_password;
+use super::{Delivery, Message, Route, Settle, Transport, TransportError};
+
+/// How the pull consumer is set up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NatsOptions {
+    /// How long the server waits for an ack before it redelivers (default
+    /// 30 s). Used when the consumer is created; an existing consumer keeps
+    /// its own.
+    pub ack_wait: Duration,
+    /// Messages requested per pull (default 256).
+    pub prefetch: usize,
+}
+
+impl Default for NatsOptions {
+    fn default() -> Self {
+        Self {
+            ack_wait: Duration::from_secs(30),
+            prefetch: 256,
+        }
+    }
+}
+
+/// A JetStream pull consumer with explicit acks.
+pub struct NatsTransport {
+    messages: pull::Stream,
+    route: Route,
+}
+
+impl fmt::Debug for NatsTransport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NatsTransport")
+            .field("route", &self.route)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Settles one JetStream message.
+pub struct NatsSettle(jetstream::message::Acker);
+
+impl fmt::Debug for NatsSettle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("NatsSettle")
+    }
+}
+
+impl NatsTransport {
+    /// Connects to `url` (`nats://HOST:PORT`) and consumes `stream` through the
+    /// durable pull consumer `consumer`, creating it (explicit acks, the given
+    /// ack-wait) if it does not exist. An existing consumer must ack explicitly.
+    pub async fn connect(
+        url: &str,
+        stream: &str,
+        consumer: &str,
+        options: NatsOptions,
+    ) -> Result<Self, TransportError> {
+        let client = async_nats::connect(url)
+            .await
+            .map_err(|e| TransportError::new("connect to NATS", e))?;
+        let js = jetstream::new(client);
+        let found = js
+            .get_stream(stream)
+            .await
+            .map_err(|e| TransportError::new(format!("find JetStream stream {stream:?}"), e))?;
+        let config = pull::Config {
+            durable_name: Some(consumer.to_owned()),
+            ack_policy: AckPolicy::Explicit,
+            ack_wait: options.ack_wait,
+            ..pull::Config::default()
+        };
+        let pull: jetstream::consumer::PullConsumer = found
+            .get_or_create_consumer(consumer, config)
+            .await
+            .map_err(|e| TransportError::new(format!("open consumer {consumer:?}"), e))?;
+        if pull.cached_info().config.ack_policy != AckPolicy::Explicit {
+            return Err(TransportError::new(
+                format!("consumer {consumer:?} of stream {stream:?}"),
+                "it does not ack explicitly: an effectively-once consumer acks each message after its commit; create it with ack policy explicit",
+            ));
+        }
+        let messages = pull
+            .stream()
+            .max_messages_per_batch(options.prefetch.max(1))
+            .expires(Duration::from_secs(30))
+            .heartbeat(Duration::from_secs(5))
+            .messages()
+            .await
+            .map_err(|e| TransportError::new("start pulling messages", e))?;
+        let public = without_password(url);
+        let origin = format!("{}/{stream}/{consumer}", public.trim_end_matches('/'));
+        Ok(Self {
+            messages,
+            route: Route::subject(origin, url),
+        })
+    }
+}
+
+impl Settle for NatsSettle {
+    async fn ack(&self) -> Result<(), TransportError> {
+        self.0
+            .ack()
+            .await
+            .map_err(|e| TransportError::new("ack (+ACK)", e))
+    }
+
+    async fn requeue(&self, delay: Duration) -> Result<(), TransportError> {
+        let delay = (!delay.is_zero()).then_some(delay);
+        self.0
+            .ack_with(AckKind::Nak(delay))
+            .await
+            .map_err(|e| TransportError::new("requeue (-NAK)", e))
+    }
+}
+
+impl Transport for NatsTransport {
+    type Settle = NatsSettle;
+
+    async fn receive(&mut self) -> Result<Option<Delivery<NatsSettle>>, TransportError> {
+        use jetstream::consumer::pull::MessagesErrorKind as Kind;
+        loop {
+            match self.messages.next().await {
+                None => return Ok(None),
+                Some(Ok(message)) => return Ok(Some(convert(message))),
+                Some(Err(error)) => match error.kind() {
+                    // The stream re-issues its pull requests itself.
+                    Kind::MissingHeartbeat | Kind::Pull | Kind::NoResponders | Kind::Other => {
+                        tracing::warn!(%error, "pulling from JetStream failed; pulling again");
+                    }
+                    _ => return Err(TransportError::new("receive from JetStream", error)),
+                },
+            }
+        }
+    }
+
+    fn route(&self) -> Route {
+        self.route.clone()
+    }
+}
+
+fn convert(message: jetstream::Message) -> Delivery<NatsSettle> {
+    let (delivery_count, coordinates, published_at) = match message.info() {
+        Ok(info) => (
+            u32::try_from(info.delivered).ok(),
+            Some(format!("{}/{}", info.stream, info.stream_sequence)),
+            i64::try_from(info.published.unix_timestamp_nanos() / 1_000_000)
+                .ok()
+                .map(idem_core::Timestamp),
+        ),
+        Err(error) => {
+            tracing::debug!(%error, "a JetStream message without delivery info");
+            (None, None, None)
+        }
+    };
+    let (message, acker) = message.split();
+    let mut headers = BTreeMap::new();
+    let mut message_id = None;
+    let mut content_type = None;
+    if let Some(map) = &message.headers {
+        for (name, values) in map.iter() {
+            let Some(value) = values.last() else { continue };
+            let (name, value) = (name.to_string(), value.as_str().to_owned());
+            if name.eq_ignore_ascii_case("Nats-Msg-Id") {
+                message_id = Some(value.clone());
+            } else if name.eq_ignore_ascii_case("Content-Type") {
+                content_type = Some(value.clone());
+            }
+            headers.insert(name, value);
+        }
+    }
+    Delivery {
+        message: Message {
+            payload: message.payload,
+            headers,
+            message_id,
+            content_type,
+            subject: message.subject.to_string(),
+            coordinates,
+            delivery_count,
+            published_at,
+        },
+        settle: NatsSettle(acker),
+    }
+}

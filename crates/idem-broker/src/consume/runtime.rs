@@ -1,0 +1,557 @@
+//! The consumer runtime, single mode: for each delivery, take its key, apply
+//! it through the store (effect and record in one commit), and only then ack.
+//!
+//! The order is the guarantee. A crash before the commit leaves nothing
+//! behind and the broker redelivers; a crash after the commit and before the
+//! ack makes the broker redeliver a message whose record exists, and the
+//! redelivery is answered from the store and acked without running the
+//! effect. Nothing is ever acked before its effect (or its dead letter) is
+//! committed.
+//!
+//! What becomes of a delivery:
+//!
+//! | apply answered | the runtime |
+//! | --- | --- |
+//! | applied now, or replayed (a duplicate) | acks |
+//! | `InFlight` (a duplicate being applied right now elsewhere) | retries locally for up to the patience, then gives it back; not a failed attempt |
+//! | a transient store failure | retries locally a few times, then gives it back; not a failed attempt |
+//! | `KeyReuse` (the key came with another payload) | dead-letters it at once, then acks |
+//! | the effect failed | counts the attempt; gives it back after a jittered delay, or after the last attempt dead-letters it, then acks |
+//! | no key in the message | dead-letters it with the reason, then acks (or keys it by its coordinates, if so configured) |
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use idem_core::{
+    Applied, ApplyError, DEFAULT_RETENTION, Error, Fingerprint, IdempotencyKey, Timestamp,
+};
+use rand::Rng;
+use tokio::task::JoinSet;
+use tracing::Instrument;
+
+use super::stats::Settled;
+use super::{
+    Apply, Attempts, Checkpoint, ConsumerConfig, Delivery, KeyedMessage, Message, Route, Settle,
+    Stats, StatsSnapshot, Transport, TransportError,
+};
+use crate::dead_letter::{DeadLetters, NewDeadLetter};
+
+/// Why a consumer stopped.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConsumeError {
+    /// The broker connection failed; unsettled deliveries go back to the broker.
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+    /// The store could not be prepared.
+    #[error(transparent)]
+    Store(#[from] Error),
+    /// An effect panicked; the consumer stopped so the broker redelivers its
+    /// message to a fresh process.
+    #[error("an effect panicked: {0}")]
+    Panicked(String),
+}
+
+/// A consumer: a transport, an effect applied through a store, a config.
+///
+/// ```no_run
+/// # async fn demo(store: idem::SqliteStore) -> Result<(), Box<dyn std::error::Error>> {
+/// use idem::{Outcome, Scope};
+/// use idem_broker::consume::{AmqpTransport, Consumer, ConsumerConfig, SqliteApply};
+///
+/// let transport = AmqpTransport::connect("amqp://127.0.0.1:5672/%2f", "payments", 32).await?;
+/// let effect = SqliteApply::new(store, |tx, message| {
+///     tx.execute("INSERT INTO ledger (key) VALUES (?1)", [message.key.as_str()])?;
+///     Ok::<_, idem::sqlite::rusqlite::Error>(Outcome::success("recorded"))
+/// });
+/// let consumer = Consumer::new(transport, effect, ConsumerConfig::new(Scope::new("ledger")?));
+/// consumer.run(std::future::pending::<()>()).await?; // or a shutdown signal
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Consumer<T, A> {
+    pub(crate) transport: T,
+    pub(crate) shared: Arc<Shared<A>>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Shared<A> {
+    pub(crate) apply: A,
+    pub(crate) config: ConsumerConfig,
+    pub(crate) route: Route,
+    pub(crate) stats: Arc<Stats>,
+}
+
+/// Why an apply did not produce an answer to ack.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// Another consumer holds the key right now.
+    Busy { retry_after: Duration },
+    /// The store is unreachable or busy; not the message's fault.
+    Unavailable { error: String },
+    /// The key was first used with another payload.
+    KeyReuse { error: String },
+    /// The effect failed (or the store failed for this message).
+    Failed {
+        error: String,
+        hint: Option<Duration>,
+    },
+}
+
+impl<T: Transport, A: Apply> Consumer<T, A> {
+    /// A consumer of `transport`'s deliveries, applying them with `apply`.
+    pub fn new(transport: T, apply: A, config: ConsumerConfig) -> Self {
+        let route = transport.route();
+        Self {
+            transport,
+            shared: Arc::new(Shared {
+                apply,
+                config,
+                route,
+                stats: Arc::default(),
+            }),
+        }
+    }
+
+    /// Live counters of what the consumer did.
+    pub fn stats(&self) -> Arc<Stats> {
+        Arc::clone(&self.shared.stats)
+    }
+
+    /// Consumes until `shutdown` completes or the subscription ends, working
+    /// on up to the configured concurrency of messages at once. On shutdown
+    /// it stops receiving, finishes (and settles) what it started, and closes
+    /// the transport.
+    pub async fn run(
+        mut self,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<StatsSnapshot, ConsumeError> {
+        prepare(self.shared.apply.store()).await?;
+        let concurrency = self.shared.config.concurrency;
+        let mut shutdown = pin!(shutdown);
+        let mut working = JoinSet::new();
+        let stopped = loop {
+            tokio::select! {
+                biased;
+                () = &mut shutdown => break Ok(()),
+                Some(done) = working.join_next(), if !working.is_empty() => {
+                    if let Err(error) = joined(done) {
+                        break Err(error);
+                    }
+                }
+                received = self.transport.receive(), if working.len() < concurrency => match received {
+                    Ok(Some(delivery)) => {
+                        self.shared.stats.received(1);
+                        working.spawn(Arc::clone(&self.shared).process(delivery));
+                    }
+                    Ok(None) => break Ok(()),
+                    Err(error) => break Err(error.into()),
+                },
+            }
+        };
+        let mut finished = stopped;
+        while let Some(done) = working.join_next().await {
+            if let (Ok(()), Err(error)) = (&finished, joined(done)) {
+                finished = Err(error);
+            }
+        }
+        self.transport.close().await;
+        finished.map(|()| self.shared.stats.snapshot())
+    }
+}
+
+/// Creates the failure-count table if needed and sweeps rows older than the
+/// dedupe window (7 days): a consumer's start is the table's upkeep.
+pub(crate) async fn prepare<S: Attempts>(store: &S) -> Result<(), ConsumeError> {
+    store.prepare_attempts().await?;
+    let before = Timestamp(
+        store
+            .now()
+            .0
+            .saturating_sub(i64::try_from(DEFAULT_RETENTION.as_millis()).unwrap_or(i64::MAX)),
+    );
+    match store.sweep_failures(before, 10_000).await {
+        Ok(0) => {}
+        Ok(swept) => tracing::debug!(swept, "old failure counts swept"),
+        Err(error) => tracing::warn!(%error, "old failure counts could not be swept"),
+    }
+    Ok(())
+}
+
+pub(crate) fn joined(
+    done: Result<Result<(), ConsumeError>, tokio::task::JoinError>,
+) -> Result<(), ConsumeError> {
+    match done {
+        Ok(result) => result,
+        Err(join) => Err(ConsumeError::Panicked(join.to_string())),
+    }
+}
+
+impl<A: Apply> Shared<A> {
+    /// The message with its scope, key and fingerprint, or the reason it has
+    /// no key.
+    pub(crate) fn keyed(&self, message: Message) -> Result<KeyedMessage, Box<(Message, String)>> {
+        match self.config.key.extract(&message) {
+            Ok(key) => Ok(KeyedMessage {
+                scope: self.config.scope.clone(),
+                key,
+                fingerprint: Fingerprint::of_json_or_bytes(&message.payload),
+                message,
+            }),
+            Err(why) => Err(Box::new((message, why.to_string()))),
+        }
+    }
+
+    /// One delivery, start to finish.
+    async fn process<S: Settle>(
+        self: Arc<Self>,
+        delivery: Delivery<S>,
+    ) -> Result<(), ConsumeError> {
+        let Delivery { message, settle } = delivery;
+        match self.keyed(message) {
+            Ok(keyed) => self.process_keyed(Arc::new(keyed), &settle).await,
+            Err(keyless) => {
+                let (message, why) = *keyless;
+                self.dead_letter_keyless(message, why, &settle).await
+            }
+        }
+    }
+
+    /// Applies one keyed message and settles it.
+    pub(crate) async fn process_keyed<S: Settle>(
+        &self,
+        keyed: Arc<KeyedMessage>,
+        settle: &S,
+    ) -> Result<(), ConsumeError> {
+        let span = tracing::info_span!(
+            "consume",
+            scope = keyed.scope.as_str(),
+            idempotency_key = keyed.key.as_str()
+        );
+        async {
+            self.count_request(&keyed.message);
+            let answer = self.apply_patiently(&keyed).await;
+            self.settle(keyed, answer, settle).await
+        }
+        .instrument(span)
+        .await
+    }
+
+    fn count_request(&self, message: &Message) {
+        if let Some(budget) = &self.config.budget
+            && message.delivery_count.is_none_or(|n| n <= 1)
+        {
+            budget.record_request();
+        }
+    }
+
+    /// Applies, waiting out a concurrent duplicate and brief store outages.
+    async fn apply_patiently(&self, keyed: &Arc<KeyedMessage>) -> Result<Applied, Failure> {
+        let started = Instant::now();
+        let mut step = Duration::from_millis(5);
+        let mut transient_left = 3u32;
+        loop {
+            match self.shared_apply(keyed).await {
+                Ok(applied) => return Ok(applied),
+                Err(Failure::Busy { retry_after }) => {
+                    if started.elapsed() + step > self.config.in_flight_patience {
+                        return Err(Failure::Busy { retry_after });
+                    }
+                    tokio::time::sleep(self.apply.busy_wait(retry_after, step)).await;
+                    step = (step * 2).min(Duration::from_millis(250));
+                }
+                Err(Failure::Unavailable { error }) if transient_left > 0 => {
+                    transient_left -= 1;
+                    tracing::debug!(%error, "store unavailable; retrying locally");
+                    tokio::time::sleep(jitter(Duration::from_millis(100))).await;
+                }
+                Err(other) => return Err(other),
+            }
+        }
+    }
+
+    async fn shared_apply(&self, keyed: &Arc<KeyedMessage>) -> Result<Applied, Failure> {
+        match self.apply.apply(Arc::clone(keyed)).await {
+            Ok(applied) => Ok(applied),
+            Err(ApplyError::Effect(error)) => Err(Failure::Failed {
+                hint: self.apply.retry_hint(&error),
+                error: error.to_string(),
+            }),
+            Err(ApplyError::Protocol(error)) => Err(classify(error)),
+        }
+    }
+
+    /// Acks, gives back or dead-letters, according to the answer.
+    pub(crate) async fn settle<S: Settle>(
+        &self,
+        keyed: Arc<KeyedMessage>,
+        answer: Result<Applied, Failure>,
+        settle: &S,
+    ) -> Result<(), ConsumeError> {
+        match answer {
+            Ok(applied) => {
+                self.reached(Checkpoint::AfterCommit);
+                let terminal = applied.outcome().is_failure();
+                if terminal && !applied.is_replay() && self.config.dead_letter_terminal_failures {
+                    let reason = format!(
+                        "terminal failure: {}",
+                        String::from_utf8_lossy(&applied.outcome().body)
+                    );
+                    let attempts = keyed.message.delivery_count.unwrap_or(1);
+                    return self
+                        .dead_letter(
+                            keyed.key.clone(),
+                            &keyed.message,
+                            attempts,
+                            reason,
+                            None,
+                            settle,
+                        )
+                        .await;
+                }
+                settle.ack().await?;
+                if applied.is_replay() {
+                    tracing::info!(
+                        "duplicate delivery: answered from the store and acked; the effect did not run again"
+                    );
+                    self.settled(Settled::Replayed);
+                } else {
+                    tracing::debug!("applied, committed and acked");
+                    self.settled(Settled::Applied);
+                }
+                Ok(())
+            }
+            Err(Failure::Busy { retry_after }) => {
+                tracing::info!("another consumer holds this key; given back for redelivery");
+                self.requeue(settle, retry_after).await
+            }
+            Err(Failure::Unavailable { error }) => {
+                tracing::warn!(%error, "the store is unavailable; message given back for redelivery");
+                let delay = self.redelivery_delay(1, None);
+                self.requeue(settle, delay).await
+            }
+            Err(Failure::KeyReuse { error }) => {
+                let attempts = keyed.message.delivery_count.unwrap_or(1);
+                self.dead_letter(
+                    keyed.key.clone(),
+                    &keyed.message,
+                    attempts,
+                    error,
+                    None,
+                    settle,
+                )
+                .await
+            }
+            Err(Failure::Failed { error, hint }) => self.failed(&keyed, error, hint, settle).await,
+        }
+    }
+
+    /// A failed attempt: counted; given back, or dead-lettered after the last.
+    async fn failed<S: Settle>(
+        &self,
+        keyed: &KeyedMessage,
+        error: String,
+        hint: Option<Duration>,
+        settle: &S,
+    ) -> Result<(), ConsumeError> {
+        let store = self.apply.store();
+        let failures = match store.record_failure(&keyed.scope, &keyed.key, &error).await {
+            Ok(failures) => failures,
+            Err(store_error) => {
+                tracing::warn!(%error, %store_error, "the effect failed and the failure could not be counted; given back for redelivery");
+                let delay = self.redelivery_delay(1, hint);
+                return self.requeue(settle, delay).await;
+            }
+        };
+        let attempts = failures
+            .count
+            .max(keyed.message.delivery_count.unwrap_or(0));
+        if attempts >= self.config.max_attempts {
+            return self
+                .dead_letter(
+                    keyed.key.clone(),
+                    &keyed.message,
+                    attempts,
+                    error,
+                    Some(failures.first_at),
+                    settle,
+                )
+                .await;
+        }
+        tracing::info!(attempt = attempts, max = self.config.max_attempts, %error, "the effect failed; given back for redelivery");
+        let delay = self.redelivery_delay(attempts, hint);
+        self.requeue(settle, delay).await
+    }
+
+    /// The delay before redelivery after `attempts` failures: a full-jitter
+    /// draw, at least the failure's own hint, the longest delay when the
+    /// retry budget is spent.
+    fn redelivery_delay(&self, attempts: u32, hint: Option<Duration>) -> Duration {
+        let backoff = &self.config.redelivery;
+        if let Some(budget) = &self.config.budget
+            && let Err(exhausted) = budget.try_withdraw()
+        {
+            tracing::warn!(%exhausted, "redelivery delayed to the backoff cap");
+            return backoff.cap().max(hint.unwrap_or_default());
+        }
+        let drawn = jitter(backoff.ceiling(attempts.saturating_sub(1)));
+        drawn.max(hint.unwrap_or_default())
+    }
+
+    async fn requeue<S: Settle>(&self, settle: &S, delay: Duration) -> Result<(), ConsumeError> {
+        settle.requeue(delay).await?;
+        self.settled(Settled::Requeued);
+        Ok(())
+    }
+
+    /// A message without a key: dead-lettered under a key made from its payload.
+    pub(crate) async fn dead_letter_keyless<S: Settle>(
+        &self,
+        message: Message,
+        why: String,
+        settle: &S,
+    ) -> Result<(), ConsumeError> {
+        let key = placeholder_key(&message);
+        tracing::warn!(reason = %why, placeholder_key = key.as_str(), "message without an idempotency key");
+        let attempts = message.delivery_count.unwrap_or(1);
+        self.dead_letter(key, &message, attempts, why, None, settle)
+            .await
+    }
+
+    /// Records the dead letter (committed), then acks. If the record fails,
+    /// the message is given back: dead-lettering is at-least-once too.
+    async fn dead_letter<S: Settle>(
+        &self,
+        key: IdempotencyKey,
+        message: &Message,
+        attempts: u32,
+        last_error: String,
+        first_failure: Option<Timestamp>,
+        settle: &S,
+    ) -> Result<(), ConsumeError> {
+        let store = self.apply.store();
+        let now = store.now();
+        let first_seen_at = [message.published_at, first_failure]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(now);
+        let letter = NewDeadLetter {
+            origin: self.route.origin.clone(),
+            destination: self.route.destination(message),
+            key,
+            payload: message.payload.to_vec(),
+            headers: message.headers.clone(),
+            attempts,
+            last_error,
+            first_seen_at,
+        };
+        match store.record(&letter).await {
+            Ok(id) => {
+                if let Err(error) = store.forget_failures(&self.config.scope, &letter.key).await {
+                    tracing::debug!(%error, "could not clear the failure count of a dead-lettered message");
+                }
+                settle.ack().await?;
+                tracing::warn!(
+                    dead_letter = id,
+                    attempts,
+                    last_error = letter.last_error.as_str(),
+                    "message dead-lettered with its key, then acked"
+                );
+                self.settled(Settled::DeadLettered);
+                Ok(())
+            }
+            Err(error) => {
+                tracing::error!(%error, "the dead letter could not be recorded; message given back for redelivery");
+                let delay = self.redelivery_delay(attempts, None);
+                self.requeue(settle, delay).await
+            }
+        }
+    }
+
+    pub(crate) fn reached(&self, point: Checkpoint) {
+        if let Some(hook) = &self.config.checkpoint {
+            hook(point);
+        }
+    }
+
+    pub(crate) fn settled(&self, what: Settled) {
+        self.stats.settled(what);
+        metrics::counter!(
+            "consumer_messages_total",
+            "scope" => self.config.scope.family().to_owned(),
+            "result" => what.label()
+        )
+        .increment(1);
+    }
+}
+
+/// Sorts a protocol refusal or store failure.
+pub(crate) fn classify(error: Error) -> Failure {
+    match error {
+        Error::InFlight { retry_after, .. } => Failure::Busy { retry_after },
+        Error::KeyReuse { .. } => Failure::KeyReuse {
+            error: error.to_string(),
+        },
+        other if other.is_retryable() => Failure::Unavailable {
+            error: other.to_string(),
+        },
+        other => Failure::Failed {
+            error: other.to_string(),
+            hint: None,
+        },
+    }
+}
+
+/// A uniform draw from `[0, ceiling]`.
+fn jitter(ceiling: Duration) -> Duration {
+    let nanos = u64::try_from(ceiling.as_nanos()).unwrap_or(u64::MAX);
+    Duration::from_nanos(rand::rng().random_range(0..=nanos))
+}
+
+/// The key a keyless message is dead-lettered under: `no-key/` and the first
+/// 32 hex digits of its payload's hash, so a redrive of it is at least
+/// deduplicated from then on.
+fn placeholder_key(message: &Message) -> IdempotencyKey {
+    let hash = Fingerprint::of_bytes(&message.payload).to_hex();
+    IdempotencyKey::new(format!("no-key/{}", &hash[..32])).expect("hex is visible ASCII")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keyless_messages_get_a_stable_placeholder() {
+        let a = placeholder_key(&Message::new("x"));
+        assert_eq!(a, placeholder_key(&Message::new("x")));
+        assert_ne!(a, placeholder_key(&Message::new("y")));
+        assert!(a.as_str().starts_with("no-key/"));
+    }
+
+    #[test]
+    fn refusals_are_sorted() {
+        let scope = idem_core::Scope::new("s").unwrap();
+        let key = IdempotencyKey::new("k").unwrap();
+        let busy = classify(Error::InFlight {
+            scope: scope.clone(),
+            key: key.clone(),
+            retry_after: Duration::from_secs(1),
+        });
+        assert!(matches!(busy, Failure::Busy { .. }));
+        let reuse = classify(Error::KeyReuse { scope, key });
+        assert!(matches!(reuse, Failure::KeyReuse { .. }));
+        let down = classify(Error::Store(idem_core::StoreError::new(
+            idem_core::ErrorKind::Unavailable,
+            "gone",
+        )));
+        assert!(matches!(down, Failure::Unavailable { .. }));
+        let corrupt = classify(Error::Store(idem_core::StoreError::new(
+            idem_core::ErrorKind::Corrupt,
+            "bad",
+        )));
+        assert!(matches!(corrupt, Failure::Failed { .. }));
+    }
+}

@@ -1,0 +1,294 @@
+//! A broker source written as one URL, for programs (`idem forward`) that
+//! consume from either broker: `amqp://HOST/QUEUE` or
+//! `nats://HOST/STREAM/CONSUMER`, and the transport chosen from it at run time.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use super::amqp::{AmqpSettle, AmqpTransport};
+use super::nats::{NatsOptions, NatsSettle, NatsTransport};
+use super::{Delivery, Route, Settle, Transport, TransportError};
+
+/// Where messages are consumed from.
+#[derive(Clone, PartialEq, Eq)]
+pub enum Source {
+    /// A RabbitMQ queue.
+    Amqp {
+        /// The broker, with its vhost (`amqp://guest:guest@127.0.0.1:5672/%2f`).
+        url: String,
+        /// The queue.
+        queue: String,
+    },
+    /// A NATS JetStream durable pull consumer.
+    Nats {
+        /// The server (`nats://127.0.0.1:4222`).
+        url: String,
+        /// The stream.
+        stream: String,
+        /// The durable consumer.
+        consumer: String,
+    },
+}
+
+/// A source URL that could not be understood.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "source {url:?} not understood ({why}): write amqp://[USER:PASSWORD@]HOST[:PORT]/[VHOST/]QUEUE or nats://HOST[:PORT]/STREAM/CONSUMER"
+)]
+pub struct InvalidSource {
+    url: String,
+    why: String,
+}
+
+impl FromStr for Source {
+    type Err = InvalidSource;
+
+    /// ```
+    /// use idem_broker::consume::Source;
+    /// let rabbit: Source = "amqp://guest:guest@127.0.0.1:5672/orders".parse().unwrap();
+    /// assert_eq!(rabbit, Source::Amqp { url: "amqp://guest:guest@127.0.0.1:5672/%2f".into(), queue: "orders".into() });
+    /// let nats: Source = "nats://127.0.0.1:4222/ORDERS/billing".parse().unwrap();
+    /// assert_eq!(nats.to_string(), "nats://127.0.0.1:4222/ORDERS/billing");
+    /// ```
+    fn from_str(text: &str) -> Result<Self, InvalidSource> {
+        let invalid = |why: &str| InvalidSource {
+            url: without_password(text),
+            why: why.to_owned(),
+        };
+        let parsed = url::Url::parse(text).map_err(|e| invalid(&e.to_string()))?;
+        if !parsed.has_host() {
+            return Err(invalid("no host"));
+        }
+        let segments: Vec<&str> = parsed
+            .path_segments()
+            .map(|s| s.filter(|s| !s.is_empty()).collect())
+            .unwrap_or_default();
+        let mut base = parsed.clone();
+        base.set_path("");
+        base.set_query(None);
+        let base = base.as_str().trim_end_matches('/').to_owned();
+        match (parsed.scheme(), segments.as_slice()) {
+            ("amqp", [queue]) => Ok(Self::Amqp {
+                url: format!("{base}/%2f"),
+                queue: decode(queue),
+            }),
+            ("amqp", [vhost, queue]) => Ok(Self::Amqp {
+                url: format!("{base}/{vhost}"),
+                queue: decode(queue),
+            }),
+            ("amqp", _) => Err(invalid("an AMQP source names one queue")),
+            ("nats", [stream, consumer]) => Ok(Self::Nats {
+                url: base,
+                stream: decode(stream),
+                consumer: decode(consumer),
+            }),
+            ("nats", _) => Err(invalid("a NATS source names a stream and a consumer")),
+            (other, _) => Err(invalid(&format!("unknown scheme {other:?}"))),
+        }
+    }
+}
+
+/// A percent-decoded path segment (`%2F` → `/`); invalid escapes are kept.
+fn decode(segment: &str) -> String {
+    let bytes = segment.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let escaped = (bytes[i] == b'%')
+            .then(|| segment.get(i + 1..i + 3))
+            .flatten()
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+        match escaped {
+            Some(byte) => {
+                out.push(byte);
+                i += 3;
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).unwrap_or_else(|_| segment.to_owned())
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Amqp { url, queue } => write!(f, "{}/{queue}", without_password(url)),
+            Self::Nats {
+                url,
+                stream,
+                consumer,
+            } => write!(f, "{}/{stream}/{consumer}", without_password(url)),
+        }
+    }
+}
+
+impl fmt::Debug for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Source({self})")
+    }
+}
+
+/// How a source is consumed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SourceOptions {
+    /// Deliveries held unacked at once (RabbitMQ prefetch, NATS pull batch).
+    pub prefetch: u16,
+    /// NATS ack-wait for a consumer that is created.
+    pub ack_wait: Duration,
+}
+
+impl Default for SourceOptions {
+    fn default() -> Self {
+        Self {
+            prefetch: 64,
+            ack_wait: Duration::from_secs(30),
+        }
+    }
+}
+
+impl Source {
+    /// Connects to the source.
+    pub async fn connect(&self, options: SourceOptions) -> Result<AnyTransport, TransportError> {
+        match self {
+            Self::Amqp { url, queue } => AmqpTransport::connect(url, queue, options.prefetch)
+                .await
+                .map(AnyTransport::Amqp),
+            Self::Nats {
+                url,
+                stream,
+                consumer,
+            } => NatsTransport::connect(
+                url,
+                stream,
+                consumer,
+                NatsOptions {
+                    ack_wait: options.ack_wait,
+                    prefetch: options.prefetch.into(),
+                },
+            )
+            .await
+            .map(AnyTransport::Nats),
+        }
+    }
+}
+
+/// Either broker's transport.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum AnyTransport {
+    /// RabbitMQ.
+    Amqp(AmqpTransport),
+    /// NATS JetStream.
+    Nats(NatsTransport),
+}
+
+/// Either broker's settle handle.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum AnySettle {
+    /// RabbitMQ.
+    Amqp(AmqpSettle),
+    /// NATS JetStream.
+    Nats(NatsSettle),
+}
+
+impl Settle for AnySettle {
+    async fn ack(&self) -> Result<(), TransportError> {
+        match self {
+            Self::Amqp(s) => s.ack().await,
+            Self::Nats(s) => s.ack().await,
+        }
+    }
+
+    async fn requeue(&self, delay: Duration) -> Result<(), TransportError> {
+        match self {
+            Self::Amqp(s) => s.requeue(delay).await,
+            Self::Nats(s) => s.requeue(delay).await,
+        }
+    }
+
+    async fn ack_all(settles: Vec<AnySettle>) -> Result<(), TransportError> {
+        let mut amqp = Vec::with_capacity(settles.len());
+        for settle in settles {
+            match settle {
+                AnySettle::Amqp(s) => amqp.push(s),
+                AnySettle::Nats(s) => s.ack().await?,
+            }
+        }
+        AmqpSettle::ack_all(amqp).await
+    }
+}
+
+fn wrap<S>(
+    received: Result<Option<Delivery<S>>, TransportError>,
+    into: fn(S) -> AnySettle,
+) -> Result<Option<Delivery<AnySettle>>, TransportError> {
+    received.map(|d| {
+        d.map(|d| Delivery {
+            message: d.message,
+            settle: into(d.settle),
+        })
+    })
+}
+
+impl Transport for AnyTransport {
+    type Settle = AnySettle;
+
+    async fn receive(&mut self) -> Result<Option<Delivery<AnySettle>>, TransportError> {
+        match self {
+            Self::Amqp(t) => wrap(t.receive().await, AnySettle::Amqp),
+            Self::Nats(t) => wrap(t.receive().await, AnySettle::Nats),
+        }
+    }
+
+    fn route(&self) -> Route {
+        match self {
+            Self::Amqp(t) => t.route(),
+            Self::Nats(t) => t.route(),
+        }
+    }
+
+    async fn close(self) {
+        match self {
+            Self::Amqp(t) => t.close().await,
+            Self::Nats(t) => t.close().await,
+        }
+    }
+}
+
+/// The URL with its password removed (for logs, origins and redrive targets).
+pub(crate) fn without_password(text: &str) -> String {
+    match url::Url::parse(text) {
+        Ok(mut parsed) if parsed.password().is_some() => {
+            let _ = parsed.set_password(None);
+            parsed.to_string()
+        }
+        _ => text.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_both_brokers_and_explains_the_rest() {
+        let with_vhost: Source = "amqp://u:secret@rabbit:5673/prod/orders".parse().unwrap();
+        assert_eq!(
+            with_vhost,
+            Source::Amqp {
+                url: "amqp://u:secret@rabbit:5673/prod".into(),
+                queue: "orders".into()
+            }
+        );
+        assert_eq!(with_vhost.to_string(), "amqp://u@rabbit:5673/prod/orders");
+        let err = "amqp://u:secret@rabbit/".parse::<Source>().unwrap_err();
+        assert!(!err.to_string().contains("secret"), "{err}");
+        assert!("nats://h/only-stream".parse::<Source>().is_err());
+        assert!("kafka://h/t".parse::<Source>().is_err());
+    }
+}

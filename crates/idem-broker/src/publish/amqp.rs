@@ -1,0 +1,196 @@
+//! RabbitMQ publisher: persistent, mandatory messages on a channel in confirm
+//! mode, `message_id` = the key.
+//!
+//! `Ok` means the broker confirmed the message (`basic.ack`) *and* routed it to
+//! at least one queue: with `mandatory` set, an unroutable message comes back
+//! (`basic.return`) before its ack, and is reported as not taken, so a relay
+//! retries it instead of marking sent a message that nobody will ever read.
+//! A broken connection is reopened on the next publish.
+
+use lapin::Confirmation;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use tokio::sync::Mutex;
+
+use super::{
+    Destination, IDEMPOTENCY_KEY_HEADER, Message, Publish, PublishError, PublishErrorKind,
+};
+
+/// Persistent delivery (survives a broker restart on a durable queue).
+const PERSISTENT: u8 = 2;
+
+/// Publishes to one exchange and routing key, with publisher confirms.
+#[derive(Debug)]
+pub struct AmqpPublisher {
+    destination: Destination,
+    uri: String,
+    exchange: ShortString,
+    routing_key: ShortString,
+    link: Mutex<Option<Link>>,
+}
+
+#[derive(Debug)]
+struct Link {
+    // Kept so the connection lives as long as the channel.
+    _connection: Connection,
+    channel: Channel,
+}
+
+impl AmqpPublisher {
+    /// Connects and opens a channel in confirm mode.
+    pub async fn connect(destination: &Destination) -> Result<Self, PublishError> {
+        let Destination::Amqp {
+            url,
+            exchange,
+            routing_key,
+        } = destination
+        else {
+            return Err(PublishError::new(
+                PublishErrorKind::Config,
+                destination.redacted(),
+                "not an amqp:// destination",
+            ));
+        };
+        let short = |what: &str, value: &str| {
+            ShortString::try_new(value).map_err(|e| {
+                PublishError::new(
+                    PublishErrorKind::Config,
+                    destination.redacted(),
+                    format!("the {what} is longer than AMQP's 255 bytes"),
+                )
+                .with_source(e)
+            })
+        };
+        let publisher = Self {
+            destination: destination.clone(),
+            uri: url.clone(),
+            exchange: short("exchange", exchange)?,
+            routing_key: short("routing key", routing_key)?,
+            link: Mutex::new(None),
+        };
+        let link = publisher.open().await?;
+        *publisher.link.lock().await = Some(link);
+        Ok(publisher)
+    }
+
+    /// Where this publisher sends.
+    pub fn destination(&self) -> &Destination {
+        &self.destination
+    }
+
+    fn fail(&self, kind: PublishErrorKind, message: impl Into<String>) -> PublishError {
+        PublishError::new(kind, self.destination.redacted(), message)
+    }
+
+    async fn open(&self) -> Result<Link, PublishError> {
+        let unavailable = |doing: &str, e: lapin::Error| {
+            self.fail(
+                PublishErrorKind::Unavailable,
+                format!("could not {doing}: {e}; is RabbitMQ running there, and are the user, password and vhost right?"),
+            )
+            .with_source(e)
+        };
+        let connection = Connection::connect(&self.uri, ConnectionProperties::default())
+            .await
+            .map_err(|e| unavailable("connect", e))?;
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(|e| unavailable("open a channel", e))?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(|e| unavailable("turn on publisher confirms", e))?;
+        Ok(Link {
+            _connection: connection,
+            channel,
+        })
+    }
+
+    /// The open channel, reopening the connection if it broke.
+    async fn channel(&self) -> Result<Channel, PublishError> {
+        let mut link = self.link.lock().await;
+        if let Some(open) = link.as_ref()
+            && open.channel.status().connected()
+        {
+            return Ok(open.channel.clone());
+        }
+        *link = None;
+        let fresh = self.open().await?;
+        let channel = fresh.channel.clone();
+        *link = Some(fresh);
+        Ok(channel)
+    }
+
+    fn properties(message: &Message) -> Result<BasicProperties, String> {
+        let message_id = ShortString::try_new(message.key.as_str())
+            .map_err(|e| format!("the key does not fit an AMQP message_id: {e}"))?;
+        let mut headers = FieldTable::default();
+        for (name, value) in &message.headers {
+            let name = ShortString::try_new(name.as_str())
+                .map_err(|_| format!("header name {name:?} is longer than 255 bytes"))?;
+            headers.insert(
+                name,
+                AMQPValue::LongString(LongString::from(value.as_str())),
+            );
+        }
+        if !message.headers.contains_key(IDEMPOTENCY_KEY_HEADER) {
+            headers.insert(
+                IDEMPOTENCY_KEY_HEADER.into(),
+                AMQPValue::LongString(LongString::from(message.key.as_str())),
+            );
+        }
+        Ok(BasicProperties::default()
+            .with_message_id(message_id)
+            .with_delivery_mode(PERSISTENT)
+            .with_headers(headers))
+    }
+}
+
+impl Publish for AmqpPublisher {
+    async fn publish(&self, message: &Message) -> Result<(), PublishError> {
+        let properties =
+            Self::properties(message).map_err(|m| self.fail(PublishErrorKind::Rejected, m))?;
+        let channel = self.channel().await?;
+        let options = BasicPublishOptions {
+            mandatory: true,
+            ..BasicPublishOptions::default()
+        };
+        let broken = |e: lapin::Error| {
+            self.fail(
+                PublishErrorKind::Unavailable,
+                format!("the publish was not confirmed: {e}"),
+            )
+            .with_source(e)
+        };
+        let confirm = channel
+            .basic_publish(
+                self.exchange.clone(),
+                self.routing_key.clone(),
+                options,
+                &message.payload,
+                properties,
+            )
+            .await
+            .map_err(broken)?;
+        match confirm.await.map_err(broken)? {
+            Confirmation::Ack(None) => Ok(()),
+            Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => Err(self.fail(
+                PublishErrorKind::NotTaken,
+                format!(
+                    "RabbitMQ returned the message ({} {}): no queue is bound to exchange {:?} with routing key {:?}; declare and bind the queue",
+                    returned.reply_code, returned.reply_text, self.exchange.as_str(), self.routing_key.as_str()
+                ),
+            )),
+            Confirmation::Nack(None) => Err(self.fail(
+                PublishErrorKind::NotTaken,
+                "RabbitMQ refused the message (basic.nack): it could not store it",
+            )),
+            Confirmation::NotRequested => Err(self.fail(
+                PublishErrorKind::Unavailable,
+                "the channel is not in confirm mode, so the broker never confirmed the message",
+            )),
+        }
+    }
+}

@@ -1,0 +1,363 @@
+//! Where a message goes, written as one URL: the form an operator types after
+//! `--to`, and the form the outbox and dead-letter tables store.
+//!
+//! | form | meaning |
+//! | --- | --- |
+//! | `amqp://user:pass@host:5672/%2f?exchange=orders&routing_key=created` | RabbitMQ: publish to `exchange` with `routing_key` |
+//! | `amqp://user:pass@host:5672/%2f?queue=orders` | RabbitMQ: the default exchange (`""`), routing key = the queue name |
+//! | `nats://host:4222/orders.created` | NATS JetStream: the path is the subject |
+//! | `http://host/hooks/orders`, `https://...` | an HTTP webhook: `POST` to the URL |
+//!
+//! `amqps://` and other query parameters of the AMQP URL (`heartbeat`,
+//! `channel_max`, ...) are kept and handed to the client. [`Display`](fmt::Display)
+//! writes the canonical form, which parses back to the same destination; it
+//! keeps the password because the tables need it to publish. Logs and errors
+//! use [`Destination::redacted`].
+
+use std::fmt;
+use std::str::FromStr;
+
+use url::Url;
+use url::form_urlencoded;
+
+/// A publish destination.
+///
+/// ```
+/// use idem_broker::publish::Destination;
+///
+/// let to: Destination = "amqp://guest:guest@127.0.0.1:5672/%2f?queue=orders".parse().unwrap();
+/// assert_eq!(
+///     to,
+///     Destination::Amqp {
+///         url: "amqp://guest:guest@127.0.0.1:5672/%2f".into(),
+///         exchange: String::new(),
+///         routing_key: "orders".into(),
+///     }
+/// );
+/// assert_eq!(to.to_string(), "amqp://guest:guest@127.0.0.1:5672/%2f?exchange=&routing_key=orders");
+/// assert_eq!(to.redacted(), "amqp://guest:***@127.0.0.1:5672/%2f?exchange=&routing_key=orders");
+/// assert_eq!(to.to_string().parse::<Destination>().unwrap(), to);
+///
+/// let to: Destination = "nats://127.0.0.1:4222/orders.created".parse().unwrap();
+/// assert!(matches!(to, Destination::Nats { ref subject, .. } if subject == "orders.created"));
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Destination {
+    /// RabbitMQ (AMQP 0-9-1), with publisher confirms.
+    Amqp {
+        /// The broker: `amqp://user:pass@host:port/vhost` (vhost `%2f` is `/`),
+        /// plus any connection parameters as a query.
+        url: String,
+        /// The exchange; `""` is the default exchange, which routes by queue name.
+        exchange: String,
+        /// The routing key (the queue name on the default exchange).
+        routing_key: String,
+    },
+    /// NATS JetStream: the subject must be bound to a stream.
+    Nats {
+        /// The server: `nats://host:port` (credentials in the user-info part if any).
+        url: String,
+        /// The subject published to.
+        subject: String,
+    },
+    /// An HTTP webhook, called with `POST`.
+    Http {
+        /// The full URL.
+        url: String,
+    },
+}
+
+/// A destination that could not be understood.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DestinationError {
+    /// Not a URL at all.
+    #[error(
+        "destination {text:?} is not a URL ({reason}); write amqp://USER:PASS@HOST:PORT/VHOST?queue=QUEUE, nats://HOST:PORT/SUBJECT or http(s)://HOST/PATH"
+    )]
+    NotAUrl {
+        /// The text (password removed).
+        text: String,
+        /// What the URL parser said.
+        reason: String,
+    },
+    /// A scheme no publisher exists for.
+    #[error(
+        "destination scheme {scheme:?} is not supported: use amqp:// or amqps:// (RabbitMQ), nats:// (NATS JetStream), http:// or https:// (webhook)"
+    )]
+    UnknownScheme {
+        /// The scheme found.
+        scheme: String,
+    },
+    /// A required part is missing or malformed.
+    #[error("destination {text}: {problem}")]
+    Invalid {
+        /// The destination (password removed).
+        text: String,
+        /// What is wrong and how to write it.
+        problem: String,
+    },
+}
+
+impl Destination {
+    /// The destination with any password replaced by `***`: for logs, errors
+    /// and tables printed to people.
+    pub fn redacted(&self) -> String {
+        redact(&self.to_string())
+    }
+
+    /// The scheme family: `"amqp"`, `"nats"` or `"http"`, for metric labels.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Amqp { .. } => "amqp",
+            Self::Nats { .. } => "nats",
+            Self::Http { .. } => "http",
+        }
+    }
+}
+
+impl fmt::Debug for Destination {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Destination({})", self.redacted())
+    }
+}
+
+impl fmt::Display for Destination {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Amqp {
+                url,
+                exchange,
+                routing_key,
+            } => {
+                let query = form_urlencoded::Serializer::new(String::new())
+                    .append_pair("exchange", exchange)
+                    .append_pair("routing_key", routing_key)
+                    .finish();
+                let joiner = if url.contains('?') { '&' } else { '?' };
+                write!(f, "{url}{joiner}{query}")
+            }
+            Self::Nats { url, subject } => write!(f, "{}/{subject}", url.trim_end_matches('/')),
+            Self::Http { url } => f.write_str(url),
+        }
+    }
+}
+
+impl FromStr for Destination {
+    type Err = DestinationError;
+
+    fn from_str(text: &str) -> Result<Self, DestinationError> {
+        let text = text.trim();
+        let parsed = Url::parse(text).map_err(|e| DestinationError::NotAUrl {
+            text: redact(text),
+            reason: e.to_string(),
+        })?;
+        let invalid = |problem: &str| DestinationError::Invalid {
+            text: redact(text),
+            problem: problem.to_owned(),
+        };
+        match parsed.scheme() {
+            "amqp" | "amqps" => amqp(text, &parsed).map_err(|p| invalid(&p)),
+            "nats" => {
+                if parsed.host_str().is_none_or(str::is_empty) {
+                    return Err(invalid(
+                        "has no host; write nats://HOST:PORT/SUBJECT, e.g. nats://127.0.0.1:4222/orders.created",
+                    ));
+                }
+                let subject = parsed.path().trim_start_matches('/');
+                if subject.is_empty() {
+                    return Err(invalid(
+                        "has no subject; write it as the path: nats://HOST:PORT/SUBJECT, e.g. nats://127.0.0.1:4222/orders.created",
+                    ));
+                }
+                if subject.contains(['/', ' ', '*', '>']) {
+                    return Err(invalid(
+                        "the subject must be one concrete NATS subject (tokens separated by dots, no '/', spaces or wildcards)",
+                    ));
+                }
+                if parsed.query().is_some() || parsed.fragment().is_some() {
+                    return Err(invalid("a NATS destination takes no query or fragment"));
+                }
+                let url = text[..text.len() - parsed.path().len()].to_owned();
+                Ok(Self::Nats {
+                    url,
+                    subject: subject.to_owned(),
+                })
+            }
+            "http" | "https" => {
+                if parsed.host_str().is_none_or(str::is_empty) {
+                    return Err(invalid("has no host"));
+                }
+                Ok(Self::Http {
+                    url: text.to_owned(),
+                })
+            }
+            other => Err(DestinationError::UnknownScheme {
+                scheme: other.to_owned(),
+            }),
+        }
+    }
+}
+
+fn amqp(text: &str, parsed: &Url) -> Result<Destination, String> {
+    if parsed.host_str().is_none_or(str::is_empty) {
+        return Err("has no host; write amqp://USER:PASS@HOST:PORT/VHOST?queue=QUEUE".into());
+    }
+    let mut exchange = None;
+    let mut routing_key = None;
+    let mut queue = None;
+    let mut rest = form_urlencoded::Serializer::new(String::new());
+    let mut kept = 0;
+    for (name, value) in parsed.query_pairs() {
+        let slot = match &*name {
+            "exchange" => &mut exchange,
+            "routing_key" => &mut routing_key,
+            "queue" => &mut queue,
+            _ => {
+                rest.append_pair(&name, &value);
+                kept += 1;
+                continue;
+            }
+        };
+        if slot.replace(value.into_owned()).is_some() {
+            return Err(format!("gives {name} twice"));
+        }
+    }
+    let (exchange, routing_key) = match (exchange, routing_key, queue) {
+        (_, Some(_), Some(_)) => {
+            return Err(
+                "gives both queue and routing_key: use ?queue=Q for the default exchange, or ?exchange=X&routing_key=K"
+                    .into(),
+            );
+        }
+        (Some(x), None, Some(_)) if !x.is_empty() => {
+            return Err(
+                "queue= only works with the default exchange; with an exchange, give routing_key="
+                    .into(),
+            );
+        }
+        (_, None, Some(q)) => (String::new(), q),
+        (x, Some(k), None) => (x.unwrap_or_default(), k),
+        (_, None, None) => {
+            return Err(
+                "says nowhere to publish: add ?queue=QUEUE (default exchange) or ?exchange=EXCHANGE&routing_key=KEY"
+                    .into(),
+            );
+        }
+    };
+    let base = text.split(['?', '#']).next().unwrap_or(text);
+    let url = if kept == 0 {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", rest.finish())
+    };
+    Ok(Destination::Amqp {
+        url,
+        exchange,
+        routing_key,
+    })
+}
+
+/// `text` with the password of its user-info (if any) replaced by `***`.
+fn redact(text: &str) -> String {
+    let Some((scheme, rest)) = text.split_once("://") else {
+        return text.to_owned();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _password)) => format!("{scheme}://{user}:***@{host}{tail}"),
+            None => text.to_owned(),
+        },
+        None => text.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Destination {
+        text.parse()
+            .unwrap_or_else(|e| panic!("{text} should parse: {e}"))
+    }
+
+    #[test]
+    fn every_form_round_trips_through_display() {
+        for text in [
+            "amqp://guest:guest@127.0.0.1:5672/%2f?exchange=&routing_key=orders",
+            "amqp://guest:guest@127.0.0.1:5672/%2f?exchange=events&routing_key=order.created",
+            "amqps://u:p@rabbit:5671/prod?heartbeat=10&exchange=x&routing_key=k%20k",
+            "nats://127.0.0.1:4222/orders.created",
+            "nats://user:pw@127.0.0.1:4222/a.b",
+            "http://127.0.0.1:8080/hooks/orders?tenant=7",
+            "https://example.invalid/hook",
+        ] {
+            let destination = parse(text);
+            let again = parse(&destination.to_string());
+            assert_eq!(destination, again, "{text}");
+        }
+    }
+
+    #[test]
+    fn the_queue_shorthand_uses_the_default_exchange() {
+        assert_eq!(
+            parse("amqp://guest:guest@localhost:5672/%2f?queue=orders"),
+            Destination::Amqp {
+                url: "amqp://guest:guest@localhost:5672/%2f".into(),
+                exchange: String::new(),
+                routing_key: "orders".into(),
+            }
+        );
+        let kept = parse("amqp://h/v?heartbeat=5&queue=q");
+        assert!(
+            matches!(kept, Destination::Amqp { ref url, .. } if url == "amqp://h/v?heartbeat=5"),
+            "{kept:?}"
+        );
+    }
+
+    #[test]
+    fn nats_subject_is_the_path() {
+        assert_eq!(
+            parse("nats://127.0.0.1:4222/orders.created"),
+            Destination::Nats {
+                url: "nats://127.0.0.1:4222".into(),
+                subject: "orders.created".into(),
+            }
+        );
+    }
+
+    #[test]
+    fn mistakes_are_explained() {
+        let cases = [
+            ("kafka://broker:9092/topic", "not supported"),
+            ("amqp://guest:secret@h:5672/%2f", "?queue=QUEUE"),
+            (
+                "amqp://h/%2f?queue=a&routing_key=b",
+                "both queue and routing_key",
+            ),
+            ("nats://127.0.0.1:4222", "has no subject"),
+            (
+                "nats://127.0.0.1:4222/orders.*",
+                "one concrete NATS subject",
+            ),
+            ("orders", "is not a URL"),
+        ];
+        for (text, expected) in cases {
+            let error = text.parse::<Destination>().unwrap_err().to_string();
+            assert!(error.contains(expected), "{text}: {error}");
+            assert!(!error.contains("secret"), "{error}");
+        }
+    }
+
+    #[test]
+    fn passwords_show_only_in_display() {
+        let destination = parse("amqp://app:hunter2@rabbit:5672/%2f?queue=q");
+        assert!(destination.to_string().contains("hunter2"));
+        assert!(!destination.redacted().contains("hunter2"));
+        assert!(!format!("{destination:?}").contains("hunter2"));
+        assert_eq!(redact("nats://n:pw@h:4222/s"), "nats://n:***@h:4222/s");
+        assert_eq!(redact("http://h/p?x=a@b:c"), "http://h/p?x=a@b:c");
+    }
+}

@@ -1,0 +1,319 @@
+//! The consumer scenarios, generic over the broker and the store. Effects are
+//! counted in the bank's ledger, never in logs.
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use idem_broker::consume::{Checkpoint, Consumer, MissingKey, Settle, Transport};
+use idem_broker::dead_letter::{self, DeadLetters};
+use idem_testkit::crash::{CrashPoint, reach};
+
+use super::{Bank, Broker, OPENING_BALANCE, Running, config};
+
+const ORDER_10: &[u8] = br#"{"amount": 10}"#;
+const ORDER_5: &[u8] = br#"{"amount": 5}"#;
+const POISON: &[u8] = br#"{"amount": 7, "poison": true}"#;
+
+async fn start<B: Broker, K: Bank>() -> Option<(B, K)> {
+    let broker = B::start().await?;
+    let bank = K::start().await?;
+    eprintln!("scenario on {} with {}", B::NAME, K::NAME);
+    Some((broker, bank))
+}
+
+/// The same message published twice, one delivery given back to the broker
+/// (nack/requeue), and a late copy after the first was acked: one effect.
+pub async fn duplicates_and_redeliveries<B: Broker, K: Bank>() {
+    let Some((broker, bank)) = start::<B, K>().await else {
+        return;
+    };
+    broker.publish(Some("order-1"), ORDER_10).await;
+    broker.publish(Some("order-1"), ORDER_10).await;
+    broker.publish(Some("order-2"), ORDER_5).await;
+    {
+        let mut peek = broker.transport().await;
+        let delivery = peek.receive().await.expect("receive").expect("a delivery");
+        delivery
+            .settle
+            .requeue(Duration::ZERO)
+            .await
+            .expect("nack with requeue");
+        peek.close().await;
+    }
+
+    let consumer = Consumer::new(
+        broker.transport().await,
+        bank.apply(false),
+        config(broker.key_rule()),
+    );
+    let running = Running::start(consumer.stats(), |stop| consumer.run(stop));
+    running
+        .until("three deliveries acked", |s| s.acked() >= 3)
+        .await;
+    broker.publish(Some("order-1"), ORDER_10).await;
+    running
+        .until("the late copy acked", |s| s.acked() >= 4)
+        .await;
+    let stats = running.stop().await;
+
+    assert_eq!(bank.ledger().await, ["order-1", "order-2"]);
+    assert_eq!(bank.balance().await, OPENING_BALANCE - 15);
+    assert_eq!((stats.applied, stats.replayed), (2, 2), "{stats:?}");
+    assert_eq!(stats.dead_lettered, 0);
+}
+
+/// A message whose effect always fails is dead-lettered after 5 attempts
+/// with its key; the others go on. After a fix, its redrive is applied once.
+pub async fn poison_then_redrive<B: Broker, K: Bank>() {
+    let Some((broker, bank)) = start::<B, K>().await else {
+        return;
+    };
+    broker.publish(Some("poison-1"), POISON).await;
+    broker.publish(Some("fine-1"), ORDER_5).await;
+
+    let consumer = Consumer::new(
+        broker.transport().await,
+        bank.apply(false),
+        config(broker.key_rule()),
+    );
+    let running = Running::start(consumer.stats(), |stop| consumer.run(stop));
+    running
+        .until("the poison dead-lettered and the other applied", |s| {
+            s.dead_lettered >= 1 && s.applied >= 1
+        })
+        .await;
+
+    let store = bank.store();
+    let letters = store.list(10, false).await.expect("list dead letters");
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    let letter = &letters[0];
+    assert_eq!(letter.key.as_str(), "poison-1");
+    assert_eq!(letter.attempts, 5);
+    assert!(
+        letter.last_error.contains("poison"),
+        "{}",
+        letter.last_error
+    );
+    assert_eq!(letter.payload, POISON);
+    assert!(letter.first_seen_at <= letter.dead_at);
+    assert_eq!(bank.ledger().await, ["fine-1"]);
+
+    // The fix, then the redrive: the same key comes back and is applied once.
+    bank.fix_poison().await;
+    match dead_letter::redrive(&store, letter.id).await {
+        Ok(_) => {
+            running
+                .until("the redriven message applied", |s| s.applied >= 2)
+                .await;
+            broker.publish(Some("poison-1"), POISON).await;
+            running
+                .until("a late copy replayed", |s| s.replayed >= 1)
+                .await;
+            assert_eq!(bank.ledger().await, ["fine-1", "poison-1"]);
+        }
+        Err(error) => panic!("redrive failed: {error}"),
+    }
+    let stats = running.stop().await;
+    assert_eq!(stats.dead_lettered, 1, "{stats:?}");
+}
+
+/// A message without a key is dead-lettered with the reason; with the
+/// coordinates fallback (NATS) it is applied under `STREAM/SEQUENCE`.
+pub async fn keyless<B: Broker, K: Bank>() {
+    let Some((broker, bank)) = start::<B, K>().await else {
+        return;
+    };
+    broker.publish(None, ORDER_10).await;
+    let consumer = Consumer::new(
+        broker.transport().await,
+        bank.apply(false),
+        config(broker.key_rule()),
+    );
+    let running = Running::start(consumer.stats(), |stop| consumer.run(stop));
+    running
+        .until("dead-lettered", |s| s.dead_lettered >= 1)
+        .await;
+    running.stop().await;
+    let letters = bank.store().list(10, false).await.expect("list");
+    assert_eq!(letters.len(), 1);
+    assert!(
+        letters[0].key.as_str().starts_with("no-key/"),
+        "{:?}",
+        letters[0].key
+    );
+    assert!(
+        letters[0].last_error.contains("no idempotency key"),
+        "{}",
+        letters[0].last_error
+    );
+    assert!(bank.ledger().await.is_empty());
+
+    broker.publish(None, ORDER_5).await;
+    let rule = broker.key_rule().or_else(MissingKey::Coordinates);
+    let consumer = Consumer::new(broker.transport().await, bank.apply(false), config(rule));
+    let running = Running::start(consumer.stats(), |stop| consumer.run(stop));
+    let stats = running
+        .until("settled", |s| s.applied + s.dead_lettered >= 1)
+        .await;
+    running.stop().await;
+    if B::NAME == "nats" {
+        assert_eq!(stats.applied, 1, "{stats:?}");
+        let ledger = bank.ledger().await;
+        assert!(ledger[0].starts_with("IDEM_T_"), "{ledger:?}");
+    } else {
+        assert_eq!(
+            stats.dead_lettered, 1,
+            "RabbitMQ has no coordinates: {stats:?}"
+        );
+    }
+}
+
+/// Batch mode end to end: 200 orders, 50 of them published twice, one
+/// without a key and one poison; batches of 100.
+pub async fn batches<B: Broker, K: Bank>() {
+    let Some((broker, bank)) = start::<B, K>().await else {
+        return;
+    };
+    for i in 0..200 {
+        broker.publish(Some(&format!("b-{i:03}")), ORDER_5).await;
+        if i % 4 == 0 {
+            broker.publish(Some(&format!("b-{i:03}")), ORDER_5).await;
+        }
+    }
+    broker.publish(None, ORDER_5).await;
+    broker.publish(Some("b-poison"), POISON).await;
+
+    let consumer = Consumer::new(
+        broker.transport().await,
+        bank.apply(false),
+        config(broker.key_rule())
+            .max_attempts(2)
+            .batch(100, Duration::from_millis(50)),
+    );
+    let running = Running::start(consumer.stats(), |stop| consumer.run_batched(stop));
+    let stats = running
+        .until("every message settled", |s| {
+            s.applied + s.replayed >= 250 && s.dead_lettered >= 2
+        })
+        .await;
+    let stats_after = running.stop().await;
+    assert_eq!(stats.applied, 200, "{stats:?}");
+    assert_eq!(stats.replayed, 50, "{stats:?}");
+    assert_eq!(stats_after.dead_lettered, 2, "{stats_after:?}");
+    let ledger = bank.ledger().await;
+    assert_eq!(ledger.len(), 200);
+    ledger
+        .windows(2)
+        .for_each(|w| assert_ne!(w[0], w[1], "applied twice"));
+    assert_eq!(bank.balance().await, OPENING_BALANCE - 1000);
+}
+
+const CRASH_POINT: &str = "IDEM_T_CRASH_POINT";
+const CRASH_STORE: &str = "IDEM_T_CRASH_STORE";
+const CRASH_KEY: &str = "crash-1";
+
+/// The consumer process is killed with SIGKILL at `point` (inside the effect,
+/// before commit; or after commit, before ack); a fresh consumer then gets
+/// the redelivery. One effect either way.
+pub async fn crash<B: Broker, K: Bank>(point: CrashPoint, child_test: &str) {
+    let Some((broker, bank)) = start::<B, K>().await else {
+        return;
+    };
+    broker.publish(Some(CRASH_KEY), ORDER_10).await;
+
+    let exe = std::env::current_exe().expect("test binary path");
+    let mut child = Command::new(exe);
+    child
+        .args([
+            "--exact",
+            child_test,
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CRASH_POINT, point.as_str())
+        .env(CRASH_STORE, bank.location())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    for (name, value) in broker.env() {
+        child.env(name, value);
+    }
+    let mut child = child.spawn().expect("start the child consumer");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (seen_tx, seen_rx) = mpsc::channel();
+    let marker = format!("IDEM-CRASH-POINT {}", point.as_str());
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if line.contains(&marker) {
+                let _ = seen_tx.send(());
+            }
+        }
+    });
+    let reached = seen_rx.recv_timeout(Duration::from_secs(120));
+    child.kill().expect("SIGKILL the child");
+    let status = child.wait().expect("reap the child");
+    reached.unwrap_or_else(|_| panic!("the child never reached {point:?} ({status:?})"));
+    assert_eq!(status.signal(), Some(9), "the child died by SIGKILL");
+
+    let committed = point == CrashPoint::AfterCommit;
+    let before: &[&str] = if committed { &[CRASH_KEY] } else { &[] };
+    assert_eq!(bank.ledger().await, before, "after the crash at {point:?}");
+
+    let consumer = Consumer::new(
+        broker.transport().await,
+        bank.apply(false),
+        config(broker.key_rule()),
+    );
+    let running = Running::start(consumer.stats(), |stop| consumer.run(stop));
+    let stats = running
+        .until("the redelivery settled", |s| s.acked() >= 1)
+        .await;
+    running.stop().await;
+    if committed {
+        assert_eq!(
+            (stats.applied, stats.replayed),
+            (0, 1),
+            "suppressed: {stats:?}"
+        );
+    } else {
+        assert_eq!(
+            (stats.applied, stats.replayed),
+            (1, 0),
+            "applied: {stats:?}"
+        );
+    }
+    assert_eq!(bank.ledger().await, [CRASH_KEY], "applied exactly once");
+    assert_eq!(bank.balance().await, OPENING_BALANCE - 10);
+}
+
+/// The child's side of [`crash`]: does nothing unless started by it.
+pub async fn crash_child<B: Broker, K: Bank>() {
+    let (Ok(point), Ok(location)) = (std::env::var(CRASH_POINT), std::env::var(CRASH_STORE)) else {
+        return;
+    };
+    let point = CrashPoint::ALL
+        .into_iter()
+        .find(|p| p.as_str() == point)
+        .expect("known crash point");
+    let broker = B::from_env().await;
+    let bank = K::at(&location).await;
+    let mut settings = config(broker.key_rule());
+    if point == CrashPoint::AfterCommit {
+        settings = settings.checkpoint(|at| {
+            if at == Checkpoint::AfterCommit {
+                reach(CrashPoint::AfterCommit)
+            }
+        });
+    }
+    let consumer = Consumer::new(
+        broker.transport().await,
+        bank.apply(point == CrashPoint::InsideEffect),
+        settings,
+    );
+    let result = consumer.run(std::future::pending()).await;
+    panic!("the child should have been killed at {point:?}, but its consumer ended: {result:?}");
+}

@@ -1,0 +1,287 @@
+//! The relay against the real services: no double claims across relays, no
+//! row lost to out-of-order commits, a crash between publish and "sent" is
+//! republished and deduped by the consumer, webhooks carry the key, and sent
+//! rows are swept by retention.
+
+mod outbox_support;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use idem::{AnyStore, Fingerprint, IdempotencyKey, ManualClock, Outcome, Scope, SqliteStore};
+use idem_broker::outbox::{self, OutboxStore, Route};
+use idem_broker::publish::Message;
+use idem_broker::relay::{FailPoint, Relay, RelayConfig};
+use outbox_support::{Hook, Nats, PgDb, Rabbit, Received, sqlite};
+
+fn message(key: &str) -> Message {
+    Message::new(IdempotencyKey::new(key).unwrap(), key.as_bytes().to_vec())
+}
+
+#[tokio::test]
+async fn two_relays_on_one_postgres_publish_each_row_once() {
+    let Some(db) = PgDb::new().await else { return };
+    let Some(rabbit) = Rabbit::new().await else {
+        return;
+    };
+    let queue = rabbit.queue().await;
+    let to = Rabbit::destination(&queue);
+    let clock = ManualClock::starting_now();
+    let store = AnyStore::Postgres(db.store(&clock).await);
+    outbox::migrate(&store).await.unwrap();
+    const ROWS: usize = 200;
+    for i in 0..ROWS {
+        outbox::enqueue_now(&store, Route::To(&to), &message(&format!("evt-{i}")))
+            .await
+            .unwrap();
+    }
+
+    let config = RelayConfig {
+        batch: 7,
+        ..RelayConfig::default()
+    };
+    let first = Relay::new(store.clone(), config.clone());
+    let second = Relay::new(store.clone(), config);
+    let (a, b) = tokio::join!(first.drain(), second.drain());
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(a.sent + b.sent, ROWS, "{a:?} {b:?}");
+    assert!(
+        a.sent > 0 && b.sent > 0,
+        "both relays took part: {a:?} {b:?}"
+    );
+
+    let received = rabbit.drain(&queue).await;
+    assert_eq!(received.len(), ROWS, "each row published exactly once");
+    let ids: HashSet<_> = received
+        .iter()
+        .filter_map(|r| r.message_id.clone())
+        .collect();
+    assert_eq!(ids.len(), ROWS);
+}
+
+#[tokio::test]
+async fn a_row_committed_late_with_a_smaller_id_is_still_sent() {
+    let Some(db) = PgDb::new().await else { return };
+    let Some(nats) = Nats::new().await else {
+        return;
+    };
+    let (stream, subject) = nats.stream().await;
+    let to = Nats::destination(&subject);
+    let clock = ManualClock::starting_now();
+    let pg = db.store(&clock).await;
+    let store = AnyStore::Postgres(pg.clone());
+    outbox::migrate(&store).await.unwrap();
+
+    // A takes the smaller id, B the larger; B commits first.
+    let mut a = pg.pool().begin().await.unwrap();
+    let id_a = outbox::postgres::enqueue(&mut a, &to, &message("late-a"))
+        .await
+        .unwrap();
+    let mut b = pg.pool().begin().await.unwrap();
+    let id_b = outbox::postgres::enqueue(&mut b, &to, &message("early-b"))
+        .await
+        .unwrap();
+    assert!(id_a < id_b);
+    b.commit().await.unwrap();
+
+    let relay = Relay::new(store.clone(), RelayConfig::default());
+    assert_eq!(relay.run_once().await.unwrap().sent, 1);
+    a.commit().await.unwrap();
+    assert_eq!(relay.run_once().await.unwrap().sent, 1);
+
+    let ids: Vec<_> = nats
+        .messages(&stream)
+        .await
+        .into_iter()
+        .filter_map(|m| m.msg_id)
+        .collect();
+    assert_eq!(ids, ["early-b", "late-a"]);
+}
+
+/// The consumer side of the test: applies each delivery under its
+/// `message_id` and counts effects in its own table.
+async fn consume(store: &SqliteStore, deliveries: &[Received]) -> (usize, usize) {
+    let scope = Scope::new("emails").unwrap();
+    let (mut applied, mut replayed) = (0, 0);
+    for delivery in deliveries {
+        let key = IdempotencyKey::new(delivery.message_id.clone().expect("message_id")).unwrap();
+        let result = store
+            .apply(&scope, &key, Fingerprint::of_bytes(&delivery.payload), |tx| {
+                tx.execute_batch(
+                    "CREATE TABLE IF NOT EXISTS sent_emails (n INTEGER); INSERT INTO sent_emails VALUES (1);",
+                )?;
+                Ok::<_, idem::sqlite::rusqlite::Error>(Outcome::success("sent"))
+            })
+            .await
+            .unwrap();
+        if result.is_replay() {
+            replayed += 1;
+        } else {
+            applied += 1;
+        }
+    }
+    (applied, replayed)
+}
+
+#[tokio::test]
+async fn a_relay_that_dies_between_publish_and_sent_is_republished_and_the_consumer_keeps_one_effect()
+ {
+    let Some(rabbit) = Rabbit::new().await else {
+        return;
+    };
+    let queue = rabbit.queue().await;
+    let to = Rabbit::destination(&queue);
+    let clock = ManualClock::starting_now();
+    let (_dir, store) = sqlite(&clock).await;
+    let any = AnyStore::Sqlite(store.clone());
+    outbox::enqueue_now(&any, Route::To(&to), &message("welcome/user-5"))
+        .await
+        .unwrap();
+
+    // The first relay publishes, the broker confirms, and it "crashes"
+    // before marking the row sent.
+    let crashing =
+        Relay::new(any.clone(), RelayConfig::default()).with_fail_point(FailPoint::AfterPublish);
+    assert!(crashing.run_once().await.is_err());
+
+    // Its lease protects the row until it ends...
+    let survivor = Relay::new(any.clone(), RelayConfig::default());
+    assert_eq!(survivor.run_once().await.unwrap().claimed, 0);
+    // ...then another relay publishes it again.
+    clock.advance(RelayConfig::default().lease + Duration::from_millis(1));
+    assert_eq!(survivor.run_once().await.unwrap().sent, 1);
+    clock.advance(Duration::from_secs(3600));
+    assert_eq!(
+        survivor.run_once().await.unwrap().claimed,
+        0,
+        "sent rows stay sent"
+    );
+
+    let received = rabbit.drain(&queue).await;
+    assert_eq!(received.len(), 2, "at-least-once: the broker got it twice");
+    assert!(
+        received
+            .iter()
+            .all(|r| r.message_id.as_deref() == Some("welcome/user-5"))
+    );
+
+    let (_consumer_dir, consumer) = sqlite(&clock).await;
+    assert_eq!(consume(&consumer, &received).await, (1, 1));
+    let effects: i64 = consumer
+        .with_connection(|c| c.query_row("SELECT count(*) FROM sent_emails", [], |r| r.get(0)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(effects, 1, "the consumer's dedupe keeps one effect");
+}
+
+#[tokio::test]
+async fn webhooks_carry_the_key_are_retried_on_503_and_deduped_by_the_receiver() {
+    let hook = Hook::start().await;
+    let clock = ManualClock::starting_now();
+    let (_dir, store) = sqlite(&clock).await;
+    let any = AnyStore::Sqlite(store.clone());
+    let to = hook.destination();
+    outbox::enqueue_now(&any, Route::To(&to), &message("invoice-9/paid"))
+        .await
+        .unwrap();
+
+    // 503: retried later, not dead-lettered.
+    hook.answer(503);
+    let relay = Relay::new(any.clone(), RelayConfig::default());
+    let pass = relay.run_once().await.unwrap();
+    assert_eq!(
+        (pass.sent, pass.retried, pass.dead_lettered),
+        (0, 1, 0),
+        "{pass:?}"
+    );
+
+    // Recovered; a relay crash after the 2xx makes the receiver see it twice.
+    hook.answer(200);
+    clock.advance(Duration::from_secs(60));
+    let crashing =
+        Relay::new(any.clone(), RelayConfig::default()).with_fail_point(FailPoint::AfterPublish);
+    assert!(crashing.run_once().await.is_err());
+    clock.advance(Duration::from_secs(60));
+    assert_eq!(relay.run_once().await.unwrap().sent, 1);
+
+    assert_eq!(hook.calls(), 3);
+    assert_eq!(hook.keys().get("invoice-9/paid"), Some(&3));
+    assert_eq!(hook.effects(), 1, "one effect per key");
+}
+
+#[tokio::test]
+async fn sent_rows_are_swept_after_the_retention() {
+    let Some(nats) = Nats::new().await else {
+        return;
+    };
+    let (_stream, subject) = nats.stream().await;
+    let to = Nats::destination(&subject);
+    let clock = ManualClock::starting_now();
+    let (_dir, store) = sqlite(&clock).await;
+    let any = AnyStore::Sqlite(store.clone());
+    for i in 0..3 {
+        outbox::enqueue_now(&any, Route::To(&to), &message(&format!("k-{i}")))
+            .await
+            .unwrap();
+    }
+    let config = RelayConfig {
+        retention: Duration::from_secs(3600),
+        sweep_batch: 2,
+        ..RelayConfig::default()
+    };
+    let relay = Relay::new(any.clone(), config);
+    assert_eq!(relay.drain().await.unwrap().sent, 3);
+    assert_eq!(
+        relay.sweep().await.unwrap().sent_rows,
+        0,
+        "still inside the retention"
+    );
+    clock.advance(Duration::from_secs(3601));
+    assert_eq!(relay.sweep().await.unwrap().sent_rows, 3);
+    let stats = any.outbox_stats().await.unwrap();
+    assert_eq!((stats.pending, stats.sent), (0, 0));
+}
+
+#[tokio::test]
+async fn the_run_loop_wakes_on_notify_on_postgres() {
+    let Some(db) = PgDb::new().await else { return };
+    let Some(nats) = Nats::new().await else {
+        return;
+    };
+    let (stream, subject) = nats.stream().await;
+    let to = Nats::destination(&subject);
+    let clock = ManualClock::starting_now();
+    let store = AnyStore::Postgres(db.store(&clock).await);
+    outbox::migrate(&store).await.unwrap();
+
+    // A poll interval far longer than the test: only NOTIFY can wake it.
+    let config = RelayConfig {
+        poll_interval: Duration::from_secs(600),
+        ..RelayConfig::default()
+    };
+    let relay = Relay::new(store.clone(), config);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(async move {
+        relay
+            .run(async {
+                stopped.await.ok();
+            })
+            .await
+    });
+    // Let it finish its first (empty) pass and start listening.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    outbox::enqueue_now(&store, Route::To(&to), &message("notified"))
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while nats.messages(&stream).await.is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the relay was not woken"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.send(()).unwrap();
+    running.await.unwrap().unwrap();
+}

@@ -1,0 +1,427 @@
+//! `idem bench http`: the cost of the gateway, measured against the same
+//! upstream called directly, in one run and one process: an in-process
+//! upstream, an in-process gateway on the embedded store (or `--store`), and
+//! N concurrent hyper-util clients.
+//!
+//! Phases, per upstream: direct POSTs; the same POSTs through the gateway with
+//! unique keys (claim, forward, store); the same keys again (replays, answered
+//! from the store without reaching the upstream); and POSTs without a key
+//! (passed through). The phases take turns in rounds, so drift during the run
+//! (disk flush latency, a growing WAL) weighs on all of them alike. Throughput, p50/p99 latency and each phase's ratio to
+//! direct. Two upstreams show the two ends: one whose POSTs commit a row
+//! durably (what idempotency keys exist for), and one that does nothing (the
+//! gateway's own cost, on the same two cores as everything else).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::post;
+use bytes::Bytes;
+use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
+use http::{HeaderValue, Request, Uri};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use idem::{SqliteStore, StoreLocation};
+use idem_http::gateway::{self, Gateway, GatewayConfig};
+use idem_http::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyConfig, IdempotencyLayer};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+use crate::cli::{BenchHttpArgs, UpstreamWork};
+
+type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+/// One request of a phase: where it goes, its key, its body.
+struct Planned {
+    uri: Uri,
+    key: Option<HeaderValue>,
+    body: Bytes,
+}
+
+/// What a phase expects of every answer.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    Fresh,
+    Replay,
+}
+
+struct Phase {
+    name: &'static str,
+    latencies: Vec<Duration>,
+    elapsed: Duration,
+}
+
+impl Phase {
+    fn empty(name: &'static str) -> Self {
+        Self {
+            name,
+            latencies: Vec::new(),
+            elapsed: Duration::ZERO,
+        }
+    }
+
+    fn add(&mut self, part: Phase) {
+        self.latencies.extend(part.latencies);
+        self.elapsed += part.elapsed;
+    }
+
+    fn per_second(&self) -> f64 {
+        self.latencies.len() as f64 / self.elapsed.as_secs_f64()
+    }
+
+    fn percentile_ms(&self, q: f64) -> f64 {
+        let index =
+            ((self.latencies.len() as f64 * q).ceil() as usize).clamp(1, self.latencies.len());
+        self.latencies[index - 1].as_secs_f64() * 1000.0
+    }
+}
+
+/// The in-process upstream and what it applied.
+struct Upstream {
+    addr: SocketAddr,
+    effects: Arc<AtomicUsize>,
+    store: Option<SqliteStore>,
+    stop: oneshot::Sender<()>,
+    _dir: tempfile::TempDir,
+}
+
+#[derive(Clone)]
+struct Effects {
+    count: Arc<AtomicUsize>,
+    store: Option<SqliteStore>,
+}
+
+async fn order(
+    State(effects): State<Effects>,
+    body: Bytes,
+) -> (StatusCode, [(&'static str, &'static str); 1], String) {
+    let id = match &effects.store {
+        None => effects.count.fetch_add(1, Ordering::Relaxed) as i64 + 1,
+        Some(store) => {
+            let stored = store
+                .with_connection(move |c| {
+                    c.execute("INSERT INTO orders (body) VALUES (?1)", [body.as_ref()])?;
+                    Ok::<_, idem::sqlite::rusqlite::Error>(c.last_insert_rowid())
+                })
+                .await;
+            match stored {
+                Ok(Ok(id)) => {
+                    effects.count.fetch_add(1, Ordering::Relaxed);
+                    id
+                }
+                _ => {
+                    return (
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        [("content-type", "text/plain")],
+                        "not stored".into(),
+                    );
+                }
+            }
+        }
+    };
+    (
+        StatusCode::CREATED,
+        [("content-type", "application/json")],
+        format!("{{\"order\":{id}}}"),
+    )
+}
+
+impl Upstream {
+    async fn start(work: UpstreamWork) -> anyhow::Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("idem-bench-upstream-")
+            .tempdir()?;
+        let store = match work {
+            UpstreamWork::Durable => {
+                let store = SqliteStore::open(dir.path().join("upstream.db")).await?;
+                store
+                    .with_connection(|c| {
+                        c.execute_batch(
+                            "CREATE TABLE orders (id INTEGER PRIMARY KEY, body BLOB NOT NULL)",
+                        )
+                    })
+                    .await??;
+                Some(store)
+            }
+            _ => None,
+        };
+        let effects = Arc::new(AtomicUsize::new(0));
+        let app = Router::new()
+            .route("/orders", post(order))
+            .with_state(Effects {
+                count: Arc::clone(&effects),
+                store: store.clone(),
+            });
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            tcp.set_nodelay(true).ok();
+        });
+        tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async {
+                    stopped.await.ok();
+                })
+                .await
+        });
+        Ok(Self {
+            addr,
+            effects,
+            store,
+            stop,
+            _dir: dir,
+        })
+    }
+
+    async fn effects(&self) -> anyhow::Result<usize> {
+        match &self.store {
+            None => Ok(self.effects.load(Ordering::SeqCst)),
+            Some(store) => {
+                let rows: i64 = store
+                    .with_connection(|c| {
+                        c.query_row("SELECT count(*) FROM orders", [], |r| r.get(0))
+                    })
+                    .await??;
+                Ok(rows as usize)
+            }
+        }
+    }
+}
+
+/// Sends every planned request with `concurrency` clients, each its own task.
+async fn drive(
+    client: &HttpClient,
+    name: &'static str,
+    concurrency: usize,
+    planned: Arc<Vec<Planned>>,
+    expect: Expect,
+) -> anyhow::Result<Phase> {
+    let next = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let mut clients = tokio::task::JoinSet::new();
+    for _ in 0..concurrency.max(1) {
+        let (client, planned, next) = (client.clone(), Arc::clone(&planned), Arc::clone(&next));
+        clients.spawn(async move {
+            let mut latencies = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(plan) = planned.get(i) else {
+                    return Ok::<_, anyhow::Error>(latencies);
+                };
+                let mut request = Request::post(plan.uri.clone())
+                    .header(http::header::CONTENT_TYPE, "application/json")
+                    .body(Full::new(plan.body.clone()))?;
+                if let Some(key) = &plan.key {
+                    request.headers_mut().insert(IDEMPOTENCY_KEY, key.clone());
+                }
+                let sent = Instant::now();
+                let response = client.request(request).await.context("request failed")?;
+                let status = response.status();
+                let replayed = response.headers().contains_key(IDEMPOTENT_REPLAYED);
+                let body = response.into_body().collect().await?.to_bytes();
+                latencies.push(sent.elapsed());
+                anyhow::ensure!(
+                    status == StatusCode::CREATED,
+                    "{name}: expected 201, got {status}: {}",
+                    String::from_utf8_lossy(&body)
+                );
+                anyhow::ensure!(
+                    replayed == (expect == Expect::Replay),
+                    "{name}: a request was {} where it should not have been",
+                    if replayed { "replayed" } else { "forwarded" }
+                );
+            }
+        });
+    }
+    let mut latencies = Vec::with_capacity(planned.len());
+    while let Some(done) = clients.join_next().await {
+        latencies.extend(done??);
+    }
+    let elapsed = start.elapsed();
+    Ok(Phase {
+        name,
+        latencies,
+        elapsed,
+    })
+}
+
+fn plan(
+    target: SocketAddr,
+    label: &str,
+    run: u32,
+    n: usize,
+    keyed: bool,
+    body: usize,
+) -> Arc<Vec<Planned>> {
+    let uri: Uri = format!("http://{target}/orders")
+        .parse()
+        .expect("a valid URI");
+    Arc::new(
+        (0..n)
+            .map(|i| {
+                let filler = "x".repeat(body.saturating_sub(48));
+                Planned {
+                    uri: uri.clone(),
+                    key: keyed.then(|| {
+                        HeaderValue::try_from(format!("\"bench-{run:08x}-{label}-{i}\""))
+                            .expect("a valid header")
+                    }),
+                    body: Bytes::from(format!(
+                        "{{\"order\":{i},\"amount\":1,\"note\":\"{filler}\"}}"
+                    )),
+                }
+            })
+            .collect(),
+    )
+}
+
+async fn measure(
+    work: UpstreamWork,
+    location: &StoreLocation,
+    args: &BenchHttpArgs,
+    client: &HttpClient,
+) -> anyhow::Result<Vec<Phase>> {
+    let upstream = Upstream::start(work).await?;
+    let layer = IdempotencyLayer::open(location, IdempotencyConfig::default())
+        .await
+        .with_context(|| format!("cannot open the store at {location}"))?;
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let gateway_addr = listener.local_addr()?;
+    let config = GatewayConfig::new(format!("http://{}", upstream.addr).parse()?);
+    let (stop, stopped) = oneshot::channel::<()>();
+    let serving = tokio::spawn(gateway::run(listener, Gateway::new(layer, config), async {
+        stopped.await.ok();
+    }));
+
+    let run: u32 = rand::random();
+    let (n, c, size) = (args.requests, args.concurrency, args.body);
+    let warm = 200.min(n);
+    drive(
+        client,
+        "warm-up",
+        c,
+        plan(upstream.addr, "w-direct", run, warm, true, size),
+        Expect::Fresh,
+    )
+    .await?;
+    drive(
+        client,
+        "warm-up",
+        c,
+        plan(gateway_addr, "w-gateway", run, warm, true, size),
+        Expect::Fresh,
+    )
+    .await?;
+
+    // Rounds interleave the phases, so drift (disk flush latency, a growing
+    // WAL) weighs on direct and gateway alike.
+    let rounds = args.rounds.clamp(1, n);
+    let mut phases = [
+        Phase::empty("direct"),
+        Phase::empty("gateway, unique keys"),
+        Phase::empty("gateway, replays"),
+        Phase::empty("gateway, no key"),
+    ];
+    for round in 0..rounds {
+        let share = n / rounds + usize::from(round < n % rounds);
+        let label = |phase: &str| format!("{phase}-{round}");
+        let unique = plan(gateway_addr, &label("unique"), run, share, true, size);
+        let chunks = [
+            (
+                plan(upstream.addr, &label("direct"), run, share, true, size),
+                Expect::Fresh,
+            ),
+            (Arc::clone(&unique), Expect::Fresh),
+            (unique, Expect::Replay),
+            (
+                plan(gateway_addr, &label("none"), run, share, false, size),
+                Expect::Fresh,
+            ),
+        ];
+        for (phase, (planned, expect)) in phases.iter_mut().zip(chunks) {
+            phase.add(drive(client, phase.name, c, planned, expect).await?);
+        }
+    }
+    for phase in &mut phases {
+        phase.latencies.sort_unstable();
+    }
+
+    let effects = upstream.effects().await?;
+    let expected = 2 * warm + 3 * n;
+    anyhow::ensure!(
+        effects == expected,
+        "the upstream applied {effects} effects where {expected} were expected (replays must add none)"
+    );
+    stop.send(()).ok();
+    serving.await??;
+    upstream.stop.send(()).ok();
+    Ok(phases.into())
+}
+
+pub async fn run(location: Option<StoreLocation>, args: &BenchHttpArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.requests > 0 && args.concurrency > 0,
+        "--requests and --concurrency must be positive"
+    );
+    let works = match args.upstream {
+        UpstreamWork::Both => vec![UpstreamWork::Durable, UpstreamWork::Echo],
+        one => vec![one],
+    };
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    let client: HttpClient = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(args.concurrency * 2)
+        .build(connector);
+    println!(
+        "{} requests per phase, {} concurrent clients, {}-byte JSON bodies; upstream, gateway and clients in one process on {} cores",
+        args.requests,
+        args.concurrency,
+        args.body,
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    );
+    for work in works {
+        let (_temporary, location) = super::given_or_temporary(location.clone())?;
+        let phases = measure(work, &location, args, &client).await?;
+        let base = phases[0].per_second();
+        let mut table = Table::new();
+        table.load_preset(UTF8_FULL_CONDENSED).set_header([
+            "phase",
+            "requests",
+            "req/s",
+            "p50 ms",
+            "p99 ms",
+            "× direct",
+        ]);
+        for phase in &phases {
+            table.add_row([
+                phase.name.to_owned(),
+                phase.latencies.len().to_string(),
+                format!("{:.0}", phase.per_second()),
+                format!("{:.2}", phase.percentile_ms(0.50)),
+                format!("{:.2}", phase.percentile_ms(0.99)),
+                format!("{:.2}", phase.per_second() / base),
+            ]);
+        }
+        let what = match work {
+            UpstreamWork::Durable => "durable: one SQLite commit (synchronous=FULL) per POST",
+            _ => "echo: answers at once, keeps nothing",
+        };
+        println!("\nupstream {what}; gateway store {location}");
+        println!("{table}");
+        println!(
+            "gateway ÷ direct: unique keys {:.2}× (target ≥ 0.5×), replays {:.2}× (target ≥ 0.9×)",
+            phases[1].per_second() / base,
+            phases[2].per_second() / base
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,94 @@
+//! `idem forward`: the sidecar. Consumes a RabbitMQ queue or a JetStream
+//! consumer and `POST`s each message to an HTTP endpoint with
+//! `Idempotency-Key` = the message's key; acks after a 2xx (or a terminal
+//! 4xx, recorded as a dead letter), retries 409/408/429/5xx with jittered
+//! backoff, dead-letters after the last attempt. Failure counts and dead
+//! letters live in the store (`--store`, default `sqlite://idem.db`).
+
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use idem::{AnyStore, Scope};
+use idem_broker::consume::{ConsumerConfig, KeyRule, KeySource, MissingKey, Source, SourceOptions};
+use idem_broker::forward::{self, ForwardConfig};
+
+/// `idem forward`
+#[derive(Debug, Args)]
+pub struct ForwardArgs {
+    /// Where messages come from: amqp://[USER:PASS@]HOST[:PORT]/[VHOST/]QUEUE
+    /// or nats://HOST[:PORT]/STREAM/CONSUMER (a durable pull consumer, created
+    /// with explicit acks if missing).
+    #[arg(long)]
+    pub from: Source,
+    /// The HTTP endpoint each message is POSTed to.
+    #[arg(long)]
+    pub to: http::Uri,
+    /// Where each message's idempotency key is: message-id (AMQP message_id
+    /// or Nats-Msg-Id), header:NAME, or json:PATH (/order/id or order.id).
+    #[arg(long, default_value = "message-id")]
+    pub key: KeySource,
+    /// Key messages without one by their stream position (NATS only): the
+    /// last resort, which does not dedupe a publisher's repeats. Without it
+    /// they are dead-lettered.
+    #[arg(long)]
+    pub key_from_position: bool,
+    /// The scope failure counts are kept under.
+    #[arg(long, default_value = "forward")]
+    pub scope: String,
+    /// Attempts before a message is dead-lettered.
+    #[arg(long, default_value_t = 5)]
+    pub max_attempts: u32,
+    /// Messages forwarded at once.
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: usize,
+    /// Deliveries held unacked at once (RabbitMQ prefetch, NATS pull batch).
+    #[arg(long, default_value_t = 64)]
+    pub prefetch: u16,
+    /// How long one request may take before it counts as failed.
+    #[arg(long, default_value = "30s")]
+    pub timeout: humantime::Duration,
+    /// NATS ack-wait of a consumer that is created.
+    #[arg(long, default_value = "30s")]
+    pub ack_wait: humantime::Duration,
+    /// Ack terminal 4xx answers without recording them as dead letters.
+    #[arg(long)]
+    pub ack_rejected: bool,
+}
+
+pub async fn run(store: AnyStore, args: &ForwardArgs) -> anyhow::Result<()> {
+    let scope = Scope::new(args.scope.clone()).context("invalid --scope")?;
+    let missing = if args.key_from_position {
+        MissingKey::Coordinates
+    } else {
+        MissingKey::DeadLetter
+    };
+    let consumer = ConsumerConfig::new(scope)
+        .key(KeyRule::new(args.key.clone()).or_else(missing))
+        .max_attempts(args.max_attempts)
+        .concurrency(args.concurrency)
+        .dead_letter_terminal_failures(!args.ack_rejected);
+    let mut forward = ForwardConfig::new(args.to.clone());
+    forward.timeout = Duration::from(args.timeout);
+    let options = SourceOptions {
+        prefetch: args
+            .prefetch
+            .max(u16::try_from(args.concurrency).unwrap_or(u16::MAX)),
+        ack_wait: args.ack_wait.into(),
+    };
+    eprintln!(
+        "forwarding {} to {} (key: {}); Ctrl-C stops after the messages in hand are settled",
+        args.from, args.to, args.key
+    );
+    let shutdown = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let stats = forward::run(&args.from, options, store, forward, consumer, shutdown)
+        .await
+        .with_context(|| format!("forwarding from {} stopped", args.from))?;
+    eprintln!(
+        "stopped: {} applied, {} duplicates answered by the endpoint, {} dead-lettered, {} given back for redelivery",
+        stats.applied, stats.replayed, stats.dead_lettered, stats.requeued
+    );
+    Ok(())
+}

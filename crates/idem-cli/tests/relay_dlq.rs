@@ -1,0 +1,225 @@
+//! `idem relay` and `idem dlq`, run as a user would, against a local webhook
+//! that applies each `Idempotency-Key` once: a relay process killed with
+//! SIGKILL in the middle of a publish is republished by the next one and the
+//! receiver keeps one effect; a dead letter is listed, shown and redriven with
+//! its key.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::process::{Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use idem::{AnyStore, IdempotencyKey, StoreLocation};
+use idem_broker::outbox::{self, Route};
+use idem_broker::publish::{Destination, Message};
+
+#[derive(Default)]
+struct Hook {
+    /// Calls per key, duplicates included.
+    calls: HashMap<String, u32>,
+    /// Keys applied (first call of each).
+    effects: u32,
+    answer: u16,
+    /// Hold every answer (the request was received and applied, the answer never comes).
+    hang: bool,
+}
+
+type Shared = Arc<Mutex<Hook>>;
+
+async fn receive(State(hook): State<Shared>, headers: HeaderMap) -> StatusCode {
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.trim_matches('"').to_owned())
+        .unwrap_or_default();
+    let (answer, hang) = {
+        let mut hook = hook.lock().unwrap();
+        let calls = hook.calls.entry(key).or_default();
+        *calls += 1;
+        if *calls == 1 {
+            hook.effects += 1;
+        }
+        (hook.answer, hook.hang)
+    };
+    if hang {
+        std::future::pending::<()>().await;
+    }
+    StatusCode::from_u16(answer).unwrap()
+}
+
+async fn start_hook(answer: u16) -> (Shared, SocketAddr) {
+    let hook: Shared = Arc::new(Mutex::new(Hook {
+        answer,
+        ..Hook::default()
+    }));
+    let app = axum::Router::new()
+        .route("/hook", axum::routing::post(receive))
+        .with_state(Arc::clone(&hook));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(listener, app).await.ok();
+    });
+    (hook, addr)
+}
+
+fn idem(store: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_idem"))
+        .arg("--store")
+        .arg(store)
+        .args(args)
+        .env_remove("IDEM_STORE")
+        .output()
+        .expect("run idem")
+}
+
+/// Runs `idem` off the runtime's worker, so the webhook keeps answering.
+async fn idem_async(store: &str, args: &[&str]) -> Output {
+    let store = store.to_owned();
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        idem(&store, &args)
+    })
+    .await
+    .unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+async fn store_with(dir: &tempfile::TempDir, to: &Destination, keys: &[&str]) -> String {
+    let path = dir.path().join("idem.db");
+    let store = AnyStore::open(&StoreLocation::Sqlite(path.clone()))
+        .await
+        .unwrap();
+    for key in keys {
+        let message = Message::new(IdempotencyKey::new(*key).unwrap(), b"{}".to_vec());
+        outbox::enqueue_now(&store, Route::To(to), &message)
+            .await
+            .unwrap();
+    }
+    format!("sqlite://{}", path.display())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_killed_mid_publish_is_republished_and_the_receiver_keeps_one_effect() {
+    let (hook, addr) = start_hook(200).await;
+    hook.lock().unwrap().hang = true;
+    let to: Destination = format!("http://{addr}/hook").parse().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with(&dir, &to, &["order-1/receipt"]).await;
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args([
+            "--store", &store, "relay", "--lease", "1s", "--poll", "100ms",
+        ])
+        .env_remove("IDEM_STORE")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start idem relay");
+    // Wait until the webhook has the request (and applied it): the relay is
+    // now inside the publish, waiting for the answer.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while hook.lock().unwrap().effects == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the relay never called"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    child.kill().expect("SIGKILL the relay");
+    child.wait().unwrap();
+
+    // The lease runs out; the next relay publishes the row again.
+    hook.lock().unwrap().hang = false;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let out = idem_async(&store, &["relay", "--once"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("sent 1"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    let hook = hook.lock().unwrap();
+    assert_eq!(
+        hook.calls.get("order-1/receipt"),
+        Some(&2),
+        "republished with the same key"
+    );
+    assert_eq!(hook.effects, 1, "the receiver's dedupe keeps one effect");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlq_lists_shows_and_redrives_with_the_original_key() {
+    let (hook, addr) = start_hook(500).await;
+    let to: Destination = format!("http://{addr}/hook").parse().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with(&dir, &to, &["refund-4/notice"]).await;
+
+    let out = idem_async(&store, &["relay", "--once", "--max-attempts", "1"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("dead-lettered 1"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    let out = idem_async(&store, &["dlq", "ls", "--json"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let letter = &listed[0];
+    assert_eq!(letter["key"], "refund-4/notice");
+    assert_eq!(letter["attempts"], 1);
+    assert!(letter["last_error"].as_str().unwrap().contains("500"));
+    let id = letter["id"].as_i64().unwrap().to_string();
+
+    let out = idem_async(&store, &["dlq", "show", &id]).await;
+    assert!(
+        text(&out.stdout).contains("refund-4/notice"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = idem_async(&store, &["dlq", "ls"]).await;
+    assert!(
+        text(&out.stdout).contains("1 waiting, 0 redriven"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    hook.lock().unwrap().answer = 200;
+    let out = idem_async(&store, &["dlq", "redrive", &id]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("with key refund-4/notice"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(hook.lock().unwrap().calls.get("refund-4/notice"), Some(&2));
+
+    let out = idem_async(&store, &["dlq", "ls"]).await;
+    assert!(
+        text(&out.stdout).contains("0 waiting, 1 redriven"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = idem_async(&store, &["dlq", "redrive", "--all"]).await;
+    assert!(
+        text(&out.stdout).contains("0 redriven, 0 failed"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = idem_async(&store, &["dlq", "redrive", "999"]).await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("no dead letter with id 999"),
+        "{}",
+        text(&out.stderr)
+    );
+}

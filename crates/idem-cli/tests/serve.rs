@@ -1,0 +1,512 @@
+//! `idem serve` run as a user runs it: a child process in front of an
+//! upstream this test starts, killed, stopped and restarted on the same file.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tokio::sync::Semaphore;
+
+/// An upstream that dedupes on the forwarded `Idempotency-Key`: the first
+/// request with a key applies the effect and then waits for the gate; later
+/// ones with that key get the first one's answer.
+#[derive(Clone)]
+struct Upstream {
+    effects: Arc<AtomicUsize>,
+    calls: Arc<AtomicUsize>,
+    answers: Arc<Mutex<HashMap<String, String>>>,
+    gate: Arc<Semaphore>,
+}
+
+impl Upstream {
+    fn new() -> Self {
+        Self {
+            effects: Arc::default(),
+            calls: Arc::default(),
+            answers: Arc::default(),
+            gate: Arc::new(Semaphore::new(0)),
+        }
+    }
+
+    fn effects(&self) -> usize {
+        self.effects.load(Ordering::SeqCst)
+    }
+
+    fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    async fn start(&self) -> SocketAddr {
+        let app = Router::new()
+            .route("/pay", post(pay))
+            .with_state(self.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        addr
+    }
+}
+
+async fn pay(State(up): State<Upstream>, headers: HeaderMap) -> (StatusCode, String) {
+    up.calls.fetch_add(1, Ordering::SeqCst);
+    let Some(key) = headers.get("idempotency-key").and_then(|k| k.to_str().ok()) else {
+        return (StatusCode::BAD_REQUEST, "no key".into());
+    };
+    let known = up.answers.lock().unwrap().get(key).cloned();
+    if let Some(answer) = known {
+        return (StatusCode::CREATED, answer);
+    }
+    let effect = up.effects.fetch_add(1, Ordering::SeqCst) + 1;
+    let answer = format!("{{\"effect\":{effect}}}");
+    up.answers
+        .lock()
+        .unwrap()
+        .insert(key.to_owned(), answer.clone());
+    up.gate.acquire().await.unwrap().forget();
+    (StatusCode::CREATED, answer)
+}
+
+/// A running `idem serve`, killed if still running when dropped.
+struct Serve {
+    child: Child,
+    addr: SocketAddr,
+    admin: Option<SocketAddr>,
+    settings: String,
+    stderr: Arc<Mutex<String>>,
+}
+
+fn idem() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_idem"));
+    for (name, _) in std::env::vars() {
+        if name.starts_with("IDEM_") {
+            command.env_remove(name);
+        }
+    }
+    command
+}
+
+impl Serve {
+    /// Starts `idem <args>` and waits for it to say where it listens.
+    fn start(args: &[&str], env: &[(&str, &str)]) -> Serve {
+        let mut child = idem()
+            .args(args)
+            .envs(env.iter().copied())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run idem serve");
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let collected = Arc::clone(&stderr);
+        let err = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                let mut text = collected.lock().unwrap();
+                text.push_str(&line);
+                text.push('\n');
+            }
+        });
+        let (lines_tx, lines) = mpsc::channel();
+        let out = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if lines_tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let (mut addr, mut admin) = (None, None);
+        let settings = loop {
+            let line = lines
+                .recv_timeout(Duration::from_secs(30))
+                .unwrap_or_else(|_| {
+                    panic!(
+                        "idem serve did not start; stderr:\n{}",
+                        stderr.lock().unwrap()
+                    )
+                });
+            if let Some(rest) = line.strip_prefix("idem serve: listening on http://") {
+                addr = Some(rest.split(',').next().unwrap().parse().unwrap());
+            } else if let Some(rest) = line.strip_prefix("idem serve: admin on http://") {
+                admin = Some(rest.split(' ').next().unwrap().parse().unwrap());
+            } else if let Some(rest) = line.strip_prefix("idem serve: store ") {
+                break rest.to_owned();
+            }
+        };
+        Serve {
+            child,
+            addr: addr.expect("the listening line"),
+            admin,
+            settings,
+            stderr,
+        }
+    }
+
+    fn terminate(&self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success());
+    }
+
+    fn wait(&mut self) -> std::process::ExitStatus {
+        for _ in 0..300 {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "idem serve did not exit; stderr:\n{}",
+            self.stderr.lock().unwrap()
+        );
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Reply {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+async fn send(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    key: Option<&str>,
+) -> Result<Reply, String> {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let mut request = http::Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"))
+        .header("content-type", "application/json");
+    if let Some(key) = key {
+        request = request.header("idempotency-key", format!("\"{key}\""));
+    }
+    let request = request
+        .body(Full::new(Bytes::from_static(b"{\"amount\":10}")))
+        .unwrap();
+    let response = tokio::time::timeout(Duration::from_secs(30), client.request(request))
+        .await
+        .map_err(|_| "no answer within 30 s".to_owned())?
+        .map_err(|e| e.to_string())?;
+    let status = response.status();
+    let headers = response.headers().clone();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    Ok(Reply {
+        status,
+        headers,
+        body,
+    })
+}
+
+fn store_in(dir: &tempfile::TempDir) -> String {
+    format!("sqlite://{}", dir.path().join("idem.db").display())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killed_mid_request_and_restarted_on_the_same_file_the_effect_is_applied_once() {
+    let upstream = Upstream::new();
+    let up = upstream.start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_in(&dir);
+    let upstream_url = format!("http://{up}");
+    let args = [
+        "--store",
+        &store,
+        "serve",
+        "--upstream",
+        &upstream_url,
+        "--listen",
+        "127.0.0.1:0",
+        "--lease",
+        "1s",
+    ];
+    let mut first = Serve::start(&args, &[]);
+    let addr = first.addr;
+    let in_flight = tokio::spawn(async move { send(addr, "POST", "/pay", Some("order-1")).await });
+    while upstream.calls() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    first.child.kill().expect("SIGKILL"); // mid-request: the upstream holds it
+    first.wait();
+    assert!(
+        in_flight.await.unwrap().is_err(),
+        "the client lost its answer"
+    );
+
+    let second = Serve::start(&args, &[]);
+    // The dead gateway's claim holds until its lease (1 s) ends; then the
+    // retry is forwarded again, with the same key, and the upstream dedupes.
+    let mut reply = send(second.addr, "POST", "/pay", Some("order-1"))
+        .await
+        .unwrap();
+    let mut tries = 0;
+    while reply.status == StatusCode::CONFLICT {
+        assert!(reply.headers.contains_key("retry-after"));
+        tries += 1;
+        assert!(tries < 100, "still 409 after 10 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        reply = send(second.addr, "POST", "/pay", Some("order-1"))
+            .await
+            .unwrap();
+    }
+    assert_eq!(reply.status, StatusCode::CREATED, "{:?}", reply.body);
+    assert_eq!(reply.body, "{\"effect\":1}");
+    assert_eq!(upstream.calls(), 2, "forwarded again after the lease");
+    assert_eq!(upstream.effects(), 1, "applied once");
+
+    let replay = send(second.addr, "POST", "/pay", Some("order-1"))
+        .await
+        .unwrap();
+    assert_eq!(replay.headers["idempotent-replayed"], "true");
+    assert_eq!(replay.body, reply.body);
+    assert_eq!(upstream.calls(), 2);
+    upstream.gate.add_permits(1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_lets_the_request_in_flight_finish_and_its_answer_is_kept() {
+    let upstream = Upstream::new();
+    let up = upstream.start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_in(&dir);
+    let upstream_url = format!("http://{up}");
+    let args = [
+        "--store",
+        &store,
+        "serve",
+        "--upstream",
+        &upstream_url,
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+    ];
+    let mut serve = Serve::start(&args, &[]);
+    let admin = serve.admin.expect("an admin address");
+    let health = send(admin, "GET", "/healthz", None).await.unwrap();
+    assert_eq!(health.status, StatusCode::OK);
+
+    let addr = serve.addr;
+    let in_flight = tokio::spawn(async move { send(addr, "POST", "/pay", Some("order-2")).await });
+    while upstream.calls() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    serve.terminate();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        serve.child.try_wait().unwrap().is_none(),
+        "it waits for the request in flight"
+    );
+    upstream.gate.add_permits(1);
+    let answer = in_flight
+        .await
+        .unwrap()
+        .expect("the request in flight is answered");
+    assert_eq!(answer.status, StatusCode::CREATED);
+    let status = serve.wait();
+    assert!(
+        status.success(),
+        "{status}; stderr:\n{}",
+        serve.stderr.lock().unwrap()
+    );
+    assert!(serve.stderr.lock().unwrap().contains("shutting down"));
+
+    // The answer was stored before the process exited: a new gateway replays it.
+    let again = Serve::start(&args, &[]);
+    let replay = send(again.addr, "POST", "/pay", Some("order-2"))
+        .await
+        .unwrap();
+    assert_eq!(replay.headers["idempotent-replayed"], "true");
+    assert_eq!(replay.body, answer.body);
+    assert_eq!(upstream.calls(), 1);
+    let metrics = send(again.admin.unwrap(), "GET", "/metrics", None)
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&metrics.body);
+    assert!(
+        text.contains("gateway_requests_total{outcome=\"replayed\"} 1"),
+        "{text}"
+    );
+    assert!(text.contains("dedupe_records 1"), "{text}");
+}
+
+#[test]
+fn settings_come_from_flags_then_environment_then_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("idem.toml");
+    std::fs::write(
+        &config,
+        "upstream = \"http://127.0.0.1:9\"\nlisten = \"127.0.0.1:0\"\nmax_body = \"10KiB\"\nlease = \"5s\"\nmode = \"stripe\"\n",
+    )
+    .unwrap();
+    let store = store_in(&dir);
+    let config = config.display().to_string();
+    let base = ["--store", &store, "serve", "--config", &config];
+
+    let from_file = Serve::start(&base, &[]);
+    assert!(
+        from_file.settings.contains("max body 10240 bytes"),
+        "{}",
+        from_file.settings
+    );
+    assert!(
+        from_file.settings.contains("lease 5s"),
+        "{}",
+        from_file.settings
+    );
+    assert!(
+        from_file.settings.contains("mode stripe"),
+        "{}",
+        from_file.settings
+    );
+    drop(from_file);
+
+    let env = [("IDEM_MAX_BODY", "20KiB"), ("IDEM_LEASE", "7s")];
+    let from_env = Serve::start(&base, &env);
+    assert!(
+        from_env.settings.contains("max body 20480 bytes"),
+        "{}",
+        from_env.settings
+    );
+    assert!(
+        from_env.settings.contains("lease 7s"),
+        "{}",
+        from_env.settings
+    );
+    drop(from_env);
+
+    let mut flagged: Vec<&str> = base.to_vec();
+    flagged.extend(["--max-body", "30KiB", "--mode", "ietf", "--require-key"]);
+    let from_flags = Serve::start(&flagged, &env);
+    assert!(
+        from_flags.settings.contains("max body 30720 bytes"),
+        "{}",
+        from_flags.settings
+    );
+    assert!(
+        from_flags.settings.contains("lease 7s"),
+        "{}",
+        from_flags.settings
+    );
+    assert!(
+        from_flags.settings.contains("mode ietf"),
+        "{}",
+        from_flags.settings
+    );
+    assert!(
+        from_flags.settings.contains("key required"),
+        "{}",
+        from_flags.settings
+    );
+}
+
+#[test]
+fn bad_settings_are_refused_with_what_to_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("idem.toml");
+    std::fs::write(
+        &config,
+        "upstream = \"http://127.0.0.1:9\"\nretension = \"7d\"\n",
+    )
+    .unwrap();
+    let config = config.display().to_string();
+    let store = store_in(&dir);
+    for (args, expected) in [
+        (vec!["serve", "--config", &config], "retension"),
+        (
+            vec![
+                "serve",
+                "--upstream",
+                "http://127.0.0.1:9",
+                "--max-body",
+                "lots",
+            ],
+            "1MiB",
+        ),
+        (
+            vec![
+                "serve",
+                "--upstream",
+                "http://127.0.0.1:9",
+                "--lease",
+                "soon",
+            ],
+            "--lease",
+        ),
+        (vec!["serve", "--listen", "127.0.0.1:0"], "--upstream"),
+        (
+            vec!["serve", "--upstream", "https://127.0.0.1:9"],
+            "plain HTTP",
+        ),
+        (
+            vec![
+                "--store",
+                "postgres://postgres@127.0.0.1:1/nowhere",
+                "serve",
+                "--upstream",
+                "http://127.0.0.1:9",
+            ],
+            "cannot open the store",
+        ),
+    ] {
+        let mut args = args;
+        if !args.contains(&"--store") {
+            args.splice(0..0, ["--store", store.as_str()]);
+        }
+        let out = idem().args(&args).output().expect("run idem");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} was accepted");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn bench_http_measures_direct_and_gateway_in_one_run() {
+    let out = idem()
+        .args(["bench", "http", "--requests", "60", "--concurrency", "4"])
+        .output()
+        .expect("run idem");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for row in [
+        "direct",
+        "gateway, unique keys",
+        "gateway, replays",
+        "gateway, no key",
+        "upstream durable",
+        "upstream echo",
+    ] {
+        assert!(stdout.contains(row), "no {row:?} in:\n{stdout}");
+    }
+    assert!(stdout.contains("gateway ÷ direct"), "{stdout}");
+}
