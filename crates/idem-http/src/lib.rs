@@ -15,19 +15,23 @@
 //! | same key, completed                        | stored status, headers and body + `Idempotent-Replayed: true` | same |
 //! | body over the limit                        | 413                              | 413                         |
 //!
-//! Two ways in:
+//! Three ways in:
 //!
 //! - [`IdempotencyLayer`], a tower layer for any service (an axum router, a
 //!   reverse proxy): the *leased* protocol, for effects the store cannot see;
 //! - [`atomic`] handlers, for axum routes whose effect is SQL on the store's own
 //!   database (SQLite or PostgreSQL): the handler's writes and the stored
-//!   response commit in one transaction.
+//!   response commit in one transaction;
+//! - the [`gateway`] (`idem serve`): the layer in front of a reverse proxy, for
+//!   services in any language, with the `Idempotency-Key` forwarded upstream.
 //!
 //! # Modules
 //!
 //! - [`idempotency`]: the layer, its service, config, future, and the refusals
 //!   with the one function that maps them to HTTP statuses;
 //! - [`atomic`]: route wrappers that run a handler inside the store's atomic `apply`;
+//! - [`gateway`] (feature `gateway`, on by default): the layer in front of a
+//!   reverse proxy, the admin listener and graceful shutdown: `idem serve`;
 //! - `key_header`: reading `Idempotency-Key` (RFC 8941 String, or bare);
 //! - `identity`: the scope (principal hash, method, route) and the fingerprint
 //!   (method, route, target, canonical body) of a keyed request;
@@ -38,6 +42,8 @@
 
 pub mod atomic;
 mod body;
+#[cfg(feature = "gateway")]
+pub mod gateway;
 pub mod idempotency;
 mod identity;
 mod key_header;

@@ -10,6 +10,9 @@
 //! | body over the limit               | 413    | problem+json        | `invalid_request_error`  |
 //! | body could not be read            | 400    | problem+json        | `invalid_request_error`  |
 //! | outcome unknown (inner failed)    | 502    | problem+json        | `api_error`              |
+//! | gateway: upstream timed out after the request was sent | 504 (+ `Retry-After` when keyed) | problem+json | `api_error` |
+//! | gateway: upstream broke off after the request was sent | 502 (+ `Retry-After` when keyed) | problem+json | `api_error` |
+//! | gateway: upstream unreachable, nothing sent | 502 + `Retry-After` | problem+json | `api_error`     |
 //! | atomic handler failed (rolled back) | 500  | problem+json        | `api_error`              |
 //! | store busy or unreachable         | 503 + `Retry-After` | problem+json | `api_error`          |
 //! | store failed otherwise            | 500    | problem+json        | `api_error`              |
@@ -70,7 +73,65 @@ pub enum Refusal {
     /// The stored outcome could not be turned back into a response.
     #[error("the stored response for this key cannot be replayed: {0}")]
     Corrupt(String),
+    /// (Gateway) The upstream did not answer in time after the request was
+    /// sent: whether it took effect is unknown.
+    #[error("{}", unknown_outcome(&format!("the upstream did not answer within {}", humane(*after)), *reserved_for))]
+    UpstreamTimeout {
+        /// The upstream timeout that ran out.
+        after: Duration,
+        /// For a keyed request, how long its key stays reserved (the lease);
+        /// `None` for a request without a key.
+        reserved_for: Option<Duration>,
+    },
+    /// (Gateway) The connection to the upstream broke after the request was
+    /// sent, before a complete response came back: whether it took effect is
+    /// unknown.
+    #[error("{}", unknown_outcome(&format!("the connection to the upstream broke before a complete response came back ({cause})"), *reserved_for))]
+    UpstreamBroke {
+        /// What broke, as the HTTP client reported it.
+        cause: String,
+        /// As for [`UpstreamTimeout`](Self::UpstreamTimeout).
+        reserved_for: Option<Duration>,
+    },
+    /// (Gateway) The upstream could not be reached, so nothing was sent; a
+    /// keyed request's key is released and a retry is forwarded at once.
+    #[error(
+        "the upstream could not be reached ({cause}), so the request was not sent and took no effect; retry it (with the same Idempotency-Key, if it had one)"
+    )]
+    UpstreamUnreachable {
+        /// Why, as the HTTP client reported it.
+        cause: String,
+    },
 }
+
+/// The detail of an outcome-unknown answer: what happened, and what a retry
+/// does.
+fn unknown_outcome(what: &str, reserved_for: Option<Duration>) -> String {
+    match reserved_for {
+        Some(lease) => format!(
+            "{what} after the request was sent, so whether it took effect is unknown. The Idempotency-Key stays reserved until its lease ends: retry with the same key after {} (Retry-After) and the request is forwarded again, with the same key, so the upstream can recognise the repeat",
+            humane(lease)
+        ),
+        None => format!(
+            "{what} after the request was sent, so whether it took effect is unknown. The request carried no Idempotency-Key: retrying it may apply it twice"
+        ),
+    }
+}
+
+/// A duration for people: whole seconds when it is at least one, else milliseconds.
+fn humane(duration: Duration) -> String {
+    if duration >= Duration::from_secs(1) {
+        format!("{} s", duration.as_millis().div_ceil(1000))
+    } else {
+        format!("{} ms", duration.as_millis().max(1))
+    }
+}
+
+/// A response extension on every answer the layer (or the gateway) gave
+/// itself, naming the refusal by its problem type: how the gateway counts
+/// requests by outcome without reading bodies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Refused(pub(crate) &'static str);
 
 impl Refusal {
     /// The HTTP status of this refusal in `mode`: the only place refusals and
@@ -79,7 +140,10 @@ impl Refusal {
         match self {
             Self::MissingKey | Self::Header(_) | Self::BodyUnreadable(_) => StatusCode::BAD_REQUEST,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::OutcomeUnknown => StatusCode::BAD_GATEWAY,
+            Self::OutcomeUnknown
+            | Self::UpstreamBroke { .. }
+            | Self::UpstreamUnreachable { .. } => StatusCode::BAD_GATEWAY,
+            Self::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::HandlerFailed | Self::Corrupt(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::Protocol(error) => match error {
                 Error::KeyReuse { .. } => match mode {
@@ -104,6 +168,9 @@ impl Refusal {
             Self::Protocol(Error::Store(store)) if store.kind().is_transient() => {
                 Duration::from_secs(1)
             }
+            Self::UpstreamTimeout { reserved_for, .. }
+            | Self::UpstreamBroke { reserved_for, .. } => (*reserved_for)?,
+            Self::UpstreamUnreachable { .. } => Duration::from_secs(1),
             _ => return None,
         };
         Some(wait.as_millis().div_ceil(1000).max(1) as u64)
@@ -120,6 +187,9 @@ impl Refusal {
             Self::OutcomeUnknown => "outcome-unknown",
             Self::HandlerFailed => "handler-failed",
             Self::Corrupt(_) | Self::Protocol(_) => "idempotency-store-failure",
+            Self::UpstreamTimeout { .. } => "upstream-timeout-outcome-unknown",
+            Self::UpstreamBroke { .. } => "upstream-broke-outcome-unknown",
+            Self::UpstreamUnreachable { .. } => "upstream-unreachable",
         }
     }
 
@@ -140,6 +210,9 @@ impl Refusal {
             Self::OutcomeUnknown => "Outcome unknown",
             Self::HandlerFailed => "Request failed; nothing was kept",
             Self::Corrupt(_) | Self::Protocol(_) => "Idempotency store failure",
+            Self::UpstreamTimeout { .. } => "Upstream timed out; outcome unknown",
+            Self::UpstreamBroke { .. } => "Upstream connection broke; outcome unknown",
+            Self::UpstreamUnreachable { .. } => "Upstream unreachable; nothing was sent",
         }
     }
 
@@ -150,9 +223,13 @@ impl Refusal {
                 Error::InvalidKey(_) | Error::KeyReuse { .. } | Error::InFlight { .. },
             ) => "idempotency_error",
             Self::BodyTooLarge { .. } | Self::BodyUnreadable(_) => "invalid_request_error",
-            Self::OutcomeUnknown | Self::HandlerFailed | Self::Corrupt(_) | Self::Protocol(_) => {
-                "api_error"
-            }
+            Self::OutcomeUnknown
+            | Self::HandlerFailed
+            | Self::Corrupt(_)
+            | Self::Protocol(_)
+            | Self::UpstreamTimeout { .. }
+            | Self::UpstreamBroke { .. }
+            | Self::UpstreamUnreachable { .. } => "api_error",
         }
     }
 
@@ -181,6 +258,9 @@ impl Refusal {
         };
         let mut response = Response::new(Body::from(body.to_string()));
         *response.status_mut() = status;
+        response
+            .extensions_mut()
+            .insert(Refused(self.problem_type()));
         let headers = response.headers_mut();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
         if let Some(seconds) = self.retry_after() {

@@ -21,6 +21,8 @@ use idem_http::IDEMPOTENCY_KEY;
 use serde_json::Value;
 
 pub mod bank;
+#[cfg(feature = "gateway")]
+pub mod gateway;
 pub mod pg;
 
 /// A running server; stopped when dropped.
@@ -42,10 +44,7 @@ impl Server {
     }
 
     pub fn client(&self) -> Client {
-        Client {
-            base: format!("http://{}", self.addr),
-            http: HyperClient::builder(TokioExecutor::new()).build_http(),
-        }
+        Client::to(self.addr)
     }
 }
 
@@ -65,6 +64,14 @@ pub struct Client {
 }
 
 impl Client {
+    /// A client for the server at `addr`.
+    pub fn to(addr: SocketAddr) -> Client {
+        Client {
+            base: format!("http://{}", addr),
+            http: HyperClient::builder(TokioExecutor::new()).build_http(),
+        }
+    }
+
     pub fn post(&self, path: &str) -> Call {
         self.call(Method::POST, path)
     }

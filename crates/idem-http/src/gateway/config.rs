@@ -1,0 +1,235 @@
+//! [`GatewayConfig`]: where the upstream is and how long the gateway waits
+//! for it. What is keyed, stored and for how long is the layer's
+//! [`IdempotencyConfig`](crate::IdempotencyConfig).
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use http::uri::{Authority, PathAndQuery, Scheme, Uri};
+
+/// How long the gateway waits for the upstream by default: 30 s.
+pub const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The longest the gateway waits to open a connection to the upstream. A
+/// connection that could not be opened carried nothing, so this failure is
+/// told apart from a timeout after the request was sent.
+const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The service the gateway forwards to: `http://HOST:PORT`, with an optional
+/// base path that is put in front of every request path.
+///
+/// ```
+/// use idem_http::gateway::Upstream;
+///
+/// let upstream: Upstream = "http://127.0.0.1:9000/api/".parse()?;
+/// assert_eq!(upstream.to_string(), "http://127.0.0.1:9000/api");
+/// assert!("https://example.com".parse::<Upstream>().is_err());
+/// # Ok::<(), idem_http::gateway::UpstreamError>(())
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct Upstream {
+    authority: Authority,
+    base_path: String,
+}
+
+/// An upstream URL the gateway cannot forward to.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum UpstreamError {
+    /// Not a URL at all.
+    #[error(
+        "upstream {url:?} is not a URL ({reason}): write http://HOST:PORT, optionally with a base path such as http://127.0.0.1:9000/api"
+    )]
+    NotAUrl {
+        /// The text as given.
+        url: String,
+        /// What the parser said.
+        reason: String,
+    },
+    /// A scheme other than `http`.
+    #[error(
+        "upstream {url:?} uses {scheme}://, but the gateway speaks plain HTTP to its upstream: write http://HOST:PORT (terminate TLS in front of the gateway and keep the upstream on a private network)"
+    )]
+    Scheme {
+        /// The text as given.
+        url: String,
+        /// The scheme found (or `none`).
+        scheme: String,
+    },
+    /// A query string, which would be glued to every request.
+    #[error(
+        "upstream {url:?} has a query string: give only http://HOST:PORT and an optional base path"
+    )]
+    Query {
+        /// The text as given.
+        url: String,
+    },
+}
+
+impl FromStr for Upstream {
+    type Err = UpstreamError;
+
+    fn from_str(url: &str) -> Result<Self, UpstreamError> {
+        let uri: Uri = url
+            .parse()
+            .map_err(|e: http::uri::InvalidUri| UpstreamError::NotAUrl {
+                url: url.to_owned(),
+                reason: e.to_string(),
+            })?;
+        match uri.scheme() {
+            Some(scheme) if *scheme == Scheme::HTTP => {}
+            other => {
+                return Err(UpstreamError::Scheme {
+                    url: url.to_owned(),
+                    scheme: other.map_or_else(|| "no scheme".to_owned(), |s| s.to_string()),
+                });
+            }
+        }
+        let Some(authority) = uri.authority().cloned() else {
+            return Err(UpstreamError::NotAUrl {
+                url: url.to_owned(),
+                reason: "no host".to_owned(),
+            });
+        };
+        if uri.query().is_some() {
+            return Err(UpstreamError::Query {
+                url: url.to_owned(),
+            });
+        }
+        Ok(Self {
+            authority,
+            base_path: uri.path().trim_end_matches('/').to_owned(),
+        })
+    }
+}
+
+impl Upstream {
+    /// Where a request for `target` (a path and query) goes upstream.
+    pub(crate) fn uri_for(&self, target: Option<&PathAndQuery>) -> Result<Uri, http::Error> {
+        let target = target.map_or("/", PathAndQuery::as_str);
+        let target = if target.starts_with('/') {
+            format!("{}{target}", self.base_path)
+        } else {
+            // An asterisk-form target (`OPTIONS *`): the upstream's base.
+            format!("{}/", self.base_path)
+        };
+        Uri::builder()
+            .scheme(Scheme::HTTP)
+            .authority(self.authority.clone())
+            .path_and_query(target)
+            .build()
+    }
+}
+
+impl fmt::Display for Upstream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "http://{}{}", self.authority, self.base_path)
+    }
+}
+
+impl fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Upstream({self})")
+    }
+}
+
+/// The gateway's own settings.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_http::gateway::GatewayConfig;
+///
+/// let config = GatewayConfig::new("http://127.0.0.1:9000".parse()?)
+///     .upstream_timeout(Duration::from_secs(10));
+/// assert_eq!(config.shutdown_grace_period(), Duration::from_secs(15));
+/// # Ok::<(), idem_http::gateway::UpstreamError>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    pub(crate) upstream: Upstream,
+    pub(crate) upstream_timeout: Duration,
+    pub(crate) shutdown_grace: Option<Duration>,
+}
+
+impl GatewayConfig {
+    /// Forwards to `upstream`, with the default timeout (30 s).
+    pub fn new(upstream: Upstream) -> Self {
+        Self {
+            upstream,
+            upstream_timeout: DEFAULT_UPSTREAM_TIMEOUT,
+            shutdown_grace: None,
+        }
+    }
+
+    /// How long the gateway waits for the upstream's answer (the response
+    /// head, and for a keyed request the whole body) after sending a request.
+    /// When it runs out the outcome is unknown: the client gets 504 and a
+    /// keyed request's key stays reserved until its lease ends.
+    pub fn upstream_timeout(mut self, timeout: Duration) -> Self {
+        self.upstream_timeout = timeout;
+        self
+    }
+
+    /// How long a graceful shutdown waits for requests in flight before it
+    /// gives up on them (default: the upstream timeout plus 5 s, so every
+    /// forwarded request gets its answer or its timeout).
+    pub fn shutdown_grace(mut self, grace: Duration) -> Self {
+        self.shutdown_grace = Some(grace);
+        self
+    }
+
+    /// The upstream.
+    pub fn upstream(&self) -> &Upstream {
+        &self.upstream
+    }
+
+    /// The upstream timeout.
+    pub fn timeout(&self) -> Duration {
+        self.upstream_timeout
+    }
+
+    /// How long a graceful shutdown waits for requests in flight.
+    pub fn shutdown_grace_period(&self) -> Duration {
+        self.shutdown_grace
+            .unwrap_or(self.upstream_timeout + Duration::from_secs(5))
+    }
+
+    /// How long opening a connection to the upstream may take: less than the
+    /// upstream timeout, so a connection that cannot be opened is reported as
+    /// such (nothing sent, key released) rather than as an unknown outcome.
+    pub(crate) fn connect_timeout(&self) -> Duration {
+        (self.upstream_timeout / 2).min(MAX_CONNECT_TIMEOUT)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstream_targets_keep_the_base_path_and_the_query() {
+        let upstream: Upstream = "http://127.0.0.1:9000/api/".parse().unwrap();
+        let target = PathAndQuery::from_static("/orders?limit=2");
+        assert_eq!(
+            upstream.uri_for(Some(&target)).unwrap(),
+            "http://127.0.0.1:9000/api/orders?limit=2"
+        );
+        let bare: Upstream = "http://localhost:8081".parse().unwrap();
+        assert_eq!(bare.uri_for(None).unwrap(), "http://localhost:8081/");
+        assert_eq!(bare.to_string(), "http://localhost:8081");
+    }
+
+    #[test]
+    fn bad_upstreams_say_what_to_write() {
+        for (url, expected) in [
+            ("https://example.com", "plain HTTP"),
+            ("127.0.0.1:9000", "http://HOST:PORT"),
+            ("http://exa mple", "not a URL"),
+            ("http://h:1/?x=1", "query string"),
+        ] {
+            let error = url.parse::<Upstream>().unwrap_err().to_string();
+            assert!(error.contains(expected), "{url}: {error}");
+        }
+    }
+}

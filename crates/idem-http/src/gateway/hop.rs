@@ -1,0 +1,69 @@
+//! Hop-by-hop headers: they describe one connection, not the message, so a
+//! proxy removes them in both directions (RFC 9110 §7.6.1) — the fixed list,
+//! and every header the `Connection` header names.
+
+use http::HeaderMap;
+use http::header::{self, HeaderName};
+
+/// Headers that never cross a proxy, whatever `Connection` says.
+const HOP_BY_HOP: [HeaderName; 9] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+/// Removes the hop-by-hop headers of one message: those the `Connection`
+/// header names first, then the fixed list (which includes `Connection`).
+pub(crate) fn strip(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named.iter().chain(HOP_BY_HOP.iter()) {
+        headers.remove(name);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http::HeaderValue;
+
+    use super::*;
+
+    #[test]
+    fn strips_the_fixed_list_and_whatever_connection_names() {
+        let mut headers = HeaderMap::new();
+        for (name, value) in [
+            ("connection", "keep-alive, X-Session-Hop"),
+            ("connection", "x-other-hop"),
+            ("keep-alive", "timeout=5"),
+            ("x-session-hop", "1"),
+            ("x-other-hop", "1"),
+            ("transfer-encoding", "chunked"),
+            ("te", "trailers"),
+            ("upgrade", "websocket"),
+            ("proxy-authorization", "Basic Zm9v"),
+            ("idempotency-key", "\"k-1\""),
+            ("authorization", "Bearer t"),
+            ("content-length", "12"),
+        ] {
+            headers.append(
+                HeaderName::from_static(name),
+                HeaderValue::from_static(value),
+            );
+        }
+        strip(&mut headers);
+        let mut left: Vec<&str> = headers.keys().map(HeaderName::as_str).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["authorization", "content-length", "idempotency-key"]);
+    }
+}

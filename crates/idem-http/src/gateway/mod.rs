@@ -1,0 +1,183 @@
+//! `idem serve` as a library: the [`IdempotencyLayer`] in front of a reverse
+//! proxy, so a service written in any language gets `Idempotency-Key`
+//! semantics without changing a line.
+//!
+//! # Why a gateway, and where its guarantee ends
+//!
+//! The upstream is opaque, so the gateway uses the layer's *leased* protocol:
+//! claim the key, forward the request, store the answer (or release the key
+//! when the answer says "try again"). Duplicates that arrive after the answer
+//! was stored are replayed without reaching the upstream; concurrent ones get
+//! 409 at once. What the gateway cannot know is what happened upstream when no
+//! answer came back — a timeout, or a connection that broke after the request
+//! was sent. It then says so (504/502 with a problem body: *outcome unknown*),
+//! keeps the claim until its lease ends, and forwards the next retry after that.
+//! Because the `Idempotency-Key` is forwarded unchanged, an upstream that
+//! dedupes on it closes that last gap; one that does not may apply such a
+//! request twice. That boundary is the honest one for any proxy.
+//!
+//! # Layout
+//!
+//! - `config`: [`GatewayConfig`] and [`Upstream`];
+//! - `proxy`: the reverse proxy on hyper-util's client (hop-by-hop headers,
+//!   forwarding headers, timeout, and the outcome-unknown marker);
+//! - `hop`: the hop-by-hop headers;
+//! - [`run`] (here): the accept loop and graceful shutdown;
+//! - `admin`: [`serve_admin`], `/metrics` and `/healthz`;
+//! - `observe`: requests by outcome and the record gauges.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use idem_http::gateway::{self, Gateway, GatewayConfig};
+//! use idem_http::{IdempotencyConfig, IdempotencyLayer};
+//!
+//! let layer = IdempotencyLayer::open(&"sqlite://idem.db".parse()?, IdempotencyConfig::default()).await?;
+//! let gateway = Gateway::new(layer, GatewayConfig::new("http://127.0.0.1:9000".parse()?));
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+//! let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+//! // Hand `stop` to whatever decides to shut down (a SIGTERM handler, say).
+//! # drop(stop);
+//! gateway::run(listener, gateway, async { stopped.await.ok(); }).await?;
+//! # Ok(()) }
+//! ```
+
+mod admin;
+mod config;
+mod hop;
+mod observe;
+mod proxy;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+
+use axum::body::Body;
+use axum::response::Response;
+use http::Request;
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use idem::LeaseStore;
+use tokio::net::TcpListener;
+use tower::ServiceExt;
+
+pub use admin::{RecorderError, metrics_recorder, serve_admin};
+pub use config::{DEFAULT_UPSTREAM_TIMEOUT, GatewayConfig, Upstream, UpstreamError};
+pub use observe::{DEDUPE_RECORDS, DEDUPE_RECORDS_EXPIRED, REQUESTS_TOTAL};
+
+use crate::{IdempotencyConfig, IdempotencyLayer, IdempotencyService};
+use proxy::{ClientAddr, Proxy};
+
+/// The idempotency layer over the reverse proxy, ready to [`run`].
+#[derive(Debug)]
+pub struct Gateway<St> {
+    layer: IdempotencyLayer<St>,
+    config: GatewayConfig,
+}
+
+impl<St> Gateway<St> {
+    /// A gateway that applies `layer` (its store and [`IdempotencyConfig`]) in
+    /// front of the upstream of `config`.
+    pub fn new(layer: IdempotencyLayer<St>, config: GatewayConfig) -> Self {
+        Self { layer, config }
+    }
+
+    /// The layer: its store and its configuration.
+    pub fn layer(&self) -> &IdempotencyLayer<St> {
+        &self.layer
+    }
+
+    /// The gateway's own configuration.
+    pub fn config(&self) -> &GatewayConfig {
+        &self.config
+    }
+}
+
+/// Serves `gateway` on `listener` until `shutdown` completes, then shuts down
+/// gracefully: stops accepting, lets the requests in flight finish (each
+/// keyed one stores or releases its claim as its upstream answer says, or
+/// keeps it until its lease ends when the upstream did not answer), closes
+/// idle connections, and returns. Requests still running after the grace
+/// period ([`GatewayConfig::shutdown_grace`]) are abandoned; their claims stay
+/// until their leases end, as after a crash.
+///
+/// Errors only if accepting fails for good.
+pub async fn run<St>(
+    listener: TcpListener,
+    gateway: Gateway<St>,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()>
+where
+    St: LeaseStore + 'static,
+{
+    let idempotency = gateway.layer.config().clone();
+    let proxy = Proxy::new(&gateway.config, idempotency.clone());
+    let service = tower::Layer::layer(&gateway.layer, proxy);
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new());
+    let graceful = GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    // Out of file descriptors and the like: wait, do not spin or die.
+                    tracing::warn!(%error, "could not accept a connection");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        if let Err(error) = stream.set_nodelay(true) {
+            tracing::debug!(%error, "could not set TCP_NODELAY");
+        }
+        let service = service.clone();
+        let idempotency = idempotency.clone();
+        let per_request = service_fn(move |request: Request<Incoming>| {
+            answer(service.clone(), idempotency.clone(), peer, request)
+        });
+        let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), per_request));
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(%error, %peer, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    let grace = gateway.config.shutdown_grace_period();
+    tracing::info!(
+        ?grace,
+        "stopped accepting; letting the requests in flight finish"
+    );
+    if tokio::time::timeout(grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            ?grace,
+            "requests still running after the grace period were abandoned; their keys stay reserved until their leases end"
+        );
+    }
+    Ok(())
+}
+
+/// One request through the layer and the proxy, counted by outcome.
+async fn answer<St>(
+    service: IdempotencyService<Proxy, St>,
+    idempotency: IdempotencyConfig,
+    peer: SocketAddr,
+    mut request: Request<Incoming>,
+) -> Result<Response, Infallible>
+where
+    St: LeaseStore + 'static,
+{
+    request.extensions_mut().insert(ClientAddr(peer));
+    let keyed = observe::is_keyed(&idempotency, &request);
+    let response: Response<Body> = service.oneshot(request).await?;
+    observe::answered(observe::outcome(&idempotency, keyed, &response));
+    Ok(response)
+}

@@ -1,0 +1,75 @@
+//! The gateway's own metrics: requests by outcome, and the stored records.
+//! The protocol's counters (`duplicates_suppressed_total`,
+//! `idempotency_key_conflicts_total`, `idempotency_key_reuse_total`,
+//! `lease_takeovers_total`) come from the store, through `idem-core`'s
+//! `observe`, into the same recorder.
+//!
+//! A request's outcome is read from its response, never from its body: the
+//! layer's refusals carry their problem type, upstream answers carry a marker,
+//! and replays carry `Idempotent-Replayed`.
+
+use axum::response::Response;
+use http::Request;
+use idem::RecordCount;
+
+use super::proxy::FromUpstream;
+use crate::IdempotencyConfig;
+use crate::idempotency::problem::Refused;
+use crate::key_header::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
+
+/// Requests answered by the gateway, labelled `outcome`.
+pub const REQUESTS_TOTAL: &str = "gateway_requests_total";
+/// Idempotency records in the store (a gauge, refreshed on every scrape).
+pub const DEDUPE_RECORDS: &str = "dedupe_records";
+/// Records past retention, waiting for a sweep (a gauge, refreshed on every scrape).
+pub const DEDUPE_RECORDS_EXPIRED: &str = "dedupe_records_expired";
+
+/// Whether the layer treats `request` as keyed (a malformed key counts: the
+/// layer refuses it).
+pub(crate) fn is_keyed<B>(config: &IdempotencyConfig, request: &Request<B>) -> bool {
+    config.accepts_key(request.method()) && request.headers().contains_key(IDEMPOTENCY_KEY)
+}
+
+/// The `outcome` label of a request's answer:
+///
+/// - `forwarded_stored`: keyed, the upstream answered, and the answer was stored;
+/// - `forwarded_released`: keyed, the upstream answered with a status that is
+///   not stored (5xx, 408, 429), so the key was released;
+/// - `passed_through`: no key (or a method that takes none), forwarded as is;
+/// - `replayed`: a duplicate, answered from the store;
+/// - otherwise the refusal's problem type: `idempotency-key-in-flight`,
+///   `idempotency-key-reused`, `missing-idempotency-key`,
+///   `malformed-idempotency-key`, `request-too-large`,
+///   `upstream-timeout-outcome-unknown`, `upstream-broke-outcome-unknown`,
+///   `upstream-unreachable`, `idempotency-store-failure`, ...
+pub(crate) fn outcome(
+    config: &IdempotencyConfig,
+    keyed: bool,
+    response: &Response,
+) -> &'static str {
+    if let Some(Refused(problem)) = response.extensions().get::<Refused>() {
+        return problem;
+    }
+    if response.extensions().get::<FromUpstream>().is_some() {
+        return match (keyed, config.stored.contains(response.status())) {
+            (false, _) => "passed_through",
+            (true, true) => "forwarded_stored",
+            (true, false) => "forwarded_released",
+        };
+    }
+    if response.headers().contains_key(IDEMPOTENT_REPLAYED) {
+        return "replayed";
+    }
+    "other"
+}
+
+/// Counts one answered request.
+pub(crate) fn answered(outcome: &'static str) {
+    metrics::counter!(REQUESTS_TOTAL, "outcome" => outcome).increment(1);
+}
+
+/// Publishes the store's record counts.
+pub(crate) fn records(count: RecordCount) {
+    metrics::gauge!(DEDUPE_RECORDS).set(count.total as f64);
+    metrics::gauge!(DEDUPE_RECORDS_EXPIRED).set(count.expired as f64);
+}

@@ -1,0 +1,258 @@
+//! [`Proxy`]: the reverse proxy behind the gateway's idempotency layer. It
+//! forwards every request to the upstream on hyper-util's pooled client and
+//! tells the layer, by the [`UnknownOutcome`] marker, when a request was sent
+//! but no complete answer came back.
+//!
+//! What it changes on the way, and nothing else:
+//!
+//! - hop-by-hop headers are removed in both directions ([`hop`](super::hop));
+//! - the target is rewritten onto the upstream (its base path in front), the
+//!   `Host` becomes the upstream's, and `X-Forwarded-For`, `X-Forwarded-Host`
+//!   and `X-Forwarded-Proto` say where the request came from;
+//! - `Idempotency-Key` is forwarded as it came, so the upstream can dedupe too.
+//!
+//! Requests without a key, and their responses, stream through untouched. For
+//! a keyed request the response body is read whole before it is handed back
+//! (the layer stores it anyway), within the same deadline as the head, so a
+//! body that breaks off is an unknown outcome and not a truncated replay.
+//!
+//! How a failure is told apart:
+//!
+//! | what happened                               | answer | keyed request's claim   |
+//! |---------------------------------------------|--------|-------------------------|
+//! | no connection could be opened (nothing sent) | 502    | released: retry at once |
+//! | no answer within the upstream timeout        | 504    | kept until its lease ends |
+//! | connection broke after the request was sent  | 502    | kept until its lease ends |
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::response::Response;
+use futures::future::BoxFuture;
+use http::header::{HOST, HeaderName, HeaderValue};
+use http::{Request, Version};
+use http_body_util::BodyExt;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use tower::Service;
+
+use super::GatewayConfig;
+use super::config::Upstream;
+use super::hop;
+use crate::idempotency::{IdempotencyConfig, Mode, Refusal, UnknownOutcome};
+use crate::key_header::IDEMPOTENCY_KEY;
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+
+/// The address of the client a request came from; the gateway's accept loop
+/// puts it in the request's extensions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ClientAddr(pub(crate) SocketAddr);
+
+/// A response extension on every answer that came from the upstream (as
+/// opposed to one the layer or the gateway wrote), for counting outcomes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FromUpstream;
+
+/// The reverse proxy. Cheap to clone: clones share the connection pool.
+#[derive(Clone)]
+pub(crate) struct Proxy {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    client: Client<HttpConnector, Body>,
+    upstream: Upstream,
+    timeout: Duration,
+    idempotency: IdempotencyConfig,
+}
+
+impl std::fmt::Debug for Proxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Proxy")
+            .field("upstream", &self.shared.upstream)
+            .field("timeout", &self.shared.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Proxy {
+    pub(crate) fn new(config: &GatewayConfig, idempotency: IdempotencyConfig) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(config.connect_timeout()));
+        let client = Client::builder(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .build(connector);
+        Self {
+            shared: Arc::new(Shared {
+                client,
+                upstream: config.upstream.clone(),
+                timeout: config.upstream_timeout,
+                idempotency,
+            }),
+        }
+    }
+}
+
+impl Service<Request<Body>> for Proxy {
+    type Response = Response;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<Response, Infallible>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
+        let shared = Arc::clone(&self.shared);
+        Box::pin(async move { Ok(shared.forward(request).await) })
+    }
+}
+
+impl Shared {
+    async fn forward(&self, request: Request<Body>) -> Response {
+        let mode = self.idempotency.vocabulary();
+        // The layer sends a keyed request here only once it holds its claim.
+        let keyed = self.idempotency.accepts_key(request.method())
+            && request.headers().contains_key(IDEMPOTENCY_KEY);
+        let reserved_for = keyed.then_some(self.idempotency.lease);
+        let outgoing = match self.outgoing(request) {
+            Ok(outgoing) => outgoing,
+            Err(error) => {
+                return Refusal::UpstreamUnreachable {
+                    cause: format!("the request could not be rewritten for the upstream: {error}"),
+                }
+                .to_response(mode);
+            }
+        };
+
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let answer = match tokio::time::timeout_at(deadline, self.client.request(outgoing)).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(error)) if error.is_connect() => {
+                return Refusal::UpstreamUnreachable {
+                    cause: chain(&error),
+                }
+                .to_response(mode);
+            }
+            Ok(Err(error)) => {
+                let cause = chain(&error);
+                return unknown(
+                    Refusal::UpstreamBroke {
+                        cause,
+                        reserved_for,
+                    },
+                    mode,
+                );
+            }
+            Err(_elapsed) => {
+                let after = self.timeout;
+                return unknown(
+                    Refusal::UpstreamTimeout {
+                        after,
+                        reserved_for,
+                    },
+                    mode,
+                );
+            }
+        };
+
+        let (mut parts, body) = answer.into_parts();
+        hop::strip(&mut parts.headers);
+        parts.extensions.insert(FromUpstream);
+        if !keyed {
+            return Response::from_parts(parts, Body::new(body));
+        }
+        match tokio::time::timeout_at(deadline, body.collect()).await {
+            Ok(Ok(collected)) => Response::from_parts(parts, Body::from(collected.to_bytes())),
+            Ok(Err(error)) => {
+                let cause = chain(&error);
+                unknown(
+                    Refusal::UpstreamBroke {
+                        cause,
+                        reserved_for,
+                    },
+                    mode,
+                )
+            }
+            Err(_elapsed) => {
+                let after = self.timeout;
+                unknown(
+                    Refusal::UpstreamTimeout {
+                        after,
+                        reserved_for,
+                    },
+                    mode,
+                )
+            }
+        }
+    }
+
+    /// The request as the upstream gets it.
+    fn outgoing(&self, request: Request<Body>) -> Result<Request<Body>, http::Error> {
+        let (parts, body) = request.into_parts();
+        let uri = self.upstream.uri_for(parts.uri.path_and_query())?;
+        let mut headers = parts.headers;
+        hop::strip(&mut headers);
+        let host = headers
+            .remove(HOST)
+            .or_else(|| parts.uri.authority().and_then(|a| a.as_str().parse().ok()));
+        if let Some(ClientAddr(peer)) = parts.extensions.get::<ClientAddr>() {
+            let mut forwarded_for = headers
+                .get_all(&X_FORWARDED_FOR)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .collect::<Vec<_>>()
+                .join(", ");
+            if !forwarded_for.is_empty() {
+                forwarded_for.push_str(", ");
+            }
+            forwarded_for.push_str(&peer.ip().to_string());
+            headers.insert(X_FORWARDED_FOR, HeaderValue::try_from(forwarded_for)?);
+        }
+        if let Some(host) = host {
+            headers.entry(X_FORWARDED_HOST).or_insert(host);
+        }
+        headers
+            .entry(X_FORWARDED_PROTO)
+            .or_insert(HeaderValue::from_static("http"));
+
+        let mut outgoing = Request::new(body);
+        *outgoing.method_mut() = parts.method;
+        *outgoing.uri_mut() = uri;
+        *outgoing.version_mut() = Version::HTTP_11;
+        *outgoing.headers_mut() = headers;
+        Ok(outgoing)
+    }
+}
+
+/// An outcome-unknown answer: the refusal's response (logged as a warning by
+/// [`Refusal::to_response`]), marked so the layer keeps the claim until its
+/// lease ends.
+fn unknown(refusal: Refusal, mode: Mode) -> Response {
+    let mut response = refusal.to_response(mode);
+    response.extensions_mut().insert(UnknownOutcome);
+    response
+}
+
+/// An error and its sources on one line (hyper's own messages are terse).
+fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

@@ -1,0 +1,328 @@
+//! An upstream that counts its effects, and gateways in front of it, each on
+//! `127.0.0.1:0`.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use bytes::Bytes;
+use idem::{AnyStore, SharedClock, StoreLocation};
+use idem_http::gateway::{self, GatewayConfig};
+use idem_http::{IdempotencyConfig, IdempotencyLayer};
+use serde_json::{Value, json};
+use tokio::io::AsyncReadExt;
+use tokio::sync::{Semaphore, oneshot};
+use tokio::task::JoinHandle;
+
+use super::{Client, Server};
+
+/// The upstream's state: what it applied and what it saw.
+#[derive(Clone)]
+pub struct Upstream {
+    effects: Arc<AtomicUsize>,
+    calls: Arc<AtomicUsize>,
+    seen: Arc<Mutex<Vec<HeaderMap>>>,
+    by_key: Arc<Mutex<HashMap<String, Value>>>,
+    gate: Arc<Semaphore>,
+}
+
+impl Default for Upstream {
+    fn default() -> Self {
+        Self {
+            effects: Arc::default(),
+            calls: Arc::default(),
+            seen: Arc::default(),
+            by_key: Arc::default(),
+            gate: Arc::new(Semaphore::new(0)),
+        }
+    }
+}
+
+impl Upstream {
+    /// Effects applied.
+    pub fn effects(&self) -> usize {
+        self.effects.load(Ordering::SeqCst)
+    }
+
+    /// Requests received on the effect routes.
+    pub fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    /// The headers of every request received, in order.
+    pub fn seen(&self) -> Vec<HeaderMap> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// Lets `n` requests waiting in `/slow` (or the first `/hang`) answer.
+    pub fn open_gate(&self, n: usize) {
+        self.gate.add_permits(n);
+    }
+
+    fn received(&self, headers: &HeaderMap) -> usize {
+        self.seen.lock().unwrap().push(headers.clone());
+        self.calls.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    fn apply(&self) -> usize {
+        self.effects.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// Serves the upstream:
+    ///
+    /// - `POST /payments`: one effect per call; answers 201 with the effect
+    ///   number, the forwarded key, the body, and a hop-by-hop header of its own;
+    /// - `POST /dedupe`: one effect per forwarded `Idempotency-Key`, replaying
+    ///   its own answer for a key it saw (an upstream that dedupes too);
+    /// - `POST /flaky`: 503 on its first call, then like `/payments`;
+    /// - `POST /slow`: an effect, then waits for the gate;
+    /// - `POST /hang`: an effect; the first call then waits for the gate, later
+    ///   calls answer at once;
+    /// - `POST|PUT /echo`: streams the request body back.
+    pub async fn start(&self) -> Server {
+        let app = Router::new()
+            .route("/payments", post(pay))
+            .route("/dedupe", post(dedupe))
+            .route("/flaky", post(flaky))
+            .route("/slow", post(slow))
+            .route("/hang", post(hang))
+            .route("/echo", post(echo).put(echo))
+            .with_state(self.clone());
+        Server::start(app).await
+    }
+}
+
+fn forwarded_key(headers: &HeaderMap) -> Value {
+    headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .map_or(Value::Null, |k| Value::String(k.to_owned()))
+}
+
+async fn pay(State(up): State<Upstream>, headers: HeaderMap, body: Bytes) -> Response {
+    up.received(&headers);
+    let effect = up.apply();
+    let who = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("nobody")
+        .to_owned();
+    (
+        StatusCode::CREATED,
+        [
+            ("location", format!("/payments/{effect}")),
+            ("x-effect", effect.to_string()),
+            ("connection", "x-upstream-hop".to_owned()),
+            ("x-upstream-hop", "only for the gateway".to_owned()),
+        ],
+        Json(json!({
+            "effect": effect,
+            "key": forwarded_key(&headers),
+            "who": who,
+            "body": String::from_utf8_lossy(&body),
+        })),
+    )
+        .into_response()
+}
+
+async fn dedupe(State(up): State<Upstream>, headers: HeaderMap) -> Response {
+    up.received(&headers);
+    let Value::String(key) = forwarded_key(&headers) else {
+        return (StatusCode::BAD_REQUEST, "no key forwarded").into_response();
+    };
+    let mut by_key = up.by_key.lock().unwrap();
+    if let Some(answer) = by_key.get(&key) {
+        return (StatusCode::OK, Json(answer.clone())).into_response();
+    }
+    let answer = json!({ "effect": up.apply(), "key": key });
+    by_key.insert(key, answer.clone());
+    (StatusCode::CREATED, Json(answer)).into_response()
+}
+
+async fn flaky(State(up): State<Upstream>, headers: HeaderMap) -> Response {
+    if up.received(&headers) == 1 {
+        return (StatusCode::SERVICE_UNAVAILABLE, "try again").into_response();
+    }
+    (StatusCode::CREATED, Json(json!({ "effect": up.apply() }))).into_response()
+}
+
+async fn slow(State(up): State<Upstream>, headers: HeaderMap) -> Response {
+    up.received(&headers);
+    let effect = up.apply();
+    up.gate.acquire().await.expect("gate").forget();
+    (StatusCode::CREATED, Json(json!({ "effect": effect }))).into_response()
+}
+
+async fn hang(State(up): State<Upstream>, headers: HeaderMap) -> Response {
+    let call = up.received(&headers);
+    let effect = up.apply();
+    if call == 1 {
+        up.gate.acquire().await.expect("gate").forget();
+    }
+    (
+        StatusCode::CREATED,
+        Json(json!({ "effect": effect, "key": forwarded_key(&headers) })),
+    )
+        .into_response()
+}
+
+async fn echo(body: Body) -> Response {
+    Response::new(body)
+}
+
+/// An upstream that reads a request and then closes the connection without
+/// answering: the request was sent, the outcome is unknown. Counts requests.
+pub struct Hangup {
+    pub addr: SocketAddr,
+    pub requests: Arc<AtomicUsize>,
+    task: JoinHandle<()>,
+}
+
+impl Hangup {
+    pub async fn start() -> Hangup {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let requests = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&requests);
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((mut stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let counted = Arc::clone(&counted);
+                tokio::spawn(async move {
+                    let mut buffer = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    while let Ok(n) = stream.read(&mut chunk).await {
+                        if n == 0 {
+                            return;
+                        }
+                        buffer.extend_from_slice(&chunk[..n]);
+                        if buffer.windows(4).any(|w| w == b"\r\n\r\n") {
+                            counted.fetch_add(1, Ordering::SeqCst);
+                            return; // dropped: the connection closes unanswered
+                        }
+                    }
+                });
+            }
+        });
+        Hangup {
+            addr,
+            requests,
+            task,
+        }
+    }
+}
+
+impl Drop for Hangup {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The embedded store in `dir`, with the config's lease and retention and `clock`.
+pub async fn embedded(dir: &Path, config: &IdempotencyConfig, clock: SharedClock) -> AnyStore {
+    let location = StoreLocation::Sqlite(dir.join("idem.db"));
+    AnyStore::open_with(&location, config.store_settings(), clock)
+        .await
+        .expect("open the embedded store")
+}
+
+/// A running gateway; stopped (abruptly) when dropped.
+pub struct Gateway {
+    pub addr: SocketAddr,
+    pub admin: Option<SocketAddr>,
+    pub layer: IdempotencyLayer<AnyStore>,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<std::io::Result<()>>>,
+    admin_task: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+/// How to start a gateway.
+pub struct Options {
+    pub idempotency: IdempotencyConfig,
+    pub upstream_timeout: Duration,
+    pub admin: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            idempotency: IdempotencyConfig::default(),
+            upstream_timeout: Duration::from_secs(10),
+            admin: false,
+        }
+    }
+}
+
+impl Gateway {
+    /// A gateway in front of `upstream`, keeping records in `store`.
+    pub async fn start(upstream: SocketAddr, store: AnyStore, options: Options) -> Gateway {
+        let layer = IdempotencyLayer::new(store, options.idempotency);
+        let config = GatewayConfig::new(format!("http://{upstream}").parse().unwrap())
+            .upstream_timeout(options.upstream_timeout);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let (admin, admin_task) = if options.admin {
+            let metrics = gateway::metrics_recorder().expect("metrics recorder");
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let admin = listener.local_addr().unwrap();
+            let task = tokio::spawn(gateway::serve_admin(
+                listener,
+                layer.clone(),
+                metrics,
+                std::future::pending(),
+            ));
+            (Some(admin), Some(task))
+        } else {
+            (None, None)
+        };
+        let gateway = gateway::Gateway::new(layer.clone(), config);
+        let task = tokio::spawn(gateway::run(listener, gateway, async {
+            stopped.await.ok();
+        }));
+        Gateway {
+            addr,
+            admin,
+            layer,
+            shutdown: Some(stop),
+            task: Some(task),
+            admin_task,
+        }
+    }
+
+    pub fn client(&self) -> Client {
+        Client::to(self.addr)
+    }
+
+    pub fn admin_client(&self) -> Client {
+        Client::to(self.admin.expect("started with an admin listener"))
+    }
+
+    /// Asks for a graceful shutdown; the returned handle ends when it is done.
+    pub fn shut_down(&mut self) -> JoinHandle<std::io::Result<()>> {
+        self.shutdown.take().expect("running").send(()).ok();
+        self.task.take().expect("running")
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+        if let Some(task) = &self.admin_task {
+            task.abort();
+        }
+    }
+}

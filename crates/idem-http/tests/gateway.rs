@@ -1,0 +1,678 @@
+//! The gateway over real sockets: a client, `idem serve`'s service on
+//! `127.0.0.1:0`, and an upstream on `127.0.0.1:0` that counts its effects.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use bytes::Bytes;
+use common::gateway::{Gateway, Hangup, Options, Upstream, embedded};
+use common::{Client, Server};
+use idem::{ManualClock, SystemClock};
+use idem_http::{IdempotencyConfig, Mode};
+use serde_json::json;
+use tokio::task::JoinSet;
+
+/// An upstream, and a gateway in front of it on a fresh embedded store.
+struct Fixture {
+    upstream: Upstream,
+    gateway: Gateway,
+    client: Client,
+    clock: ManualClock,
+    _upstream_server: Server,
+    _dir: tempfile::TempDir,
+}
+
+async fn start(options: Options) -> Fixture {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let clock = ManualClock::starting_now();
+    let store = embedded(dir.path(), &options.idempotency, Arc::new(clock.clone())).await;
+    let upstream = Upstream::default();
+    let upstream_server = upstream.start().await;
+    let gateway = Gateway::start(upstream_server.addr, store, options).await;
+    Fixture {
+        upstream,
+        client: gateway.client(),
+        gateway,
+        clock,
+        _upstream_server: upstream_server,
+        _dir: dir,
+    }
+}
+
+fn with(idempotency: IdempotencyConfig) -> Options {
+    Options {
+        idempotency,
+        ..Options::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sequential_duplicates_reach_the_upstream_once_and_are_replayed_byte_for_byte() {
+    let f = start(Options::default()).await;
+    let body = json!({ "amount": 10, "to": "acc-1" });
+    let first = f
+        .client
+        .post("/payments")
+        .key("pay-1")
+        .json(&body)
+        .send()
+        .await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert!(!first.replayed());
+    assert_eq!(first.json()["effect"], 1);
+    for _ in 0..3 {
+        let again = f
+            .client
+            .post("/payments")
+            .key("pay-1")
+            .json(&body)
+            .send()
+            .await;
+        assert_eq!(again.status, StatusCode::CREATED);
+        assert!(again.replayed());
+        assert_eq!(again.body, first.body);
+        assert_eq!(again.header("location"), Some("/payments/1"));
+        assert_eq!(again.header("content-type"), Some("application/json"));
+    }
+    let second = f
+        .client
+        .post("/payments")
+        .key("pay-2")
+        .json(&body)
+        .send()
+        .await;
+    assert_eq!(second.json()["effect"], 2);
+    assert_eq!(f.upstream.effects(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixty_four_concurrent_requests_with_one_key_make_one_upstream_effect() {
+    let f = start(Options::default()).await;
+    let body = json!({ "amount": 5 });
+    let mut calls = JoinSet::new();
+    for _ in 0..64 {
+        let (client, body) = (f.client.clone(), body.clone());
+        calls.spawn(async move {
+            client
+                .post("/payments")
+                .key("race")
+                .json(&body)
+                .send()
+                .await
+        });
+    }
+    let replies = calls.join_all().await;
+    let fresh: Vec<_> = replies
+        .iter()
+        .filter(|r| r.status == StatusCode::CREATED && !r.replayed())
+        .collect();
+    assert_eq!(fresh.len(), 1, "exactly one request was forwarded");
+    for reply in &replies {
+        match reply.status {
+            StatusCode::CREATED => assert_eq!(reply.body, fresh[0].body),
+            StatusCode::CONFLICT => assert!(reply.retry_after() >= 1),
+            other => panic!("unexpected {other}: {:?}", reply.body),
+        }
+    }
+    assert_eq!(f.upstream.effects(), 1);
+    assert_eq!(f.upstream.calls(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_duplicates_of_a_slow_request_get_409_while_it_runs() {
+    let f = start(Options::default()).await;
+    let mut calls = JoinSet::new();
+    for _ in 0..64 {
+        let client = f.client.clone();
+        calls.spawn(async move { client.post("/slow").key("held").send().await });
+    }
+    for _ in 0..63 {
+        let reply = tokio::time::timeout(Duration::from_secs(30), calls.join_next())
+            .await
+            .expect("63 answers while the first is held")
+            .unwrap()
+            .unwrap();
+        reply.problem(StatusCode::CONFLICT);
+    }
+    f.upstream.open_gate(1);
+    let first = calls.join_next().await.unwrap().unwrap();
+    assert_eq!(first.status, StatusCode::CREATED);
+    let retry = f.client.post("/slow").key("held").send().await;
+    assert!(retry.replayed());
+    assert_eq!(f.upstream.effects(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn key_reuse_is_422_in_ietf_mode_and_400_in_stripe_mode() {
+    for mode in [Mode::Ietf, Mode::Stripe] {
+        let f = start(with(IdempotencyConfig::default().mode(mode))).await;
+        let one = json!({ "amount": 1 });
+        f.client.post("/payments").key("k").json(&one).send().await;
+        let reused = f
+            .client
+            .post("/payments")
+            .key("k")
+            .json(&json!({ "amount": 2 }))
+            .send()
+            .await;
+        match mode {
+            Mode::Ietf => {
+                let detail = reused.problem(StatusCode::UNPROCESSABLE_ENTITY);
+                assert!(detail.contains("different payload"), "{detail}");
+            }
+            Mode::Stripe => {
+                reused.stripe_error(StatusCode::BAD_REQUEST, "idempotency_error");
+            }
+        }
+        // The same key on another path is another payload too.
+        let elsewhere = f
+            .client
+            .post("/payments?to=2")
+            .key("k")
+            .json(&one)
+            .send()
+            .await;
+        assert_ne!(elsewhere.status, StatusCode::CREATED);
+        assert_eq!(f.upstream.effects(), 1, "{mode:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_missing_key_is_400_where_required_and_other_methods_pass() {
+    let f = start(with(
+        IdempotencyConfig::default().require_key(idem_http::KeyRequirement::Always),
+    ))
+    .await;
+    let missing = f.client.post("/payments").json(&json!({})).send().await;
+    let detail = missing.problem(StatusCode::BAD_REQUEST);
+    assert!(detail.contains("Idempotency-Key"), "{detail}");
+    // PUT takes no key by default: forwarded untouched.
+    let put = f
+        .client
+        .call(http::Method::PUT, "/echo")
+        .bytes("as is")
+        .send()
+        .await;
+    assert_eq!(put.status, StatusCode::OK);
+    assert_eq!(put.body, "as is");
+    assert_eq!(f.upstream.effects(), 0);
+
+    let f = start(with(
+        IdempotencyConfig::default()
+            .mode(Mode::Stripe)
+            .require_key(idem_http::KeyRequirement::Always),
+    ))
+    .await;
+    let missing = f.client.post("/payments").send().await;
+    missing.stripe_error(StatusCode::BAD_REQUEST, "idempotency_error");
+    assert_eq!(f.upstream.calls(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn malformed_keys_are_400_and_never_forwarded() {
+    let f = start(Options::default()).await;
+    let long = "k".repeat(256);
+    let malformed: [&[u8]; 4] = [b"\"\"", long.as_bytes(), b"\"a\tb\"", b"\"caf\xc3\xa9\""];
+    for key in malformed {
+        let reply = f
+            .client
+            .post("/payments")
+            .raw_key(key)
+            .json(&json!({}))
+            .send()
+            .await;
+        reply.problem(StatusCode::BAD_REQUEST);
+    }
+    let twice = f
+        .client
+        .post("/payments")
+        .key("one")
+        .key("two")
+        .json(&json!({}))
+        .send()
+        .await;
+    let detail = twice.problem(StatusCode::BAD_REQUEST);
+    assert!(detail.contains("one"), "{detail}");
+    assert_eq!(f.upstream.calls(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bodies_over_the_limit_are_413_and_never_forwarded() {
+    let f = start(with(IdempotencyConfig::default().body_limit(1024))).await;
+    let declared = f
+        .client
+        .post("/payments")
+        .key("big")
+        .bytes(vec![b'x'; 1025])
+        .send()
+        .await;
+    declared.problem(StatusCode::PAYLOAD_TOO_LARGE);
+    let chunks = (0..8).map(|_| Bytes::from(vec![b'y'; 200])).collect();
+    let streamed = f
+        .client
+        .post("/payments")
+        .key("big-2")
+        .chunked(chunks)
+        .send()
+        .await;
+    streamed.problem(StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(f.upstream.calls(), 0);
+    // At the limit it goes through.
+    let fits = f
+        .client
+        .post("/payments")
+        .key("fits")
+        .bytes(vec![b'z'; 1024])
+        .send()
+        .await;
+    assert_eq!(fits.status, StatusCode::CREATED);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_principals_with_one_key_get_two_effects_and_no_cross_replay() {
+    let f = start(Options::default()).await;
+    let body = json!({ "amount": 3 });
+    let alice = f
+        .client
+        .post("/payments")
+        .key("shared")
+        .header("authorization", "Bearer alice")
+        .json(&body)
+        .send()
+        .await;
+    let bob = f
+        .client
+        .post("/payments")
+        .key("shared")
+        .header("authorization", "Bearer bob")
+        .json(&body)
+        .send()
+        .await;
+    assert!(!alice.replayed() && !bob.replayed());
+    assert_eq!(alice.json()["who"], "Bearer alice");
+    assert_eq!(bob.json()["who"], "Bearer bob");
+    let alice_again = f
+        .client
+        .post("/payments")
+        .key("shared")
+        .header("authorization", "Bearer alice")
+        .json(&body)
+        .send()
+        .await;
+    assert!(alice_again.replayed());
+    assert_eq!(alice_again.body, alice.body);
+    assert_eq!(f.upstream.effects(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_upstream_5xx_releases_the_key_and_the_retry_is_forwarded() {
+    let f = start(Options::default()).await;
+    let first = f.client.post("/flaky").key("f-1").send().await;
+    assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(!first.replayed());
+    let retry = f.client.post("/flaky").key("f-1").send().await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert!(!retry.replayed());
+    let again = f.client.post("/flaky").key("f-1").send().await;
+    assert!(again.replayed());
+    assert_eq!(f.upstream.calls(), 2);
+    assert_eq!(f.upstream.effects(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_upstream_timeout_is_504_outcome_unknown_then_forwarded_again_after_the_lease() {
+    let lease = Duration::from_secs(60);
+    let f = start(Options {
+        idempotency: IdempotencyConfig::default().lease(lease),
+        upstream_timeout: Duration::from_millis(300),
+        admin: false,
+    })
+    .await;
+    let timed_out = f.client.post("/hang").key("t-1").send().await;
+    let detail = timed_out.problem(StatusCode::GATEWAY_TIMEOUT);
+    assert!(detail.contains("unknown"), "{detail}");
+    assert!(detail.contains("60 s"), "{detail}");
+    assert_eq!(timed_out.retry_after(), 60);
+    assert_eq!(
+        timed_out.json()["type"],
+        "urn:idem:problem:upstream-timeout-outcome-unknown"
+    );
+
+    // The claim is kept: a retry within the lease is not forwarded.
+    let early = f.client.post("/hang").key("t-1").send().await;
+    early.problem(StatusCode::CONFLICT);
+    assert_eq!(f.upstream.calls(), 1);
+
+    // After the lease the retry is forwarded again, with the same key.
+    f.clock.advance(lease + Duration::from_secs(1));
+    let retried = f.client.post("/hang").key("t-1").send().await;
+    assert_eq!(retried.status, StatusCode::CREATED);
+    assert_eq!(f.upstream.calls(), 2);
+    let keys: Vec<_> = f
+        .upstream
+        .seen()
+        .iter()
+        .map(|h| h["idempotency-key"].clone())
+        .collect();
+    assert_eq!(keys, ["\"t-1\"", "\"t-1\""]);
+    let replay = f.client.post("/hang").key("t-1").send().await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, retried.body);
+    f.upstream.open_gate(1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_short_real_lease_ends_and_the_retry_is_forwarded_again() {
+    // The same boundary on the wall clock, with a 300 ms lease.
+    let dir = tempfile::tempdir().unwrap();
+    let idempotency = IdempotencyConfig::default().lease(Duration::from_millis(300));
+    let store = embedded(dir.path(), &idempotency, Arc::new(SystemClock)).await;
+    let upstream = Upstream::default();
+    let server = upstream.start().await;
+    let options = Options {
+        idempotency,
+        upstream_timeout: Duration::from_millis(200),
+        admin: false,
+    };
+    let gateway = Gateway::start(server.addr, store, options).await;
+    let client = gateway.client();
+    let timed_out = client.post("/hang").key("w-1").send().await;
+    timed_out.problem(StatusCode::GATEWAY_TIMEOUT);
+    let mut answer = client.post("/hang").key("w-1").send().await;
+    let give_up = tokio::time::Instant::now() + Duration::from_secs(10);
+    while answer.status == StatusCode::CONFLICT && tokio::time::Instant::now() < give_up {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        answer = client.post("/hang").key("w-1").send().await;
+    }
+    assert_eq!(answer.status, StatusCode::CREATED);
+    assert_eq!(upstream.calls(), 2);
+    upstream.open_gate(1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_connection_reset_after_sending_is_502_and_keeps_the_claim() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::starting_now();
+    let idempotency = IdempotencyConfig::default();
+    let store = embedded(dir.path(), &idempotency, Arc::new(clock.clone())).await;
+    let hangup = Hangup::start().await;
+    let gateway = Gateway::start(hangup.addr, store, with(idempotency)).await;
+    let client = gateway.client();
+    let broke = client.post("/payments").key("r-1").send().await;
+    let detail = broke.problem(StatusCode::BAD_GATEWAY);
+    assert!(detail.contains("unknown"), "{detail}");
+    assert_eq!(broke.retry_after(), 60);
+    let early = client.post("/payments").key("r-1").send().await;
+    early.problem(StatusCode::CONFLICT);
+    clock.advance(Duration::from_secs(61));
+    client
+        .post("/payments")
+        .key("r-1")
+        .send()
+        .await
+        .problem(StatusCode::BAD_GATEWAY);
+    assert_eq!(hangup.requests.load(Ordering::SeqCst), 2);
+
+    // Without a key: the same 502, and a warning that a retry may apply twice.
+    let unkeyed = client.post("/payments").send().await;
+    let detail = unkeyed.problem(StatusCode::BAD_GATEWAY);
+    assert!(detail.contains("no Idempotency-Key"), "{detail}");
+    assert!(unkeyed.header("retry-after").is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unreachable_upstream_is_502_and_releases_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let idempotency = IdempotencyConfig::default();
+    let store = embedded(dir.path(), &idempotency, Arc::new(SystemClock)).await;
+    // A port nobody listens on: bind one, then let it go.
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap()
+    };
+    let gateway = Gateway::start(closed, store, with(idempotency)).await;
+    let client = gateway.client();
+    for _ in 0..2 {
+        // Released, not reserved: the retry is a 502 again, never a 409.
+        let reply = client.post("/payments").key("u-1").send().await;
+        let detail = reply.problem(StatusCode::BAD_GATEWAY);
+        assert!(detail.contains("not sent"), "{detail}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn hop_by_hop_headers_are_stripped_both_ways_and_the_key_is_forwarded() {
+    let f = start(Options::default()).await;
+    let reply = f
+        .client
+        .post("/payments")
+        .key("h-1")
+        .header("connection", "x-client-hop")
+        .header("x-client-hop", "for the gateway only")
+        .header("keep-alive", "timeout=5")
+        .header("proxy-authorization", "Basic c2VjcmV0")
+        .header("te", "trailers")
+        .header("x-end-to-end", "kept")
+        .json(&json!({ "amount": 1 }))
+        .send()
+        .await;
+    assert_eq!(reply.status, StatusCode::CREATED);
+    assert!(
+        reply.header("x-upstream-hop").is_none(),
+        "{:?}",
+        reply.headers
+    );
+    assert_eq!(reply.header("x-effect"), Some("1"));
+    let seen = &f.upstream.seen()[0];
+    for hop in ["x-client-hop", "keep-alive", "proxy-authorization", "te"] {
+        assert!(
+            !seen.contains_key(hop),
+            "{hop} crossed the gateway: {seen:?}"
+        );
+    }
+    assert_eq!(seen["idempotency-key"], "\"h-1\"");
+    assert_eq!(seen["x-end-to-end"], "kept");
+    assert_eq!(seen["x-forwarded-for"], "127.0.0.1");
+    assert_eq!(seen["x-forwarded-proto"], "http");
+    assert_eq!(seen["x-forwarded-host"], f.gateway.addr.to_string());
+    assert_eq!(seen["host"], f._upstream_server.addr.to_string());
+    // The stored answer has no hop-by-hop headers either.
+    let replay = f
+        .client
+        .post("/payments")
+        .key("h-1")
+        .json(&json!({ "amount": 1 }))
+        .send()
+        .await;
+    assert!(replay.replayed());
+    assert!(replay.header("x-upstream-hop").is_none());
+    // The upstream does send it: the gateway removed it.
+    let direct = f._upstream_server.client().post("/payments").send().await;
+    assert_eq!(
+        direct.header("x-upstream-hop"),
+        Some("only for the gateway")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn requests_without_a_key_stream_through_untouched() {
+    let f = start(with(IdempotencyConfig::default().body_limit(1024))).await;
+    // Far over the keyed body limit, sent in chunks with no Content-Length.
+    let chunks: Vec<Bytes> = (0..64u8)
+        .map(|i| Bytes::from(vec![b'a' + i % 26; 16 * 1024]))
+        .collect();
+    let expected: Vec<u8> = chunks.iter().flat_map(|c| c.iter().copied()).collect();
+    let echoed = f.client.post("/echo").chunked(chunks).send().await;
+    assert_eq!(echoed.status, StatusCode::OK);
+    assert_eq!(echoed.body.len(), expected.len());
+    assert!(echoed.body == expected);
+    // Twice without a key is twice forwarded.
+    f.client.post("/payments").send().await;
+    f.client.post("/payments").send().await;
+    assert_eq!(f.upstream.effects(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_admin_listener_serves_metrics_and_health() {
+    let f = start(Options {
+        admin: true,
+        ..Options::default()
+    })
+    .await;
+    let body = json!({ "amount": 1 });
+    f.client
+        .post("/payments")
+        .key("m-1")
+        .json(&body)
+        .send()
+        .await;
+    f.client
+        .post("/payments")
+        .key("m-1")
+        .json(&body)
+        .send()
+        .await;
+    f.client
+        .post("/payments")
+        .key("m-1")
+        .json(&json!({ "amount": 2 }))
+        .send()
+        .await;
+    f.client.post("/payments").send().await;
+
+    let admin = f.gateway.admin_client();
+    let health = admin.get("/healthz").send().await;
+    assert_eq!(health.status, StatusCode::OK);
+    let scraped = admin.get("/metrics").send().await;
+    assert_eq!(scraped.status, StatusCode::OK);
+    let text = String::from_utf8(scraped.body.to_vec()).unwrap();
+    for line in [
+        "gateway_requests_total{outcome=\"forwarded_stored\"}",
+        "gateway_requests_total{outcome=\"replayed\"}",
+        "gateway_requests_total{outcome=\"idempotency-key-reused\"}",
+        "gateway_requests_total{outcome=\"passed_through\"}",
+        "duplicates_suppressed_total{scope=\"http\"}",
+        "idempotency_key_reuse_total{scope=\"http\"}",
+        "dedupe_records ",
+        "dedupe_records_expired ",
+    ] {
+        assert!(text.contains(line), "no {line} in:\n{text}");
+    }
+    let records: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("dedupe_records "))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(records >= 1.0, "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_graceful_shutdown_lets_requests_in_flight_finish_and_store_their_answers() {
+    let mut f = start(Options::default()).await;
+    let client = f.client.clone();
+    let in_flight = tokio::spawn(async move { client.post("/slow").key("s-1").send().await });
+    while f.upstream.calls() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let stopped = f.gateway.shut_down();
+    // Stopped accepting: a new connection is refused.
+    let addr = f.gateway.addr;
+    let give_up = tokio::time::Instant::now() + Duration::from_secs(5);
+    while tokio::net::TcpStream::connect(addr).await.is_ok() {
+        assert!(tokio::time::Instant::now() < give_up, "still accepting");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!stopped.is_finished(), "a request is still in flight");
+    f.upstream.open_gate(1);
+    let answer = in_flight.await.unwrap();
+    assert_eq!(answer.status, StatusCode::CREATED);
+    tokio::time::timeout(Duration::from_secs(10), stopped)
+        .await
+        .expect("shutdown finishes once the request is answered")
+        .unwrap()
+        .unwrap();
+    // The answer was stored before the gateway stopped.
+    use idem::RecordStore;
+    let records = f.gateway.layer.store().count().await.unwrap();
+    assert_eq!(records.total, 1);
+    let settled = f
+        .gateway
+        .layer
+        .store()
+        .list(&idem::RecordFilter::default())
+        .await
+        .unwrap();
+    assert_eq!(settled[0].state, idem::RecordState::Completed);
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_gateways_sharing_postgres_apply_concurrent_duplicates_once() {
+    let Some(db) = common::pg::PgDatabase::create().await else {
+        return;
+    };
+    let location: idem::StoreLocation = db.url.parse().unwrap();
+    let upstream = Upstream::default();
+    let server = upstream.start().await;
+    let idempotency = IdempotencyConfig::default();
+    let mut gateways = Vec::new();
+    for _ in 0..2 {
+        let store = idem::AnyStore::open_with(
+            &location,
+            idempotency.store_settings(),
+            Arc::new(SystemClock),
+        )
+        .await
+        .expect("open the PostgreSQL store");
+        gateways.push(Gateway::start(server.addr, store, with(idempotency.clone())).await);
+    }
+    let body = json!({ "amount": 7 });
+    for round in 0..4 {
+        let key = format!("pg-{round}");
+        let mut calls = JoinSet::new();
+        for i in 0..32 {
+            let client = gateways[i % 2].client();
+            let (key, body) = (key.clone(), body.clone());
+            calls.spawn(async move { client.post("/payments").key(&key).json(&body).send().await });
+        }
+        let replies = calls.join_all().await;
+        let fresh = replies
+            .iter()
+            .filter(|r| r.status == StatusCode::CREATED && !r.replayed())
+            .count();
+        assert_eq!(fresh, 1, "round {round}");
+        for reply in &replies {
+            assert!(
+                matches!(reply.status, StatusCode::CREATED | StatusCode::CONFLICT),
+                "{}: {:?}",
+                reply.status,
+                reply.body
+            );
+        }
+        // Settled: both gateways replay the same answer.
+        let a = gateways[0]
+            .client()
+            .post("/payments")
+            .key(&key)
+            .json(&body)
+            .send()
+            .await;
+        let b = gateways[1]
+            .client()
+            .post("/payments")
+            .key(&key)
+            .json(&body)
+            .send()
+            .await;
+        assert!(a.replayed() && b.replayed());
+        assert_eq!(a.body, b.body);
+    }
+    assert_eq!(upstream.effects(), 4);
+    drop(gateways);
+}
