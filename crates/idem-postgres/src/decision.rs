@@ -16,7 +16,7 @@ use idem_core::{
     Decision, Error, FencingToken, Fingerprint, IdempotencyKey, Outcome, Record, RecordState,
     Scope, Settings, Timestamp, decide, observe, protocol,
 };
-use sqlx::postgres::PgConnection;
+use sqlx::postgres::{PgConnection, PgExecutor};
 
 use crate::store::PgStore;
 use crate::{lock, records};
@@ -38,13 +38,17 @@ pub(crate) fn observed(
 impl PgStore {
     /// The fast path: `Ok(Some(outcome))` for a replay, `Err` for a refusal,
     /// `Ok(None)` when the caller must take the locked path.
-    pub(crate) async fn peek(
+    ///
+    /// `db` is the pool, or the connection the caller goes on to lock with (one
+    /// pool checkout for both).
+    pub(crate) async fn peek<'e>(
         &self,
+        db: impl PgExecutor<'e>,
         scope: &Scope,
         key: &IdempotencyKey,
         fingerprint: &Fingerprint,
     ) -> Result<Option<Outcome>, Error> {
-        let found = records::fetch(self.pool(), scope, key)
+        let found = records::fetch(db, scope, key)
             .await
             .map_err(|e| self.fail(e))?;
         let Some(found) = found else {
@@ -80,27 +84,69 @@ impl PgStore {
             .await
             .map_err(|e| self.fail(e))?;
         if !granted {
-            let error = protocol::busy(scope, key, self.settings());
-            observe::refused(&error);
-            return Err(error);
+            return Err(self.busy(scope, key));
         }
         // A separate statement from the lock: its snapshot is taken after the
         // grant, so it sees what the previous holder committed (see `lock`).
         let found = records::fetch(&mut *conn, scope, key)
             .await
             .map_err(|e| self.fail(e))?;
-        let decision = observed(
-            decide(
-                found.as_ref(),
-                scope,
-                key,
-                fingerprint,
-                now,
-                self.settings(),
-            ),
-            scope,
-        )?;
+        let decision = self.decide_held(found.as_ref(), scope, key, fingerprint, now)?;
         Ok((decision, found))
+    }
+
+    /// The refusal of a caller that found the key's lock taken, reported.
+    pub(crate) fn busy(&self, scope: &Scope, key: &IdempotencyKey) -> Error {
+        let error = protocol::busy(scope, key, self.settings());
+        observe::refused(&error);
+        error
+    }
+
+    /// Decides on a record read right after trying the key's lock, and
+    /// reports the decision.
+    ///
+    /// With the lock (`granted`), this is [`decide_held`](Self::decide_held).
+    /// Without it, only the answers that do not need it are given, as on the
+    /// fast path: a replay, a reused key, a live lease. Anything that would
+    /// claim the key is `InFlight`: another caller holds it right now.
+    pub(crate) fn decide_read(
+        &self,
+        granted: bool,
+        found: Option<&Record>,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        now: Timestamp,
+    ) -> Result<Decision, Error> {
+        if granted {
+            return self.decide_held(found, scope, key, fingerprint, now);
+        }
+        match decide(found, scope, key, fingerprint, now, self.settings()) {
+            Ok(Decision::Replay(outcome)) => {
+                observe::replayed(scope);
+                Ok(Decision::Replay(outcome))
+            }
+            Ok(Decision::Claim { .. } | Decision::TakeOver { .. }) => Err(self.busy(scope, key)),
+            Err(error) => {
+                observe::refused(&error);
+                Err(error)
+            }
+        }
+    }
+
+    /// Decides on a record read under the key's lock, and reports the decision.
+    pub(crate) fn decide_held(
+        &self,
+        found: Option<&Record>,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        now: Timestamp,
+    ) -> Result<Decision, Error> {
+        observed(
+            decide(found, scope, key, fingerprint, now, self.settings()),
+            scope,
+        )
     }
 }
 

@@ -37,7 +37,7 @@ impl LeaseStore for PgStore {
         key: &IdempotencyKey,
         fingerprint: Fingerprint,
     ) -> Result<Claimed, Error> {
-        if let Some(outcome) = self.peek(scope, key, &fingerprint).await? {
+        if let Some(outcome) = self.peek(self.pool(), scope, key, &fingerprint).await? {
             return Ok(Claimed::Replayed(outcome));
         }
 

@@ -8,7 +8,8 @@
 //! # Modules
 //!
 //! - `store`: [`PgStore`] and [`PgStoreBuilder`]: connecting, the pool, settings, clock;
-//! - `atomic`: [`PgStore::apply`], the effect and the record in one transaction;
+//! - `atomic`: [`PgStore::apply`], the effect and the record in one transaction,
+//!   and (in `atomic::locked`) the two simple-query round trips around the effect;
 //! - `batch`: [`PgStore::apply_batch`], N operations, one transaction;
 //! - `leased`: [`LeaseStore`](idem_core::LeaseStore) (claim, renew, complete,
 //!   release) and [`PgStore::complete_with`];
@@ -16,7 +17,9 @@
 //! - `decision`: the fast-path read and the locked read-and-decide every claim path shares;
 //! - `lock`: per-key advisory locks and the transactions they live in;
 //! - `records`: the `idem_records` table: migrations and every SQL statement on it,
-//!   and (in `records::row`) the conversion of rows to records;
+//!   (in `records::row`) the conversion of rows to records and back to literals,
+//!   and (in `records::session`) the statements each session prepares for apply;
+//! - `literal`: values written into SQL text, for the statements sent as simple queries;
 //! - `fences`: fencing-token leases ([`FenceStore`](idem_core::FenceStore)) and
 //!   [`PgStore::advance`], the guarded write on the application's own tables;
 //! - `error`: the one mapping of sqlx errors to [`ErrorKind`](idem_core::ErrorKind).
@@ -26,7 +29,8 @@
 //! Every path that reads a record and then writes it runs in a READ COMMITTED
 //! transaction that first takes a transaction-scoped advisory lock on a 64-bit
 //! hash of `(scope, key)`, then reads the record in a *separate* statement (whose
-//! snapshot therefore includes whatever the previous lock holder committed).
+//! snapshot therefore includes whatever the previous lock holder committed;
+//! `apply` sends both in one simple query, still as two statements).
 //!
 //! - Claim paths (`apply`, `apply_batch`, `claim`) only *try* the lock
 //!   (`pg_try_advisory_xact_lock`): a concurrent duplicate finds it taken and is
@@ -85,8 +89,11 @@ mod error;
 mod fences;
 mod inspect;
 mod leased;
+mod literal;
 mod lock;
 mod records;
 mod store;
+#[cfg(test)]
+mod testing;
 
 pub use store::{DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, PgStore, PgStoreBuilder};

@@ -24,6 +24,8 @@ use idem_core::{IdempotencyKey, Scope};
 use sqlx::postgres::{PgConnection, PgPool, Postgres};
 use sqlx::{Row, Transaction};
 
+use crate::literal;
+
 /// The advisory lock key of `(scope, key)`: the first 8 bytes (big-endian) of
 /// BLAKE3 over the scope, a zero byte and the key. Scopes and keys are visible
 /// ASCII, so the zero byte cannot be part of either and the framing is
@@ -42,12 +44,15 @@ pub(crate) fn lock_key(scope: &Scope, key: &IdempotencyKey) -> i64 {
     i64::from_be_bytes(first)
 }
 
-/// Opens a READ COMMITTED transaction, whatever `default_transaction_isolation`
-/// says: under REPEATABLE READ or SERIALIZABLE the snapshot would be taken by
-/// the lock statement, before the lock is granted (see the module docs).
+/// The statement every locked read-then-write begins with: READ COMMITTED,
+/// whatever `default_transaction_isolation` says. Under REPEATABLE READ or
+/// SERIALIZABLE the snapshot would be taken by the lock statement, before the
+/// lock is granted (see the module docs).
+pub(crate) const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
+
+/// Opens a transaction with [`BEGIN`].
 pub(crate) async fn begin(pool: &PgPool) -> sqlx::Result<Transaction<'static, Postgres>> {
-    pool.begin_with("BEGIN ISOLATION LEVEL READ COMMITTED")
-        .await
+    pool.begin_with(BEGIN).await
 }
 
 /// Takes the key's lock if it is free; `false` if another transaction holds it.
@@ -57,6 +62,15 @@ pub(crate) async fn try_lock(conn: &mut PgConnection, key: i64) -> sqlx::Result<
         .fetch_one(conn)
         .await?
         .try_get(0)
+}
+
+/// [`try_lock`] as SQL text with the key inlined, for a simple query; its one
+/// row has the boolean column `granted`.
+pub(crate) fn try_lock_inline(key: i64) -> String {
+    format!(
+        "SELECT pg_try_advisory_xact_lock({}) AS granted",
+        literal::bigint(Some(key))
+    )
 }
 
 /// Takes the key's lock, waiting for its holder to commit or roll back.

@@ -73,6 +73,11 @@ impl PgStore {
     /// A store over an existing pool, for applications that already have one.
     /// Does not migrate: call [`RecordStore::migrate`](idem_core::RecordStore::migrate)
     /// once if the schema may be missing.
+    ///
+    /// [`PgStore::apply`] uses a few statements that each session prepares
+    /// (named `idem_*_v1`). The store's own pool prepares them when it opens a
+    /// connection; over this pool, each connection prepares them the first
+    /// time it needs them, after one failed `EXECUTE` that the server logs.
     pub fn from_pool(pool: PgPool, settings: Settings, clock: SharedClock) -> PgStore {
         let endpoint = Endpoint::of_pool(&pool);
         PgStore {
@@ -118,7 +123,7 @@ impl PgStore {
     /// Rolls back now rather than when the connection is next used, so the key's
     /// lock is free by the time the caller hears the answer. A failed rollback
     /// is only logged: the server rolls back anyway when the connection goes.
-    pub(crate) async fn roll_back(&self, tx: Transaction<'static, Postgres>) {
+    pub(crate) async fn roll_back(&self, tx: Transaction<'_, Postgres>) {
         if let Err(error) = tx.rollback().await {
             tracing::warn!(%error, "rollback failed; the connection is discarded");
         }
@@ -138,15 +143,20 @@ impl PgStore {
         if count == written.len() as u64 {
             return Ok(());
         }
-        Err(Error::Store(StoreError::new(
+        Err(self.changed_under_lock(written.len() as u64 - count, written.len()))
+    }
+
+    /// The failure of a write that found `changed` of its `of` records changed
+    /// since they were read under their key's lock: a serialization failure, so
+    /// the caller runs the operation again.
+    pub(crate) fn changed_under_lock(&self, changed: u64, of: usize) -> Error {
+        Error::Store(StoreError::new(
             ErrorKind::SerializationFailure,
             format!(
-                "{} of {} records changed in PostgreSQL at {} while their key was locked; something writes idem_records without taking the key's advisory lock; run the operation again",
-                written.len() as u64 - count,
-                written.len(),
+                "{changed} of {of} records changed in PostgreSQL at {} while their key was locked; something writes idem_records without taking the key's advisory lock; run the operation again",
                 self.inner.endpoint
             ),
-        )))
+        ))
     }
 
     /// The refusal for a claim whose token is no longer current, reported.
@@ -256,6 +266,16 @@ impl PgStoreBuilder {
         let pool = PgPoolOptions::new()
             .max_connections(self.max_connections)
             .acquire_timeout(self.acquire_timeout)
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    // Best effort: without the schema (`migrate(false)`) this
+                    // fails, and apply prepares on first use instead.
+                    if let Err(error) = records::prepare_session(conn).await {
+                        tracing::debug!(%error, "preparing apply's statements failed; they are prepared on first use");
+                    }
+                    Ok(())
+                })
+            })
             .connect_lazy_with(options);
         Ok(PgStore {
             inner: Arc::new(Inner {

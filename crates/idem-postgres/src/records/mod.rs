@@ -6,8 +6,6 @@
 //! return raw sqlx results; callers map failures through
 //! [`store_error`](crate::error::store_error).
 
-mod row;
-
 use idem_core::{
     Claim, FencingToken, IdempotencyKey, Outcome, Record, RecordCount, RecordFilter, RecordState,
     Scope, Timestamp,
@@ -29,6 +27,29 @@ macro_rules! record_columns {
          outcome_meta, created_at, updated_at, expires_at"
     };
 }
+
+/// What an upsert does on an existing row: replace it whole, but only if the
+/// new token is greater. Tokens only grow, so a smaller or equal one means the
+/// row changed after it was read and the writer's decision is stale.
+macro_rules! replace_if_newer {
+    () => {
+        "ON CONFLICT (scope, key) DO UPDATE SET \
+           fingerprint = EXCLUDED.fingerprint, state = EXCLUDED.state, token = EXCLUDED.token, \
+           lease_until = EXCLUDED.lease_until, outcome_kind = EXCLUDED.outcome_kind, \
+           outcome_body = EXCLUDED.outcome_body, outcome_meta = EXCLUDED.outcome_meta, \
+           created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at, \
+           expires_at = EXCLUDED.expires_at \
+         WHERE idem_records.token < EXCLUDED.token"
+    };
+}
+
+mod row;
+mod session;
+
+pub(crate) use session::{
+    INSERT_FAILED, REPLACE_FAILED, STATEMENT_MISSING, execute_fetch, execute_insert,
+    execute_replace, from_row, prepare_session,
+};
 
 /// The record of `(scope, key)`, if any.
 pub(crate) async fn fetch<'e>(
@@ -85,14 +106,8 @@ pub(crate) async fn write(conn: &mut PgConnection, records: &[Record]) -> sqlx::
         "INSERT INTO idem_records (",
         record_columns!(),
         ") SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::bigint[], \
-         $6::bigint[], $7::text[], $8::bytea[], $9::text[], $10::bigint[], $11::bigint[], $12::bigint[]) \
-         ON CONFLICT (scope, key) DO UPDATE SET \
-           fingerprint = EXCLUDED.fingerprint, state = EXCLUDED.state, token = EXCLUDED.token, \
-           lease_until = EXCLUDED.lease_until, outcome_kind = EXCLUDED.outcome_kind, \
-           outcome_body = EXCLUDED.outcome_body, outcome_meta = EXCLUDED.outcome_meta, \
-           created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at, \
-           expires_at = EXCLUDED.expires_at \
-         WHERE idem_records.token < EXCLUDED.token"
+         $6::bigint[], $7::text[], $8::bytea[], $9::text[], $10::bigint[], $11::bigint[], $12::bigint[]) ",
+        replace_if_newer!()
     ))
     .bind(c.scope)
     .bind(c.key)

@@ -14,6 +14,7 @@ use sqlx::Row;
 use sqlx::postgres::PgRow;
 
 use crate::error::BadRow;
+use crate::literal;
 
 /// The text stored in `outcome_kind`.
 pub(crate) fn kind_text(kind: OutcomeKind) -> &'static str {
@@ -144,6 +145,27 @@ impl Columns {
     }
 }
 
+/// A record's values as SQL literals, in the order of `record_columns!()`, for
+/// a statement sent as a simple query (see [`literal`] for why they are safe).
+pub(crate) fn literals(r: &Record) -> String {
+    let outcome = r.outcome.as_ref();
+    [
+        literal::text(r.scope.as_str()),
+        literal::text(r.key.as_str()),
+        literal::bytea(r.fingerprint.as_bytes()),
+        literal::text(r.state.as_str()),
+        literal::bigint(Some(r.token.get())),
+        literal::bigint(r.lease_until.map(|t| t.0)),
+        literal::opt_text(outcome.map(|o| kind_text(o.kind))),
+        literal::opt_bytea(outcome.map(|o| o.body.as_slice())),
+        literal::opt_text(outcome.map(Outcome::meta_json).as_deref()),
+        literal::bigint(Some(r.created_at.0)),
+        literal::bigint(Some(r.updated_at.0)),
+        literal::bigint(Some(r.expires_at.0)),
+    ]
+    .join(", ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,5 +181,88 @@ mod tests {
             settled_state(OutcomeKind::TerminalFailure),
             RecordState::Failed
         );
+    }
+
+    fn tricky_record() -> Record {
+        let all_bytes: Vec<u8> = (0..=255).collect();
+        let outcome = Outcome {
+            kind: OutcomeKind::TerminalFailure,
+            body: all_bytes,
+            meta: [
+                ("quote".to_owned(), "it's \"quoted\" \\ back".to_owned()),
+                ("lines".to_owned(), "a\nb\u{1}".to_owned()),
+                ("unicode".to_owned(), "née € 🦀".to_owned()),
+            ]
+            .into_iter()
+            .collect(),
+        };
+        Record {
+            scope: Scope::new(r"s'\").unwrap(),
+            key: IdempotencyKey::new(r#"k'\"$$--;"#).unwrap(),
+            fingerprint: Fingerprint::of_bytes(b"payload"),
+            state: RecordState::Failed,
+            token: FencingToken::new(i64::MAX).unwrap(),
+            lease_until: None,
+            outcome: Some(outcome),
+            created_at: Timestamp(i64::MIN),
+            updated_at: Timestamp(-1),
+            expires_at: Timestamp(1_700_000_000_000),
+        }
+    }
+
+    /// `literals` and `record` meet in a simple query: the literals go in,
+    /// the server sends the row back as text, and sqlx decodes every column
+    /// (text, bigint, bytea, NULL) into the same record.
+    #[tokio::test]
+    async fn a_record_survives_literals_and_a_text_row() {
+        let Some(mut conn) = crate::testing::connect().await else {
+            return;
+        };
+        let mut in_flight = tricky_record();
+        in_flight.state = RecordState::InFlight;
+        in_flight.outcome = None;
+        in_flight.lease_until = Some(Timestamp(5));
+        for record in [tricky_record(), in_flight] {
+            let sql = format!(
+                concat!(
+                    "BEGIN; SET LOCAL bytea_output = hex; SELECT * FROM (VALUES ({})) AS r(",
+                    record_columns!(),
+                    "); ROLLBACK"
+                ),
+                literals(&record)
+            );
+            let rows = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                .fetch_all(&mut conn)
+                .await
+                .unwrap();
+            assert_eq!(rows.len(), 1);
+            assert_eq!(super::record(&rows[0]).unwrap(), record);
+        }
+    }
+
+    /// Why the locked path sets `bytea_output`: sqlx reads `bytea` text only
+    /// in hex, whatever the session says.
+    #[tokio::test]
+    async fn text_rows_need_hex_bytea_output() {
+        let Some(mut conn) = crate::testing::connect().await else {
+            return;
+        };
+        let record = tricky_record();
+        let select = format!(
+            concat!("SELECT * FROM (VALUES ({})) AS r(", record_columns!(), ")"),
+            literals(&record)
+        );
+        let escaped = format!("SET bytea_output = escape; {select}");
+        let rows = sqlx::raw_sql(sqlx::AssertSqlSafe(escaped))
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+        assert!(super::record(&rows[0]).is_err());
+        let local = format!("BEGIN; SET LOCAL bytea_output = hex; {select}; ROLLBACK");
+        let rows = sqlx::raw_sql(sqlx::AssertSqlSafe(local))
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(super::record(&rows[0]).unwrap(), record);
     }
 }

@@ -1,0 +1,170 @@
+//! The statements of atomic apply's locked path, prepared once per session
+//! with SQL `PREPARE` and run with `EXECUTE` inside simple queries.
+//!
+//! Why: the locked path sends several statements in one round trip (`BEGIN`,
+//! the lock, the read; later the write and `COMMIT`), which only a simple query
+//! can do, and a simple query cannot use the extended protocol's prepared
+//! statements. Written out in full, the read and the write would be parsed and
+//! planned on every call, which costs more on the server than the round trip
+//! saved. `EXECUTE name(literals)` runs a plan the session already has, and
+//! only its literal arguments are parsed (see [`literal`] for why they are
+//! safe).
+//!
+//! The statements are prepared when a connection of the store's own pool opens
+//! (`PgStoreBuilder::connect`), and otherwise on first use: an `EXECUTE` of a
+//! statement the session does not have fails with [`STATEMENT_MISSING`], and
+//! the caller then runs [`prepare_session`] and tries again.
+
+use idem_core::{IdempotencyKey, Record, Scope};
+use sqlx::AssertSqlSafe;
+use sqlx::postgres::{PgConnection, PgRow};
+
+use super::row;
+use crate::literal;
+
+/// Name of the prepared read of one record.
+macro_rules! fetch_name {
+    () => {
+        "idem_fetch_v1"
+    };
+}
+
+/// Name of the prepared insert of a new record.
+macro_rules! insert_name {
+    () => {
+        "idem_insert_v1"
+    };
+}
+
+/// Name of the prepared replacement of a record read under the lock.
+macro_rules! replace_name {
+    () => {
+        "idem_replace_v1"
+    };
+}
+
+/// The parameter types of a whole record, in the order of `record_columns!()`.
+macro_rules! record_types {
+    () => {
+        "(text, text, bytea, text, bigint, bigint, text, bytea, text, bigint, bigint, bigint)"
+    };
+}
+
+/// Every prepared statement, by name. The read comes last: preparing stops at
+/// the first failure, so a session that has the read has the others too, and
+/// the read is what the locked path runs first.
+const STATEMENTS: [(&str, &str); 3] = [
+    (
+        insert_name!(),
+        concat!(
+            "PREPARE ",
+            insert_name!(),
+            " ",
+            record_types!(),
+            " AS INSERT INTO idem_records (",
+            record_columns!(),
+            ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
+        ),
+    ),
+    (
+        replace_name!(),
+        concat!(
+            "PREPARE ",
+            replace_name!(),
+            " ",
+            record_types!(),
+            " AS WITH written AS (INSERT INTO idem_records (",
+            record_columns!(),
+            ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) ",
+            replace_if_newer!(),
+            " RETURNING 1) SELECT 1 / count(*)::int AS written FROM written"
+        ),
+    ),
+    (
+        fetch_name!(),
+        concat!(
+            "PREPARE ",
+            fetch_name!(),
+            " (text, text) AS SELECT ",
+            record_columns!(),
+            " FROM idem_records WHERE scope = $1 AND key = $2"
+        ),
+    ),
+];
+
+/// The SQLSTATE (`invalid_sql_statement_name`) of an `EXECUTE` whose statement
+/// this session has not prepared.
+pub(crate) const STATEMENT_MISSING: &str = "26000";
+
+/// The SQLSTATE (`unique_violation`) with which [`execute_insert`] fails when
+/// the key has a record after all.
+pub(crate) const INSERT_FAILED: &str = "23505";
+
+/// The SQLSTATE (`division_by_zero`) with which [`execute_replace`] fails when
+/// its upsert wrote nothing.
+pub(crate) const REPLACE_FAILED: &str = "22012";
+
+/// Prepares, on this session, whichever of the statements it does not have
+/// yet.
+pub(crate) async fn prepare_session(conn: &mut PgConnection) -> sqlx::Result<()> {
+    let names: Vec<&str> = STATEMENTS.iter().map(|(name, _)| *name).collect();
+    let present: Vec<String> =
+        sqlx::query_scalar("SELECT name FROM pg_prepared_statements WHERE name = ANY($1)")
+            .bind(&names)
+            .fetch_all(&mut *conn)
+            .await?;
+    let missing: Vec<&str> = STATEMENTS
+        .iter()
+        .filter(|(name, _)| !present.iter().any(|p| p == name))
+        .map(|(_, sql)| *sql)
+        .collect();
+    if !missing.is_empty() {
+        sqlx::raw_sql(AssertSqlSafe(missing.join("; ")))
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Reads the record of `(scope, key)`: 0 or 1 row, for [`from_row`].
+pub(crate) fn execute_fetch(scope: &Scope, key: &IdempotencyKey) -> String {
+    format!(
+        concat!("EXECUTE ", fetch_name!(), "({}, {})"),
+        literal::text(scope.as_str()),
+        literal::text(key.as_str())
+    )
+}
+
+/// Inserts `record` for a key that had none when it was read under the lock.
+///
+/// Fails with [`INSERT_FAILED`] if the key has a record after all (something
+/// wrote it without taking the key's lock): the error aborts the transaction,
+/// so nothing is committed on the stale decision.
+pub(crate) fn execute_insert(record: &Record) -> String {
+    format!(
+        concat!("EXECUTE ", insert_name!(), "({})"),
+        row::literals(record)
+    )
+}
+
+/// Replaces the record read under the lock with `record`, guarded like
+/// [`write`](super::write): only a row with a smaller token is replaced.
+///
+/// Where `write` reports how many rows it wrote, this statement *fails* when
+/// the guard wrote nothing: it divides by the count of written rows, raising
+/// [`REPLACE_FAILED`] and aborting the transaction. The divisor is a row count,
+/// not a constant, so the planner cannot fold it into an error raised in every
+/// case.
+pub(crate) fn execute_replace(record: &Record) -> String {
+    format!(
+        concat!("EXECUTE ", replace_name!(), "({})"),
+        row::literals(record)
+    )
+}
+
+/// A record from a row of [`execute_fetch`]. Rows of a simple query are text;
+/// sqlx reads them all the same, `bytea` included as long as `bytea_output`
+/// is `hex` (which the locked path sets for its transaction).
+pub(crate) fn from_row(row: &PgRow) -> sqlx::Result<Record> {
+    row::record(row)
+}
