@@ -56,7 +56,84 @@ impl Default for ConnectionOptions {
     }
 }
 
-type Job = Box<dyn FnOnce(&mut Connection) + Send>;
+/// Delivers a grouped job's result once the group's commit is known: `None`
+/// when it committed, the commit's error otherwise.
+type Deliver = Box<dyn FnOnce(Option<&Error>) + Send>;
+
+/// A grouped job: runs its writes in the shared transaction (`None`: none could
+/// be started) and returns how to deliver its result once the commit is known.
+type GroupedJob = Box<dyn FnOnce(Option<&Connection>) -> Deliver + Send>;
+
+/// Work for the writer thread.
+enum Job {
+    /// Runs alone, managing its own transaction (atomic apply, whose effect is
+    /// handed the transaction itself).
+    Alone(Box<dyn FnOnce(&mut Connection) + Send>),
+    /// Runs inside a transaction shared with the other grouped jobs queued at the
+    /// same moment, in its own savepoint, and is answered only after that
+    /// transaction committed: group commit, one disk flush for many small writes.
+    /// `None` means no transaction could be started.
+    Grouped(GroupedJob),
+}
+
+/// Most grouped jobs committed together.
+const MAX_GROUP: usize = 128;
+
+/// Runs the writer's queue until every sender is gone.
+fn serve(conn: &mut Connection, jobs: &mpsc::Receiver<Job>) {
+    let mut next = jobs.recv().ok();
+    while let Some(job) = next.take() {
+        match job {
+            Job::Alone(run) => run(conn),
+            Job::Grouped(first) => {
+                let mut group = vec![first];
+                while group.len() < MAX_GROUP {
+                    match jobs.try_recv() {
+                        Ok(Job::Grouped(more)) => group.push(more),
+                        Ok(alone) => {
+                            next = Some(alone);
+                            break;
+                        }
+                        Err(_) => break,
+                    }
+                }
+                commit_group(conn, group);
+            }
+        }
+        if next.is_none() {
+            next = jobs.recv().ok();
+        }
+    }
+}
+
+fn commit_group(conn: &Connection, group: Vec<GroupedJob>) {
+    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+        let error = map_err("begin a write transaction", e);
+        for job in group {
+            job(None)(Some(&error));
+        }
+        return;
+    }
+    let delivers: Vec<Deliver> = group.into_iter().map(|job| job(Some(conn))).collect();
+    let committed = conn
+        .execute_batch("COMMIT")
+        .map_err(|e| map_err("commit", e));
+    if committed.is_err() && !conn.is_autocommit() {
+        let _ = conn.execute_batch("ROLLBACK");
+    }
+    for deliver in delivers {
+        deliver(committed.as_ref().err());
+    }
+}
+
+/// A copy of a group's commit error for each of its jobs.
+fn shared(error: &Error) -> Error {
+    let kind = match error {
+        Error::Store(e) => e.kind(),
+        _ => ErrorKind::Other,
+    };
+    StoreError::new(kind, error.to_string()).into()
+}
 
 /// The writer thread's queue and a pool of idle read connections.
 #[derive(Debug)]
@@ -124,9 +201,7 @@ impl Connections {
                         return;
                     }
                 };
-                while let Ok(job) = jobs.recv() {
-                    job(&mut conn);
-                }
+                serve(&mut conn, &jobs);
             })
             .map_err(|e| {
                 StoreError::with_source(
@@ -157,13 +232,13 @@ impl Connections {
         job: impl FnOnce(&mut Connection) -> R + Send + 'static,
     ) -> Result<R, Error> {
         let (done_tx, done_rx) = oneshot::channel();
-        let job: Job = Box::new(move |conn| {
+        let job = Job::Alone(Box::new(move |conn| {
             let result = catch_unwind(AssertUnwindSafe(|| job(conn)));
             if result.is_err() && !conn.is_autocommit() {
                 let _ = conn.execute_batch("ROLLBACK");
             }
             let _ = done_tx.send(result.map_err(|_| ()));
-        });
+        }));
         self.writer.send(job).map_err(|_| stopped())?;
         match done_rx.await.map_err(|_| stopped())? {
             Ok(value) => Ok(value),
@@ -173,6 +248,34 @@ impl Connections {
             )
             .into()),
         }
+    }
+
+    /// Runs `job` on the writer inside a transaction shared with the other small
+    /// writes queued at the same moment (each in its own savepoint, so a failing
+    /// job undoes only its own changes), and answers once that transaction has
+    /// committed. Under concurrency many claims and completions share one commit
+    /// and one disk flush; alone, a job costs what a transaction of its own would.
+    pub async fn write_grouped<R: Send + 'static>(
+        &self,
+        job: impl FnOnce(&Connection) -> Result<R, Error> + Send + 'static,
+    ) -> Result<R, Error> {
+        let (done_tx, done_rx) = oneshot::channel::<Result<R, Error>>();
+        let grouped = Job::Grouped(Box::new(move |conn: Option<&Connection>| -> Deliver {
+            let Some(conn) = conn else {
+                return Box::new(move |error: Option<&Error>| {
+                    let _ = done_tx.send(Err(error.map_or_else(stopped, shared)));
+                });
+            };
+            let result = in_savepoint(conn, job);
+            Box::new(move |commit_error: Option<&Error>| {
+                let _ = done_tx.send(match commit_error {
+                    None => result,
+                    Some(error) => Err(shared(error)),
+                });
+            })
+        }));
+        self.writer.send(grouped).map_err(|_| stopped())?;
+        done_rx.await.map_err(|_| stopped())?
     }
 
     /// Runs `job` on a read connection on the blocking pool.
@@ -201,6 +304,33 @@ impl Connections {
                 e,
             ))
         })?
+    }
+}
+
+/// Runs `job` in a savepoint of the open transaction: kept when it succeeds,
+/// rolled back (alone) when it fails or panics.
+fn in_savepoint<R>(
+    conn: &Connection,
+    job: impl FnOnce(&Connection) -> Result<R, Error>,
+) -> Result<R, Error> {
+    conn.execute_batch("SAVEPOINT idem_job")
+        .map_err(|e| map_err("open a savepoint", e))?;
+    let outcome = catch_unwind(AssertUnwindSafe(|| job(conn)));
+    let keep = matches!(outcome, Ok(Ok(_)));
+    let close = if keep {
+        "RELEASE idem_job"
+    } else {
+        "ROLLBACK TO idem_job; RELEASE idem_job"
+    };
+    conn.execute_batch(close)
+        .map_err(|e| map_err("close a savepoint", e))?;
+    match outcome {
+        Ok(result) => result,
+        Err(_) => Err(StoreError::new(
+            ErrorKind::Other,
+            "a write on the SQLite writer panicked; its changes were rolled back",
+        )
+        .into()),
     }
 }
 

@@ -124,6 +124,35 @@ fn commit(tx: Transaction<'_>) -> Result<(), Error> {
     tx.commit().map_err(|e| map_err("commit", e))
 }
 
+/// On the writer, inside its transaction: reads the record and decides. `Err`
+/// carries the stored outcome to replay; refusals are errors.
+fn decide_in(
+    conn: &Connection,
+    protocol: &Protocol<'_>,
+    op: &Operation,
+) -> Result<Result<(Option<Record>, Decision), Outcome>, Error> {
+    let found = records::select(conn, op.scope.as_str(), op.key.as_str())?;
+    match protocol.step(found.as_ref(), op) {
+        Step::Answer(answer) => answer.map(Err),
+        Step::Run(decision) => Ok(Ok((found, decision))),
+    }
+}
+
+/// Applies `change` to a held claim, or answers `Fenced` with the current token.
+fn change_held_in(
+    conn: &Connection,
+    claim: &Claim,
+    change: HeldChange<'_>,
+    now: Timestamp,
+) -> Result<(), Error> {
+    let (scope, key) = (claim.scope.as_str(), claim.key.as_str());
+    if records::update_held(conn, scope, key, claim.token, change, now)? {
+        return Ok(());
+    }
+    let current = records::select(conn, scope, key)?.map(|r| r.token);
+    Err(fenced(claim, current))
+}
+
 /// Reports a protocol answer through metrics and logs, and passes it on.
 fn observed(scope: &Scope, answer: Result<Decision, Error>) -> Step {
     match answer {
@@ -192,14 +221,6 @@ impl Protocol<'_> {
             updated_at: self.now,
             expires_at: self.now.plus(self.settings.retention),
         }
-    }
-}
-
-/// The protocol error of an operation whose effect cannot fail.
-fn protocol_only(error: ApplyError<std::convert::Infallible>) -> Error {
-    match error {
-        ApplyError::Protocol(e) => e,
-        ApplyError::Effect(never) => match never {},
     }
 }
 
@@ -347,26 +368,35 @@ impl SqliteStore {
         R: Send + 'static,
         E: Send + 'static,
     {
-        if let Some(outcome) = self.answer_early(&op).await? {
-            return Ok(replayed(outcome));
-        }
-        let _hold = self.hold(&op)?;
+        let _hold = match self.admit(&op).await? {
+            Ok(hold) => hold,
+            Err(outcome) => return Ok(replayed(outcome)),
+        };
         let store = self.clone();
         self.inner
             .connections
             .write(move |conn| {
                 let protocol = store.protocol();
                 let tx = begin(conn)?;
-                let found = records::select(&tx, op.scope.as_str(), op.key.as_str())?;
-                let decision = match protocol.step(found.as_ref(), &op) {
-                    Step::Answer(answer) => return Ok(replayed(answer?)),
-                    Step::Run(decision) => decision,
+                let (found, decision) = match decide_in(&tx, &protocol, &op)? {
+                    Ok(claim) => claim,
+                    Err(outcome) => return Ok(replayed(outcome)),
                 };
                 let done = carry_out(&tx, &protocol, &op, found.as_ref(), decision)?;
                 commit(tx)?;
                 Ok(done)
             })
             .await?
+    }
+
+    /// Lets a caller on to the writer: the stored outcome when a reader already
+    /// settles the matter, otherwise the in-process hold on the key (or
+    /// `InFlight` when another caller has it).
+    async fn admit(&self, op: &Operation) -> Result<Result<Hold, Outcome>, Error> {
+        if let Some(outcome) = self.answer_early(op).await? {
+            return Ok(Err(outcome));
+        }
+        self.hold(op).map(Ok)
     }
 
     /// Applies a batch in one transaction: every key is looked up with one
@@ -515,25 +545,12 @@ impl SqliteStore {
         let store = self.clone();
         self.inner
             .connections
-            .write(move |conn| {
+            .write_grouped(move |conn| {
                 let now = store.inner.clock.now();
-                let (scope, key) = (claim.scope.as_str(), claim.key.as_str());
-                let tx = begin(conn)?;
-                if !records::update_held(
-                    &tx,
-                    scope,
-                    key,
-                    claim.token,
-                    change(now, &store.inner.settings),
-                    now,
-                )? {
-                    let current = records::select(&tx, scope, key)?.map(|r| r.token);
-                    return Err(fenced(&claim, current));
-                }
-                commit(tx)?;
+                change_held_in(conn, &claim, change(now, &store.inner.settings), now)?;
                 Ok(now)
             })
-            .await?
+            .await
     }
 }
 
@@ -545,23 +562,30 @@ impl LeaseStore for SqliteStore {
         fingerprint: Fingerprint,
     ) -> Result<Claimed, Error> {
         let op = Operation::new(scope.clone(), key.clone(), fingerprint);
-        self.decide_then(
-            op,
-            Claimed::Replayed,
-            |tx, protocol, op, found, decision| {
-                let record = protocol.record(op, found, &decision, None);
-                records::write(tx, &record)?;
-                Ok::<_, ApplyError<std::convert::Infallible>>(Claimed::Fresh(Claim {
-                    scope: op.scope.clone(),
-                    key: op.key.clone(),
+        let _hold = match self.admit(&op).await? {
+            Ok(hold) => hold,
+            Err(outcome) => return Ok(Claimed::Replayed(outcome)),
+        };
+        let store = self.clone();
+        self.inner
+            .connections
+            .write_grouped(move |conn| {
+                let protocol = store.protocol();
+                let (found, decision) = match decide_in(conn, &protocol, &op)? {
+                    Ok(claim) => claim,
+                    Err(outcome) => return Ok(Claimed::Replayed(outcome)),
+                };
+                let record = protocol.record(&op, found.as_ref(), &decision, None);
+                records::write(conn, &record)?;
+                Ok(Claimed::Fresh(Claim {
+                    scope: op.scope,
+                    key: op.key,
                     token: record.token,
                     lease_until: record.lease_until.expect("claims carry a lease"),
                     took_over: matches!(decision, Decision::TakeOver { .. }),
                 }))
-            },
-        )
-        .await
-        .map_err(protocol_only)
+            })
+            .await
     }
 
     async fn renew(&self, claim: &Claim) -> Result<Claim, Error> {
@@ -576,11 +600,18 @@ impl LeaseStore for SqliteStore {
     }
 
     async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
-        let outcome = outcome.clone();
-        self.complete_with(claim, move |_| Ok::<_, std::convert::Infallible>(outcome))
+        let (claim, outcome, store) = (claim.clone(), outcome.clone(), self.clone());
+        self.inner
+            .connections
+            .write_grouped(move |conn| {
+                let now = store.inner.clock.now();
+                let settle = HeldChange::Settle {
+                    outcome: &outcome,
+                    expires_at: now.plus(store.inner.settings.retention),
+                };
+                change_held_in(conn, &claim, settle, now)
+            })
             .await
-            .map(drop)
-            .map_err(protocol_only)
     }
 
     async fn release(&self, claim: &Claim) -> Result<(), Error> {
