@@ -54,7 +54,10 @@ async fn refused_writes_in_a_group_leave_the_others_committed() {
     for task in futures::future::join_all(tasks).await {
         let (i, stale, answer) = task.unwrap();
         if stale {
-            assert!(matches!(answer, Err(Error::Fenced { .. })), "{i}: {answer:?}");
+            assert!(
+                matches!(answer, Err(Error::Fenced { .. })),
+                "{i}: {answer:?}"
+            );
         } else {
             answer.unwrap();
         }
