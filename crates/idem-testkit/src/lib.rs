@@ -6,6 +6,7 @@
 //! - [`crash`]: crash tests with real processes killed by SIGKILL;
 //! - [`fencing`]: fencing-token and guarded-write cases (pauses, reordering);
 //! - [`deliveries`]: at-least-once delivery simulated (duplicates, shuffles);
+//! - [`postgres`]: a fresh PostgreSQL database per test;
 //! - [`services`]: whether a missing database fails or skips a test.
 //!
 //! A store's test file implements [`Harness`] and invokes
@@ -18,6 +19,7 @@ pub mod crash;
 pub mod deliveries;
 pub mod fencing;
 pub mod harness;
+pub mod postgres;
 pub mod services;
 
 pub use harness::{Effect, Gate, GateControl, Harness};

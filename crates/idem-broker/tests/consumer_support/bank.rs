@@ -301,70 +301,16 @@ impl Bank for PgBank {
 /// A throwaway PostgreSQL database, dropped when the test ends.
 pub struct TestDb {
     pub url: String,
-    admin_url: String,
-    name: String,
-}
-
-fn admin_url() -> String {
-    std::env::var("IDEM_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
-}
-
-fn with_database(url: &str, database: &str) -> String {
-    let base = url.rsplit_once('/').map(|(base, _)| base).unwrap_or(url);
-    format!("{base}/{database}")
+    _database: idem_testkit::postgres::TestDatabase,
 }
 
 impl TestDb {
     pub async fn new() -> Option<TestDb> {
-        let admin_url = admin_url();
-        let mut admin = match PgConnection::connect(&admin_url).await {
-            Ok(conn) => conn,
-            Err(error) => {
-                idem_testkit::services::missing_service("PostgreSQL", &error.to_string());
-                return None;
-            }
-        };
-        let name = format!(
-            "idem_broker_t_{:016x}",
-            RandomState::new().hash_one(std::process::id())
-        );
-        sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE {name}")))
-            .execute(&mut admin)
-            .await
-            .expect("create test database");
-        admin.close().await.ok();
+        let database = idem_testkit::postgres::TestDatabase::create("idem_broker_t").await?;
         Some(TestDb {
-            url: with_database(&admin_url, &name),
-            admin_url,
-            name,
+            url: database.url().to_owned(),
+            _database: database,
         })
-    }
-}
-
-impl Drop for TestDb {
-    fn drop(&mut self) {
-        let admin_url = self.admin_url.clone();
-        let name = self.name.clone();
-        let dropped = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            runtime.block_on(async move {
-                let mut admin = PgConnection::connect(&admin_url).await?;
-                sqlx::raw_sql(AssertSqlSafe(format!(
-                    "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-                )))
-                .execute(&mut admin)
-                .await?;
-                admin.close().await
-            })
-        })
-        .join();
-        if !matches!(dropped, Ok(Ok(()))) {
-            eprintln!("could not drop test database {}", self.name);
-        }
     }
 }
 

@@ -20,7 +20,6 @@ use idem::{ManualClock, PgStore, SqliteStore};
 use idem_testkit::services::missing_service;
 use lapin::options::{BasicGetOptions, QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::FieldTable;
-use sqlx::{AssertSqlSafe, Connection, PgConnection};
 
 /// A random lowercase suffix for queue, stream, subject and database names.
 pub fn unique(prefix: &str) -> String {
@@ -35,40 +34,18 @@ pub const NATS_URL: &str = "nats://127.0.0.1:4222";
 
 // ---- PostgreSQL ----
 
-fn admin_url() -> String {
-    std::env::var("IDEM_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
-}
-
-fn with_database(url: &str, database: &str) -> String {
-    let base = url.rsplit_once('/').map(|(base, _)| base).unwrap_or(url);
-    format!("{base}/{database}")
-}
-
 /// A throwaway database, dropped with the value.
 pub struct PgDb {
     pub url: String,
-    name: String,
+    _database: idem_testkit::postgres::TestDatabase,
 }
 
 impl PgDb {
     pub async fn new() -> Option<PgDb> {
-        let mut admin = match PgConnection::connect(&admin_url()).await {
-            Ok(conn) => conn,
-            Err(error) => {
-                missing_service("PostgreSQL", &error.to_string());
-                return None;
-            }
-        };
-        let name = unique("idem_broker_t");
-        sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE {name}")))
-            .execute(&mut admin)
-            .await
-            .expect("create test database");
-        admin.close().await.ok();
+        let database = idem_testkit::postgres::TestDatabase::create("idem_broker_t").await?;
         Some(PgDb {
-            url: with_database(&admin_url(), &name),
-            name,
+            url: database.url().to_owned(),
+            _database: database,
         })
     }
 
@@ -79,31 +56,6 @@ impl PgDb {
             .connect()
             .await
             .expect("connect store")
-    }
-}
-
-impl Drop for PgDb {
-    fn drop(&mut self) {
-        let name = self.name.clone();
-        let dropped = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            runtime.block_on(async move {
-                let mut admin = PgConnection::connect(&admin_url()).await?;
-                sqlx::raw_sql(AssertSqlSafe(format!(
-                    "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-                )))
-                .execute(&mut admin)
-                .await?;
-                admin.close().await
-            })
-        })
-        .join();
-        if !matches!(dropped, Ok(Ok(()))) {
-            eprintln!("could not drop test database {}", self.name);
-        }
     }
 }
 

@@ -1,81 +1,22 @@
-//! A fresh PostgreSQL database per test, dropped when the test ends (even when
-//! it fails).
-//!
-//! The server is `IDEM_TEST_POSTGRES_URL` if set, else
-//! `postgres://postgres@127.0.0.1:5432/postgres`. When it cannot be reached the
-//! test is skipped with a message, unless `IDEM_REQUIRE_SERVICES` is set (as in
-//! CI), which makes it fail.
+//! A fresh PostgreSQL database per test (see `idem_testkit::postgres`).
 
-use std::hash::{BuildHasher, RandomState};
-
-use sqlx::{AssertSqlSafe, Connection, PgConnection};
-
-fn server_url() -> String {
-    std::env::var("IDEM_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
-}
-
-fn with_database(url: &str, database: &str) -> String {
-    let base = url.rsplit_once('/').map_or(url, |(base, _)| base);
-    format!("{base}/{database}")
-}
+use idem_testkit::postgres::TestDatabase;
 
 /// A database of its own for one test.
 pub struct PgDatabase {
     /// Its URL.
     pub url: String,
-    name: String,
+    _database: TestDatabase,
 }
 
 impl PgDatabase {
     /// Creates `idem_http_t_<random>`; `None` (after saying so) when the server
     /// cannot be reached and services are not required.
     pub async fn create() -> Option<PgDatabase> {
-        let mut admin = match PgConnection::connect(&server_url()).await {
-            Ok(admin) => admin,
-            Err(error) => {
-                idem_testkit::services::missing_service("PostgreSQL", &error.to_string());
-                return None;
-            }
-        };
-        let name = format!(
-            "idem_http_t_{:016x}",
-            RandomState::new().hash_one(std::time::SystemTime::now())
-        );
-        sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE {name}")))
-            .execute(&mut admin)
-            .await
-            .expect("create the test database");
-        admin.close().await.ok();
+        let database = TestDatabase::create("idem_http_t").await?;
         Some(PgDatabase {
-            url: with_database(&server_url(), &name),
-            name,
+            url: database.url().to_owned(),
+            _database: database,
         })
-    }
-}
-
-impl Drop for PgDatabase {
-    fn drop(&mut self) {
-        // Drop may run inside the test's runtime: use a thread with its own.
-        let name = self.name.clone();
-        let dropped = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            runtime.block_on(async move {
-                let mut admin = PgConnection::connect(&server_url()).await?;
-                sqlx::raw_sql(AssertSqlSafe(format!(
-                    "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-                )))
-                .execute(&mut admin)
-                .await?;
-                admin.close().await
-            })
-        })
-        .join();
-        if !matches!(dropped, Ok(Ok(()))) {
-            eprintln!("could not drop test database {}", self.name);
-        }
     }
 }

@@ -8,24 +8,22 @@
 
 #![allow(dead_code)]
 
-use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 
 use idem_core::{ManualClock, Settings, Timestamp};
 use idem_postgres::PgStore;
-use sqlx::{AssertSqlSafe, Connection, PgConnection};
+use idem_testkit::postgres::TestDatabase;
+use sqlx::{Connection, PgConnection};
 
-/// A throwaway database.
+/// A throwaway database (see `idem_testkit::postgres`) with a small bank in it.
 pub struct TestDb {
     /// URL of the database.
     pub url: String,
-    admin_url: String,
-    name: String,
+    _database: TestDatabase,
 }
 
 fn admin_url() -> String {
-    std::env::var("IDEM_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
+    idem_testkit::postgres::server_url()
 }
 
 /// A connection to the server's maintenance database, or `None` (after
@@ -46,8 +44,7 @@ pub fn server_url_with(database: &str) -> String {
 }
 
 fn with_database(url: &str, database: &str) -> String {
-    let base = url.rsplit_once('/').map(|(base, _)| base).unwrap_or(url);
-    format!("{base}/{database}")
+    idem_testkit::postgres::with_database(url, database)
 }
 
 impl TestDb {
@@ -55,21 +52,10 @@ impl TestDb {
     /// `accounts(id, balance)` with account 1 holding 100. `None` when the
     /// server cannot be reached and services are not required.
     pub async fn new() -> Option<TestDb> {
-        let mut admin = admin().await?;
-        let admin_url = admin_url();
-        let name = format!(
-            "idem_t_{:016x}",
-            RandomState::new().hash_one(std::process::id())
-        );
-        sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE {name}")))
-            .execute(&mut admin)
-            .await
-            .expect("create test database");
-        admin.close().await.ok();
+        let database = TestDatabase::create("idem_t").await?;
         let db = TestDb {
-            url: with_database(&admin_url, &name),
-            admin_url,
-            name,
+            url: database.url().to_owned(),
+            _database: database,
         };
         let mut conn = PgConnection::connect(&db.url)
             .await
@@ -111,34 +97,6 @@ impl TestDb {
             .fetch_one(store.pool())
             .await
             .expect("read balance")
-    }
-}
-
-impl Drop for TestDb {
-    fn drop(&mut self) {
-        // Drop may run inside the test's runtime: do the async work on a thread
-        // with its own.
-        let admin_url = self.admin_url.clone();
-        let name = self.name.clone();
-        let dropped = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            runtime.block_on(async move {
-                let mut admin = PgConnection::connect(&admin_url).await?;
-                sqlx::raw_sql(AssertSqlSafe(format!(
-                    "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-                )))
-                .execute(&mut admin)
-                .await?;
-                admin.close().await
-            })
-        })
-        .join();
-        if !matches!(dropped, Ok(Ok(()))) {
-            eprintln!("could not drop test database {}", self.name);
-        }
     }
 }
 
