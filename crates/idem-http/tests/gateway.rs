@@ -92,32 +92,7 @@ async fn sequential_duplicates_reach_the_upstream_once_and_are_replayed_byte_for
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sixty_four_concurrent_requests_with_one_key_make_one_upstream_effect() {
     let f = start(Options::default()).await;
-    let body = json!({ "amount": 5 });
-    let mut calls = JoinSet::new();
-    for _ in 0..64 {
-        let (client, body) = (f.client.clone(), body.clone());
-        calls.spawn(async move {
-            client
-                .post("/payments")
-                .key("race")
-                .json(&body)
-                .send()
-                .await
-        });
-    }
-    let replies = calls.join_all().await;
-    let fresh: Vec<_> = replies
-        .iter()
-        .filter(|r| r.status == StatusCode::CREATED && !r.replayed())
-        .collect();
-    assert_eq!(fresh.len(), 1, "exactly one request was forwarded");
-    for reply in &replies {
-        match reply.status {
-            StatusCode::CREATED => assert_eq!(reply.body, fresh[0].body),
-            StatusCode::CONFLICT => assert!(reply.retry_after() >= 1),
-            other => panic!("unexpected {other}: {:?}", reply.body),
-        }
-    }
+    common::race_one_key(&f.client, "/payments", 64, json!({ "amount": 5 })).await;
     assert_eq!(f.upstream.effects(), 1);
     assert_eq!(f.upstream.calls(), 1);
 }

@@ -230,3 +230,27 @@ impl Reply {
             .expect("Retry-After is whole seconds")
     }
 }
+
+/// Sends `n` concurrent POSTs to `path` with one key and one body, and checks
+/// the answers are consistent: exactly one was produced fresh (201), every other
+/// one is a replay of the same body or a 409 with `Retry-After`.
+pub async fn race_one_key(client: &Client, path: &'static str, n: usize, body: Value) {
+    let mut calls = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        let (client, body) = (client.clone(), body.clone());
+        calls.spawn(async move { client.post(path).key("race").json(&body).send().await });
+    }
+    let replies = calls.join_all().await;
+    let fresh: Vec<_> = replies
+        .iter()
+        .filter(|r| r.status == StatusCode::CREATED && !r.replayed())
+        .collect();
+    assert_eq!(fresh.len(), 1, "exactly one request ran");
+    for reply in &replies {
+        match reply.status {
+            StatusCode::CREATED => assert_eq!(reply.body, fresh[0].body),
+            StatusCode::CONFLICT => assert!(reply.retry_after() >= 1),
+            other => panic!("unexpected {other}: {:?}", reply.body),
+        }
+    }
+}
