@@ -172,12 +172,7 @@ impl Next {
         now: Timestamp,
         settings: &Settings,
     ) -> Self {
-        let fresh = |token| Plan {
-            token,
-            took_over: false,
-            created_at: now,
-            expires_at: now.plus(settings.retention),
-        };
+        let fresh = |token| Plan::new(token, now, settings);
         match (decision, found) {
             (Decision::Replay(outcome), _) => Next::Replay(outcome),
             (Decision::Claim { token }, _) | (Decision::TakeOver { token }, None) => {
@@ -205,6 +200,16 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
+    /// The plan of a key claimed for the first time at `now`.
+    pub(crate) fn new(token: FencingToken, now: Timestamp, settings: &Settings) -> Self {
+        Plan {
+            token,
+            took_over: false,
+            created_at: now,
+            expires_at: now.plus(settings.retention),
+        }
+    }
+
     /// The record of a claim that already has its outcome (atomic mode).
     pub(crate) fn settled(
         &self,

@@ -151,7 +151,7 @@ fn classify(error: &sqlx::Error, at: &Endpoint) -> (ErrorKind, String) {
                 "57P01" | "57P02" | "57P03" | "53300" => ErrorKind::Unavailable,
                 c if c.starts_with("08") => ErrorKind::Unavailable,
                 "3D000" | "28000" | "28P01" => ErrorKind::Config,
-                "42P01" | "42703" => ErrorKind::Corrupt,
+                "42P01" | "42703" | "42883" => ErrorKind::Corrupt,
                 _ => ErrorKind::Other,
             };
             let advice = match (&*code, kind) {

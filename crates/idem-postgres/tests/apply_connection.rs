@@ -436,5 +436,27 @@ async fn a_store_over_an_existing_pool_prepares_on_first_use() {
         .unwrap();
     assert!(!apply_debit(&store, "b", 10).await.unwrap().is_replay());
     assert_eq!(db.balance(&store, 1).await, 80);
+
+    // Claim-first on a session that lost them all: the refused claim falls
+    // back to the replay-first path, which prepares them and applies.
+    sqlx::raw_sql(
+        "DEALLOCATE idem_claim_v1; DEALLOCATE idem_fetch_v1; \
+         DEALLOCATE idem_insert_v1; DEALLOCATE idem_replace_v1",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let fp = Fingerprint::of_bytes(b"debit 10");
+    let fresh = store
+        .apply_claim_first(&scope(), &key("c"), fp, debit(10))
+        .await
+        .unwrap();
+    assert!(!fresh.is_replay());
+    let replay = store
+        .apply_claim_first(&scope(), &key("c"), fp, debit(10))
+        .await
+        .unwrap();
+    assert_eq!(replay, Applied::Replayed(fresh.outcome().clone()));
+    assert_eq!(db.balance(&store, 1).await, 70);
     until_no_leftovers(&db).await;
 }

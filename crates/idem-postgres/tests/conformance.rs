@@ -1,10 +1,14 @@
-//! The shared conformance suite against PostgreSQL, one fresh database per test.
+//! The shared conformance suite against PostgreSQL, one fresh database per test,
+//! run twice: atomic apply looking for a stored outcome first
+//! ([`PgStore::apply`]) and claiming the key first
+//! ([`PgStore::apply_claim_first`]).
 
 mod common;
 
 use std::sync::Arc;
 
 use futures::FutureExt;
+use futures::future::BoxFuture;
 use idem_core::{
     Applied, ApplyError, Claim, Error, Guard, GuardOrdering, ManualClock, Operation, Outcome,
 };
@@ -18,7 +22,9 @@ use sqlx::PgConnection;
 
 use common::TestDb;
 
-struct Postgres {
+/// The store under test; `CLAIM_FIRST` picks which atomic apply the suite's
+/// operations go through.
+struct Postgres<const CLAIM_FIRST: bool> {
     store: PgStore,
     clock: ManualClock,
     url: String,
@@ -91,7 +97,23 @@ async fn run_effect(
     }
 }
 
-impl Postgres {
+impl<const CLAIM_FIRST: bool> Postgres<CLAIM_FIRST> {
+    /// Atomic apply of `effect` for `op`, the way this suite applies.
+    async fn apply<F>(&self, op: &Operation, effect: F) -> Result<Applied, ApplyError<String>>
+    where
+        F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<Outcome, String>> + Send,
+    {
+        if CLAIM_FIRST {
+            self.store
+                .apply_claim_first(&op.scope, &op.key, op.fingerprint, effect)
+                .await
+        } else {
+            self.store
+                .apply(&op.scope, &op.key, op.fingerprint, effect)
+                .await
+        }
+    }
+
     async fn at(url: String, clock: ManualClock, db: Option<Arc<TestDb>>) -> Self {
         let store = PgStore::builder(url.clone())
             .clock(Arc::new(clock.clone()))
@@ -117,7 +139,7 @@ impl Postgres {
     }
 }
 
-impl Harness for Postgres {
+impl<const CLAIM_FIRST: bool> Harness for Postgres<CLAIM_FIRST> {
     type Store = PgStore;
 
     async fn fresh() -> Option<Self> {
@@ -158,11 +180,10 @@ impl Harness for Postgres {
         effect: Effect,
     ) -> Result<Applied, ApplyError<String>> {
         let counter = counter.to_owned();
-        self.store
-            .apply(&op.scope, &op.key, op.fingerprint, move |conn| {
-                run_effect(conn, counter, amount, effect).boxed()
-            })
-            .await
+        self.apply(op, move |conn| {
+            run_effect(conn, counter, amount, effect).boxed()
+        })
+        .await
     }
 
     async fn apply_batch_add(
@@ -228,26 +249,25 @@ impl Harness for Postgres {
         version: i64,
     ) -> Result<Applied, ApplyError<String>> {
         let (store, register) = (self.store.clone(), register.to_owned());
-        self.store
-            .apply(&op.scope, &op.key, op.fingerprint, move |conn| {
-                async move {
-                    let set = guarded_set(
-                        &store,
-                        conn,
-                        &register,
-                        value,
-                        version,
-                        GuardOrdering::Version,
-                    );
-                    match set.await {
-                        Ok(()) => Ok(set_outcome(value)),
-                        Err(Error::Stale { .. }) => Ok(stale_outcome()),
-                        Err(other) => Err(other.to_string()),
-                    }
+        self.apply(op, move |conn| {
+            async move {
+                let set = guarded_set(
+                    &store,
+                    conn,
+                    &register,
+                    value,
+                    version,
+                    GuardOrdering::Version,
+                );
+                match set.await {
+                    Ok(()) => Ok(set_outcome(value)),
+                    Err(Error::Stale { .. }) => Ok(stale_outcome()),
+                    Err(other) => Err(other.to_string()),
                 }
-                .boxed()
-            })
-            .await
+            }
+            .boxed()
+        })
+        .await
     }
 
     async fn register(&self, register: &str) -> (i64, i64, i64) {
@@ -259,4 +279,10 @@ impl Harness for Postgres {
     }
 }
 
-idem_testkit::conformance_suite!(Postgres);
+mod replay_first {
+    idem_testkit::conformance_suite!(super::Postgres<false>);
+}
+
+mod claim_first {
+    idem_testkit::conformance_suite!(super::Postgres<true>);
+}

@@ -217,17 +217,22 @@ where
         &self.store
     }
 
+    /// A first delivery (the broker counts one) is most likely new, so its
+    /// key is claimed first ([`PgStore::apply_claim_first`]); a redelivery
+    /// looks for a stored outcome first ([`PgStore::apply`]). Both answer a
+    /// duplicate the same way.
     async fn apply(&self, message: Arc<KeyedMessage>) -> Result<Applied, ApplyError<E>> {
         let effect = Arc::clone(&self.effect);
         let keyed = Arc::clone(&message);
-        self.store
-            .apply(
-                &message.scope,
-                &message.key,
-                message.fingerprint,
-                move |conn| async move { effect(conn, &keyed).await }.boxed(),
-            )
-            .await
+        let effect = on_connection(move |conn| async move { effect(conn, &keyed).await }.boxed());
+        let (scope, key, fingerprint) = (&message.scope, &message.key, message.fingerprint);
+        if message.message.delivery_count == Some(1) {
+            self.store
+                .apply_claim_first(scope, key, fingerprint, effect)
+                .await
+        } else {
+            self.store.apply(scope, key, fingerprint, effect).await
+        }
     }
 }
 
@@ -250,4 +255,13 @@ where
             })
             .await
     }
+}
+
+/// `effect` as the stores' atomic apply takes it: the closure's signature
+/// spelled out, which inference does not find on its own.
+fn on_connection<F, E>(effect: F) -> F
+where
+    F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<Outcome, E>>,
+{
+    effect
 }

@@ -94,6 +94,38 @@ fn opened(rows: &[PgRow]) -> sqlx::Result<Opened> {
     })
 }
 
+/// The query that begins a claim-first apply's transaction and claims the key
+/// in the same round trip, for `begin_with`: it fails unless this
+/// transaction got the key's lock and the key has no record (see
+/// [`refused_claim`]).
+///
+/// The values are literals escaped by `literal`.
+pub(crate) fn begin_and_claim(scope: &Scope, key: &IdempotencyKey) -> AssertSqlSafe<String> {
+    AssertSqlSafe(format!(
+        "{}; {}",
+        lock::BEGIN,
+        records::execute_claim(scope, key, lock::lock_key(scope, key))
+    ))
+}
+
+/// After the query of [`begin_and_claim`] failed with `error`: rolls back the
+/// transaction the failure left aborted, which sqlx does not count as begun.
+///
+/// `Ok` when the replay-first path should take over: the key is held or has
+/// a record, or this session lacked the claim statement (now prepared, for
+/// the next time). Any other failure is the caller's.
+pub(crate) async fn refused_claim(conn: &mut PgConnection, error: sqlx::Error) -> sqlx::Result<()> {
+    let rolled_back = sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await;
+    if has_code(&error, records::CLAIM_HELD) || has_code(&error, records::CLAIM_RECORDED) {
+        rolled_back.map(drop)
+    } else if has_code(&error, records::STATEMENT_MISSING) {
+        rolled_back?;
+        records::prepare_session(conn).await
+    } else {
+        Err(error)
+    }
+}
+
 /// Writes `record` and commits the transaction, in one round trip: inserts it
 /// if the key had no record when [`lock_and_fetch`] read it (`replaces` false),
 /// otherwise replaces that record, guarded by its token.

@@ -61,11 +61,11 @@ use std::panic::AssertUnwindSafe;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use idem_core::{Applied, ApplyError, Fingerprint, IdempotencyKey, Outcome, Scope};
+use idem_core::{Applied, ApplyError, FencingToken, Fingerprint, IdempotencyKey, Outcome, Scope};
 use sqlx::{Connection, PgConnection, Postgres, Transaction};
 
 use self::locked::NotCommitted;
-use crate::decision::Next;
+use crate::decision::{Next, Plan};
 use crate::lock;
 use crate::store::PgStore;
 
@@ -114,7 +114,66 @@ impl PgStore {
         F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<Outcome, E>> + Send,
         E: Send,
     {
+        self.apply_from(First::Replay, scope, key, fingerprint, effect)
+            .await
+    }
+
+    /// [`apply`](Self::apply) for an operation that is most likely new, such
+    /// as a broker's first delivery of a message: claims the key before
+    /// looking for a stored outcome. Same answers, same guarantees; only the
+    /// cost differs.
+    ///
+    /// A new key costs one round trip less than with `apply` (no read-only
+    /// look-up first; the lock and the check that the key has no record go
+    /// with `BEGIN`). A duplicate costs two more than with `apply` (the
+    /// refused claim and its rollback, then `apply`'s path), so use `apply`
+    /// where replays are common, as behind an HTTP endpoint whose clients
+    /// retry.
+    pub async fn apply_claim_first<F, E>(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: Fingerprint,
+        effect: F,
+    ) -> Result<Applied, ApplyError<E>>
+    where
+        F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<Outcome, E>> + Send,
+        E: Send,
+    {
+        self.apply_from(First::Claim, scope, key, fingerprint, effect)
+            .await
+    }
+
+    async fn apply_from<F, E>(
+        &self,
+        first: First,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: Fingerprint,
+        effect: F,
+    ) -> Result<Applied, ApplyError<E>>
+    where
+        F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<Outcome, E>> + Send,
+        E: Send,
+    {
         let mut conn = self.pool().acquire().await.map_err(|e| self.fail(e))?;
+        if first == First::Claim {
+            let now = self.clock().now();
+            let refused = match conn.begin_with(locked::begin_and_claim(scope, key)).await {
+                Ok(tx) => {
+                    let plan = Plan::new(FencingToken::FIRST, now, self.settings());
+                    return self
+                        .run_and_commit(tx, plan, false, scope, key, fingerprint, effect)
+                        .await;
+                }
+                Err(error) => error,
+            };
+            // Held or recorded: the replay-first path below answers.
+            locked::refused_claim(&mut conn, refused)
+                .await
+                .map_err(|e| self.fail(e))?;
+        }
+
         if let Some(outcome) = self.peek(&mut *conn, scope, key, &fingerprint).await? {
             return Ok(Applied::Replayed(outcome));
         }
@@ -149,7 +208,28 @@ impl PgStore {
                 }
                 Err(error) => return self.answer(tx, opened.granted, Err(error.into())).await,
             };
+        let replaces = opened.found.is_some();
+        self.run_and_commit(tx, plan, replaces, scope, key, fingerprint, effect)
+            .await
+    }
 
+    /// Runs `effect` in `tx`, which holds the key's lock, then writes the
+    /// record `plan` settles it to and commits both.
+    #[allow(clippy::too_many_arguments)]
+    async fn run_and_commit<F, E>(
+        &self,
+        mut tx: Transaction<'_, Postgres>,
+        plan: Plan,
+        replaces: bool,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: Fingerprint,
+        effect: F,
+    ) -> Result<Applied, ApplyError<E>>
+    where
+        F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<Outcome, E>> + Send,
+        E: Send,
+    {
         // A panicking effect is caught only to roll back before the panic goes
         // on: the key's lock is then free by the time the caller sees it.
         let ran = AssertUnwindSafe(effect(&mut tx)).catch_unwind().await;
@@ -165,7 +245,6 @@ impl PgStore {
             }
         };
         let record = plan.settled(scope, key, fingerprint, outcome.clone(), self.clock().now());
-        let replaces = opened.found.is_some();
         match locked::write_and_commit(&mut tx, &record, replaces).await {
             // Committed; dropping `tx` closes the empty transaction the query
             // left open (see `write_and_commit`).
@@ -192,4 +271,13 @@ impl PgStore {
         }
         answer
     }
+}
+
+/// Which an apply tries first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum First {
+    /// A read-only look-up of the stored outcome, then the lock and the read.
+    Replay,
+    /// The lock and a check that the key is new, with `BEGIN`.
+    Claim,
 }

@@ -13,7 +13,13 @@
 //! The statements are prepared when a connection of the store's own pool opens
 //! (`PgStoreBuilder::connect`), and otherwise on first use: an `EXECUTE` of a
 //! statement the session does not have fails with [`STATEMENT_MISSING`], and
-//! the caller then runs [`prepare_session`] and tries again.
+//! the caller then runs [`prepare_session`] and tries again. Each path checks
+//! for this at its first statement, before any effect runs: the claim-first
+//! path at the claim, the replay-first path at the read. The order in which
+//! they are prepared (see `STATEMENTS`) makes a session that has either have
+//! the writes that follow it. Sessions lose them all at once (`DISCARD ALL`,
+//! `DEALLOCATE ALL`, a new connection); one dropped by name is found only when
+//! it is run, and that apply fails and rolls back.
 
 use idem_core::{IdempotencyKey, Record, Scope};
 use sqlx::AssertSqlSafe;
@@ -43,6 +49,14 @@ macro_rules! replace_name {
     };
 }
 
+/// Name of the prepared claim of a key known to be new (see
+/// `migrations/0003_idem_claim.sql`).
+macro_rules! claim_name {
+    () => {
+        "idem_claim_v1"
+    };
+}
+
 /// The parameter types of a whole record, in the order of `record_columns!()`.
 macro_rules! record_types {
     () => {
@@ -50,10 +64,12 @@ macro_rules! record_types {
     };
 }
 
-/// Every prepared statement, by name. The read comes last: preparing stops at
-/// the first failure, so a session that has the read has the others too, and
-/// the read is what the locked path runs first.
-const STATEMENTS: [(&str, &str); 3] = [
+/// Every prepared statement, by name, in the order they are prepared. Preparing
+/// stops at the first failure, so a session that has a statement has every
+/// one before it: the claim (what the claim-first path runs first) comes after
+/// the writes it is followed by, and the read (what the replay-first path runs
+/// first) comes last.
+const STATEMENTS: [(&str, &str); 4] = [
     (
         insert_name!(),
         concat!(
@@ -81,6 +97,16 @@ const STATEMENTS: [(&str, &str); 3] = [
         ),
     ),
     (
+        claim_name!(),
+        concat!(
+            "PREPARE ",
+            claim_name!(),
+            " (text, text, bigint) AS SELECT ",
+            claim_name!(),
+            "($1, $2, $3)"
+        ),
+    ),
+    (
         fetch_name!(),
         concat!(
             "PREPARE ",
@@ -95,6 +121,13 @@ const STATEMENTS: [(&str, &str); 3] = [
 /// The SQLSTATE (`invalid_sql_statement_name`) of an `EXECUTE` whose statement
 /// this session has not prepared.
 pub(crate) const STATEMENT_MISSING: &str = "26000";
+
+/// The SQLSTATE with which [`execute_claim`] fails when another transaction
+/// holds the key's lock.
+pub(crate) const CLAIM_HELD: &str = "IDM01";
+
+/// The SQLSTATE with which [`execute_claim`] fails when the key has a record.
+pub(crate) const CLAIM_RECORDED: &str = "IDM02";
 
 /// The SQLSTATE (`unique_violation`) with which [`execute_insert`] fails when
 /// the key has a record after all.
@@ -132,6 +165,18 @@ pub(crate) fn execute_fetch(scope: &Scope, key: &IdempotencyKey) -> String {
         concat!("EXECUTE ", fetch_name!(), "({}, {})"),
         literal::text(scope.as_str()),
         literal::text(key.as_str())
+    )
+}
+
+/// Takes the key's lock (`lock_key`) for this transaction and checks that the
+/// key has no record; fails with [`CLAIM_HELD`] or [`CLAIM_RECORDED`]
+/// otherwise, aborting the transaction.
+pub(crate) fn execute_claim(scope: &Scope, key: &IdempotencyKey, lock_key: i64) -> String {
+    format!(
+        concat!("EXECUTE ", claim_name!(), "({}, {}, {})"),
+        literal::text(scope.as_str()),
+        literal::text(key.as_str()),
+        literal::bigint(Some(lock_key))
     )
 }
 
