@@ -123,6 +123,15 @@ impl Backoff {
         }
     }
 
+    /// The most that the delays before the first `retries` retries can add
+    /// up to: the sum of their ceilings. With the attempts' own durations, it
+    /// bounds how long after a first attempt the last one can start.
+    pub fn total_ceiling(&self, retries: u32) -> Duration {
+        (0..retries).fold(Duration::ZERO, |total, k| {
+            total.saturating_add(self.ceiling(k))
+        })
+    }
+
     /// A fresh sequence of delays, one per retry: `max_attempts - 1` of them.
     /// Seeded if [`with_seed`](Self::with_seed) was used, otherwise drawn from
     /// fresh entropy.
@@ -197,6 +206,16 @@ mod tests {
             ceilings,
             [200, 400, 800, 1_600, 3_200, 6_400, 12_800, 20_000, 20_000]
         );
+    }
+
+    #[test]
+    fn total_ceiling_adds_the_ceilings_and_saturates() {
+        let backoff = Backoff::default();
+        assert_eq!(backoff.total_ceiling(0), Duration::ZERO);
+        assert_eq!(backoff.total_ceiling(4), Duration::from_millis(3_000));
+        assert_eq!(backoff.total_ceiling(9), Duration::from_millis(65_400));
+        let huge = Backoff::new(Duration::MAX, Duration::MAX, 3);
+        assert_eq!(huge.total_ceiling(3), Duration::MAX);
     }
 
     #[test]

@@ -41,6 +41,14 @@ pub trait Apply: Send + Sync + 'static {
         message: Arc<KeyedMessage>,
     ) -> impl Future<Output = Result<Applied, ApplyError<Self::Error>>> + Send;
 
+    /// How long a message's key is remembered after it was applied: a copy
+    /// arriving later is applied again. The store's retention for the
+    /// stores' own effects; `None` where the dedupe happens elsewhere (the
+    /// sidecar's endpoint), which the start-up check then cannot see.
+    fn dedupe_window(&self) -> Option<Duration> {
+        None
+    }
+
     /// The earliest a retry of a failure is worth it, if the failure says
     /// (an HTTP `Retry-After`). The default knows of none.
     fn retry_hint(&self, error: &Self::Error) -> Option<Duration> {
@@ -123,6 +131,10 @@ where
 
     fn store(&self) -> &SqliteStore {
         &self.store
+    }
+
+    fn dedupe_window(&self) -> Option<Duration> {
+        Some(self.store.settings().retention)
     }
 
     async fn apply(&self, message: Arc<KeyedMessage>) -> Result<Applied, ApplyError<E>> {
@@ -215,6 +227,10 @@ where
 
     fn store(&self) -> &PgStore {
         &self.store
+    }
+
+    fn dedupe_window(&self) -> Option<Duration> {
+        Some(self.store.settings().retention)
     }
 
     /// A first delivery (the broker counts one) is most likely new, so its

@@ -58,7 +58,10 @@ impl<T: Transport, A: ApplyBatch> Consumer<T, A> {
         mut self,
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<StatsSnapshot, ConsumeError> {
-        prepare(self.shared.apply.store()).await?;
+        if let Err(error) = prepare(&self.shared.apply, &self.shared.config).await {
+            self.transport.close().await;
+            return Err(error);
+        }
         let mut shutdown = pin!(shutdown);
         let config = &self.shared.config;
         let (size, linger, at_once) = (config.batch, config.batch_linger, config.batches_at_once);

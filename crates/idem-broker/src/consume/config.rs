@@ -58,6 +58,7 @@ pub struct ConsumerConfig {
     pub(crate) dead_letter_terminal_failures: bool,
     pub(crate) budget: Option<Arc<RetryBudget>>,
     pub(crate) checkpoint: Option<CheckpointHook>,
+    pub(crate) producer_horizon: Option<Duration>,
 }
 
 impl fmt::Debug for ConsumerConfig {
@@ -78,6 +79,7 @@ impl fmt::Debug for ConsumerConfig {
             )
             .field("budget", &self.budget.is_some())
             .field("checkpoint", &self.checkpoint.is_some())
+            .field("producer_horizon", &self.producer_horizon)
             .finish()
     }
 }
@@ -102,6 +104,7 @@ impl ConsumerConfig {
             dead_letter_terminal_failures: false,
             budget: None,
             checkpoint: None,
+            producer_horizon: None,
         }
     }
 
@@ -176,6 +179,18 @@ impl ConsumerConfig {
     /// dropped) but with the backoff's longest delay.
     pub fn retry_budget(mut self, budget: Arc<RetryBudget>) -> Self {
         self.budget = Some(budget);
+        self
+    }
+
+    /// The longest a producer may send a message again after it first sent
+    /// it: a relay's [`RelayConfig::retry_horizon`](crate::relay::RelayConfig::retry_horizon),
+    /// a publisher's retry deadline. At start-up the consumer refuses to run
+    /// ([`ConsumeError::WindowTooShort`](super::ConsumeError::WindowTooShort))
+    /// if its dedupe window, the store's retention, is shorter: a copy sent
+    /// after the window closed would be applied again. Not checked unless
+    /// given.
+    pub fn producer_horizon(mut self, horizon: Duration) -> Self {
+        self.producer_horizon = Some(horizon);
         self
     }
 

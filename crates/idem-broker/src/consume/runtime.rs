@@ -52,6 +52,19 @@ pub enum ConsumeError {
     /// message to a fresh process.
     #[error("an effect panicked: {0}")]
     Panicked(String),
+    /// The dedupe window is shorter than the producer's retry horizon
+    /// ([`ConsumerConfig::producer_horizon`]); the consumer did not start.
+    #[error(
+        "the dedupe window ({}, the store's retention) is shorter than the producer's retry horizon ({}): a copy the producer sends after the window closed would be applied twice; raise the retention to at least the horizon, or shorten the producer's retries",
+        humantime::format_duration(*.window),
+        humantime::format_duration(*.horizon)
+    )]
+    WindowTooShort {
+        /// The store's retention.
+        window: Duration,
+        /// The producer's retry horizon.
+        horizon: Duration,
+    },
 }
 
 /// A consumer: a transport, an effect applied through a store, a config.
@@ -128,7 +141,10 @@ impl<T: Transport, A: Apply> Consumer<T, A> {
         mut self,
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<StatsSnapshot, ConsumeError> {
-        prepare(self.shared.apply.store()).await?;
+        if let Err(error) = prepare(&self.shared.apply, &self.shared.config).await {
+            self.transport.close().await;
+            return Err(error);
+        }
         let concurrency = self.shared.config.concurrency;
         let mut shutdown = pin!(shutdown);
         let mut working = JoinSet::new();
@@ -162,9 +178,20 @@ impl<T: Transport, A: Apply> Consumer<T, A> {
     }
 }
 
-/// Creates the failure-count table if needed and sweeps rows older than the
-/// dedupe window (7 days): a consumer's start is the table's upkeep.
-pub(crate) async fn prepare<S: Attempts>(store: &S) -> Result<(), ConsumeError> {
+/// Checks the windows (SPEC §5: a dedupe window shorter than the producer's
+/// retry horizon is a configuration error at start-up), creates the
+/// failure-count table if needed and sweeps rows older than the dedupe window
+/// (7 days): a consumer's start is the table's upkeep.
+pub(crate) async fn prepare<A: Apply>(
+    apply: &A,
+    config: &ConsumerConfig,
+) -> Result<(), ConsumeError> {
+    if let (Some(window), Some(horizon)) = (apply.dedupe_window(), config.producer_horizon)
+        && window < horizon
+    {
+        return Err(ConsumeError::WindowTooShort { window, horizon });
+    }
+    let store = apply.store();
     store.prepare_attempts().await?;
     let before = Timestamp(
         store

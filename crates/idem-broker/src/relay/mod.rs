@@ -109,6 +109,28 @@ impl Default for RelayConfig {
 }
 
 impl RelayConfig {
+    /// How long after a row's first publish this relay may still publish it
+    /// again: every attempt may hold its claim for a whole lease (a publish
+    /// whose confirmation never came, a relay that died mid-publish), and the
+    /// retries wait at most their backoff ceilings. A consumer whose dedupe
+    /// window is shorter could apply a late copy a second time; give it to
+    /// the consumer's [`producer_horizon`](crate::consume::ConsumerConfig::producer_horizon).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_broker::relay::RelayConfig;
+    /// // 5 attempts of a 30 s lease, and retries after at most 0.2 + 0.4 + 0.8 + 1.6 s.
+    /// assert_eq!(RelayConfig::default().retry_horizon(), Duration::from_millis(153_000));
+    /// ```
+    pub fn retry_horizon(&self) -> Duration {
+        self.lease
+            .saturating_mul(self.max_attempts.max(1))
+            .saturating_add(
+                self.backoff
+                    .total_ceiling(self.max_attempts.saturating_sub(1)),
+            )
+    }
+
     /// This configuration with a default destination.
     pub fn with_default_destination(mut self, destination: Destination) -> Self {
         self.default_destination = Some(destination);

@@ -130,6 +130,11 @@ macro_rules! consumer_tests {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_window_shorter_than_the_producer_horizon_stops_the_start() {
+                scenarios::window_shorter_than_the_producer_horizon::<$broker, $bank>().await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn a_message_without_a_key_is_dead_lettered() {
                 scenarios::keyless::<$broker, $bank>().await
             }

@@ -7,8 +7,11 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use idem_broker::consume::{Checkpoint, Consumer, MissingKey, Settle, Transport};
+use idem_broker::consume::{
+    Apply, Checkpoint, ConsumeError, Consumer, MissingKey, Settle, Transport,
+};
 use idem_broker::dead_letter::{self, DeadLetters};
+use idem_broker::relay::RelayConfig;
 use idem_testkit::crash::{CrashPoint, reach};
 
 use super::{Bank, Broker, OPENING_BALANCE, Running, config};
@@ -63,6 +66,50 @@ pub async fn duplicates_and_redeliveries<B: Broker, K: Bank>() {
     assert_eq!(bank.balance().await, OPENING_BALANCE - 15);
     assert_eq!((stats.applied, stats.replayed), (2, 2), "{stats:?}");
     assert_eq!(stats.dead_lettered, 0);
+}
+
+/// A dedupe window shorter than the producer's retry horizon stops the
+/// consumer at start-up, before it applies anything; a horizon inside the
+/// window (a relay's, with the defaults) lets the next one run.
+pub async fn window_shorter_than_the_producer_horizon<B: Broker, K: Bank>() {
+    let Some((broker, bank)) = start::<B, K>().await else {
+        return;
+    };
+    broker.publish(Some("order-1"), ORDER_10).await;
+    let window = bank
+        .apply(false)
+        .dedupe_window()
+        .expect("the store's window");
+    let horizon = window + Duration::from_secs(24 * 3600);
+
+    let too_long = Consumer::new(
+        broker.transport().await,
+        bank.apply(false),
+        config(broker.key_rule()).producer_horizon(horizon),
+    );
+    match too_long.run(std::future::pending()).await {
+        Err(error @ ConsumeError::WindowTooShort { .. }) => {
+            let message = error.to_string();
+            assert!(
+                message.contains("7days") && message.contains("8days"),
+                "{message}"
+            );
+        }
+        other => panic!("expected WindowTooShort, got {other:?}"),
+    }
+    assert!(bank.ledger().await.is_empty());
+
+    let relay_horizon = RelayConfig::default().retry_horizon();
+    assert!(relay_horizon < window);
+    let fits = Consumer::new(
+        broker.transport().await,
+        bank.apply(false),
+        config(broker.key_rule()).producer_horizon(relay_horizon),
+    );
+    let running = Running::start(fits.stats(), |stop| fits.run(stop));
+    running.until("the message acked", |s| s.acked() >= 1).await;
+    running.stop().await;
+    assert_eq!(bank.ledger().await, ["order-1"]);
 }
 
 /// A message whose effect always fails is dead-lettered after 5 attempts

@@ -82,6 +82,10 @@ pub async fn run(store: AnyStore, args: &RelayArgs) -> anyhow::Result<()> {
         "relay {} publishing the outbox (default destination: {to}); Ctrl-C stops",
         relay.owner()
     );
+    eprintln!(
+        "a message may be published again up to {} after its first publish: consumers need a dedupe window at least that long",
+        humantime::format_duration(relay.config().retry_horizon())
+    );
     relay
         .run(shutdown())
         .await
