@@ -218,6 +218,24 @@ impl Bank {
         }
     }
 
+    /// The debit through PostgreSQL's claim-first atomic apply, for keys
+    /// most likely new; `None` on SQLite, which has one atomic path.
+    pub async fn debit_claim_first(
+        &self,
+        p: &Payment,
+    ) -> Option<Result<Applied, ApplyError<DebitError>>> {
+        let Self::Postgres(s) = self else {
+            return None;
+        };
+        let payment = p.clone();
+        let applied = s
+            .apply_claim_first(&scope(), &p.id, p.fingerprint(), move |conn| {
+                Box::pin(async move { pg_debit(conn, payment).await.map_err(DebitError::from) })
+            })
+            .await;
+        Some(applied)
+    }
+
     /// A batch of debits in one transaction.
     pub async fn debit_batch(
         &self,

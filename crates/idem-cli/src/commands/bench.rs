@@ -1,6 +1,7 @@
 //! `idem bench apply`: in one run, on one database, the bare business
 //! transaction (a balance update, no dedupe), the same transaction through
-//! atomic apply, replays of those keys, and batched apply; ops/s and ratios to
+//! atomic apply (on PostgreSQL also claim-first, as consumers use it for first
+//! deliveries), replays of those keys, and batched apply; ops/s and ratios to
 //! bare. Ratios, not absolute numbers, are what carry between machines.
 
 use std::future::Future;
@@ -124,6 +125,26 @@ pub async fn apply(location: Option<StoreLocation>, args: &BenchApplyArgs) -> an
         .await?,
     };
 
+    let claim_first = if matches!(bank, Bank::Postgres(_)) {
+        let fresh = payments("claim", args.ops);
+        Some(Phase {
+            name: "atomic apply, claim first",
+            ops: fresh.len(),
+            elapsed: measure(args.concurrency, &fresh, |p| async {
+                let applied = bank
+                    .debit_claim_first(p)
+                    .await
+                    .context("claim-first apply needs PostgreSQL")?
+                    .map_err(|e| anyhow::anyhow!(e))?;
+                anyhow::ensure!(!applied.is_replay(), "a new key was answered as a replay");
+                Ok(())
+            })
+            .await?,
+        })
+    } else {
+        None
+    };
+
     let replay = Phase {
         name: "replay of duplicates",
         ops: unique.len(),
@@ -158,7 +179,7 @@ pub async fn apply(location: Option<StoreLocation>, args: &BenchApplyArgs) -> an
     };
 
     let ledger = bank.ledger().await?;
-    let expected = (warm.len() * 2 + args.ops * 3) as i64;
+    let expected = (warm.len() * 2 + args.ops * (3 + usize::from(claim_first.is_some()))) as i64;
     anyhow::ensure!(
         ledger.entries == expected,
         "{} effects were applied where {expected} were expected",
@@ -170,7 +191,16 @@ pub async fn apply(location: Option<StoreLocation>, args: &BenchApplyArgs) -> an
     table
         .load_preset(UTF8_FULL_CONDENSED)
         .set_header(["phase", "ops", "seconds", "ops/s", "× bare"]);
-    for phase in [&bare, &atomic, &replay, &batch] {
+    for phase in [
+        Some(&bare),
+        Some(&atomic),
+        claim_first.as_ref(),
+        Some(&replay),
+        Some(&batch),
+    ]
+    .into_iter()
+    .flatten()
+    {
         table.add_row([
             phase.name.to_owned(),
             phase.ops.to_string(),

@@ -3,8 +3,10 @@
 //! the same effect with no dedupe (run the debit, commit, ack), on the same
 //! broker and the same database, in one run; one message per transaction and
 //! batches. Each phase gets a fresh queue (or stream) filled beforehand, so
-//! only consuming is timed. Ratios, not absolute numbers, carry between
-//! machines.
+//! only consuming is timed. The phases take turns in rounds, so drift during
+//! the run (a checkpoint, a vacuum, a noisy neighbour) falls on all of them;
+//! the ratios printed are the medians of each round's. Ratios, not absolute
+//! numbers, carry between machines.
 
 use std::time::{Duration, Instant};
 
@@ -43,6 +45,10 @@ pub struct BenchConsumeArgs {
     /// Accounts the debits spread over.
     #[arg(long, default_value_t = 1000)]
     pub accounts: i64,
+    /// Rounds the phases take turns in; each round consumes a share of
+    /// --messages in every phase.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
     /// The RabbitMQ broker.
     #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
     pub amqp_url: String,
@@ -112,25 +118,49 @@ pub async fn run(store: Option<StoreLocation>, args: &BenchConsumeArgs) -> anyho
     for (plain, mode) in [(true, Mode::Single), (false, Mode::Single)] {
         phase(&broker, &bank, args, warm, plain, mode, "warm").await?;
     }
-    let mut phases = Vec::new();
-    for (plain, mode) in [
+    const KINDS: [(bool, Mode); 4] = [
         (true, Mode::Single),
         (false, Mode::Single),
         (true, Mode::Batch),
         (false, Mode::Batch),
-    ] {
-        let label = match (plain, mode) {
-            (true, Mode::Single) => "plain at-least-once, 1 per tx".to_owned(),
-            (false, Mode::Single) => "effectively-once, 1 per tx".to_owned(),
-            (true, Mode::Batch) => format!("plain at-least-once, batch {}", args.batch),
-            (false, Mode::Batch) => format!("effectively-once, batch {}", args.batch),
-        };
-        let elapsed = phase(&broker, &bank, args, args.messages, plain, mode, &label).await?;
-        phases.push(Phase {
-            name: label,
-            messages: args.messages,
-            elapsed,
-        });
+    ];
+    let label = |(plain, mode): (bool, Mode)| match (plain, mode) {
+        (true, Mode::Single) => "plain at-least-once, 1 per tx".to_owned(),
+        (false, Mode::Single) => "effectively-once, 1 per tx".to_owned(),
+        (true, Mode::Batch) => format!("plain at-least-once, batch {}", args.batch),
+        (false, Mode::Batch) => format!("effectively-once, batch {}", args.batch),
+    };
+    let mut phases: Vec<Phase> = KINDS
+        .iter()
+        .map(|&kind| Phase {
+            name: label(kind),
+            messages: 0,
+            elapsed: Duration::ZERO,
+        })
+        .collect();
+    let rounds = args.rounds.clamp(1, args.messages);
+    let mut single_ratios = Vec::with_capacity(rounds);
+    let mut batched_ratios = Vec::with_capacity(rounds);
+    let mut batch_gains = Vec::with_capacity(rounds);
+    for round in 0..rounds {
+        let share = args.messages / rounds + usize::from(round < args.messages % rounds);
+        let mut rates = [0.0; 4];
+        for (i, &(plain, mode)) in KINDS.iter().enumerate() {
+            let tag = format!("r{round}");
+            let elapsed = phase(&broker, &bank, args, share, plain, mode, &tag).await?;
+            eprintln!(
+                "round {}: {}: {share} messages in {:.2}s",
+                round + 1,
+                phases[i].name,
+                elapsed.as_secs_f64()
+            );
+            phases[i].messages += share;
+            phases[i].elapsed += elapsed;
+            rates[i] = share as f64 / elapsed.as_secs_f64();
+        }
+        single_ratios.push(rates[1] / rates[0]);
+        batched_ratios.push(rates[3] / rates[2]);
+        batch_gains.push(rates[3] / rates[1]);
     }
 
     let ledger = bank.ledger().await?;
@@ -161,19 +191,40 @@ pub async fn run(store: Option<StoreLocation>, args: &BenchConsumeArgs) -> anyho
     }
     println!("{table}");
     println!(
-        "effectively-once ÷ plain: {:.2}× one per transaction, {:.2}× batched   (target ≥ 0.8×)",
-        phases[1].per_second() / phases[0].per_second(),
-        phases[3].per_second() / phases[2].per_second()
+        "effectively-once ÷ plain, median of {rounds} rounds: {:.2}× one per transaction (rounds {}), {:.2}× batched   (target ≥ 0.8×)",
+        median(&mut single_ratios),
+        list(&single_ratios),
+        median(&mut batched_ratios),
     );
     println!(
-        "effectively-once batch {} ÷ one per transaction: {:.2}×   (target ≥ 3×)",
+        "effectively-once batch {} ÷ one per transaction, median of {rounds} rounds: {:.2}×   (target ≥ 3×)",
         args.batch,
-        phases[3].per_second() / phases[1].per_second()
+        median(&mut batch_gains)
     );
     Ok(())
 }
 
-/// One phase: a fresh queue or stream, filled, then consumed to the end.
+/// The median (the mean of the middle two for an even count); sorts `values`.
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
+/// Ratios as `0.71 0.74 0.69`.
+fn list(values: &[f64]) -> String {
+    values
+        .iter()
+        .map(|v| format!("{v:.2}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// One phase of a round (`round` names it in the queue's name): a fresh
+/// queue or stream, filled, then consumed to the end.
 async fn phase(
     broker: &BenchBroker,
     bank: &Bank,
@@ -181,11 +232,10 @@ async fn phase(
     messages: usize,
     plain: bool,
     mode: Mode,
-    label: &str,
+    round: &str,
 ) -> anyhow::Result<Duration> {
     let tag = format!(
-        "{}{}{}",
-        if label == "warm" { "warm-" } else { "" },
+        "{round}-{}{}",
         if plain { "plain" } else { "idem" },
         match mode {
             Mode::Single => "1",
@@ -214,14 +264,7 @@ async fn phase(
         } else {
             idem_consume(transport, bank, args, mode, keys).await?;
         }
-        let elapsed = started.elapsed();
-        if label != "warm" {
-            eprintln!(
-                "{label}: {messages} messages in {:.2}s",
-                elapsed.as_secs_f64()
-            );
-        }
-        Ok::<_, anyhow::Error>(elapsed)
+        Ok::<_, anyhow::Error>(started.elapsed())
     }
     .await;
     broker.delete(&queue).await;
