@@ -460,3 +460,53 @@ async fn a_store_over_an_existing_pool_prepares_on_first_use() {
     assert_eq!(db.balance(&store, 1).await, 70);
     until_no_leftovers(&db).await;
 }
+
+/// Claim-first takes an idle connection without the pool's ping. One the
+/// server closed meanwhile fails the claim, which is then sent again on a
+/// checked connection: the caller sees a normal apply, applied once.
+#[tokio::test]
+async fn claim_first_on_a_connection_the_server_closed_applies_once() {
+    let Some(db) = TestDb::new().await else {
+        return;
+    };
+    let store = PgStore::builder(&db.url)
+        .max_connections(1)
+        .connect()
+        .await
+        .unwrap();
+    let fp = Fingerprint::of_bytes(b"debit 10");
+    let first = store
+        .apply_claim_first(&scope(), &key("a"), fp, debit(10))
+        .await
+        .unwrap();
+    assert!(!first.is_replay());
+
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    let mut admin = PgConnection::connect(&db.url).await.unwrap();
+    let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1, 5000)")
+        .bind(pid)
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+    assert!(terminated);
+
+    let second = store
+        .apply_claim_first(&scope(), &key("b"), fp, debit(10))
+        .await
+        .unwrap();
+    assert!(!second.is_replay());
+    let again = store
+        .apply_claim_first(&scope(), &key("b"), fp, debit(10))
+        .await
+        .unwrap();
+    assert!(again.is_replay());
+    assert_eq!(db.balance(&store, 1).await, 80);
+    let new_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_ne!(new_pid, pid);
+}

@@ -159,6 +159,19 @@ pub(crate) async fn write_and_commit(
     }
 }
 
+/// Whether `error` says the connection itself is gone (closed by the server
+/// or the network, the server shutting down), so nothing sent on it took
+/// effect beyond what the server rolls back.
+pub(crate) fn connection_lost(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(_) => true,
+        sqlx::Error::Database(e) => e
+            .code()
+            .is_some_and(|code| code.starts_with("08") || code.starts_with("57P")),
+        _ => false,
+    }
+}
+
 /// Whether `error` is a database error with this SQLSTATE.
 fn has_code(error: &sqlx::Error, code: &str) -> bool {
     matches!(error, sqlx::Error::Database(e) if e.code().as_deref() == Some(code))

@@ -61,7 +61,10 @@ use std::panic::AssertUnwindSafe;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use idem_core::{Applied, ApplyError, FencingToken, Fingerprint, IdempotencyKey, Outcome, Scope};
+use idem_core::{
+    Applied, ApplyError, Error, FencingToken, Fingerprint, IdempotencyKey, Outcome, Scope,
+};
+use sqlx::pool::PoolConnection;
 use sqlx::{Connection, PgConnection, Postgres, Transaction};
 
 use self::locked::NotCommitted;
@@ -156,23 +159,43 @@ impl PgStore {
         F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<Outcome, E>> + Send,
         E: Send,
     {
-        let mut conn = self.pool().acquire().await.map_err(|e| self.fail(e))?;
-        if first == First::Claim {
+        let mut conn = if first == First::Claim {
+            // An idle connection as it is, without the pool's ping: the claim
+            // is the first statement, and safe to send again on a checked
+            // connection if this one turns out to be dead.
+            let (mut conn, mut checked) = match self.pool().try_acquire() {
+                Some(idle) => (idle, false),
+                None => (self.checked_connection().await?, true),
+            };
             let now = self.clock().now();
-            let refused = match conn.begin_with(locked::begin_and_claim(scope, key)).await {
-                Ok(tx) => {
-                    let plan = Plan::new(FencingToken::FIRST, now, self.settings());
-                    return self
-                        .run_and_commit(tx, plan, false, scope, key, fingerprint, effect)
-                        .await;
+            let refused = loop {
+                let error = match conn.begin_with(locked::begin_and_claim(scope, key)).await {
+                    Ok(tx) => {
+                        let plan = Plan::new(FencingToken::FIRST, now, self.settings());
+                        return self
+                            .run_and_commit(tx, plan, false, scope, key, fingerprint, effect)
+                            .await;
+                    }
+                    Err(error) => error,
+                };
+                if checked || !locked::connection_lost(&error) {
+                    break error;
                 }
-                Err(error) => error,
+                tracing::debug!(%error, "an idle connection was dead; taking a checked one");
+                let mut dead = conn;
+                dead.close_on_drop();
+                drop(dead); // frees its place in the pool first
+                conn = self.checked_connection().await?;
+                checked = true;
             };
             // Held or recorded: the replay-first path below answers.
             locked::refused_claim(&mut conn, refused)
                 .await
                 .map_err(|e| self.fail(e))?;
-        }
+            conn
+        } else {
+            self.checked_connection().await?
+        };
 
         if let Some(outcome) = self.peek(&mut *conn, scope, key, &fingerprint).await? {
             return Ok(Applied::Replayed(outcome));
@@ -259,6 +282,11 @@ impl PgStore {
             }
         }
         Ok(Applied::Fresh(outcome))
+    }
+
+    /// A pooled connection the pool has pinged before handing it out.
+    async fn checked_connection(&self) -> Result<PoolConnection<Postgres>, Error> {
+        self.pool().acquire().await.map_err(|e| self.fail(e))
     }
 
     /// Gives `answer` without running the effect. Holding the key's lock, it
