@@ -24,6 +24,25 @@
 //! transaction the benchmark compares with takes 4 (`BEGIN`, `COMMIT`, one
 //! checkout).
 //!
+//! # Claim first
+//!
+//! [`PgStore::apply_claim_first`] is for operations that are most likely new,
+//! such as a broker's first delivery. It skips step 1, and folds steps 2 and 3
+//! into one query, `BEGIN ...; EXECUTE idem_claim_v1(..)`, sent with sqlx's
+//! `begin_with` so sqlx still knows about the transaction. sqlx discards a
+//! `BEGIN` query's rows, so the claim answers by failing instead: the function
+//! (`migrations/0003_idem_claim.sql`) raises unless this transaction got the
+//! key's lock and the key has no record, and the statement after the lock
+//! sees what the lock's previous holder committed. On success the key is new
+//! and locked: the effect runs and step 5 follows. On a refusal the aborted
+//! transaction is rolled back and steps 1–5 answer; no effect has run.
+//!
+//! It also takes an idle connection without the pool's ping. The claim is
+//! the first statement, and one that fails because the server had closed the
+//! connection is sent again on a connection the pool has checked. A new key
+//! costs 3 round trips besides the effect (claim, write and commit, and the
+//! check when the connection goes back), a duplicate 2 more than with `apply`.
+//!
 //! # Which statements go as simple queries, and why
 //!
 //! sqlx sends each prepared statement in a round trip of its own; only a simple
@@ -126,12 +145,13 @@ impl PgStore {
     /// looking for a stored outcome. Same answers, same guarantees; only the
     /// cost differs.
     ///
-    /// A new key costs one round trip less than with `apply` (no read-only
-    /// look-up first; the lock and the check that the key has no record go
-    /// with `BEGIN`). A duplicate costs two more than with `apply` (the
-    /// refused claim and its rollback, then `apply`'s path), so use `apply`
-    /// where replays are common, as behind an HTTP endpoint whose clients
-    /// retry.
+    /// A new key costs two round trips less than with `apply`: no read-only
+    /// look-up first (the lock and the check that the key has no record go
+    /// with `BEGIN`), and no ping of the pooled connection (a claim that finds
+    /// it closed is sent again on a checked one). A duplicate costs two more
+    /// than with `apply` (the refused claim and its rollback, then `apply`'s
+    /// path), so use `apply` where replays are common, as behind an HTTP
+    /// endpoint whose clients retry.
     pub async fn apply_claim_first<F, E>(
         &self,
         scope: &Scope,
