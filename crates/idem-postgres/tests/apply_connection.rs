@@ -510,3 +510,50 @@ async fn claim_first_on_a_connection_the_server_closed_applies_once() {
         .unwrap();
     assert_ne!(new_pid, pid);
 }
+
+/// A claim-first apply given up while its claim is still running (here held
+/// up by a table lock) leaves no transaction behind: the connection is closed,
+/// not given back to the pool inside the claim's transaction, where it would
+/// keep the key's lock and swallow the next user's statements.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_first_apply_given_up_mid_claim_leaves_nothing_behind() {
+    let Some(db) = TestDb::new().await else {
+        return;
+    };
+    let store = PgStore::builder(&db.url)
+        .max_connections(1)
+        .connect()
+        .await
+        .unwrap();
+    let fp = Fingerprint::of_bytes(b"debit 10");
+    store
+        .apply_claim_first(&scope(), &key("warm"), fp, debit(10))
+        .await
+        .unwrap();
+
+    let mut blocker = PgConnection::connect(&db.url).await.unwrap();
+    sqlx::raw_sql("BEGIN; LOCK TABLE idem_records IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut blocker)
+        .await
+        .unwrap();
+    let stuck = tokio::spawn({
+        let store = store.clone();
+        async move {
+            store
+                .apply_claim_first(&scope(), &key("k"), fp, debit(10))
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stuck.abort();
+    assert!(stuck.await.unwrap_err().is_cancelled());
+    sqlx::raw_sql("COMMIT").execute(&mut blocker).await.unwrap();
+
+    until_no_leftovers(&db).await;
+    let applied = store
+        .apply_claim_first(&scope(), &key("k"), fp, debit(10))
+        .await
+        .unwrap();
+    assert!(!applied.is_replay());
+    assert_eq!(db.balance(&store, 1).await, 80);
+}

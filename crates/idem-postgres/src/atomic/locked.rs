@@ -9,7 +9,8 @@
 //! when the transaction is dropped, cancelled or not.
 
 use idem_core::{IdempotencyKey, Record, Scope};
-use sqlx::postgres::{PgConnection, PgRow};
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgConnection, PgRow, Postgres};
 use sqlx::{AssertSqlSafe, Row};
 
 use crate::{lock, records};
@@ -106,6 +107,44 @@ pub(crate) fn begin_and_claim(scope: &Scope, key: &IdempotencyKey) -> AssertSqlS
         lock::BEGIN,
         records::execute_claim(scope, key, lock::lock_key(scope, key))
     ))
+}
+
+/// A pooled connection whose claim ([`begin_and_claim`]) is on its way.
+///
+/// If the apply is given up before the claim is answered (its future
+/// dropped), the connection is closed instead of going back to the pool: sqlx
+/// counts no transaction on it yet, while the server may be inside the
+/// claim's, holding the key's lock, and would run the next user's statements
+/// in it. Closing the session ends that transaction.
+pub(crate) struct Claiming {
+    /// The connection; `None` once taken back with [`Claiming::answered`].
+    pub(crate) conn: Option<PoolConnection<Postgres>>,
+    /// Whether the claim's answer came (either way).
+    pub(crate) settled: bool,
+}
+
+impl Claiming {
+    /// `conn`, about to send a claim.
+    pub(crate) fn new(conn: PoolConnection<Postgres>) -> Self {
+        Self {
+            conn: Some(conn),
+            settled: false,
+        }
+    }
+
+    /// The connection, its claim answered.
+    pub(crate) fn answered(mut self) -> Option<PoolConnection<Postgres>> {
+        self.settled = true;
+        self.conn.take()
+    }
+}
+
+impl Drop for Claiming {
+    fn drop(&mut self) {
+        if let (false, Some(conn)) = (self.settled, self.conn.as_mut()) {
+            conn.close_on_drop();
+        }
+    }
 }
 
 /// After the query of [`begin_and_claim`] failed with `error`: rolls back the

@@ -72,7 +72,10 @@
 //! retry; a terminal failure is an outcome and is stored like a success. An
 //! effect that panics is rolled back before the panic goes on. A cancelled
 //! apply leaves its sqlx transaction to roll back when the connection is next
-//! used, which the pool does at once when it takes the connection back.
+//! used, which the pool does at once when it takes the connection back. One
+//! given up while its claim-first `BEGIN` query is still unanswered has no
+//! sqlx transaction yet, though the server may be in one holding the key's
+//! lock: its connection is closed instead of given back (`locked::Claiming`).
 
 mod locked;
 
@@ -188,9 +191,17 @@ impl PgStore {
                 None => (self.checked_connection().await?, true),
             };
             let now = self.clock().now();
-            let refused = loop {
-                let error = match conn.begin_with(locked::begin_and_claim(scope, key)).await {
+            let (refused, mut conn) = loop {
+                let mut claiming = locked::Claiming::new(conn);
+                let Some(sending) = claiming.conn.as_mut() else {
+                    unreachable!("a new claim holds its connection")
+                };
+                let error = match sending
+                    .begin_with(locked::begin_and_claim(scope, key))
+                    .await
+                {
                     Ok(tx) => {
+                        claiming.settled = true;
                         let plan = Plan::new(FencingToken::FIRST, now, self.settings());
                         return self
                             .run_and_commit(tx, plan, false, scope, key, fingerprint, effect)
@@ -198,13 +209,15 @@ impl PgStore {
                     }
                     Err(error) => error,
                 };
+                let Some(mut answered) = claiming.answered() else {
+                    unreachable!("a claim keeps its connection until answered")
+                };
                 if checked || !locked::connection_lost(&error) {
-                    break error;
+                    break (error, answered);
                 }
                 tracing::debug!(%error, "an idle connection was dead; taking a checked one");
-                let mut dead = conn;
-                dead.close_on_drop();
-                drop(dead); // frees its place in the pool first
+                answered.close_on_drop();
+                drop(answered); // frees its place in the pool first
                 conn = self.checked_connection().await?;
                 checked = true;
             };
