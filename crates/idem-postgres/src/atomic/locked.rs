@@ -109,22 +109,23 @@ pub(crate) fn begin_and_claim(scope: &Scope, key: &IdempotencyKey) -> AssertSqlS
     ))
 }
 
-/// A pooled connection whose claim ([`begin_and_claim`]) is on its way.
+/// A pooled connection whose `BEGIN` query (with the claim, in
+/// [`begin_and_claim`]) is on its way.
 ///
-/// If the apply is given up before the claim is answered (its future
+/// If the apply is given up before that query is answered (its future
 /// dropped), the connection is closed instead of going back to the pool: sqlx
-/// counts no transaction on it yet, while the server may be inside the
-/// claim's, holding the key's lock, and would run the next user's statements
-/// in it. Closing the session ends that transaction.
-pub(crate) struct Claiming {
-    /// The connection; `None` once taken back with [`Claiming::answered`].
+/// counts no transaction on it yet, while the server may be inside one —
+/// holding the key's lock, after a claim — and would run the next user's
+/// statements in it. Closing the session ends that transaction.
+pub(crate) struct Beginning {
+    /// The connection; `None` once taken back with [`Beginning::answered`].
     pub(crate) conn: Option<PoolConnection<Postgres>>,
-    /// Whether the claim's answer came (either way).
+    /// Whether the query's answer came (either way).
     pub(crate) settled: bool,
 }
 
-impl Claiming {
-    /// `conn`, about to send a claim.
+impl Beginning {
+    /// `conn`, about to send a `BEGIN` query.
     pub(crate) fn new(conn: PoolConnection<Postgres>) -> Self {
         Self {
             conn: Some(conn),
@@ -132,14 +133,14 @@ impl Claiming {
         }
     }
 
-    /// The connection, its claim answered.
+    /// The connection, its query answered.
     pub(crate) fn answered(mut self) -> Option<PoolConnection<Postgres>> {
         self.settled = true;
         self.conn.take()
     }
 }
 
-impl Drop for Claiming {
+impl Drop for Beginning {
     fn drop(&mut self) {
         if let (false, Some(conn)) = (self.settled, self.conn.as_mut()) {
             conn.close_on_drop();

@@ -73,9 +73,10 @@
 //! effect that panics is rolled back before the panic goes on. A cancelled
 //! apply leaves its sqlx transaction to roll back when the connection is next
 //! used, which the pool does at once when it takes the connection back. One
-//! given up while its claim-first `BEGIN` query is still unanswered has no
-//! sqlx transaction yet, though the server may be in one holding the key's
-//! lock: its connection is closed instead of given back (`locked::Claiming`).
+//! given up while its `BEGIN` query is still unanswered has no sqlx
+//! transaction yet, though the server may be in one (holding the key's lock,
+//! after a claim): its connection is closed instead of given back
+//! (`locked::Beginning`).
 
 mod locked;
 
@@ -192,7 +193,7 @@ impl PgStore {
             };
             let now = self.clock().now();
             let (refused, mut conn) = loop {
-                let mut claiming = locked::Claiming::new(conn);
+                let mut claiming = locked::Beginning::new(conn);
                 let Some(sending) = claiming.conn.as_mut() else {
                     unreachable!("a new claim holds its connection")
                 };
@@ -235,10 +236,17 @@ impl PgStore {
         }
 
         let now = self.clock().now();
-        let mut tx = conn
-            .begin_with(lock::BEGIN)
-            .await
-            .map_err(|e| self.fail(e))?;
+        let mut beginning = locked::Beginning::new(conn);
+        let Some(sending) = beginning.conn.as_mut() else {
+            unreachable!("a new BEGIN holds its connection")
+        };
+        let mut tx = match sending.begin_with(lock::BEGIN).await {
+            Ok(tx) => {
+                beginning.settled = true;
+                tx
+            }
+            Err(error) => return Err(self.fail(error).into()),
+        };
         let opened = match locked::lock_and_fetch(&mut tx, scope, key).await {
             Ok(opened) => opened,
             Err(error) => {
