@@ -557,3 +557,39 @@ async fn a_claim_first_apply_given_up_mid_claim_leaves_nothing_behind() {
     assert!(!applied.is_replay());
     assert_eq!(db.balance(&store, 1).await, 80);
 }
+
+/// Against a schema without the claim function (migration 0003 not run),
+/// `apply` still works, and `apply_claim_first` fails saying to migrate.
+#[tokio::test]
+async fn without_the_claim_function_apply_works_and_claim_first_says_to_migrate() {
+    let Some(db) = TestDb::new().await else {
+        return;
+    };
+    db.store().await; // migrates
+    let mut admin = PgConnection::connect(&db.url).await.unwrap();
+    sqlx::raw_sql("DROP FUNCTION idem_claim_v1(text, text, bigint)")
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let store = PgStore::builder(&db.url)
+        .migrate(false)
+        .connect()
+        .await
+        .unwrap();
+
+    assert!(!apply_debit(&store, "a", 10).await.unwrap().is_replay());
+    assert!(apply_debit(&store, "a", 10).await.unwrap().is_replay());
+    let fp = Fingerprint::of_bytes(b"debit 10");
+    match store
+        .apply_claim_first(&scope(), &key("b"), fp, debit(10))
+        .await
+    {
+        Err(ApplyError::Protocol(Error::Store(error))) => {
+            assert_eq!(error.kind(), ErrorKind::Corrupt, "{error}");
+            assert!(error.to_string().contains("migrat"), "{error}");
+        }
+        other => panic!("expected a store error, got {other:?}"),
+    }
+    assert_eq!(db.balance(&store, 1).await, 90);
+    until_no_leftovers(&db).await;
+}

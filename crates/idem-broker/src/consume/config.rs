@@ -188,7 +188,9 @@ impl ConsumerConfig {
     /// ([`ConsumeError::WindowTooShort`](super::ConsumeError::WindowTooShort))
     /// if its dedupe window, the store's retention, is shorter: a copy sent
     /// after the window closed would be applied again. Not checked unless
-    /// given.
+    /// given. The check is necessary, not sufficient: a copy is applied when
+    /// it is consumed, so add the longest backlog the queue may hold to the
+    /// producer's own horizon.
     pub fn producer_horizon(mut self, horizon: Duration) -> Self {
         self.producer_horizon = Some(horizon);
         self

@@ -109,12 +109,18 @@ impl Default for RelayConfig {
 }
 
 impl RelayConfig {
-    /// How long after a row's first publish this relay may still publish it
-    /// again: every attempt may hold its claim for a whole lease (a publish
-    /// whose confirmation never came, a relay that died mid-publish), and the
-    /// retries wait at most their backoff ceilings. A consumer whose dedupe
-    /// window is shorter could apply a late copy a second time; give it to
-    /// the consumer's [`producer_horizon`](crate::consume::ConsumerConfig::producer_horizon).
+    /// How long after a row's first publish this relay's own schedule may
+    /// publish it again: every attempt may hold its claim for a whole lease (a
+    /// publish whose confirmation never came, a relay that died mid-publish),
+    /// and the retries wait at most their backoff ceilings. A consumer whose
+    /// dedupe window is shorter could apply a late copy a second time; give it
+    /// to the consumer's [`producer_horizon`](crate::consume::ConsumerConfig::producer_horizon).
+    ///
+    /// What the schedule cannot know is not in it: a destination's
+    /// `Retry-After` longer than the backoff's cap, retries postponed by an
+    /// exhausted retry budget, and time when no relay runs at all. Add what
+    /// you expect of those, or keep the window far above the horizon (7 days
+    /// against 2 min 33 s by default).
     ///
     /// ```
     /// use std::time::Duration;

@@ -192,7 +192,7 @@ impl PgStore {
                 None => (self.checked_connection().await?, true),
             };
             let now = self.clock().now();
-            let (refused, mut conn) = loop {
+            let conn = loop {
                 let mut claiming = locked::Beginning::new(conn);
                 let Some(sending) = claiming.conn.as_mut() else {
                     unreachable!("a new claim holds its connection")
@@ -210,22 +210,29 @@ impl PgStore {
                     }
                     Err(error) => error,
                 };
-                let Some(mut answered) = claiming.answered() else {
+                if !checked && locked::connection_lost(&error) {
+                    tracing::debug!(%error, "an idle connection was dead; taking a checked one");
+                    drop(claiming); // closes it, and frees its place in the pool first
+                    conn = self.checked_connection().await?;
+                    checked = true;
+                    continue;
+                }
+                // Roll back while the guard still stands: given up before the
+                // rollback is answered, the connection is closed, not given
+                // back in the aborted transaction (which, refused as recorded,
+                // holds the key's lock).
+                let Some(refused) = claiming.conn.as_mut() else {
                     unreachable!("a claim keeps its connection until answered")
                 };
-                if checked || !locked::connection_lost(&error) {
-                    break (error, answered);
-                }
-                tracing::debug!(%error, "an idle connection was dead; taking a checked one");
-                answered.close_on_drop();
-                drop(answered); // frees its place in the pool first
-                conn = self.checked_connection().await?;
-                checked = true;
+                locked::refused_claim(refused, error)
+                    .await
+                    .map_err(|e| self.fail(e))?;
+                let Some(conn) = claiming.answered() else {
+                    unreachable!("a claim keeps its connection until answered")
+                };
+                break conn;
             };
             // Held or recorded: the replay-first path below answers.
-            locked::refused_claim(&mut conn, refused)
-                .await
-                .map_err(|e| self.fail(e))?;
             conn
         } else {
             self.checked_connection().await?

@@ -64,11 +64,13 @@ macro_rules! record_types {
     };
 }
 
-/// Every prepared statement, by name, in the order they are prepared. Preparing
-/// stops at the first failure, so a session that has a statement has every
-/// one before it: the claim (what the claim-first path runs first) comes after
-/// the writes it is followed by, and the read (what the replay-first path runs
-/// first) comes last.
+/// Every prepared statement, by name, in the order they are prepared. A
+/// statement that fails to prepare leaves the ones before it prepared, so a
+/// session that has a statement has every one before it: the read (what the
+/// replay-first path runs first) comes after the writes, and the claim (what
+/// the claim-first path runs first) comes last. It is also the one that needs
+/// the newest migration (`idem_claim_v1`, 0003): against an older schema only
+/// the claim-first path fails, and says to migrate.
 const STATEMENTS: [(&str, &str); 4] = [
     (
         insert_name!(),
@@ -97,16 +99,6 @@ const STATEMENTS: [(&str, &str); 4] = [
         ),
     ),
     (
-        claim_name!(),
-        concat!(
-            "PREPARE ",
-            claim_name!(),
-            " (text, text, bigint) AS SELECT ",
-            claim_name!(),
-            "($1, $2, $3)"
-        ),
-    ),
-    (
         fetch_name!(),
         concat!(
             "PREPARE ",
@@ -114,6 +106,16 @@ const STATEMENTS: [(&str, &str); 4] = [
             " (text, text) AS SELECT ",
             record_columns!(),
             " FROM idem_records WHERE scope = $1 AND key = $2"
+        ),
+    ),
+    (
+        claim_name!(),
+        concat!(
+            "PREPARE ",
+            claim_name!(),
+            " (text, text, bigint) AS SELECT ",
+            claim_name!(),
+            "($1, $2, $3)"
         ),
     ),
 ];
