@@ -95,7 +95,12 @@ pub fn decide(
                 key: key.clone(),
                 retry_after: now.until(until).min(settings.in_flight_retry_after),
             }),
-            _ => Ok(Decision::TakeOver {
+            Some(_) => Ok(Decision::TakeOver {
+                token: record.token.next(),
+            }),
+            // Released by its holder: free for the next claim, which still
+            // gets the next token so the old holder stays fenced.
+            None => Ok(Decision::Claim {
                 token: record.token.next(),
             }),
         },
@@ -179,6 +184,13 @@ mod tests {
         assert_eq!(
             run(Some(&running), b"a", 500).unwrap(),
             Decision::TakeOver {
+                token: FencingToken::new(4).unwrap()
+            }
+        );
+        let released = record(RecordState::InFlight, b"a", None);
+        assert_eq!(
+            run(Some(&released), b"a", 100).unwrap(),
+            Decision::Claim {
                 token: FencingToken::new(4).unwrap()
             }
         );

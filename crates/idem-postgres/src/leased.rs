@@ -13,10 +13,10 @@
 //! write in this database: the effect and the fenced completion commit together,
 //! so a zombie worker whose claim was taken over cannot commit its effect either.
 //!
-//! Releasing keeps the record, with its lease ended at once: the next claim is a
-//! takeover with the next token, so tokens never repeat. (A released record looks
-//! exactly like an expired lease, so that claim reports `took_over` and counts in
-//! `lease_takeovers_total`.)
+//! Releasing keeps the record, in flight with no lease: the key is free at
+//! once, and the next claim is a plain claim (not a takeover, so it is not
+//! counted in `lease_takeovers_total`) with the next token, so tokens never
+//! repeat and the old holder stays fenced.
 
 use futures::future::BoxFuture;
 use idem_core::{
@@ -76,7 +76,7 @@ impl LeaseStore for PgStore {
     async fn renew(&self, claim: &Claim) -> Result<Claim, Error> {
         let now = self.clock().now();
         let lease_until = now.plus(self.settings().lease);
-        self.fenced_update(claim, Change::Lease(lease_until), now)
+        self.fenced_update(claim, Change::Lease(Some(lease_until)), now)
             .await?;
         Ok(Claim {
             lease_until,
@@ -92,7 +92,7 @@ impl LeaseStore for PgStore {
 
     async fn release(&self, claim: &Claim) -> Result<(), Error> {
         let now = self.clock().now();
-        self.fenced_update(claim, Change::Lease(now), now).await
+        self.fenced_update(claim, Change::Lease(None), now).await
     }
 }
 
@@ -100,8 +100,8 @@ impl LeaseStore for PgStore {
 enum Change<'a> {
     /// Settle the record with this outcome.
     Settle(&'a Outcome),
-    /// Move the lease end here.
-    Lease(Timestamp),
+    /// Move the lease end here (renew), or clear it (release).
+    Lease(Option<Timestamp>),
 }
 
 impl PgStore {

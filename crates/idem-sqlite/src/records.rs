@@ -175,8 +175,9 @@ pub enum HeldChange<'a> {
         /// New end of retention.
         expires_at: Timestamp,
     },
-    /// Move the end of the lease (renew, or release by ending it now).
-    Lease(Timestamp),
+    /// Move the end of the lease (renew), or clear it (release: the key is
+    /// free, and the next claim is not a takeover).
+    Lease(Option<Timestamp>),
 }
 
 /// Applies `change` if `token` is still the record's token and it is in flight.
@@ -221,7 +222,7 @@ pub fn update_held(
                      WHERE scope = ?3 AND key = ?4 AND token = ?5 AND state = 'in_flight'",
                 )
                 .map_err(|e| map_err("prepare the lease update", e))?;
-            stmt.execute(params![until.0, now.0, scope, key, token.get()])
+            stmt.execute(params![until.map(|t| t.0), now.0, scope, key, token.get()])
                 .map_err(|e| map_err("update a lease", e))?
         }
     };

@@ -591,7 +591,9 @@ impl LeaseStore for SqliteStore {
     async fn renew(&self, claim: &Claim) -> Result<Claim, Error> {
         let lease = self.inner.settings.lease;
         let now = self
-            .change_held(claim, move |now, _| HeldChange::Lease(now.plus(lease)))
+            .change_held(claim, move |now, _| {
+                HeldChange::Lease(Some(now.plus(lease)))
+            })
             .await?;
         Ok(Claim {
             lease_until: now.plus(lease),
@@ -615,7 +617,7 @@ impl LeaseStore for SqliteStore {
     }
 
     async fn release(&self, claim: &Claim) -> Result<(), Error> {
-        self.change_held(claim, |now, _| HeldChange::Lease(now))
+        self.change_held(claim, |_, _| HeldChange::Lease(None))
             .await
             .map(drop)
     }

@@ -379,6 +379,10 @@ pub async fn release_lets_the_next_retry_run_at_once<H: Harness>(h: H) {
         panic!("claimed again at once")
     };
     assert_eq!(second.token, first.token.next());
+    assert!(
+        !second.took_over,
+        "a released key is claimed, not taken over"
+    );
     assert!(matches!(
         s.complete(&first, &counter_outcome(0)).await,
         Err(Error::Fenced { .. })

@@ -27,6 +27,7 @@ fn time(t: Timestamp) -> String {
 
 fn lease(record: &Record) -> String {
     match record.lease_until {
+        None if record.state == RecordState::InFlight => "released".into(),
         None => "-".into(),
         Some(until) => {
             let now = SystemTime::now();

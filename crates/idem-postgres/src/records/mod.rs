@@ -185,7 +185,7 @@ pub(crate) async fn settle(
 pub(crate) async fn set_lease(
     conn: &mut PgConnection,
     claim: &Claim,
-    lease_until: Timestamp,
+    lease_until: Option<Timestamp>,
     now: Timestamp,
 ) -> sqlx::Result<Fence> {
     let row = sqlx::query(
@@ -199,7 +199,7 @@ pub(crate) async fn set_lease(
     .bind(claim.scope.as_str())
     .bind(claim.key.as_str())
     .bind(claim.token.get())
-    .bind(lease_until.0)
+    .bind(lease_until.map(|t| t.0))
     .bind(now.0)
     .fetch_one(conn)
     .await?;
