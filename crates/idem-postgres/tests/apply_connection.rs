@@ -593,3 +593,42 @@ async fn without_the_claim_function_apply_works_and_claim_first_says_to_migrate(
     assert_eq!(db.balance(&store, 1).await, 90);
     until_no_leftovers(&db).await;
 }
+
+/// Lease renewals given up right after their `BEGIN` was sent (a pool
+/// without the ping hands out the connection at once, so the first poll sends
+/// it) leave no transaction behind on the pooled connection.
+#[tokio::test]
+async fn renewals_given_up_mid_begin_leave_no_transaction_behind() {
+    let Some(db) = TestDb::new().await else {
+        return;
+    };
+    db.store().await; // migrates
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .test_before_acquire(false)
+        .connect(&db.url)
+        .await
+        .unwrap();
+    let store = PgStore::from_pool(
+        pool,
+        Settings::default(),
+        std::sync::Arc::new(idem_core::SystemClock),
+    );
+    let fp = Fingerprint::of_bytes(b"job");
+    let Claimed::Fresh(claim) = store.claim(&scope(), &key("job"), fp).await.unwrap() else {
+        panic!("a new key is claimed")
+    };
+    for _ in 0..10 {
+        let mut renew = Box::pin(store.renew(&claim));
+        // One poll takes the idle connection and sends BEGIN; then give up.
+        assert!(futures::poll!(&mut renew).is_pending());
+        drop(renew);
+        until_no_leftovers(&db).await;
+    }
+    store
+        .complete(&claim, &Outcome::success("done"))
+        .await
+        .unwrap();
+    let record = store.get(&scope(), &key("job")).await.unwrap().unwrap();
+    assert_eq!(record.state, RecordState::Completed);
+}
