@@ -110,6 +110,15 @@ impl PgStore {
         Error::Store(store_error(error, &self.inner.endpoint))
     }
 
+    /// Opens a READ COMMITTED transaction on the store's pool, for the
+    /// application's own writes next to the store's. Unlike `pool().begin()`,
+    /// a caller given up while the `BEGIN` is on its way cannot leave the
+    /// pooled connection inside a transaction that sqlx does not count (see
+    /// `lock::begin`).
+    pub async fn begin_transaction(&self) -> Result<Transaction<'static, Postgres>, Error> {
+        self.begin().await
+    }
+
     /// Opens a transaction for a locked read-then-write.
     pub(crate) async fn begin(&self) -> Result<Transaction<'static, Postgres>, Error> {
         lock::begin(self.pool()).await.map_err(|e| self.fail(e))

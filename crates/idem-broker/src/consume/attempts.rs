@@ -189,7 +189,7 @@ impl Attempts for PgStore {
         // Concurrent `CREATE TABLE IF NOT EXISTS` can still collide in the
         // catalog; a transaction-scoped advisory lock serialises consumers.
         let fail = |e| pg_error("create the table", e);
-        let mut tx = self.pool().begin().await.map_err(fail)?;
+        let mut tx = self.begin_transaction().await?;
         sqlx::query("SELECT pg_advisory_xact_lock($1)")
             .bind(CREATE_LOCK)
             .execute(&mut *tx)

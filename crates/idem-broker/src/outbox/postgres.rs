@@ -299,7 +299,7 @@ impl OutboxStore for PgStore {
         letter: &NewDeadLetter,
         now: Timestamp,
     ) -> Result<Option<i64>, Error> {
-        let mut tx = self.pool().begin().await.map_err(fail("begin"))?;
+        let mut tx = self.begin_transaction().await?;
         let deleted = sqlx::query(DELETE_HELD)
             .bind(id)
             .bind(owner)
