@@ -11,7 +11,7 @@
 use idem_core::{IdempotencyKey, Record, Scope};
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnection, PgRow, Postgres};
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::{AssertSqlSafe, Connection, Row, SqlSafeStr, Transaction};
 
 use crate::{lock, records};
 
@@ -118,11 +118,14 @@ pub(crate) fn begin_and_claim(scope: &Scope, key: &IdempotencyKey) -> AssertSqlS
 /// holding the key's lock, after a claim — and would run the next user's
 /// statements in it. Closing the session ends that transaction.
 pub(crate) struct Beginning {
-    /// The connection; `None` once taken back with [`Beginning::answered`].
-    pub(crate) conn: Option<PoolConnection<Postgres>>,
-    /// Whether the query's answer came (either way).
-    pub(crate) settled: bool,
+    /// The connection; taken only by [`Beginning::answered`], which consumes
+    /// the guard.
+    conn: Option<PoolConnection<Postgres>>,
+    /// Whether the connection is known to be in the state sqlx counts.
+    settled: bool,
 }
+
+const HOLDS_ITS_CONNECTION: &str = "the guard holds its connection until `answered` consumes it";
 
 impl Beginning {
     /// `conn`, about to send a `BEGIN` query.
@@ -133,10 +136,28 @@ impl Beginning {
         }
     }
 
-    /// The connection, its query answered.
-    pub(crate) fn answered(mut self) -> Option<PoolConnection<Postgres>> {
+    /// Sends `sql` with sqlx's `begin_with`. A transaction settles the guard;
+    /// a failure leaves it standing until [`Beginning::answered`], so the
+    /// caller can roll back under it.
+    pub(crate) async fn begin(
+        &mut self,
+        sql: impl SqlSafeStr,
+    ) -> sqlx::Result<Transaction<'_, Postgres>> {
+        let conn = self.conn.as_mut().expect(HOLDS_ITS_CONNECTION);
+        let began = conn.begin_with(sql).await;
+        self.settled = began.is_ok();
+        began
+    }
+
+    /// The connection, for what follows a failed `BEGIN`.
+    pub(crate) fn connection(&mut self) -> &mut PoolConnection<Postgres> {
+        self.conn.as_mut().expect(HOLDS_ITS_CONNECTION)
+    }
+
+    /// The connection, in a state sqlx counts again.
+    pub(crate) fn answered(mut self) -> PoolConnection<Postgres> {
         self.settled = true;
-        self.conn.take()
+        self.conn.take().expect(HOLDS_ITS_CONNECTION)
     }
 }
 

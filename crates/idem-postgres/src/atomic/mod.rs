@@ -88,7 +88,7 @@ use idem_core::{
     Applied, ApplyError, Error, FencingToken, Fingerprint, IdempotencyKey, Outcome, Scope,
 };
 use sqlx::pool::PoolConnection;
-use sqlx::{Connection, PgConnection, Postgres, Transaction};
+use sqlx::{PgConnection, Postgres, Transaction};
 
 use self::locked::NotCommitted;
 use crate::decision::{Next, Plan};
@@ -194,15 +194,8 @@ impl PgStore {
             let now = self.clock().now();
             let conn = loop {
                 let mut claiming = locked::Beginning::new(conn);
-                let Some(sending) = claiming.conn.as_mut() else {
-                    unreachable!("a new claim holds its connection")
-                };
-                let error = match sending
-                    .begin_with(locked::begin_and_claim(scope, key))
-                    .await
-                {
+                let error = match claiming.begin(locked::begin_and_claim(scope, key)).await {
                     Ok(tx) => {
-                        claiming.settled = true;
                         let plan = Plan::new(FencingToken::FIRST, now, self.settings());
                         return self
                             .run_and_commit(tx, plan, false, scope, key, fingerprint, effect)
@@ -221,16 +214,10 @@ impl PgStore {
                 // rollback is answered, the connection is closed, not given
                 // back in the aborted transaction (which, refused as recorded,
                 // holds the key's lock).
-                let Some(refused) = claiming.conn.as_mut() else {
-                    unreachable!("a claim keeps its connection until answered")
-                };
-                locked::refused_claim(refused, error)
+                locked::refused_claim(claiming.connection(), error)
                     .await
                     .map_err(|e| self.fail(e))?;
-                let Some(conn) = claiming.answered() else {
-                    unreachable!("a claim keeps its connection until answered")
-                };
-                break conn;
+                break claiming.answered();
             };
             // Held or recorded: the replay-first path below answers.
             conn
@@ -244,16 +231,10 @@ impl PgStore {
 
         let now = self.clock().now();
         let mut beginning = locked::Beginning::new(conn);
-        let Some(sending) = beginning.conn.as_mut() else {
-            unreachable!("a new BEGIN holds its connection")
-        };
-        let mut tx = match sending.begin_with(lock::BEGIN).await {
-            Ok(tx) => {
-                beginning.settled = true;
-                tx
-            }
-            Err(error) => return Err(self.fail(error).into()),
-        };
+        let mut tx = beginning
+            .begin(lock::BEGIN)
+            .await
+            .map_err(|e| self.fail(e))?;
         let opened = match locked::lock_and_fetch(&mut tx, scope, key).await {
             Ok(opened) => opened,
             Err(error) => {
