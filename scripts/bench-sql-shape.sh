@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# What the effectively-once transaction costs PostgreSQL itself, with no Rust
+# client, no broker and no pool in the way: pgbench drives the statements of
+# `idem bench consume`'s single-message phases against a fresh database made
+# by `idem migrate`, and prints each shape's transactions per second and its
+# ratio to the plain debit, as medians over rounds taken in turns.
+#
+#   scripts/bench-sql-shape.sh [--rounds N] [--seconds S] [--clients C] [SERVER_URL]
+#
+# SERVER_URL defaults to postgres://postgres@127.0.0.1:5432/postgres; a
+# database idem_sql_shape_<pid> is made on it and dropped afterwards. Needs
+# pgbench and psql (the PostgreSQL client packages) and a release build of
+# `idem` (cargo build --release -p idem-cli).
+#
+# The shapes, one line per round trip, as the Rust paths send them (the pool's
+# pings, which the plain consumer pays and the claim-first checkout skips, are
+# left out of both):
+#   plain           BEGIN | debit | ledger row | COMMIT
+#   lock            BEGIN and try the key's lock | debit | ledger row | COMMIT
+#   record          BEGIN | debit | ledger row | insert the record and COMMIT
+#   effectively-once  BEGIN and claim (lock + the key is new) | debit |
+#                   ledger row | insert the record and COMMIT
+set -euo pipefail
+
+rounds=3
+seconds=8
+clients=8
+server=postgres://postgres@127.0.0.1:5432/postgres
+while (($#)); do
+    case "$1" in
+    --rounds) rounds=$2; shift 2 ;;
+    --seconds) seconds=$2; shift 2 ;;
+    --clients) clients=$2; shift 2 ;;
+    -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
+    -*) echo "unknown option $1 (try --help)" >&2; exit 2 ;;
+    *) server=$1; shift ;;
+    esac
+done
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+idem=$root/target/release/idem
+[[ -x $idem ]] || { echo "no $idem: run cargo build --release -p idem-cli first" >&2; exit 1; }
+pgbench=$(command -v pgbench || ls /usr/lib/postgresql/*/bin/pgbench 2>/dev/null | sort -V | tail -1 || true)
+[[ -n $pgbench && -x $pgbench ]] || { echo "pgbench not found: install postgresql-client (apt-get install postgresql-client)" >&2; exit 1; }
+command -v psql >/dev/null || { echo "psql not found: install postgresql-client" >&2; exit 1; }
+
+db=idem_sql_shape_$$
+url=${server%/*}/$db
+work=$(mktemp -d)
+cleanup() {
+    psql -q "$server" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+psql -q "$server" -c "CREATE DATABASE $db" >/dev/null
+"$idem" --store "$url" migrate >/dev/null
+psql -q "$url" >/dev/null <<'SQL'
+CREATE TABLE idem_demo_accounts (id BIGINT PRIMARY KEY, balance BIGINT NOT NULL);
+CREATE TABLE idem_demo_ledger (payment_id TEXT NOT NULL, account BIGINT NOT NULL, amount BIGINT NOT NULL);
+INSERT INTO idem_demo_accounts SELECT id, 1000000000000 FROM generate_series(0, 999) AS id;
+SQL
+
+head='\set account random(0, 999)
+\set key random(1, 999999999999)'
+debit='UPDATE idem_demo_accounts SET balance = balance - 1 WHERE id = :account RETURNING balance;
+INSERT INTO idem_demo_ledger (payment_id, account, amount) VALUES (:key, :account, 1);'
+# The record as the runtime writes it for a debit: a 32-byte fingerprint and
+# the debit's outcome (the balance as JSON).
+record="INSERT INTO idem_records (scope, key, fingerprint, state, token, lease_until, outcome_kind, outcome_body, outcome_meta, created_at, updated_at, expires_at) VALUES ('bench-consume', :key, '\\x$(printf '%064d' 0)'::bytea, 'completed', 1, NULL, 'success', '\\x7b2262616c616e6365223a3939397d'::bytea, '{\"content-type\":\"application/json\"}', 1, 1, 604800001)"
+begin='BEGIN ISOLATION LEVEL READ COMMITTED'
+
+printf '%s\nBEGIN;\n%s\nCOMMIT;\n' "$head" "$debit" >"$work/plain.sql"
+printf '%s\n%s \\; SELECT pg_try_advisory_xact_lock(:key);\n%s\nCOMMIT;\n' "$head" "$begin" "$debit" >"$work/lock.sql"
+printf '%s\n%s;\n%s\n%s \\; COMMIT;\n' "$head" "$begin" "$debit" "$record" >"$work/record.sql"
+printf "%s\n%s \\\\; SELECT idem_claim_v1('bench-consume', CAST(:key AS TEXT), :key);\n%s\n%s \\\\; COMMIT;\n" \
+    "$head" "$begin" "$debit" "$record" >"$work/effectively-once.sql"
+
+shapes=(plain lock record effectively-once)
+tps() {
+    "$pgbench" -n -M simple -c "$clients" -j 2 -T "$seconds" -f "$work/$1.sql" "$url" 2>&1 |
+        awk '/^tps/ { print $3; found = 1 } END { if (!found) exit 1 }'
+}
+median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+echo "pgbench $("$pgbench" --version | awk '{print $3}'), $clients clients, ${seconds}s per shape, $rounds rounds, database $db"
+for ((round = 1; round <= rounds; round++)); do
+    line="round $round:"
+    for shape in "${shapes[@]}"; do
+        rate=$(tps "$shape") || { echo "pgbench failed on $shape:" >&2; "$pgbench" -n -M simple -c 1 -T 1 -f "$work/$shape.sql" "$url" >&2; exit 1; }
+        echo "$rate" >>"$work/$shape.tps"
+        line+=" $shape $(printf '%.0f' "$rate")"
+    done
+    plain=$(sed -n "${round}p" "$work/plain.tps")
+    for shape in "${shapes[@]:1}"; do
+        awk -v a="$(sed -n "${round}p" "$work/$shape.tps")" -v b="$plain" 'BEGIN { printf "%.3f\n", a / b }' >>"$work/$shape.ratio"
+    done
+    echo "$line"
+done
+
+printf '%-18s %10s %12s\n' shape "tx/s" "÷ plain"
+printf '%-18s %10.0f %12s\n' plain "$(median <"$work/plain.tps")" 1.00
+for shape in "${shapes[@]:1}"; do
+    printf '%-18s %10.0f %11.2f×\n' "$shape" "$(median <"$work/$shape.tps")" "$(median <"$work/$shape.ratio")"
+done
+echo "(medians over the rounds; each ratio is taken within its round)"
