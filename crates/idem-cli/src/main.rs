@@ -2,6 +2,7 @@
 
 mod cli;
 mod commands;
+mod latency;
 mod workload;
 
 use clap::Parser;

@@ -22,6 +22,7 @@ use idem_broker::consume::{
 use sqlx::{AssertSqlSafe, Connection, PgConnection};
 use tokio::task::JoinSet;
 
+use crate::latency::LatencyLink;
 use crate::workload::{Bank, DebitError, Payment, pg_debit, sqlite_debit};
 
 /// Batches applied at once in the batch phases (the runtime's default).
@@ -55,6 +56,11 @@ pub struct BenchConsumeArgs {
     /// The NATS server.
     #[arg(long, default_value = "nats://127.0.0.1:4222")]
     pub nats_url: String,
+    /// One-way delay added between the benchmark and PostgreSQL, each way
+    /// (for example 250us): every round trip to the database then costs
+    /// twice this on top of its CPU, as across a network.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub db_latency: Option<Duration>,
     /// The PostgreSQL server a fresh database is made on when --store is not
     /// given (dropped after the run).
     #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/postgres")]
@@ -102,6 +108,13 @@ pub async fn run(store: Option<StoreLocation>, args: &BenchConsumeArgs) -> anyho
             (Some(db), location)
         }
     };
+    let (location, link) = match args.db_latency {
+        Some(one_way) => {
+            let (location, link) = behind_latency(&location, one_way)?;
+            (location, Some(link))
+        }
+        None => (location, None),
+    };
     let bank = Bank::open(&location).await?;
     bank.reset(args.accounts, i64::MAX / 2).await?;
     let broker = BenchBroker::new(args, run_id);
@@ -112,6 +125,12 @@ pub async fn run(store: Option<StoreLocation>, args: &BenchConsumeArgs) -> anyho
         args.concurrency,
         args.batch
     );
+    if let Some(one_way) = args.db_latency {
+        println!(
+            "every byte to and from PostgreSQL is delayed by {} each way",
+            humantime::format_duration(one_way)
+        );
+    }
 
     // A short warm-up of both consumers, not timed.
     let warm = args.messages.min(500);
@@ -163,6 +182,16 @@ pub async fn run(store: Option<StoreLocation>, args: &BenchConsumeArgs) -> anyho
         batch_gains.push(rates[3] / rates[1]);
     }
 
+    if let (Some(configured), Some(mean)) = (
+        args.db_latency,
+        link.as_ref().and_then(LatencyLink::mean_delay),
+    ) {
+        println!(
+            "delay to and from PostgreSQL: {} each way as configured, {} measured (mean over the run, with the relay's wake-up)",
+            humantime::format_duration(configured),
+            humantime::format_duration(mean)
+        );
+    }
     let ledger = bank.ledger().await?;
     let expected = (warm * 2 + args.messages * 4) as i64;
     anyhow::ensure!(
@@ -202,6 +231,32 @@ pub async fn run(store: Option<StoreLocation>, args: &BenchConsumeArgs) -> anyho
         median(&mut batch_gains)
     );
     Ok(())
+}
+
+/// `location` reached through a [`LatencyLink`] that delays each direction by
+/// `one_way`; PostgreSQL only.
+fn behind_latency(
+    location: &StoreLocation,
+    one_way: Duration,
+) -> anyhow::Result<(StoreLocation, LatencyLink)> {
+    let StoreLocation::Postgres(url) = location else {
+        anyhow::bail!("--db-latency needs a PostgreSQL store; {location} is not one");
+    };
+    let mut url = url::Url::parse(url).with_context(|| format!("cannot read {location}"))?;
+    let host = url
+        .host_str()
+        .with_context(|| format!("{location} names no host to delay"))?;
+    let upstream = format!("{host}:{}", url.port().unwrap_or(5432));
+    let link = LatencyLink::start(&upstream, one_way)
+        .with_context(|| format!("cannot start the latency relay to {upstream}"))?;
+    let local = link.local_addr();
+    url.set_host(Some(&local.ip().to_string()))
+        .and_then(|()| {
+            url.set_port(Some(local.port()))
+                .map_err(|()| url::ParseError::InvalidPort)
+        })
+        .with_context(|| format!("cannot point {location} at the latency relay"))?;
+    Ok((StoreLocation::Postgres(url.into()), link))
 }
 
 /// The median (the mean of the middle two for an even count); sorts `values`.
