@@ -56,7 +56,7 @@ impl LatencyLink {
             .spawn(move || {
                 for client in listener.incoming() {
                     let Ok(client) = client else { continue };
-                    if let Err(error) = connect(client, target, one_way, &measured) {
+                    if let Err(error) = relay(client, target, one_way, &measured) {
                         eprintln!("warning: the latency relay could not reach {target}: {error}");
                     }
                 }
@@ -79,7 +79,7 @@ impl LatencyLink {
 }
 
 /// Relays one accepted connection to `target`, both ways.
-fn connect(
+fn relay(
     client: TcpStream,
     target: SocketAddr,
     one_way: Duration,

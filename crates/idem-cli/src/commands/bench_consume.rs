@@ -250,12 +250,9 @@ fn behind_latency(
     let link = LatencyLink::start(&upstream, one_way)
         .with_context(|| format!("cannot start the latency relay to {upstream}"))?;
     let local = link.local_addr();
-    url.set_host(Some(&local.ip().to_string()))
-        .and_then(|()| {
-            url.set_port(Some(local.port()))
-                .map_err(|()| url::ParseError::InvalidPort)
-        })
-        .with_context(|| format!("cannot point {location} at the latency relay"))?;
+    let pointed = url.set_host(Some(&local.ip().to_string())).is_ok()
+        && url.set_port(Some(local.port())).is_ok();
+    anyhow::ensure!(pointed, "cannot point {location} at the latency relay");
     Ok((StoreLocation::Postgres(url.into()), link))
 }
 
