@@ -12,7 +12,8 @@
 //! - [`outcome`](crate::Outcome): the stored result replayed to duplicates;
 //! - [`record`](crate::Record): record states and fencing tokens;
 //! - [`protocol`]: the decision table every store follows;
-//! - [`store`](crate::LeaseStore): the traits stores implement, and the leased apply;
+//! - [`atomic`](crate::AtomicStore): the atomic contract, effect and record in one transaction;
+//! - [`store`](crate::LeaseStore): the leased contract, and inspection and retention of records;
 //! - [`clock`](crate::Clock): injectable time;
 //! - [`settings`](crate::Settings): lease and retention, with defaults;
 //! - [`fence`](crate::FenceStore): fencing tokens on named resources and guarded (versioned) writes;
@@ -21,6 +22,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod atomic;
 mod clock;
 mod error;
 mod fence;
@@ -33,16 +35,16 @@ mod record;
 mod settings;
 mod store;
 
+pub use atomic::{AtomicEffect, AtomicStore, BatchApplied, TxCall};
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock, Timestamp};
 pub use error::{ApplyError, Error, ErrorKind, StoreError};
 pub use fence::{FenceStore, Guard, IdentifierError, Lease, Ordering as GuardOrdering, Resource};
 pub use fingerprint::{Fingerprint, FingerprintError};
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN, Scope};
 pub use outcome::{Outcome, OutcomeKind};
-pub use protocol::{Decision, decide};
+pub use protocol::{Decision, Plan, decide};
 pub use record::{FencingToken, Record, RecordState, UnknownState};
 pub use settings::{DEFAULT_LEASE, DEFAULT_RETENTION, Settings};
 pub use store::{
     Applied, Claim, Claimed, LeaseStore, Operation, RecordCount, RecordFilter, RecordStore,
-    apply_leased,
 };

@@ -13,10 +13,17 @@
 //! A record past retention is replaced, but its token still grows: tokens are
 //! never reused, so a worker holding an old token can never be mistaken for the
 //! new owner.
+//!
+//! [`Plan`] then says what a claim writes, so every store writes the same
+//! record. The dedupe window counts from the key's first claim: `created_at`
+//! is the first claim's time and `expires_at` is `created_at + retention`. A
+//! takeover, a claim after a release, a completion and a renewal keep both;
+//! only a record past retention is replaced with a new window.
 
 use crate::clock::Timestamp;
 use crate::{
-    Error, FencingToken, Fingerprint, IdempotencyKey, Outcome, Record, RecordState, Scope, Settings,
+    Error, FencingToken, Fingerprint, IdempotencyKey, Operation, Outcome, Record, RecordState,
+    Scope, Settings,
 };
 
 /// What the caller of [`decide`] must do.
@@ -107,6 +114,115 @@ pub fn decide(
     }
 }
 
+/// What a claim or takeover writes, apart from the state it writes it in:
+/// the token, and the window the record keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    /// The token of the new claim.
+    pub token: FencingToken,
+    /// Whether an expired lease was taken over (its worker presumed dead).
+    pub took_over: bool,
+    /// When the key was first claimed: the start of the dedupe window.
+    pub created_at: Timestamp,
+    /// When the record may be swept: `created_at + retention`.
+    pub expires_at: Timestamp,
+}
+
+impl Plan {
+    /// The plan for carrying out `decision`, taken at `now` on `found`; `None`
+    /// for a replay, which writes nothing.
+    ///
+    /// A record still inside its window (taken over, or released by its
+    /// holder) keeps its `created_at` and `expires_at`; a new key or a record
+    /// past retention starts a new window at `now`.
+    ///
+    /// ```
+    /// use idem_core::{decide, Fingerprint, IdempotencyKey, Plan, Scope, Settings, Timestamp};
+    /// let (scope, key) = (Scope::new("s").unwrap(), IdempotencyKey::new("k").unwrap());
+    /// let settings = Settings::default();
+    /// let fp = Fingerprint::of_bytes(b"x");
+    /// let decision = decide(None, &scope, &key, &fp, Timestamp(5), &settings).unwrap();
+    /// let plan = Plan::of(&decision, None, Timestamp(5), &settings).unwrap();
+    /// assert_eq!(plan.created_at, Timestamp(5));
+    /// assert_eq!(plan.expires_at, Timestamp(5).plus(settings.retention));
+    /// ```
+    pub fn of(
+        decision: &Decision,
+        found: Option<&Record>,
+        now: Timestamp,
+        settings: &Settings,
+    ) -> Option<Plan> {
+        let (token, took_over) = match decision {
+            Decision::Replay(_) => return None,
+            Decision::Claim { token } => (*token, false),
+            Decision::TakeOver { token } => (*token, true),
+        };
+        Some(match found {
+            Some(found) if found.expires_at > now => Plan {
+                token,
+                took_over,
+                created_at: found.created_at,
+                expires_at: found.expires_at,
+            },
+            _ => Plan {
+                took_over,
+                ..Plan::first(token, now, settings)
+            },
+        })
+    }
+
+    /// The plan of a key claimed for the first time at `now`.
+    pub fn first(token: FencingToken, now: Timestamp, settings: &Settings) -> Plan {
+        Plan {
+            token,
+            took_over: false,
+            created_at: now,
+            expires_at: now.plus(settings.retention),
+        }
+    }
+
+    /// The record of a claim whose effect is still to run (leased mode): in
+    /// flight, its lease ending at `now + lease`.
+    pub fn in_flight(&self, op: &Operation, now: Timestamp, settings: &Settings) -> Record {
+        self.record(
+            op,
+            RecordState::InFlight,
+            Some(now.plus(settings.lease)),
+            None,
+            now,
+        )
+    }
+
+    /// The record of a claim that already has its outcome (atomic mode):
+    /// completed or failed, by the outcome's kind.
+    pub fn settled(&self, op: &Operation, outcome: Outcome, now: Timestamp) -> Record {
+        let state = RecordState::settled_by(outcome.kind);
+        self.record(op, state, None, Some(outcome), now)
+    }
+
+    fn record(
+        &self,
+        op: &Operation,
+        state: RecordState,
+        lease_until: Option<Timestamp>,
+        outcome: Option<Outcome>,
+        now: Timestamp,
+    ) -> Record {
+        Record {
+            scope: op.scope.clone(),
+            key: op.key.clone(),
+            fingerprint: op.fingerprint,
+            state,
+            token: self.token,
+            lease_until,
+            outcome,
+            created_at: self.created_at,
+            updated_at: now,
+            expires_at: self.expires_at,
+        }
+    }
+}
+
 /// The refusal given to a concurrent duplicate found by a store's try-lock
 /// (the first caller holds the key right now and has not committed yet).
 pub fn busy(scope: &Scope, key: &IdempotencyKey, settings: &Settings) -> Error {
@@ -193,6 +309,51 @@ mod tests {
             Decision::Claim {
                 token: FencingToken::new(4).unwrap()
             }
+        );
+    }
+
+    #[test]
+    fn the_window_counts_from_the_first_claim() {
+        let settings = Settings::default();
+        let mut found = record(RecordState::InFlight, b"a", Some(500));
+        found.created_at = Timestamp(7);
+        found.expires_at = Timestamp(9_000);
+        for decision in [
+            Decision::TakeOver {
+                token: FencingToken::new(4).unwrap(),
+            },
+            Decision::Claim {
+                token: FencingToken::new(4).unwrap(),
+            },
+        ] {
+            let plan = Plan::of(&decision, Some(&found), Timestamp(600), &settings).unwrap();
+            assert_eq!(
+                (plan.created_at, plan.expires_at),
+                (Timestamp(7), Timestamp(9_000))
+            );
+        }
+        let expired = Plan::of(
+            &Decision::Claim {
+                token: FencingToken::new(4).unwrap(),
+            },
+            Some(&found),
+            Timestamp(9_000),
+            &settings,
+        )
+        .unwrap();
+        assert_eq!(expired.created_at, Timestamp(9_000));
+        assert_eq!(
+            expired.expires_at,
+            Timestamp(9_000).plus(settings.retention)
+        );
+        assert_eq!(
+            Plan::of(
+                &Decision::Replay(Outcome::empty()),
+                None,
+                Timestamp(1),
+                &settings
+            ),
+            None
         );
     }
 

@@ -32,6 +32,15 @@ impl RecordState {
         }
     }
 
+    /// The state a record settles in when `kind` is stored: completed for a
+    /// success, failed for a terminal failure.
+    pub fn settled_by(kind: crate::OutcomeKind) -> Self {
+        match kind {
+            crate::OutcomeKind::Success => Self::Completed,
+            crate::OutcomeKind::TerminalFailure => Self::Failed,
+        }
+    }
+
     /// Whether an outcome is stored (completed or failed).
     pub fn is_settled(self) -> bool {
         !matches!(self, Self::InFlight)

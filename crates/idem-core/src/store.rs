@@ -1,10 +1,7 @@
 //! What every store offers, whatever the database: the leased protocol (claim,
-//! renew, complete, release) and inspection and retention of records.
-//!
-//! The *atomic* mode, where the effect receives the store's open transaction, is
-//! necessarily typed by the driver (`rusqlite::Transaction`, `sqlx::Transaction`)
-//! and so lives on each store as an inherent `apply` method; it follows the same
-//! [`decide`](crate::decide) table.
+//! renew, complete, release, and [`LeaseStore::apply_leased`] around them) and
+//! inspection and retention of records. The atomic mode, where the effect
+//! writes in the store's own transaction, is [`AtomicStore`](crate::AtomicStore).
 
 use std::future::Future;
 
@@ -140,6 +137,43 @@ pub trait LeaseStore: Send + Sync {
     /// Gives the key back after a retryable failure, so the next retry runs at
     /// once. The record keeps its token (ended lease), so tokens never repeat.
     fn release(&self, claim: &Claim) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Runs an effect outside the database under the leased protocol: claim,
+    /// run, then complete (success or terminal failure) or release (retryable
+    /// failure). Called like [`AtomicStore::apply`](crate::AtomicStore::apply).
+    ///
+    /// The effect receives the claim so it can forward the token downstream
+    /// as a fencing token, or renew the lease while it works.
+    fn apply_leased<F, Fut, E>(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: Fingerprint,
+        effect: F,
+    ) -> impl Future<Output = Result<Applied, crate::ApplyError<E>>> + Send
+    where
+        Self: Sized,
+        F: FnOnce(Claim) -> Fut + Send,
+        Fut: Future<Output = Result<Outcome, E>> + Send,
+        E: Send,
+    {
+        async move {
+            let claim = match self.claim(scope, key, fingerprint).await? {
+                Claimed::Replayed(outcome) => return Ok(Applied::Replayed(outcome)),
+                Claimed::Fresh(claim) => claim,
+            };
+            match effect(claim.clone()).await {
+                Ok(outcome) => {
+                    self.complete(&claim, &outcome).await?;
+                    Ok(Applied::Fresh(outcome))
+                }
+                Err(error) => {
+                    self.release(&claim).await?;
+                    Err(crate::ApplyError::Effect(error))
+                }
+            }
+        }
+    }
 }
 
 /// Which records to list.
@@ -202,37 +236,4 @@ pub struct RecordCount {
     pub total: u64,
     /// Records past retention, waiting for a sweep.
     pub expired: u64,
-}
-
-/// Runs an effect outside the database under the leased protocol: claim, run,
-/// then complete (success or terminal failure) or release (retryable failure).
-///
-/// The effect receives the claim so it can forward the token downstream as a
-/// fencing token, or renew the lease while it works.
-pub async fn apply_leased<S, F, Fut, E>(
-    store: &S,
-    scope: &Scope,
-    key: &IdempotencyKey,
-    fingerprint: Fingerprint,
-    effect: F,
-) -> Result<Applied, crate::ApplyError<E>>
-where
-    S: LeaseStore + ?Sized,
-    F: FnOnce(Claim) -> Fut,
-    Fut: Future<Output = Result<Outcome, E>>,
-{
-    let claim = match store.claim(scope, key, fingerprint).await? {
-        Claimed::Replayed(outcome) => return Ok(Applied::Replayed(outcome)),
-        Claimed::Fresh(claim) => claim,
-    };
-    match effect(claim.clone()).await {
-        Ok(outcome) => {
-            store.complete(&claim, &outcome).await?;
-            Ok(Applied::Fresh(outcome))
-        }
-        Err(error) => {
-            store.release(&claim).await?;
-            Err(crate::ApplyError::Effect(error))
-        }
-    }
 }

@@ -10,7 +10,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use idem_core::{
     Applied, ApplyError, Claim, Claimed, Clock, Error, Fingerprint, IdempotencyKey, LeaseStore,
-    Outcome, RecordState, RecordStore, Scope, apply_leased,
+    Outcome, RecordState, RecordStore, Scope,
 };
 
 fn scope() -> Scope {
@@ -67,7 +67,7 @@ async fn claim_complete_then_replay() {
     assert_eq!(record.lease_until, None);
 
     // The generic leased apply sees the replay too and runs nothing.
-    let applied = apply_leased(&store, &scope(), &key("user-7"), fp(), |_| async {
+    let applied = store.apply_leased(&scope(), &key("user-7"), fp(), |_| async {
         Err::<Outcome, &str>("must not run")
     })
     .await
