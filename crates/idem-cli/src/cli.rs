@@ -32,7 +32,7 @@ pub enum Command {
     Demo(DemoArgs),
     /// Measure throughput.
     #[command(subcommand)]
-    Bench(BenchCommand),
+    Bench(idem_bench::BenchCommand),
     /// Put Idempotency-Key semantics in front of any HTTP service: a gateway
     /// that forwards to --upstream and replays stored answers to retries.
     Serve(ServeArgs),
@@ -127,72 +127,6 @@ pub struct DemoArgs {
     /// Seed for the workload and the delivery order.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
-}
-
-/// `idem bench ...`
-#[derive(Debug, Subcommand)]
-pub enum BenchCommand {
-    /// Bare transaction vs atomic apply vs replay vs batched apply, in one run.
-    Apply(BenchApplyArgs),
-    /// The same upstream called directly and through the gateway (unique keys,
-    /// replays, no key), in one run, with an in-process upstream and gateway.
-    Http(BenchHttpArgs),
-    /// An effectively-once consumer vs a plain at-least-once one on RabbitMQ or
-    /// NATS JetStream into PostgreSQL, one message per transaction and batched.
-    Consume(crate::commands::bench_consume::BenchConsumeArgs),
-}
-
-/// `idem bench apply`
-#[derive(Debug, Args)]
-pub struct BenchApplyArgs {
-    /// Operations per phase.
-    #[arg(long, default_value_t = 4000)]
-    pub ops: usize,
-    /// Concurrent clients.
-    #[arg(long, default_value_t = 8)]
-    pub concurrency: usize,
-    /// Share of extra deliveries that repeat an earlier key in the atomic phase (0.0-1.0).
-    #[arg(long, default_value_t = 0.0)]
-    pub duplicates: f64,
-    /// Operations per transaction in the batched phase.
-    #[arg(long, default_value_t = 100)]
-    pub batch: usize,
-    /// Accounts the operations update (fewer means more row contention).
-    #[arg(long, default_value_t = 1000)]
-    pub accounts: i64,
-}
-
-/// `idem bench http`
-#[derive(Debug, Args)]
-pub struct BenchHttpArgs {
-    /// Requests per phase.
-    #[arg(long, default_value_t = 4000)]
-    pub requests: usize,
-    /// Concurrent clients.
-    #[arg(long, default_value_t = 32)]
-    pub concurrency: usize,
-    /// What the upstream does per POST.
-    #[arg(long, value_enum, default_value_t = UpstreamWork::Both)]
-    pub upstream: UpstreamWork,
-    /// Size of each request's JSON body, in bytes.
-    #[arg(long, default_value_t = 256)]
-    pub body: usize,
-    /// Rounds in which the phases take turns, each sending requests/rounds
-    /// per phase.
-    #[arg(long, default_value_t = 4)]
-    pub rounds: usize,
-}
-
-/// The in-process upstream of `idem bench http`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum UpstreamWork {
-    /// Commits one row per POST to its own SQLite file (synchronous=FULL): a
-    /// service whose POSTs have a durable effect, the kind keys exist for.
-    Durable,
-    /// Answers at once and keeps nothing: shows the gateway's own cost.
-    Echo,
-    /// Both, one after the other.
-    Both,
 }
 
 /// `idem serve`. Each setting comes from its flag, else its `IDEM_*`

@@ -2,8 +2,6 @@
 
 mod cli;
 mod commands;
-mod latency;
-mod workload;
 
 use clap::Parser;
 

@@ -9,11 +9,14 @@ use std::time::Duration;
 
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 use idem::{Applied, ApplyError, Error, IdempotencyKey, StoreLocation};
+use idem_bench::ledger::Ledger;
+use idem_bench::stores::given_or_temporary;
+use idem_bench::workload::{Bank, Payment, Totals};
 use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
 use crate::cli::DemoArgs;
-use crate::workload::{Bank, Ledger, Payment};
 
 const OPENING_BALANCE: i64 = 1_000_000;
 
@@ -33,13 +36,13 @@ struct Tally {
 #[derive(Debug)]
 struct Run {
     tally: Tally,
-    ledger: Ledger,
+    ledger: Totals,
 }
 
 pub async fn run(location: Option<StoreLocation>, args: &DemoArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.accounts > 0, "--accounts must be at least 1");
     anyhow::ensure!(args.workers > 0, "--workers must be at least 1");
-    let (_temporary, location) = super::given_or_temporary(location)?;
+    let (_temporary, location) = given_or_temporary(location)?;
     let bank = Bank::open(&location).await?;
     let mut rng = StdRng::seed_from_u64(args.seed);
     let run: u32 = rand::rng().random();
@@ -50,7 +53,7 @@ pub async fn run(location: Option<StoreLocation>, args: &DemoArgs) -> anyhow::Re
             amount: rng.random_range(1..=500),
         })
         .collect();
-    let deliveries = idem_testkit::deliveries::duplicate_and_shuffle(&payments, 3, &mut rng);
+    let deliveries = deliver_at_least_once(&payments, 3, &mut rng);
     let expected: i64 = payments.iter().map(|p| p.amount).sum();
 
     println!(
@@ -106,8 +109,25 @@ pub async fn run(location: Option<StoreLocation>, args: &DemoArgs) -> anyhow::Re
     Ok(())
 }
 
-async fn deliver(
-    bank: &Bank,
+/// At-least-once delivery, simulated: each payment copied 1 to `max_copies`
+/// times, then the whole list shuffled.
+fn deliver_at_least_once(
+    payments: &[Payment],
+    max_copies: usize,
+    rng: &mut StdRng,
+) -> Vec<Payment> {
+    let mut deliveries = Vec::with_capacity(payments.len() * (max_copies + 1) / 2);
+    for payment in payments {
+        for _ in 0..rng.random_range(1..=max_copies) {
+            deliveries.push(payment.clone());
+        }
+    }
+    deliveries.shuffle(rng);
+    deliveries
+}
+
+async fn deliver<S: Ledger>(
+    bank: &Bank<S>,
     deliveries: &[Payment],
     args: &DemoArgs,
     handler: Handler,
@@ -129,14 +149,14 @@ async fn deliver(
     }
     Ok(Run {
         tally,
-        ledger: bank.ledger().await?,
+        ledger: bank.totals().await?,
     })
 }
 
 /// One worker: takes deliveries until none are left. A delivery answered
 /// "in flight" goes back to the queue, as a broker would redeliver it.
-async fn work(
-    bank: &Bank,
+async fn work<S: Ledger>(
+    bank: &Bank<S>,
     queue: &Mutex<VecDeque<Payment>>,
     handler: Handler,
 ) -> anyhow::Result<Tally> {

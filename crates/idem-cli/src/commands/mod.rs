@@ -1,8 +1,7 @@
-//! One module per subcommand; [`run`] picks the one asked for.
+//! One module per subcommand; [`run`] picks the one asked for. The
+//! benchmarks (`idem bench …`) are the `idem-bench` crate's, apart from the
+//! product.
 
-mod bench;
-pub(crate) mod bench_consume;
-mod bench_http;
 mod demo;
 pub(crate) mod dlq;
 pub(crate) mod forward;
@@ -15,7 +14,7 @@ mod serve;
 use anyhow::Context;
 use idem::{AnyStore, StoreLocation};
 
-use crate::cli::{BenchCommand, Cli, Command, KeysCommand};
+use crate::cli::{Cli, Command, KeysCommand};
 
 /// The store used when neither `--store` nor `IDEM_STORE` is given.
 pub const DEFAULT_STORE: &str = "sqlite://idem.db";
@@ -29,19 +28,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Keys(KeysCommand::Show(args)) => keys::show(&open(store).await?, &args).await,
         Command::Gc(args) => gc::run(&open(store).await?, &args).await,
         Command::Demo(args) => demo::run(store.map(parse).transpose()?, &args).await,
-        Command::Bench(BenchCommand::Apply(args)) => {
-            bench::apply(store.map(parse).transpose()?, &args).await
-        }
-        Command::Bench(BenchCommand::Http(args)) => {
-            bench_http::run(store.map(parse).transpose()?, &args).await
-        }
+        Command::Bench(command) => idem_bench::run(store.map(parse).transpose()?, &command).await,
         Command::Serve(args) => serve::run(store, &args).await,
         Command::Forward(args) => forward::run(open(store).await?, &args).await,
         Command::Relay(args) => relay::run(open(store).await?, &args).await,
         Command::Dlq(command) => dlq::run(open(store).await?, command).await,
-        Command::Bench(BenchCommand::Consume(args)) => {
-            bench_consume::run(store.map(parse).transpose()?, &args).await
-        }
     }
 }
 
@@ -59,21 +50,4 @@ async fn open(store: Option<&str>) -> anyhow::Result<AnyStore> {
     AnyStore::open(&location)
         .await
         .with_context(|| format!("cannot open the store at {location}"))
-}
-
-/// The given store, or — for commands that should not touch real data by
-/// default — an embedded store in a temporary directory, removed when the
-/// returned guard drops.
-fn given_or_temporary(
-    location: Option<StoreLocation>,
-) -> anyhow::Result<(Option<tempfile::TempDir>, StoreLocation)> {
-    if let Some(location) = location {
-        return Ok((None, location));
-    }
-    let dir = tempfile::Builder::new()
-        .prefix("idem-")
-        .tempdir()
-        .context("cannot create a temporary directory")?;
-    let location = StoreLocation::Sqlite(dir.path().join("idem.db"));
-    Ok((Some(dir), location))
 }

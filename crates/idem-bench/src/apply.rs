@@ -1,8 +1,10 @@
-//! `idem bench apply`: in one run, on one database, the bare business
-//! transaction (a balance update, no dedupe), the same transaction through
-//! atomic apply (on PostgreSQL also claim-first, as consumers use it for first
-//! deliveries), replays of those keys, and batched apply; ops/s and ratios to
-//! bare. Ratios, not absolute numbers, are what carry between machines.
+//! `idem bench apply`: what atomic apply costs next to the business
+//! transaction it wraps. In one run, on one database: the bare transaction (a
+//! balance update and a ledger row, no dedupe — the baseline), the same
+//! transaction through atomic apply (on PostgreSQL also claim-first, as
+//! consumers use it for first deliveries), replays of those keys, and batched
+//! apply; ops/s and ratios to bare. Ratios, not absolute numbers, are what
+//! carry between machines.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -10,11 +12,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
-use idem::{Applied, ApplyError, Error, IdempotencyKey, StoreLocation};
+use idem::{AnyStore, Applied, ApplyError, Error, IdempotencyKey, StoreLocation};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
-use crate::cli::BenchApplyArgs;
+use crate::args::BenchApplyArgs;
+use crate::ledger::Ledger;
+use crate::stores::given_or_temporary;
 use crate::workload::{Bank, Payment};
 
 struct Phase {
@@ -57,7 +61,7 @@ where
 }
 
 /// Applies once, redelivering while another client holds the key.
-async fn apply_until_answered(bank: &Bank, p: &Payment) -> anyhow::Result<Applied> {
+async fn apply_until_answered(bank: &Bank<AnyStore>, p: &Payment) -> anyhow::Result<Applied> {
     loop {
         match bank.debit_once(p).await {
             Ok(applied) => return Ok(applied),
@@ -67,7 +71,8 @@ async fn apply_until_answered(bank: &Bank, p: &Payment) -> anyhow::Result<Applie
     }
 }
 
-pub async fn apply(location: Option<StoreLocation>, args: &BenchApplyArgs) -> anyhow::Result<()> {
+/// Runs the benchmark on `location`, or on a temporary SQLite file.
+pub async fn run(location: Option<StoreLocation>, args: &BenchApplyArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
         args.ops > 0 && args.batch > 0 && args.accounts > 0,
         "--ops, --batch and --accounts must be positive"
@@ -76,7 +81,7 @@ pub async fn apply(location: Option<StoreLocation>, args: &BenchApplyArgs) -> an
         (0.0..=1.0).contains(&args.duplicates),
         "--duplicates is a share between 0.0 and 1.0"
     );
-    let (_temporary, location) = super::given_or_temporary(location)?;
+    let (_temporary, location) = given_or_temporary(location)?;
     let bank = Bank::open(&location).await?;
     bank.reset(args.accounts, i64::MAX / 2).await?;
     let run: u32 = rand::rng().random();
@@ -125,7 +130,7 @@ pub async fn apply(location: Option<StoreLocation>, args: &BenchApplyArgs) -> an
         .await?,
     };
 
-    let claim_first = if matches!(bank, Bank::Postgres(_)) {
+    let claim_first = if bank.store().claims_first() {
         let fresh = payments("claim", args.ops);
         Some(Phase {
             name: "atomic apply, claim first",
@@ -178,7 +183,7 @@ pub async fn apply(location: Option<StoreLocation>, args: &BenchApplyArgs) -> an
         .await?,
     };
 
-    let ledger = bank.ledger().await?;
+    let ledger = bank.totals().await?;
     let expected = (warm.len() * 2 + args.ops * (3 + usize::from(claim_first.is_some()))) as i64;
     anyhow::ensure!(
         ledger.entries == expected,

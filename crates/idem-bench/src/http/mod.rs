@@ -7,10 +7,13 @@
 //! unique keys (claim, forward, store); the same keys again (replays, answered
 //! from the store without reaching the upstream); and POSTs without a key
 //! (passed through). The phases take turns in rounds, so drift during the run
-//! (disk flush latency, a growing WAL) weighs on all of them alike. Throughput, p50/p99 latency and each phase's ratio to
-//! direct. Two upstreams show the two ends: one whose POSTs commit a row
+//! (disk flush latency, a growing WAL) weighs on all of them alike.
+//! Throughput, p50/p99 latency and each phase's ratio to direct. Two
+//! upstreams ([`upstream`]) show the two ends: one whose POSTs commit a row
 //! durably (what idempotency keys exist for), and one that does nothing (the
 //! gateway's own cost, on the same two cores as everything else).
+
+mod upstream;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -18,10 +21,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use axum::Router;
-use axum::extract::State;
 use axum::http::StatusCode;
-use axum::routing::post;
 use bytes::Bytes;
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 use http::{HeaderValue, Request, Uri};
@@ -29,13 +29,15 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use idem::{SqliteStore, StoreLocation};
+use idem::StoreLocation;
 use idem_http::gateway::{self, Gateway, GatewayConfig};
 use idem_http::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyConfig, IdempotencyLayer};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
-use crate::cli::{BenchHttpArgs, UpstreamWork};
+use crate::args::{BenchHttpArgs, UpstreamWork};
+use crate::stores::given_or_temporary;
+use upstream::Upstream;
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
@@ -81,119 +83,6 @@ impl Phase {
         let index =
             ((self.latencies.len() as f64 * q).ceil() as usize).clamp(1, self.latencies.len());
         self.latencies[index - 1].as_secs_f64() * 1000.0
-    }
-}
-
-/// The in-process upstream and what it applied.
-struct Upstream {
-    addr: SocketAddr,
-    effects: Arc<AtomicUsize>,
-    store: Option<SqliteStore>,
-    stop: oneshot::Sender<()>,
-    _dir: tempfile::TempDir,
-}
-
-#[derive(Clone)]
-struct Effects {
-    count: Arc<AtomicUsize>,
-    store: Option<SqliteStore>,
-}
-
-async fn order(
-    State(effects): State<Effects>,
-    body: Bytes,
-) -> (StatusCode, [(&'static str, &'static str); 1], String) {
-    let id = match &effects.store {
-        None => effects.count.fetch_add(1, Ordering::Relaxed) as i64 + 1,
-        Some(store) => {
-            let stored = store
-                .with_connection(move |c| {
-                    c.execute("INSERT INTO orders (body) VALUES (?1)", [body.as_ref()])?;
-                    Ok::<_, idem::sqlite::rusqlite::Error>(c.last_insert_rowid())
-                })
-                .await;
-            match stored {
-                Ok(Ok(id)) => {
-                    effects.count.fetch_add(1, Ordering::Relaxed);
-                    id
-                }
-                _ => {
-                    return (
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        [("content-type", "text/plain")],
-                        "not stored".into(),
-                    );
-                }
-            }
-        }
-    };
-    (
-        StatusCode::CREATED,
-        [("content-type", "application/json")],
-        format!("{{\"order\":{id}}}"),
-    )
-}
-
-impl Upstream {
-    async fn start(work: UpstreamWork) -> anyhow::Result<Self> {
-        let dir = tempfile::Builder::new()
-            .prefix("idem-bench-upstream-")
-            .tempdir()?;
-        let store = match work {
-            UpstreamWork::Durable => {
-                let store = SqliteStore::open(dir.path().join("upstream.db")).await?;
-                store
-                    .with_connection(|c| {
-                        c.execute_batch(
-                            "CREATE TABLE orders (id INTEGER PRIMARY KEY, body BLOB NOT NULL)",
-                        )
-                    })
-                    .await??;
-                Some(store)
-            }
-            _ => None,
-        };
-        let effects = Arc::new(AtomicUsize::new(0));
-        let app = Router::new()
-            .route("/orders", post(order))
-            .with_state(Effects {
-                count: Arc::clone(&effects),
-                store: store.clone(),
-            });
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        let (stop, stopped) = oneshot::channel::<()>();
-        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-            tcp.set_nodelay(true).ok();
-        });
-        tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async {
-                    stopped.await.ok();
-                })
-                .await
-        });
-        Ok(Self {
-            addr,
-            effects,
-            store,
-            stop,
-            _dir: dir,
-        })
-    }
-
-    async fn effects(&self) -> anyhow::Result<usize> {
-        match &self.store {
-            None => Ok(self.effects.load(Ordering::SeqCst)),
-            Some(store) => {
-                let rows: i64 = store
-                    .with_connection(|c| {
-                        c.query_row("SELECT count(*) FROM orders", [], |r| r.get(0))
-                    })
-                    .await??;
-                Ok(rows as usize)
-            }
-        }
     }
 }
 
@@ -363,10 +252,12 @@ async fn measure(
     );
     stop.send(()).ok();
     serving.await??;
-    upstream.stop.send(()).ok();
+    upstream.stop();
     Ok(phases.into())
 }
 
+/// Runs the benchmark with the gateway on `location`, or on a temporary
+/// SQLite file per upstream.
 pub async fn run(location: Option<StoreLocation>, args: &BenchHttpArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
         args.requests > 0 && args.concurrency > 0,
@@ -389,7 +280,7 @@ pub async fn run(location: Option<StoreLocation>, args: &BenchHttpArgs) -> anyho
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
     for work in works {
-        let (_temporary, location) = super::given_or_temporary(location.clone())?;
+        let (_temporary, location) = given_or_temporary(location.clone())?;
         let phases = measure(work, &location, args, &client).await?;
         let base = phases[0].per_second();
         let mut table = Table::new();

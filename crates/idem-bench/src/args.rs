@@ -1,0 +1,121 @@
+//! The arguments of `idem bench …`, as the `idem` command parses them. They
+//! live with the benchmarks so that a benchmark and its flags change together;
+//! the command line only mounts [`BenchCommand`] under `bench`.
+
+use std::time::Duration;
+
+use clap::{Args, Subcommand, ValueEnum};
+
+/// `idem bench ...`
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Bare transaction vs atomic apply vs replay vs batched apply, in one run.
+    Apply(BenchApplyArgs),
+    /// The same upstream called directly and through the gateway (unique keys,
+    /// replays, no key), in one run, with an in-process upstream and gateway.
+    Http(BenchHttpArgs),
+    /// An effectively-once consumer vs a plain at-least-once one on RabbitMQ or
+    /// NATS JetStream into PostgreSQL, one message per transaction and batched.
+    Consume(BenchConsumeArgs),
+}
+
+/// `idem bench apply`
+#[derive(Debug, Args)]
+pub struct BenchApplyArgs {
+    /// Operations per phase.
+    #[arg(long, default_value_t = 4000)]
+    pub ops: usize,
+    /// Concurrent clients.
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: usize,
+    /// Share of extra deliveries that repeat an earlier key in the atomic phase (0.0-1.0).
+    #[arg(long, default_value_t = 0.0)]
+    pub duplicates: f64,
+    /// Operations per transaction in the batched phase.
+    #[arg(long, default_value_t = 100)]
+    pub batch: usize,
+    /// Accounts the operations update (fewer means more row contention).
+    #[arg(long, default_value_t = 1000)]
+    pub accounts: i64,
+}
+
+/// `idem bench http`
+#[derive(Debug, Args)]
+pub struct BenchHttpArgs {
+    /// Requests per phase.
+    #[arg(long, default_value_t = 4000)]
+    pub requests: usize,
+    /// Concurrent clients.
+    #[arg(long, default_value_t = 32)]
+    pub concurrency: usize,
+    /// What the upstream does per POST.
+    #[arg(long, value_enum, default_value_t = UpstreamWork::Both)]
+    pub upstream: UpstreamWork,
+    /// Size of each request's JSON body, in bytes.
+    #[arg(long, default_value_t = 256)]
+    pub body: usize,
+    /// Rounds in which the phases take turns, each sending requests/rounds
+    /// per phase.
+    #[arg(long, default_value_t = 4)]
+    pub rounds: usize,
+}
+
+/// The in-process upstream of `idem bench http`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum UpstreamWork {
+    /// Commits one row per POST to its own SQLite file (synchronous=FULL): a
+    /// service whose POSTs have a durable effect, the kind keys exist for.
+    Durable,
+    /// Answers at once and keeps nothing: shows the gateway's own cost.
+    Echo,
+    /// Both, one after the other.
+    Both,
+}
+
+/// `idem bench consume`
+#[derive(Debug, Args)]
+pub struct BenchConsumeArgs {
+    /// The broker to consume from.
+    #[arg(long, value_enum, default_value_t = BrokerArg::Amqp)]
+    pub broker: BrokerArg,
+    /// Messages per phase.
+    #[arg(long, default_value_t = 10_000)]
+    pub messages: usize,
+    /// Messages per transaction in the batch phases.
+    #[arg(long, default_value_t = 100)]
+    pub batch: usize,
+    /// Messages worked on at once in the single-message phases.
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: usize,
+    /// Accounts the debits spread over.
+    #[arg(long, default_value_t = 1000)]
+    pub accounts: i64,
+    /// Rounds the phases take turns in; each round consumes a share of
+    /// --messages in every phase.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    /// The RabbitMQ broker.
+    #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
+    pub amqp_url: String,
+    /// The NATS server.
+    #[arg(long, default_value = "nats://127.0.0.1:4222")]
+    pub nats_url: String,
+    /// One-way delay added between the benchmark and PostgreSQL, each way
+    /// (for example 250us): every round trip to the database then costs
+    /// twice this on top of its CPU, as across a network.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub db_latency: Option<Duration>,
+    /// The PostgreSQL server a fresh database is made on when --store is not
+    /// given (dropped after the run).
+    #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/postgres")]
+    pub postgres_server: String,
+}
+
+/// A broker for the benchmark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BrokerArg {
+    /// RabbitMQ (lapin).
+    Amqp,
+    /// NATS JetStream (async-nats).
+    Nats,
+}

@@ -1,0 +1,206 @@
+//! The queues `idem bench consume` consumes from: a RabbitMQ queue or a NATS
+//! JetStream stream per phase, declared for the run, filled with keyed
+//! messages (AMQP `message_id`, `Nats-Msg-Id`) before the clock starts, and
+//! deleted after.
+
+use anyhow::Context;
+use idem_broker::consume::Source;
+
+use crate::args::{BenchConsumeArgs, BrokerArg};
+
+/// A queue or stream made for one phase.
+pub(super) struct BenchQueue {
+    /// Where the consumers read it.
+    pub(super) source: Source,
+    name: String,
+}
+
+/// The broker of a run; `run` names the run's queues.
+pub(super) enum BenchBroker {
+    Amqp { url: String, run: u32 },
+    Nats { url: String, run: u32 },
+}
+
+impl BenchBroker {
+    /// The broker `args` asks for.
+    pub(super) fn new(args: &BenchConsumeArgs, run: u32) -> Self {
+        match args.broker {
+            BrokerArg::Amqp => Self::Amqp {
+                url: args.amqp_url.clone(),
+                run,
+            },
+            BrokerArg::Nats => Self::Nats {
+                url: args.nats_url.clone(),
+                run,
+            },
+        }
+    }
+
+    /// The broker's name, as printed.
+    pub(super) fn name(&self) -> &'static str {
+        match self {
+            Self::Amqp { .. } => "RabbitMQ",
+            Self::Nats { .. } => "NATS JetStream",
+        }
+    }
+
+    /// Declares a durable queue (or creates a stream) for the phase `tag`.
+    pub(super) async fn declare(&self, tag: &str) -> anyhow::Result<BenchQueue> {
+        match self {
+            Self::Amqp { url, run } => {
+                let name = format!("idem-bench-{run:08x}-{tag}");
+                let connection = amqp::connect(url).await?;
+                let channel = connection.create_channel().await?;
+                channel
+                    .queue_declare(
+                        name.as_str().into(),
+                        amqp::QueueDeclareOptions {
+                            durable: true,
+                            ..Default::default()
+                        },
+                        amqp::FieldTable::default(),
+                    )
+                    .await
+                    .with_context(|| format!("cannot declare queue {name}"))?;
+                connection.close(200, "declared".into()).await.ok();
+                Ok(BenchQueue {
+                    source: Source::Amqp {
+                        url: url.clone(),
+                        queue: name.clone(),
+                    },
+                    name,
+                })
+            }
+            Self::Nats { url, run } => {
+                let name = format!("IDEM_BENCH_{run:08X}_{}", tag.to_uppercase());
+                let js = nats_context(url).await?;
+                js.create_stream(async_nats::jetstream::stream::Config {
+                    name: name.clone(),
+                    subjects: vec![format!("idem-bench.{run:08x}.{tag}")],
+                    ..Default::default()
+                })
+                .await
+                .with_context(|| format!("cannot create stream {name}"))?;
+                Ok(BenchQueue {
+                    source: Source::Nats {
+                        url: url.clone(),
+                        stream: name.clone(),
+                        consumer: "bench".into(),
+                    },
+                    name,
+                })
+            }
+        }
+    }
+
+    /// Publishes `messages` messages with the bodies `body(i)`, each with its
+    /// own key, and waits until the broker confirmed them all.
+    pub(super) async fn fill(
+        &self,
+        queue: &BenchQueue,
+        tag: &str,
+        messages: usize,
+        body: impl Fn(usize) -> Vec<u8>,
+    ) -> anyhow::Result<()> {
+        match self {
+            Self::Amqp { url, run } => {
+                let connection = amqp::connect(url).await?;
+                let channel = connection.create_channel().await?;
+                channel
+                    .confirm_select(amqp::ConfirmSelectOptions::default())
+                    .await?;
+                for chunk in (0..messages).collect::<Vec<_>>().chunks(1000) {
+                    let mut confirms = Vec::with_capacity(chunk.len());
+                    for &i in chunk {
+                        let properties = amqp::BasicProperties::default()
+                            .with_message_id(format!("bench-{run:08x}-{tag}-{i}").into())
+                            .with_delivery_mode(2);
+                        confirms.push(
+                            channel
+                                .basic_publish(
+                                    "".into(),
+                                    queue.name.as_str().into(),
+                                    amqp::BasicPublishOptions::default(),
+                                    &body(i),
+                                    properties,
+                                )
+                                .await?,
+                        );
+                    }
+                    for confirm in futures::future::join_all(confirms).await {
+                        confirm?;
+                    }
+                }
+                connection.close(200, "filled".into()).await.ok();
+            }
+            Self::Nats { url, run } => {
+                let js = nats_context(url).await?;
+                let subject = format!("idem-bench.{run:08x}.{tag}");
+                for chunk in (0..messages).collect::<Vec<_>>().chunks(1000) {
+                    let mut acks = Vec::with_capacity(chunk.len());
+                    for &i in chunk {
+                        let mut headers = async_nats::HeaderMap::new();
+                        headers
+                            .insert("Nats-Msg-Id", format!("bench-{run:08x}-{tag}-{i}").as_str());
+                        acks.push(
+                            js.publish_with_headers(subject.clone(), headers, body(i).into())
+                                .await?,
+                        );
+                    }
+                    for ack in futures::future::join_all(
+                        acks.into_iter().map(std::future::IntoFuture::into_future),
+                    )
+                    .await
+                    {
+                        ack?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes the queue or stream; a failure is only warned about.
+    pub(super) async fn delete(&self, queue: &BenchQueue) {
+        let deleted: anyhow::Result<()> = async {
+            match self {
+                Self::Amqp { url, .. } => {
+                    let connection = amqp::connect(url).await?;
+                    let channel = connection.create_channel().await?;
+                    channel
+                        .queue_delete(queue.name.as_str().into(), Default::default())
+                        .await?;
+                    connection.close(200, "deleted".into()).await.ok();
+                }
+                Self::Nats { url, .. } => {
+                    nats_context(url).await?.delete_stream(&queue.name).await?;
+                }
+            }
+            Ok(())
+        }
+        .await;
+        if let Err(error) = deleted {
+            eprintln!("warning: could not delete {}: {error:#}", queue.name);
+        }
+    }
+}
+
+async fn nats_context(url: &str) -> anyhow::Result<async_nats::jetstream::Context> {
+    let client = async_nats::connect(url)
+        .await
+        .with_context(|| format!("cannot connect to NATS at {url}"))?;
+    Ok(async_nats::jetstream::new(client))
+}
+
+mod amqp {
+    pub use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
+    pub use lapin::types::FieldTable;
+    pub use lapin::{BasicProperties, Connection};
+
+    pub async fn connect(url: &str) -> anyhow::Result<Connection> {
+        use anyhow::Context;
+        Connection::connect(url, lapin::ConnectionProperties::default())
+            .await
+            .with_context(|| format!("cannot connect to RabbitMQ at {url}"))
+    }
+}

@@ -1,0 +1,43 @@
+//! The lab: Idem's benchmarks, apart from the product. `idem bench …` hands
+//! its subcommands to [`run`]; each benchmark prints its ratios against a
+//! baseline measured in the same run, on the same machine and database,
+//! because ratios — not absolute numbers — are what carry between machines.
+//!
+//! Modules:
+//! - [`args`]: the flags of `idem bench apply|http|consume`;
+//! - [`workload`]: the payment workload (accounts, a ledger, one debit) run
+//!   bare or through atomic apply, written once against the atomic contract;
+//!   `idem demo` runs it too;
+//! - [`ledger`]: the workload's SQL, the one part written per database;
+//! - `apply`: `idem bench apply`, atomic apply against the bare transaction;
+//! - `http`: `idem bench http`, the gateway against the upstream called directly;
+//! - `consume`: `idem bench consume`, the effectively-once consumer against a
+//!   plain at-least-once one;
+//! - [`stores`]: the store a run uses when none is given (a temporary SQLite
+//!   file, a fresh PostgreSQL database), and the way to it through the relay;
+//! - [`latency`]: a relay that delays every byte to and from PostgreSQL, so
+//!   a loopback database costs what one across a network does.
+
+pub mod args;
+pub mod latency;
+pub mod ledger;
+pub mod stores;
+pub mod workload;
+
+mod apply;
+mod consume;
+mod http;
+
+pub use args::BenchCommand;
+
+use idem::StoreLocation;
+
+/// Runs the benchmark `command` asks for, on `store` or on a store made for
+/// the run.
+pub async fn run(store: Option<StoreLocation>, command: &BenchCommand) -> anyhow::Result<()> {
+    match command {
+        BenchCommand::Apply(args) => apply::run(store, args).await,
+        BenchCommand::Http(args) => http::run(store, args).await,
+        BenchCommand::Consume(args) => consume::run(store, args).await,
+    }
+}

@@ -1,0 +1,181 @@
+//! The payment workload that `idem demo` and the benchmarks run: accounts
+//! with balances, a ledger of debits, and one debit effect — run bare (its
+//! own transaction, no dedupe: the baseline) or through Idem's atomic apply.
+//!
+//! [`Bank`] is written once against [`AtomicStore`]; only the SQL it runs is
+//! per database, in [`crate::ledger`].
+
+use anyhow::Context;
+use idem::{
+    AnyStore, Applied, ApplyError, BatchApplied, Fingerprint, IdempotencyKey, Operation, Scope,
+    StoreLocation,
+};
+use serde_json::json;
+
+use crate::ledger::{DebitError, Ledger};
+
+/// One payment: debit `amount` from `account`, once, under key `id`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Payment {
+    /// The payment's idempotency key.
+    pub id: IdempotencyKey,
+    /// The account debited.
+    pub account: i64,
+    /// How much.
+    pub amount: i64,
+}
+
+impl Payment {
+    /// What the payment asks for, as a fingerprint: the same key with another
+    /// account or amount is a reused key.
+    pub fn fingerprint(&self) -> Fingerprint {
+        Fingerprint::of_json(&json!({"account": self.account, "amount": self.amount}))
+            .expect("a JSON object always canonicalizes")
+    }
+
+    /// The payment as an operation in [`scope`].
+    pub fn operation(&self) -> Operation {
+        Operation::new(scope(), self.id.clone(), self.fingerprint())
+    }
+}
+
+/// The scope payments are applied in.
+pub fn scope() -> Scope {
+    Scope::new("payments").expect("valid scope")
+}
+
+/// Money totals read back from the ledger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Totals {
+    /// Debits written (effects applied).
+    pub entries: i64,
+    /// Distinct payments among them.
+    pub distinct: i64,
+    /// Sum of all debits.
+    pub debited: i64,
+}
+
+/// The workload's tables in one store's database, and the ways to debit them.
+#[derive(Debug, Clone)]
+pub struct Bank<S> {
+    store: S,
+}
+
+impl Bank<AnyStore> {
+    /// Opens the store at `location` (creating its schema) for the workload.
+    pub async fn open(location: &StoreLocation) -> anyhow::Result<Self> {
+        let store = AnyStore::open(location)
+            .await
+            .with_context(|| format!("cannot open the store at {location}"))?;
+        Ok(Self::new(store))
+    }
+}
+
+impl<S: Ledger> Bank<S> {
+    /// The workload on `store`'s database.
+    pub fn new(store: S) -> Self {
+        Self { store }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// Recreates the accounts and an empty ledger.
+    pub async fn reset(&self, accounts: i64, opening_balance: i64) -> anyhow::Result<()> {
+        self.store
+            .transaction(async move |tx| S::create(tx, accounts, opening_balance).await)
+            .await
+            .context("cannot create the workload's tables")
+    }
+
+    /// The debit in its own transaction, with no dedupe at all.
+    pub async fn debit_bare(&self, p: &Payment) -> anyhow::Result<()> {
+        let p = p.clone();
+        self.store
+            .transaction(async move |tx| S::debit(tx, &p).await.map(drop))
+            .await?;
+        Ok(())
+    }
+
+    /// Several debits in one transaction, with no dedupe at all.
+    pub async fn debit_bare_batch(&self, payments: &[Payment]) -> anyhow::Result<()> {
+        let payments = payments.to_vec();
+        self.store
+            .transaction(async move |tx| {
+                for p in &payments {
+                    S::debit(tx, p).await?;
+                }
+                Ok::<_, DebitError>(())
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// The debit through Idem's atomic apply: once per key.
+    pub async fn debit_once(&self, p: &Payment) -> Result<Applied, ApplyError<DebitError>> {
+        self.debit_once_as(&p.operation(), p, false).await
+    }
+
+    /// The debit through the claim-first atomic apply, for keys most likely
+    /// new; `None` where the store has no such path of its own.
+    pub async fn debit_claim_first(
+        &self,
+        p: &Payment,
+    ) -> Option<Result<Applied, ApplyError<DebitError>>> {
+        if !self.store.claims_first() {
+            return None;
+        }
+        Some(self.debit_once_as(&p.operation(), p, true).await)
+    }
+
+    /// The debit applied once under `op` (a consumer's scope, key and
+    /// fingerprint), claiming the key before looking for a stored outcome
+    /// when `claim_first`.
+    pub async fn debit_once_as(
+        &self,
+        op: &Operation,
+        p: &Payment,
+        claim_first: bool,
+    ) -> Result<Applied, ApplyError<DebitError>> {
+        let p = p.clone();
+        let debit = async move |tx: &mut S::Tx| S::debit(tx, &p).await;
+        let (scope, key, fingerprint) = (&op.scope, &op.key, op.fingerprint);
+        if claim_first {
+            self.store
+                .apply_claim_first(scope, key, fingerprint, debit)
+                .await
+        } else {
+            self.store.apply(scope, key, fingerprint, debit).await
+        }
+    }
+
+    /// A batch of debits in one transaction, each once per key.
+    pub async fn debit_batch(&self, payments: &[Payment]) -> BatchApplied<DebitError> {
+        let ops: Vec<Operation> = payments.iter().map(Payment::operation).collect();
+        self.debit_batch_as(&ops, payments.to_vec()).await
+    }
+
+    /// A batch of debits in one transaction, `payments[i]` once under `ops[i]`.
+    pub async fn debit_batch_as(
+        &self,
+        ops: &[Operation],
+        payments: Vec<Payment>,
+    ) -> BatchApplied<DebitError> {
+        self.store
+            .apply_batch(ops, move |i| {
+                let p = payments[i].clone();
+                async move |tx: &mut S::Tx| S::debit(tx, &p).await
+            })
+            .await
+    }
+
+    /// What the ledger holds.
+    pub async fn totals(&self) -> anyhow::Result<Totals> {
+        self.store
+            .transaction(async |tx| S::totals(tx).await)
+            .await
+            .context("cannot read the ledger")
+    }
+}
