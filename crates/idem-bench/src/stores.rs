@@ -36,10 +36,10 @@ pub struct FreshDatabase {
 }
 
 impl FreshDatabase {
-    /// Creates `idem_bench_consume_<run>` on `server` (a URL naming any
-    /// database there, to connect to).
-    pub async fn create(server: &str, run: u32) -> anyhow::Result<Self> {
-        let name = format!("idem_bench_consume_{run:08x}");
+    /// Creates `idem_bench_<purpose>_<run>` on `server` (a URL naming any
+    /// database there, to connect to); `purpose` is a lowercase word.
+    pub async fn create(server: &str, purpose: &str, run: u32) -> anyhow::Result<Self> {
+        let name = format!("idem_bench_{purpose}_{run:08x}");
         let mut admin = PgConnection::connect(server)
             .await
             .with_context(|| format!("cannot connect to PostgreSQL at {server}; pass --store"))?;

@@ -179,3 +179,83 @@ impl<S: Ledger> Bank<S> {
             .context("cannot read the ledger")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use idem::{PgStore, SqliteStore};
+
+    use super::*;
+    use crate::stores::FreshDatabase;
+
+    fn payment(id: &str, account: i64, amount: i64) -> Payment {
+        Payment {
+            id: IdempotencyKey::new(id).expect("valid key"),
+            account,
+            amount,
+        }
+    }
+
+    /// Every way of debiting, on one store: the atomic ones debit a payment
+    /// once however often it comes, the bare ones every time.
+    async fn debits_once_through_idem_and_every_time_bare<S: Ledger>(bank: Bank<S>) {
+        bank.reset(3, 100).await.unwrap();
+        let (a, b, c) = (payment("a", 0, 10), payment("b", 1, 20), payment("c", 2, 5));
+        assert!(!bank.debit_once(&a).await.unwrap().is_replay());
+        let again = bank.debit_once(&a).await.unwrap();
+        assert!(again.is_replay());
+        assert_eq!(again.outcome().body, br#"{"balance":90}"#);
+        if let Some(first) = bank.debit_claim_first(&b).await {
+            assert!(!first.unwrap().is_replay());
+        } else {
+            assert!(!bank.debit_once(&b).await.unwrap().is_replay());
+        }
+        let answers = bank.debit_batch(&[a.clone(), c.clone(), c]).await.unwrap();
+        let replays: Vec<bool> = answers
+            .iter()
+            .map(|a| a.as_ref().unwrap().is_replay())
+            .collect();
+        assert_eq!(replays, [true, false, true]);
+        bank.debit_bare(&a).await.unwrap();
+        bank.debit_bare_batch(&[a.clone(), b]).await.unwrap();
+        let totals = bank.totals().await.unwrap();
+        assert_eq!(
+            totals,
+            Totals {
+                entries: 6,
+                distinct: 3,
+                debited: 10 + 20 + 5 + 10 + 10 + 20,
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn on_sqlite() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path().join("idem.db")).await.unwrap();
+        debits_once_through_idem_and_every_time_bare(Bank::new(store)).await;
+    }
+
+    /// On a database made for the test on `IDEM_TEST_POSTGRES_URL`'s server;
+    /// skipped without it, unless `IDEM_REQUIRE_SERVICES=1`.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn on_postgres() {
+        let Ok(server) = std::env::var("IDEM_TEST_POSTGRES_URL") else {
+            assert!(
+                std::env::var("IDEM_REQUIRE_SERVICES").as_deref() != Ok("1"),
+                "IDEM_TEST_POSTGRES_URL is not set"
+            );
+            eprintln!("SKIPPED: IDEM_TEST_POSTGRES_URL is not set");
+            return;
+        };
+        let db = FreshDatabase::create(&server, "workload", rand::random())
+            .await
+            .unwrap();
+        let StoreLocation::Postgres(url) = db.location() else {
+            unreachable!("a fresh database is a PostgreSQL one")
+        };
+        let store = PgStore::connect(&url).await.unwrap();
+        assert!(store.claims_first());
+        debits_once_through_idem_and_every_time_bare(Bank::new(store.clone())).await;
+        store.pool().close().await;
+    }
+}

@@ -72,7 +72,7 @@ pub async fn run(store: Option<StoreLocation>, args: &BenchConsumeArgs) -> anyho
     let (_fresh, location) = match store {
         Some(location) => (None, location),
         None => {
-            let db = FreshDatabase::create(&args.postgres_server, run_id).await?;
+            let db = FreshDatabase::create(&args.postgres_server, "consume", run_id).await?;
             let location = db.location();
             (Some(db), location)
         }
