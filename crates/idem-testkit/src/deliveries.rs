@@ -1,6 +1,6 @@
 //! At-least-once delivery, simulated: every item delivered one or more times,
-//! in shuffled order. The demo and the property tests use it to show that a
-//! handler reaches the same state on `S` as on `S` with duplicates.
+//! in shuffled order. The property tests use it to show that a handler
+//! reaches the same state on `S` as on `S` with duplicates.
 
 use proptest::prelude::*;
 use rand::Rng;
