@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
-use idem::{AnyStore, Applied, ApplyError, Error, IdempotencyKey, StoreLocation};
+use idem::{Applied, ApplyError, Error, IdempotencyKey, StoreLocation};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
@@ -21,6 +21,7 @@ use crate::ledger::Ledger;
 use crate::stores::given_or_temporary;
 use crate::workload::{Bank, Payment};
 
+/// A phase's operations and the time they took.
 struct Phase {
     name: &'static str,
     ops: usize,
@@ -61,7 +62,7 @@ where
 }
 
 /// Applies once, redelivering while another client holds the key.
-async fn apply_until_answered(bank: &Bank<AnyStore>, p: &Payment) -> anyhow::Result<Applied> {
+async fn apply_until_answered<S: Ledger>(bank: &Bank<S>, p: &Payment) -> anyhow::Result<Applied> {
     loop {
         match bank.debit_once(p).await {
             Ok(applied) => return Ok(applied),
