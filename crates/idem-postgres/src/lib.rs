@@ -22,7 +22,18 @@
 //! - `literal`: values written into SQL text, for the statements sent as simple queries;
 //! - `fences`: fencing-token leases ([`FenceStore`](idem_core::FenceStore)) and
 //!   [`PgStore::advance`], the guarded write on the application's own tables;
-//! - `error`: the one mapping of sqlx errors to [`ErrorKind`](idem_core::ErrorKind).
+//! - `outbox`: the transactional outbox (`idem_outbox`): the enqueue on the
+//!   caller's transaction and the relay's statements, and [`OutboxListener`],
+//!   its LISTEN/NOTIFY wake-ups;
+//! - `dead_letters`: dead letters (`idem_dead_letters`);
+//! - `attempts`: consumers' failed attempts (`idem_consumer_attempts`);
+//! - `headers`: message headers as the JSON text the outbox and dead letters keep;
+//! - `error`: the one mapping of sqlx errors to [`ErrorKind`](idem_core::ErrorKind),
+//!   public as [`map_error`] for code that runs its own SQL on the store's pool.
+//!
+//! Every table's migration is a file of `migrations/`, run by sqlx's migrator
+//! ([`RecordStore::migrate`](idem_core::RecordStore::migrate), or
+//! [`PgStoreBuilder::migrate`]).
 //!
 //! # How concurrent callers are kept apart
 //!
@@ -83,17 +94,23 @@
 #![warn(missing_docs)]
 
 mod atomic;
+mod attempts;
 mod batch;
+mod dead_letters;
 mod decision;
 mod error;
 mod fences;
+mod headers;
 mod inspect;
 mod leased;
 mod literal;
 mod lock;
+mod outbox;
 mod records;
 mod store;
 #[cfg(test)]
 mod testing;
 
+pub use error::map_error;
+pub use outbox::OutboxListener;
 pub use store::{DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, PgStore, PgStoreBuilder};
