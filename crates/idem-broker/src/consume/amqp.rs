@@ -23,8 +23,8 @@ use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, Bas
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Acker, Channel, Connection, ConnectionProperties};
 
-use super::source::without_password;
-use super::{Delivery, Message, Route, Settle, Transport, TransportError};
+use super::message::Message;
+use super::transport::{Delivery, Route, Settle, Transport, TransportError, without_password};
 
 /// A RabbitMQ queue consumed with manual acks.
 #[derive(Debug)]

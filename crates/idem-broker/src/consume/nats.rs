@@ -16,8 +16,8 @@ use std::time::Duration;
 use async_nats::jetstream::{self, AckKind, consumer::AckPolicy, consumer::pull};
 use futures::StreamExt;
 
-use super::source::without_password;
-use super::{Delivery, Message, Route, Settle, Transport, TransportError};
+use super::message::Message;
+use super::transport::{Delivery, Route, Settle, Transport, TransportError, without_password};
 
 /// How the pull consumer is set up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,14 +1,21 @@
 //! A broker source written as one URL, for programs (`idem forward`) that
 //! consume from either broker: `amqp://HOST/QUEUE` or
 //! `nats://HOST/STREAM/CONSUMER`, and the transport chosen from it at run time.
+//!
+//! This module chooses among the transports, so it depends on them (each
+//! behind its feature), and they never on it. Both forms parse whatever the
+//! features; connecting to a broker whose transport was left out fails with
+//! the feature to enable.
 
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+#[cfg(feature = "amqp")]
 use super::amqp::{AmqpSettle, AmqpTransport};
+#[cfg(feature = "nats")]
 use super::nats::{NatsOptions, NatsSettle, NatsTransport};
-use super::{Delivery, Route, Settle, Transport, TransportError};
+use super::transport::{Delivery, Route, Settle, Transport, TransportError, without_password};
 
 /// Where messages are consumed from.
 #[derive(Clone, PartialEq, Eq)]
@@ -154,9 +161,13 @@ impl Source {
     /// Connects to the source.
     pub async fn connect(&self, options: SourceOptions) -> Result<AnyTransport, TransportError> {
         match self {
+            #[cfg(feature = "amqp")]
             Self::Amqp { url, queue } => AmqpTransport::connect(url, queue, options.prefetch)
                 .await
                 .map(AnyTransport::Amqp),
+            #[cfg(not(feature = "amqp"))]
+            Self::Amqp { .. } => Err(left_out("RabbitMQ", "amqp")),
+            #[cfg(feature = "nats")]
             Self::Nats {
                 url,
                 stream,
@@ -172,8 +183,21 @@ impl Source {
             )
             .await
             .map(AnyTransport::Nats),
+            #[cfg(not(feature = "nats"))]
+            Self::Nats { .. } => Err(left_out("NATS JetStream", "nats")),
         }
     }
+}
+
+/// The error for a source whose transport this build was made without.
+#[cfg(not(all(feature = "amqp", feature = "nats")))]
+fn left_out(broker: &str, feature: &str) -> TransportError {
+    TransportError::new(
+        format!("connect to {broker}"),
+        format!(
+            "this build of idem-broker has no {broker} transport; enable its crate feature {feature}"
+        ),
+    )
 }
 
 /// Either broker's transport.
@@ -181,8 +205,10 @@ impl Source {
 #[non_exhaustive]
 pub enum AnyTransport {
     /// RabbitMQ.
+    #[cfg(feature = "amqp")]
     Amqp(AmqpTransport),
     /// NATS JetStream.
+    #[cfg(feature = "nats")]
     Nats(NatsTransport),
 }
 
@@ -191,35 +217,47 @@ pub enum AnyTransport {
 #[non_exhaustive]
 pub enum AnySettle {
     /// RabbitMQ.
+    #[cfg(feature = "amqp")]
     Amqp(AmqpSettle),
     /// NATS JetStream.
+    #[cfg(feature = "nats")]
     Nats(NatsSettle),
 }
 
 impl Settle for AnySettle {
     async fn ack(&self) -> Result<(), TransportError> {
         match self {
+            #[cfg(feature = "amqp")]
             Self::Amqp(s) => s.ack().await,
+            #[cfg(feature = "nats")]
             Self::Nats(s) => s.ack().await,
         }
     }
 
     async fn requeue(&self, delay: Duration) -> Result<(), TransportError> {
         match self {
+            #[cfg(feature = "amqp")]
             Self::Amqp(s) => s.requeue(delay).await,
+            #[cfg(feature = "nats")]
             Self::Nats(s) => s.requeue(delay).await,
         }
     }
 
+    /// RabbitMQ's deliveries with one cumulative ack, the others one by one.
     async fn ack_all(settles: Vec<AnySettle>) -> Result<(), TransportError> {
+        #[cfg(feature = "amqp")]
         let mut amqp = Vec::with_capacity(settles.len());
         for settle in settles {
             match settle {
+                #[cfg(feature = "amqp")]
                 AnySettle::Amqp(s) => amqp.push(s),
+                #[cfg(feature = "nats")]
                 AnySettle::Nats(s) => s.ack().await?,
             }
         }
-        AmqpSettle::ack_all(amqp).await
+        #[cfg(feature = "amqp")]
+        AmqpSettle::ack_all(amqp).await?;
+        Ok(())
     }
 }
 
@@ -240,34 +278,29 @@ impl Transport for AnyTransport {
 
     async fn receive(&mut self) -> Result<Option<Delivery<AnySettle>>, TransportError> {
         match self {
+            #[cfg(feature = "amqp")]
             Self::Amqp(t) => wrap(t.receive().await, AnySettle::Amqp),
+            #[cfg(feature = "nats")]
             Self::Nats(t) => wrap(t.receive().await, AnySettle::Nats),
         }
     }
 
     fn route(&self) -> Route {
         match self {
+            #[cfg(feature = "amqp")]
             Self::Amqp(t) => t.route(),
+            #[cfg(feature = "nats")]
             Self::Nats(t) => t.route(),
         }
     }
 
     async fn close(self) {
         match self {
+            #[cfg(feature = "amqp")]
             Self::Amqp(t) => t.close().await,
+            #[cfg(feature = "nats")]
             Self::Nats(t) => t.close().await,
         }
-    }
-}
-
-/// The URL with its password removed (for logs, origins and redrive targets).
-pub(crate) fn without_password(text: &str) -> String {
-    match url::Url::parse(text) {
-        Ok(mut parsed) if parsed.password().is_some() => {
-            let _ = parsed.set_password(None);
-            parsed.to_string()
-        }
-        _ => text.to_owned(),
     }
 }
 

@@ -10,9 +10,8 @@ use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
+use super::message::Message;
 use crate::publish::Destination;
-
-use super::Message;
 
 /// A transport failure (connection lost, channel closed, protocol error).
 #[derive(Debug, thiserror::Error)]
@@ -149,6 +148,18 @@ impl Route {
 impl fmt::Display for Route {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.origin)
+    }
+}
+
+/// The URL with its password removed (for logs, origins and redrive targets).
+#[cfg(any(feature = "amqp", feature = "nats"))]
+pub(crate) fn without_password(text: &str) -> String {
+    match url::Url::parse(text) {
+        Ok(mut parsed) if parsed.password().is_some() => {
+            let _ = parsed.set_password(None);
+            parsed.to_string()
+        }
+        _ => text.to_owned(),
     }
 }
 

@@ -13,9 +13,9 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use tokio::sync::Mutex;
 
-use super::{
-    Destination, IDEMPOTENCY_KEY_HEADER, Message, Publish, PublishError, PublishErrorKind,
-};
+use super::destination::Destination;
+use super::error::{PublishError, PublishErrorKind};
+use super::message::{IDEMPOTENCY_KEY_HEADER, Message, Publish};
 
 /// Persistent delivery (survives a broker restart on a durable queue).
 const PERSISTENT: u8 = 2;

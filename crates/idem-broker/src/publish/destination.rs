@@ -258,8 +258,15 @@ fn amqp(text: &str, parsed: &Url) -> Result<Destination, String> {
     })
 }
 
-/// `text` with the password of its user-info (if any) replaced by `***`.
-fn redact(text: &str) -> String {
+/// `text` with the password of its user-info (if any) replaced by `***`: for
+/// a destination as the tables store it, shown to people whether it parses or
+/// not.
+///
+/// ```
+/// use idem_broker::publish::redact;
+/// assert_eq!(redact("amqp://u:secret@h:5672/%2f?queue=q"), "amqp://u:***@h:5672/%2f?queue=q");
+/// ```
+pub fn redact(text: &str) -> String {
     let Some((scheme, rest)) = text.split_once("://") else {
         return text.to_owned();
     };

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use idem_retry::Verdict;
 
-use super::DestinationError;
+use super::destination::DestinationError;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
