@@ -580,6 +580,10 @@ impl LeaseStore for SqliteStore {
 }
 
 impl RecordStore for SqliteStore {
+    fn settings(&self) -> &Settings {
+        &self.inner.settings
+    }
+
     async fn migrate(&self) -> Result<(), Error> {
         self.inner.connections.write(schema::migrate).await?
     }

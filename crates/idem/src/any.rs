@@ -128,6 +128,10 @@ impl LeaseStore for AnyStore {
 }
 
 impl RecordStore for AnyStore {
+    fn settings(&self) -> &Settings {
+        each_store!(self, s => RecordStore::settings(s))
+    }
+
     async fn migrate(&self) -> Result<(), Error> {
         each_store!(self, s => s.migrate().await)
     }
