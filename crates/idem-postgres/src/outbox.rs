@@ -27,8 +27,8 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use idem_core::{
-    Clock, Error, IdempotencyKey, NewDeadLetter, OutboxMessage, OutboxStats, OutboxStore, Pending,
-    SharedClock, SystemClock, Timestamp, WakeUps,
+    AtomicOutbox, Clock, Error, IdempotencyKey, NewDeadLetter, OutboxMessage, OutboxStats,
+    OutboxStore, Pending, SharedClock, SystemClock, Timestamp, WakeUps,
 };
 use sqlx::Row;
 use sqlx::postgres::{PgConnection, PgListener, PgRow};
@@ -95,19 +95,6 @@ pub(crate) async fn insert(
         .await
 }
 
-/// The enqueue of [`AtomicOutbox`](idem_core::AtomicOutbox), on the
-/// connection of the caller's transaction. Stamped with the system clock, and
-/// its failures described without the server's address: inside an effect
-/// there is no store at hand.
-pub(crate) async fn enqueue(
-    conn: &mut PgConnection,
-    message: &OutboxMessage,
-) -> Result<i64, Error> {
-    insert(conn, message, SystemClock.now())
-        .await
-        .map_err(|e| store_error(e, &Endpoint::callers_connection()).into())
-}
-
 fn pending(row: &PgRow) -> sqlx::Result<Pending> {
     let id: i64 = row.try_get(0)?;
     let key = IdempotencyKey::new(row.try_get::<String, _>(2)?)
@@ -148,6 +135,22 @@ impl WakeUps for OutboxListener {
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
         })
+    }
+}
+
+impl AtomicOutbox for PgStore {
+    /// On the connection of the caller's transaction. Stamped with the system
+    /// clock, and its failures described without the server's address: inside
+    /// an effect there is no store at hand.
+    fn enqueue(
+        tx: &mut PgConnection,
+        message: &OutboxMessage,
+    ) -> impl Future<Output = Result<i64, Error>> + Send {
+        async move {
+            insert(tx, message, SystemClock.now())
+                .await
+                .map_err(|e| store_error(e, &Endpoint::callers_connection()).into())
+        }
     }
 }
 

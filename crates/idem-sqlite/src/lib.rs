@@ -30,6 +30,7 @@ mod outbox;
 mod records;
 mod schema;
 mod store;
+mod write_tx;
 
 pub use connection::Synchronous;
 pub use errors::map_err;

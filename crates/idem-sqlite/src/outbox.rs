@@ -8,11 +8,12 @@
 //! the same file) from sending the same row at the same time. A relay that
 //! dies leaves its lease to run out.
 
+use std::future::Future;
 use std::time::Duration;
 
 use idem_core::{
-    Clock, Error, IdempotencyKey, NewDeadLetter, OutboxMessage, OutboxStats, OutboxStore, Pending,
-    SharedClock, SystemClock, Timestamp, WakeUps,
+    AtomicOutbox, Clock, Error, IdempotencyKey, NewDeadLetter, OutboxMessage, OutboxStats,
+    OutboxStore, Pending, SharedClock, SystemClock, Timestamp, WakeUps,
 };
 use rusqlite::{Connection, Row, Transaction, TransactionBehavior, params};
 
@@ -76,13 +77,6 @@ pub(crate) fn insert(
     Ok(conn.last_insert_rowid())
 }
 
-/// The enqueue of [`AtomicOutbox`](idem_core::AtomicOutbox), done at once on
-/// the caller's connection (SQLite's calls do not wait on the network).
-/// Stamped with the system clock: inside an effect there is no store at hand.
-pub(crate) fn enqueue(conn: &Connection, message: &OutboxMessage) -> Result<i64, Error> {
-    insert(conn, message, SystemClock.now())
-}
-
 fn begin(conn: &mut Connection) -> Result<Transaction<'_>, Error> {
     conn.transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(|e| map_err("begin a write transaction", e))
@@ -127,6 +121,19 @@ fn limit(limit: usize) -> i64 {
 
 fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl AtomicOutbox for SqliteStore {
+    /// Done at once on the connection (inside the store's `BEGIN IMMEDIATE`),
+    /// before the future is polled: SQLite's calls do not wait on the network.
+    /// Stamped with the system clock: inside an effect there is no store at hand.
+    fn enqueue(
+        tx: &mut Connection,
+        message: &OutboxMessage,
+    ) -> impl Future<Output = Result<i64, Error>> + Send {
+        let enqueued = insert(tx, message, SystemClock.now());
+        async move { enqueued }
+    }
 }
 
 impl OutboxStore for SqliteStore {

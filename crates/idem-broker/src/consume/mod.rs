@@ -23,7 +23,7 @@
 //! - `source` (feature `amqp` or `nats`): [`Source`], a broker chosen by URL, and [`AnyTransport`];
 //! - `message`: [`Message`], broker-neutral, and [`KeyedMessage`];
 //! - `key`: [`KeyRule`], where keys come from and what to do without one;
-//! - `apply`: [`Apply`] / [`ApplyBatch`], and the atomic effects [`SqliteApply`], [`PgApply`];
+//! - `apply`: [`Apply`] / [`ApplyBatch`], and [`AtomicApply`], a message's effect in any store's transaction;
 //! - `store`: [`ConsumerStore`], the store's dead letters and failed attempts;
 //! - `config`: [`ConsumerConfig`] with the defaults;
 //! - `runtime`: [`Consumer`] and the single-message path;
@@ -48,7 +48,7 @@ mod transport;
 
 #[cfg(feature = "amqp")]
 pub use amqp::{AmqpSettle, AmqpTransport};
-pub use apply::{Apply, ApplyBatch, BatchAnswer, PgApply, SqliteApply};
+pub use apply::{Apply, ApplyBatch, AtomicApply, BatchAnswer};
 pub use config::{
     Checkpoint, ConsumerConfig, DEFAULT_BATCH, DEFAULT_BATCHES_AT_ONCE, DEFAULT_CONCURRENCY,
     DEFAULT_MAX_ATTEMPTS,
