@@ -8,7 +8,8 @@
 //!
 //! Modules:
 //! - [`StoreLocation`]: `sqlite://PATH` / `postgres://URL` parsing;
-//! - [`AnyStore`]: a store chosen at run time, behind the shared traits.
+//! - [`AnyStore`]: a store chosen at run time, behind the shared traits;
+//! - [`redact_url`]: a URL with its password and query removed, for logs and errors.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -30,10 +31,12 @@
 
 mod any;
 mod location;
+mod redact;
 
 pub use any::AnyStore;
 pub use idem_core::*;
 pub use location::{LocationError, StoreLocation};
+pub use redact::redact_url;
 
 #[cfg(feature = "sqlite")]
 pub use idem_sqlite::{self as sqlite, SqliteStore};
