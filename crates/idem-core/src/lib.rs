@@ -41,7 +41,7 @@ pub use error::{ApplyError, Error, ErrorKind, StoreError};
 pub use fence::{FenceStore, Guard, IdentifierError, Lease, Ordering as GuardOrdering, Resource};
 pub use fingerprint::{Fingerprint, FingerprintError};
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN, Scope};
-pub use outcome::{Outcome, OutcomeKind};
+pub use outcome::{Outcome, OutcomeKind, UnknownOutcomeKind};
 pub use protocol::{Decision, Plan, decide};
 pub use record::{FencingToken, Record, RecordState, UnknownState};
 pub use settings::{DEFAULT_LEASE, DEFAULT_RETENTION, Settings};
