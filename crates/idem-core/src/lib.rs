@@ -7,7 +7,8 @@
 //! `idem-sqlite` (embedded, the default) and `idem-postgres`.
 //!
 //! Modules:
-//! - [`key`](crate::IdempotencyKey): validated keys and scopes;
+//! - [`key`](crate::IdempotencyKey): validated keys and scopes, and the name of
+//!   the header that carries a key ([`IDEMPOTENCY_KEY_HEADER`]);
 //! - [`fingerprint`](crate::Fingerprint): payload hashes (RFC 8785 JSON or raw bytes);
 //! - [`outcome`](crate::Outcome): the stored result replayed to duplicates;
 //! - [`record`](crate::Record): record states and fencing tokens;
@@ -40,7 +41,7 @@ pub use clock::{Clock, ManualClock, SharedClock, SystemClock, Timestamp};
 pub use error::{ApplyError, Error, ErrorKind, StoreError};
 pub use fence::{FenceStore, Guard, IdentifierError, Lease, Ordering as GuardOrdering, Resource};
 pub use fingerprint::{Fingerprint, FingerprintError};
-pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN, Scope};
+pub use key::{IDEMPOTENCY_KEY_HEADER, IdempotencyKey, KeyError, MAX_KEY_LEN, Scope};
 pub use outcome::{Outcome, OutcomeKind, UnknownOutcomeKind};
 pub use protocol::{Decision, Plan, decide};
 pub use record::{FencingToken, Record, RecordState, UnknownState};
