@@ -19,6 +19,7 @@
 //! - [`settings`](crate::Settings): lease and retention, with defaults;
 //! - [`fence`](crate::FenceStore): fencing tokens on named resources and guarded (versioned) writes;
 //! - [`error`](crate::Error): refusals and store failures;
+//! - [`error_chain`]: an error and its causes on one line, for messages and logs;
 //! - [`observe`]: metrics and logs for protocol events.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -26,6 +27,7 @@
 mod atomic;
 mod clock;
 mod error;
+mod error_chain;
 mod fence;
 mod fingerprint;
 pub(crate) mod key;
@@ -39,6 +41,7 @@ mod store;
 pub use atomic::{AtomicEffect, AtomicStore, BatchApplied, TxCall};
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock, Timestamp};
 pub use error::{ApplyError, Error, ErrorKind, StoreError};
+pub use error_chain::error_chain;
 pub use fence::{FenceStore, Guard, IdentifierError, Lease, Ordering as GuardOrdering, Resource};
 pub use fingerprint::{Fingerprint, FingerprintError};
 pub use key::{IDEMPOTENCY_KEY_HEADER, IdempotencyKey, KeyError, MAX_KEY_LEN, Scope};
