@@ -179,9 +179,10 @@ impl<T: Transport, A: Apply> Consumer<T, A> {
 }
 
 /// Checks the windows (a dedupe window shorter than the producer's retry
-/// horizon is a configuration error at start-up) and sweeps failure counts
-/// older than the dedupe window (7 days): a consumer's start is that table's
-/// upkeep. The table itself comes with the store's migrations.
+/// horizon would let a late retry through as a new message, so it is refused
+/// at start-up) and sweeps failure counts older than the dedupe window (7
+/// days): a consumer's start is that table's upkeep. The table itself comes
+/// with the store's migrations.
 pub(crate) async fn prepare<A: Apply>(
     apply: &A,
     config: &ConsumerConfig,

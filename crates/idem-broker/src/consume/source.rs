@@ -11,11 +11,13 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+use idem::redact_url;
+
 #[cfg(feature = "amqp")]
 use super::amqp::{AmqpSettle, AmqpTransport};
 #[cfg(feature = "nats")]
 use super::nats::{NatsOptions, NatsSettle, NatsTransport};
-use super::transport::{Delivery, Route, Settle, Transport, TransportError, without_password};
+use super::transport::{Delivery, Route, Settle, Transport, TransportError};
 
 /// Where messages are consumed from.
 #[derive(Clone, PartialEq, Eq)]
@@ -60,7 +62,7 @@ impl FromStr for Source {
     /// ```
     fn from_str(text: &str) -> Result<Self, InvalidSource> {
         let invalid = |why: &str| InvalidSource {
-            url: without_password(text),
+            url: redact_url(text),
             why: why.to_owned(),
         };
         let parsed = url::Url::parse(text).map_err(|e| invalid(&e.to_string()))?;
@@ -123,12 +125,12 @@ fn decode(segment: &str) -> String {
 impl fmt::Display for Source {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Amqp { url, queue } => write!(f, "{}/{queue}", without_password(url)),
+            Self::Amqp { url, queue } => write!(f, "{}/{queue}", redact_url(url)),
             Self::Nats {
                 url,
                 stream,
                 consumer,
-            } => write!(f, "{}/{stream}/{consumer}", without_password(url)),
+            } => write!(f, "{}/{stream}/{consumer}", redact_url(url)),
         }
     }
 }
@@ -318,7 +320,10 @@ mod tests {
                 queue: "orders".into()
             }
         );
-        assert_eq!(with_vhost.to_string(), "amqp://u@rabbit:5673/prod/orders");
+        assert_eq!(
+            with_vhost.to_string(),
+            "amqp://u:***@rabbit:5673/prod/orders"
+        );
         let err = "amqp://u:secret@rabbit/".parse::<Source>().unwrap_err();
         assert!(!err.to_string().contains("secret"), "{err}");
         assert!("nats://h/only-stream".parse::<Source>().is_err());

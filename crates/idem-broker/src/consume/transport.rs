@@ -78,8 +78,8 @@ pub struct Delivery<S> {
 /// Where a transport's messages come from and where a redrive sends them back.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route {
-    /// A printable name of the source, without credentials
-    /// (`amqp://127.0.0.1:5672/%2f/orders`, `nats://127.0.0.1:4222/ORDERS/billing`).
+    /// A printable name of the source, its URL through [`idem::redact_url`]
+    /// (`amqp://guest:***@127.0.0.1:5672/%2f/orders`, `nats://127.0.0.1:4222/ORDERS/billing`).
     pub origin: String,
     back: Back,
 }
@@ -148,18 +148,6 @@ impl Route {
 impl fmt::Display for Route {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.origin)
-    }
-}
-
-/// The URL with its password removed (for logs, origins and redrive targets).
-#[cfg(any(feature = "amqp", feature = "nats"))]
-pub(crate) fn without_password(text: &str) -> String {
-    match url::Url::parse(text) {
-        Ok(mut parsed) if parsed.password().is_some() => {
-            let _ = parsed.set_password(None);
-            parsed.to_string()
-        }
-        _ => text.to_owned(),
     }
 }
 

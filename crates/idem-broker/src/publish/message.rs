@@ -10,8 +10,6 @@ use idem_core::IdempotencyKey;
 
 use super::error::PublishError;
 
-/// The header that carries the key on HTTP (and, as a copy, on AMQP).
-pub const IDEMPOTENCY_KEY_HEADER: &str = "Idempotency-Key";
 /// The header JetStream dedupes on.
 pub const NATS_MSG_ID_HEADER: &str = "Nats-Msg-Id";
 

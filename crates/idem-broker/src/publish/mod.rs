@@ -41,7 +41,7 @@ pub use self::destination::{Destination, DestinationError, redact};
 pub use self::error::{PublishError, PublishErrorKind, classify};
 #[cfg(feature = "webhook")]
 pub use self::http::HttpPublisher;
-pub use self::message::{IDEMPOTENCY_KEY_HEADER, Message, NATS_MSG_ID_HEADER, Publish};
+pub use self::message::{Message, NATS_MSG_ID_HEADER, Publish};
 #[cfg(feature = "nats")]
 pub use self::nats::NatsPublisher;
 

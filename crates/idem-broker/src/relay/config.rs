@@ -8,7 +8,7 @@ use idem_retry::Backoff;
 
 use crate::publish::Destination;
 
-/// Attempts before a row is dead-lettered.
+/// Attempts before a row is dead-lettered: 5.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
 /// How long a claim protects a row from other relays.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -19,7 +19,8 @@ pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// How long sent rows and dead letters are kept.
 pub const DEFAULT_RETENTION: Duration = idem_core::DEFAULT_RETENTION;
 
-/// How a relay works, with the defaults of [`RelayConfig::default`].
+/// How a relay works. `RelayConfig::default()` uses the `DEFAULT_*` constants
+/// of this module and the defaults given on each field.
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
     /// Where rows enqueued with [`Route::Default`](crate::outbox::Route::Default)
