@@ -18,11 +18,11 @@
 //!    scope and fingerprint exactly as the [layer](crate::IdempotencyLayer) does;
 //! 2. it calls the store's atomic `apply`; a duplicate is answered from the
 //!    store (the stored response, `Idempotent-Replayed: true`), a reused key
-//!    and a concurrent duplicate are refused (422 / 409) — the handler's
-//!    effect does not run;
-//! 3. otherwise your handler's effect runs with the store's connection, inside
-//!    the transaction that already holds the claim, and returns a
-//!    [`StoredResponse`];
+//!    and a concurrent duplicate are refused (422 / 409) — the handler does
+//!    not run;
+//! 3. otherwise, inside the transaction that already holds the claim, your
+//!    handler gets the parsed [`AtomicRequest`] and its effect runs with the
+//!    store's connection, returning a [`StoredResponse`];
 //! 4. a response whose status is stored (2xx, 4xx but 408/409/429 by default)
 //!    becomes the record's outcome and commits **with your writes**; any other
 //!    status, or a [`Failure`], rolls everything back — your writes and the
@@ -39,12 +39,13 @@
 //!
 //! # The handler
 //!
-//! The handler is called once per request with the parsed [`AtomicRequest`]
-//! and returns the effect: an `async` closure taking the store's connection
-//! (`&mut rusqlite::Connection` on SQLite, `&mut PgConnection` on PostgreSQL,
-//! `&mut dyn AnyTx` on an `AnyStore`) and returning a [`HandlerResult`]. The
-//! effect owns the request (it is `'static`); its future may borrow the
-//! connection. Only the SQL is written per database; the route is the same.
+//! The handler is called with the parsed [`AtomicRequest`] of each request
+//! that is to run, and returns the effect: an `async` closure that takes the
+//! store's connection (`&mut rusqlite::Connection` on SQLite,
+//! `&mut PgConnection` on PostgreSQL, `&mut dyn AnyTx` on an `AnyStore`) and
+//! returns a [`HandlerResult`]. The effect owns the request (it is `'static`);
+//! its future may borrow the connection. Only the SQL is written per database;
+//! the route is the same for every store.
 //!
 //! On SQLite the effect runs on the store's single writer thread, which drives
 //! its future to the end: every other write waits for it, so keep it to SQL

@@ -25,16 +25,18 @@ pub struct AtomicRoute<S, H> {
     handler: Arc<H>,
 }
 
-/// An atomic route on `store`: for each admitted request, `handler` gets the
-/// parsed [`AtomicRequest`] and returns the effect — an `async` closure over
-/// the store's connection, run inside the transaction that already holds the
-/// key's claim. The [`StoredResponse`] it answers is committed with its
-/// writes, or everything is rolled back (see the [module docs](crate::atomic)).
+/// An atomic route on `store`: when a request's effect is to run, `handler`
+/// gets the parsed [`AtomicRequest`] and returns the effect — an `async`
+/// closure over the store's connection, run inside the transaction that
+/// already holds the key's claim. The [`StoredResponse`] it answers is
+/// committed with its writes, or everything is rolled back (see the
+/// [module docs](crate::atomic)).
 ///
 /// `handler` is a factory rather than the effect itself because an effect is
 /// run once and owns what it uses (on SQLite it runs on the store's writer
-/// thread): the route calls `handler` once per request and moves the request
-/// into the effect it returns.
+/// thread): the route moves each request into the effect made for it. The
+/// factory is called inside the transaction, and not at all for a duplicate
+/// or a refused request.
 pub fn route<S, H, F>(store: S, config: IdempotencyConfig, handler: H) -> AtomicRoute<S, H>
 where
     S: AtomicStore + Clone + 'static,
@@ -105,7 +107,11 @@ where
             Ok(admitted) => admitted,
             Err(refusal) => return refusal.to_response(mode),
         };
-        let effect = settled(self.config.stored.clone(), (self.handler)(admitted.request));
+        let effect = effect_for(
+            Arc::clone(&self.handler),
+            admitted.request,
+            self.config.stored.clone(),
+        );
         let applied = match admitted.keyed {
             Some((scope, key, fingerprint)) => {
                 self.store.apply(&scope, &key, fingerprint, effect).await
@@ -118,15 +124,21 @@ where
     }
 }
 
-/// The handler's effect with its answer settled: a stored status becomes the
-/// outcome committed with its writes; anything else rolls them back.
-fn settled<Tx, F>(stored: StoredStatuses, effect: F) -> impl AtomicEffect<Tx, Outcome, Rollback>
+/// The effect the store runs for `request`: the handler's, made inside the
+/// transaction, with its answer settled — a stored status becomes the outcome
+/// committed with its writes; anything else rolls them back.
+fn effect_for<Tx, H, F>(
+    handler: Arc<H>,
+    request: AtomicRequest,
+    stored: StoredStatuses,
+) -> impl AtomicEffect<Tx, Outcome, Rollback>
 where
     Tx: ?Sized + Send + 'static,
+    H: Fn(AtomicRequest) -> F + Send + Sync + 'static,
     F: AtomicEffect<Tx, StoredResponse, Failure>,
 {
     async move |tx: &mut Tx| {
-        let answer = TxCall::call(effect, tx).await;
+        let answer = TxCall::call(handler(request), tx).await;
         settle(&stored, answer)
     }
 }
