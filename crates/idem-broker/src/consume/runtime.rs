@@ -72,12 +72,12 @@ pub enum ConsumeError {
 /// ```no_run
 /// # async fn demo(store: idem::SqliteStore) -> Result<(), Box<dyn std::error::Error>> {
 /// use idem::{Outcome, Scope};
-/// use idem_broker::consume::{AmqpTransport, Consumer, ConsumerConfig, SqliteApply};
+/// use idem_broker::consume::{AmqpTransport, AtomicApply, Consumer, ConsumerConfig};
 ///
 /// let transport = AmqpTransport::connect("amqp://127.0.0.1:5672/%2f", "payments", 32).await?;
-/// let effect = SqliteApply::new(store, |tx, message| {
+/// let effect = AtomicApply::new(store, |message| async move |tx| -> idem::rusqlite::Result<Outcome> {
 ///     tx.execute("INSERT INTO ledger (key) VALUES (?1)", [message.key.as_str()])?;
-///     Ok::<_, idem::sqlite::rusqlite::Error>(Outcome::success("recorded"))
+///     Ok(Outcome::success("recorded"))
 /// });
 /// let consumer = Consumer::new(transport, effect, ConsumerConfig::new(Scope::new("ledger")?));
 /// consumer.run(std::future::pending::<()>()).await?; // or a shutdown signal
@@ -178,8 +178,9 @@ impl<T: Transport, A: Apply> Consumer<T, A> {
     }
 }
 
-/// Checks the windows (SPEC §5: a dedupe window shorter than the producer's
-/// retry horizon is a configuration error at start-up), creates the
+/// Checks the windows (a dedupe window shorter than the producer's retry
+/// horizon would let a late retry through as a new message, so it is refused
+/// at start-up), creates the
 /// failure-count table if needed and sweeps rows older than the dedupe window
 /// (7 days): a consumer's start is the table's upkeep.
 pub(crate) async fn prepare<A: Apply>(
