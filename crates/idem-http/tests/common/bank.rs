@@ -129,42 +129,33 @@ impl Accounts for idem::sqlx::PgConnection {
     }
 }
 
-/// On an [`AnyStore`](idem::AnyStore), whichever connection it turns out to be.
+/// The same call on whichever connection an [`AnyStore`](idem::AnyStore)
+/// effect got.
+macro_rules! on_any {
+    ($tx:expr, $conn:ident => $call:expr) => {
+        match $tx.connection() {
+            AnyConnection::Sqlite($conn) => $call,
+            #[cfg(feature = "postgres")]
+            AnyConnection::Postgres($conn) => $call,
+        }
+    };
+}
+
 impl Accounts for dyn AnyTx {
     async fn create(&mut self) -> Result<(), Failure> {
-        match self.connection() {
-            AnyConnection::Sqlite(conn) => conn.create().await,
-            #[cfg(feature = "postgres")]
-            AnyConnection::Postgres(conn) => conn.create().await,
-            _ => Err(Failure::new("a store the bank has no SQL for")),
-        }
+        on_any!(self, conn => conn.create().await)
     }
 
     async fn balance(&mut self, account: &str) -> Result<Option<i64>, Failure> {
-        match self.connection() {
-            AnyConnection::Sqlite(conn) => conn.balance(account).await,
-            #[cfg(feature = "postgres")]
-            AnyConnection::Postgres(conn) => conn.balance(account).await,
-            _ => Err(Failure::new("a store the bank has no SQL for")),
-        }
+        on_any!(self, conn => conn.balance(account).await)
     }
 
     async fn take(&mut self, account: &str, amount: i64) -> Result<i64, Failure> {
-        match self.connection() {
-            AnyConnection::Sqlite(conn) => conn.take(account, amount).await,
-            #[cfg(feature = "postgres")]
-            AnyConnection::Postgres(conn) => conn.take(account, amount).await,
-            _ => Err(Failure::new("a store the bank has no SQL for")),
-        }
+        on_any!(self, conn => conn.take(account, amount).await)
     }
 
     async fn debits(&mut self) -> Result<i64, Failure> {
-        match self.connection() {
-            AnyConnection::Sqlite(conn) => conn.debits().await,
-            #[cfg(feature = "postgres")]
-            AnyConnection::Postgres(conn) => conn.debits().await,
-            _ => Err(Failure::new("a store the bank has no SQL for")),
-        }
+        on_any!(self, conn => conn.debits().await)
     }
 }
 
