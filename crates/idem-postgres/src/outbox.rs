@@ -142,15 +142,10 @@ impl AtomicOutbox for PgStore {
     /// On the connection of the caller's transaction. Stamped with the system
     /// clock, and its failures described without the server's address: inside
     /// an effect there is no store at hand.
-    fn enqueue(
-        tx: &mut PgConnection,
-        message: &OutboxMessage,
-    ) -> impl Future<Output = Result<i64, Error>> + Send {
-        async move {
-            insert(tx, message, SystemClock.now())
-                .await
-                .map_err(|e| store_error(e, &Endpoint::callers_connection()).into())
-        }
+    async fn enqueue(tx: &mut PgConnection, message: &OutboxMessage) -> Result<i64, Error> {
+        insert(tx, message, SystemClock.now())
+            .await
+            .map_err(|e| store_error(e, &Endpoint::callers_connection()).into())
     }
 }
 

@@ -390,22 +390,18 @@ impl idem_core::AttemptStore for AnyStore {
 
 impl idem_core::AtomicOutbox for AnyStore {
     /// On whichever store's connection `tx` is.
-    fn enqueue(
+    async fn enqueue(
         tx: &mut (dyn AnyTx + 'static),
         message: &idem_core::OutboxMessage,
-    ) -> impl Future<Output = Result<i64, Error>> + Send {
-        async move {
-            match tx.connection() {
-                #[cfg(feature = "sqlite")]
-                AnyConnection::Sqlite(conn) => {
-                    <idem_sqlite::SqliteStore as idem_core::AtomicOutbox>::enqueue(conn, message)
-                        .await
-                }
-                #[cfg(feature = "postgres")]
-                AnyConnection::Postgres(conn) => {
-                    <idem_postgres::PgStore as idem_core::AtomicOutbox>::enqueue(conn, message)
-                        .await
-                }
+    ) -> Result<i64, Error> {
+        match tx.connection() {
+            #[cfg(feature = "sqlite")]
+            AnyConnection::Sqlite(conn) => {
+                <idem_sqlite::SqliteStore as idem_core::AtomicOutbox>::enqueue(conn, message).await
+            }
+            #[cfg(feature = "postgres")]
+            AnyConnection::Postgres(conn) => {
+                <idem_postgres::PgStore as idem_core::AtomicOutbox>::enqueue(conn, message).await
             }
         }
     }

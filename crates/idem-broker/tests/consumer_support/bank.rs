@@ -186,11 +186,10 @@ impl Bank for SqliteBank {
         let mut statement = tx
             .prepare("SELECT key FROM ledger ORDER BY key")
             .map_err(|e| e.to_string())?;
-        let keys = statement
+        statement
             .query_map([], |r| r.get::<_, String>(0))
             .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
-            .map_err(|e| e.to_string());
-        keys
+            .map_err(|e| e.to_string())
     }
 
     async fn read_balance(tx: &mut rusqlite::Connection) -> Result<i64, String> {
