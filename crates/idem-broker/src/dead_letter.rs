@@ -24,6 +24,34 @@
 //! The table itself is the store's: its contract is
 //! [`DeadLetterStore`] in `idem-core`, its SQL and migration in the store
 //! crates. This module is what the broker adds: the redrive, and the gauges.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use idem::{IdempotencyKey, SqliteStore, Timestamp};
+//! use idem_broker::dead_letter::{DeadLetterStore, NewDeadLetter};
+//!
+//! let dir = tempfile::tempdir()?;
+//! let store = SqliteStore::open(dir.path().join("idem.db")).await?;
+//! let id = store
+//!     .record_dead_letter(&NewDeadLetter {
+//!         origin: "consumer amqp queue orders".into(),
+//!         destination: "amqp://guest:guest@127.0.0.1:5672/%2f?queue=orders".into(),
+//!         key: IdempotencyKey::new("order-42/created")?,
+//!         payload: b"{}".to_vec(),
+//!         headers: Default::default(),
+//!         attempts: 5,
+//!         last_error: "handler failed: no such customer".into(),
+//!         first_seen_at: Timestamp(1_750_000_000_000),
+//!     })
+//!     .await?;
+//! let letter = store.get_dead_letter(id).await?.expect("just recorded");
+//! assert_eq!(letter.key.as_str(), "order-42/created");
+//! assert_eq!(store.list_dead_letters(10, false).await?.len(), 1);
+//! store.mark_redriven(id).await?;
+//! assert!(store.list_dead_letters(10, false).await?.is_empty());
+//! assert_eq!(store.dead_letter_stats().await?.redriven, 1);
+//! # Ok(()) }
+//! ```
 
 use idem_core::Timestamp;
 

@@ -27,9 +27,8 @@
 //! left to the relay's default ([`Route::Default`], the `--to` of `idem relay`).
 //!
 //! The table is the store's: created by the store's own migrations (when a
-//! [`SqliteStore`](idem::SqliteStore) opens, when a [`PgStore`](idem::PgStore)
-//! connects with `migrate(true)`, or by [`migrate`]), and its statements are in
-//! the store crates.
+//! `SqliteStore` opens, when a `PgStore` connects with `migrate(true)`, or by
+//! [`migrate`]), and its statements are in the store crates.
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -113,6 +112,38 @@ fn as_stored(route: Route<'_>, message: &Message) -> OutboxMessage {
 /// The outbox of a store of type `S`: enqueues on the connection of a
 /// transaction `S` opened. A zero-sized handle, `Copy` and `'static`, so an
 /// effect closure can take it along.
+///
+/// Written once for every store: the same call on SQLite (the connection is
+/// a `rusqlite::Connection` inside the store's `BEGIN IMMEDIATE`), on
+/// PostgreSQL (a `sqlx::PgConnection` inside the store's transaction, or one
+/// of the application's own), and on an `AnyStore`.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use idem::{AtomicStore, Fingerprint, IdempotencyKey, Outcome, Scope, SqliteStore};
+/// use idem_broker::outbox::{Outbox, OutboxStore, derive_key};
+/// use idem_broker::publish::{Destination, Message};
+///
+/// let dir = tempfile::tempdir()?;
+/// let store = SqliteStore::open(dir.path().join("idem.db")).await?;
+/// let outbox = Outbox::of(&store);
+/// let to: Destination = "nats://127.0.0.1:4222/orders.created".parse()?;
+/// let request = IdempotencyKey::new("checkout-7")?;
+/// let message = Message::new(derive_key(&request, "order-created")?, b"{\"order\":7}".to_vec());
+/// for _retry in 0..2 {
+///     let (to, message) = (to.clone(), message.clone());
+///     store
+///         .apply(&Scope::new("checkout")?, &request, Fingerprint::of_bytes(b"cart"), async move |tx| -> Result<Outcome, Box<dyn std::error::Error + Send + Sync>> {
+///             tx.execute_batch("CREATE TABLE IF NOT EXISTS orders (id INTEGER); INSERT INTO orders VALUES (7);")?;
+///             outbox.enqueue(tx, &to, &message).await?; // commits with the order
+///             Ok(Outcome::success("ordered"))
+///         })
+///         .await?;
+/// }
+/// // The retry was a replay: one order, one message.
+/// assert_eq!(store.outbox_stats().await?.pending, 1);
+/// # Ok(()) }
+/// ```
 pub struct Outbox<S> {
     store: PhantomData<fn() -> S>,
 }
@@ -164,6 +195,29 @@ impl<S: AtomicOutbox> Outbox<S> {
 /// Enqueues outside any business transaction, in a transaction of its own:
 /// for messages that are not the consequence of a database change (and for
 /// tests). Returns the row id.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use idem::{AnyStore, Clock, IdempotencyKey, StoreLocation};
+/// use idem_broker::outbox::{self, OutboxStore, Route};
+/// use idem_broker::publish::Message;
+///
+/// let dir = tempfile::tempdir()?;
+/// let store = AnyStore::open(&StoreLocation::Sqlite(dir.path().join("idem.db"))).await?;
+/// let message = Message::new(IdempotencyKey::new("k-1")?, b"{}".to_vec());
+/// outbox::enqueue_now(&store, Route::Default, &message).await?;
+/// // What a relay does with it: claim it under a lease, publish, mark it sent.
+/// let now = store.outbox_clock().now();
+/// let lease = Duration::from_secs(30);
+/// let claimed = store.claim_outbox("relay-a", now, lease, 10, true).await?;
+/// assert_eq!((claimed.len(), claimed[0].attempts), (1, 1));
+/// // Leased: another relay finds nothing to claim.
+/// assert!(store.claim_outbox("relay-b", now, lease, 10, true).await?.is_empty());
+/// store.mark_sent(&[claimed[0].id], now).await?;
+/// assert_eq!(store.outbox_stats().await?.sent, 1);
+/// # Ok(()) }
+/// ```
 pub async fn enqueue_now<S: OutboxStore>(
     store: &S,
     route: Route<'_>,
