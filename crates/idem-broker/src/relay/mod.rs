@@ -6,9 +6,9 @@
 //! a relay publishes many rows, and one slow destination must not hold up the
 //! others, nor must a restart forget where each row stood. So a failed row is
 //! given back with its attempt count and a due time drawn with full jitter
-//! (`uniform(0, min(cap, base · 2^k))`, idem-retry's [`Backoff`](idem_retry::Backoff)), raised to the
-//! destination's `Retry-After` if it sent one; any relay picks it up when it is
-//! due. The attempt is counted when the row is *claimed*, so a relay that dies
+//! (`uniform(0, min(cap, base · 2^k))`, idem-retry's
+//! [`Backoff`](idem_retry::Backoff)), raised to the destination's
+//! `Retry-After` if it sent one; any relay picks it up when it is due. The attempt is counted when the row is *claimed*, so a relay that dies
 //! mid-publish still uses one up and a message that crashes relays ends in the
 //! dead letters instead of looping for ever.
 //!
