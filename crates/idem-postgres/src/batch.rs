@@ -11,10 +11,9 @@
 
 use std::collections::HashMap;
 
-use futures::future::BoxFuture;
 use idem_core::{
-    Applied, ApplyError, Error, IdempotencyKey, Operation, Outcome, Record, Scope, decide, observe,
-    protocol,
+    Applied, ApplyError, AtomicEffect, BatchApplied, IdempotencyKey, Operation, Outcome, Record,
+    Scope, TxCall, decide, observe, protocol,
 };
 use sqlx::PgConnection;
 
@@ -26,18 +25,19 @@ impl PgStore {
     /// Applies a batch of operations in one transaction; returns one result per
     /// operation, in order.
     ///
-    /// `effect(conn, i)` runs the effect of `ops[i]` in the batch's transaction,
+    /// `effect_for(i)` is the effect of `ops[i]`, run in the batch's transaction
     /// only for operations that are new. A refusal (`InFlight`, `KeyReuse`) is the
     /// result of that operation alone; an effect error rolls back the whole batch
     /// and comes back as `ApplyError::Effect((i, error))`.
-    pub async fn apply_batch<F, E>(
+    pub(crate) async fn apply_all<G, F, E>(
         &self,
         ops: &[Operation],
-        mut effect: F,
-    ) -> Result<Vec<Result<Applied, Error>>, ApplyError<(usize, E)>>
+        mut effect_for: G,
+    ) -> BatchApplied<E>
     where
-        F: for<'c> FnMut(&'c mut PgConnection, usize) -> BoxFuture<'c, Result<Outcome, E>> + Send,
-        E: Send,
+        G: FnMut(usize) -> F + Send + 'static,
+        F: AtomicEffect<PgConnection, Outcome, E>,
+        E: Send + 'static,
     {
         if ops.is_empty() {
             return Ok(Vec::new());
@@ -122,20 +122,14 @@ impl PgStore {
                     }
                 }
             };
-            let outcome = match effect(&mut tx, i).await {
+            let outcome = match TxCall::call(effect_for(i), &mut *tx).await {
                 Ok(outcome) => outcome,
                 Err(error) => {
                     self.roll_back(tx).await;
                     return Err(ApplyError::Effect((i, error)));
                 }
             };
-            let record = plan.settled(
-                &op.scope,
-                &op.key,
-                op.fingerprint,
-                outcome.clone(),
-                self.clock().now(),
-            );
+            let record = plan.settled(op, outcome.clone(), self.clock().now());
             current[slot] = Some(record.clone());
             written[slot] = Some(record);
             results.push(Ok(Applied::Fresh(outcome)));

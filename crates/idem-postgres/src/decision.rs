@@ -10,16 +10,17 @@
 //! expired one, an ended lease) goes the locked way, [`PgStore::decide_locked`],
 //! which reads again under the key's advisory lock before deciding.
 //!
-//! [`Plan`] then turns a claim decision into the record to write.
+//! [`Next`] then turns a decision into a replay or the [`Plan`] of the record to write.
 
 use idem_core::{
-    Decision, Error, FencingToken, Fingerprint, IdempotencyKey, Outcome, Record, RecordState,
-    Scope, Settings, Timestamp, decide, observe, protocol,
+    Decision, Error, Fingerprint, IdempotencyKey, Outcome, Plan, Record, Scope, Settings,
+    Timestamp, decide, observe, protocol,
 };
 use sqlx::postgres::{PgConnection, PgExecutor};
 
 use crate::store::PgStore;
-use crate::{lock, records};
+use crate::lock;
+use crate::records;
 
 /// Reports a decision's protocol events: replays, refusals and takeovers.
 pub(crate) fn observed(
@@ -160,99 +161,19 @@ pub(crate) enum Next {
 }
 
 impl Next {
-    /// What to do after `decision`: replay, or run with this plan.
-    ///
-    /// A takeover keeps the record's `created_at` and `expires_at`: the dedupe
-    /// window counts from the first time the key was claimed, however many
-    /// workers it took. A claim (no record, or one past retention) starts a new
-    /// window at `now`.
+    /// What to do after `decision`: replay, or run with this plan (see
+    /// [`Plan::of`] for the window the record keeps).
     pub(crate) fn after(
         decision: Decision,
         found: Option<&Record>,
         now: Timestamp,
         settings: &Settings,
     ) -> Self {
-        let fresh = |token| Plan::new(token, now, settings);
-        match (decision, found) {
-            (Decision::Replay(outcome), _) => Next::Replay(outcome),
-            (Decision::Claim { token }, _) | (Decision::TakeOver { token }, None) => {
-                Next::Run(fresh(token))
-            }
-            (Decision::TakeOver { token }, Some(found)) => Next::Run(Plan {
-                token,
-                took_over: true,
-                created_at: found.created_at,
-                expires_at: found.expires_at,
-            }),
-        }
-    }
-}
-
-/// What a claim or takeover writes, apart from the state it writes it in.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Plan {
-    /// The token of the new claim.
-    pub(crate) token: FencingToken,
-    /// Whether an expired lease was taken over.
-    pub(crate) took_over: bool,
-    created_at: Timestamp,
-    expires_at: Timestamp,
-}
-
-impl Plan {
-    /// The plan of a key claimed for the first time at `now`.
-    pub(crate) fn new(token: FencingToken, now: Timestamp, settings: &Settings) -> Self {
-        Plan {
-            token,
-            took_over: false,
-            created_at: now,
-            expires_at: now.plus(settings.retention),
-        }
-    }
-
-    /// The record of a claim that already has its outcome (atomic mode).
-    pub(crate) fn settled(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        fingerprint: Fingerprint,
-        outcome: Outcome,
-        now: Timestamp,
-    ) -> Record {
-        Record {
-            scope: scope.clone(),
-            key: key.clone(),
-            fingerprint,
-            state: records::settled_state(outcome.kind),
-            token: self.token,
-            lease_until: None,
-            outcome: Some(outcome),
-            created_at: self.created_at,
-            updated_at: now,
-            expires_at: self.expires_at,
-        }
-    }
-
-    /// The record of a claim whose effect is still to run (leased mode).
-    pub(crate) fn in_flight(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        fingerprint: Fingerprint,
-        lease_until: Timestamp,
-        now: Timestamp,
-    ) -> Record {
-        Record {
-            scope: scope.clone(),
-            key: key.clone(),
-            fingerprint,
-            state: RecordState::InFlight,
-            token: self.token,
-            lease_until: Some(lease_until),
-            outcome: None,
-            created_at: self.created_at,
-            updated_at: now,
-            expires_at: self.expires_at,
+        match decision {
+            Decision::Replay(outcome) => Next::Replay(outcome),
+            decision => Next::Run(
+                Plan::of(&decision, found, now, settings).expect("claims and takeovers have a plan"),
+            ),
         }
     }
 }

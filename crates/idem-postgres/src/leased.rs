@@ -9,7 +9,7 @@
 //! matches nothing the claim was taken over, and the same statement reports the
 //! current token.
 //!
-//! [`PgStore::complete_with`] is the leased completion for an effect that *is* a
+//! `complete_with` ([`AtomicStore`](idem_core::AtomicStore)) is the leased completion for an effect that *is* a
 //! write in this database: the effect and the fenced completion commit together,
 //! so a zombie worker whose claim was taken over cannot commit its effect either.
 //!
@@ -18,10 +18,9 @@
 //! counted in `lease_takeovers_total`) with the next token, so tokens never
 //! repeat and the old holder stays fenced.
 
-use futures::future::BoxFuture;
 use idem_core::{
-    ApplyError, Claim, Claimed, Error, ErrorKind, Fingerprint, IdempotencyKey, LeaseStore, Outcome,
-    RecordState, Scope, StoreError, Timestamp,
+    ApplyError, AtomicEffect, Claim, Claimed, Error, ErrorKind, Fingerprint, IdempotencyKey,
+    LeaseStore, Operation, Outcome, RecordState, Scope, StoreError, Timestamp, TxCall,
 };
 use sqlx::PgConnection;
 
@@ -61,7 +60,8 @@ impl LeaseStore for PgStore {
             }
         };
         let lease_until = now.plus(self.settings().lease);
-        let record = plan.in_flight(scope, key, fingerprint, lease_until, now);
+        let op = Operation::new(scope.clone(), key.clone(), fingerprint);
+        let record = plan.in_flight(&op, now, self.settings());
         self.write(&mut tx, std::slice::from_ref(&record)).await?;
         self.commit(tx).await?;
         Ok(Claimed::Fresh(Claim {
@@ -137,14 +137,14 @@ impl PgStore {
     /// `Fenced` (and the effect does not run) if the claim was taken over. An
     /// effect error rolls back the effect and leaves the claim held, as it was:
     /// the caller may try again, or [`release`](LeaseStore::release) it.
-    pub async fn complete_with<F, E>(
+    pub(crate) async fn complete_in_transaction<F, E>(
         &self,
         claim: &Claim,
         effect: F,
     ) -> Result<Outcome, ApplyError<E>>
     where
-        F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<Outcome, E>> + Send,
-        E: Send,
+        F: AtomicEffect<PgConnection, Outcome, E>,
+        E: Send + 'static,
     {
         let mut tx = self.begin().await?;
         lock::lock(&mut tx, lock::lock_key(&claim.scope, &claim.key))
@@ -161,7 +161,7 @@ impl PgStore {
             }
         }
 
-        let outcome = match effect(&mut tx).await {
+        let outcome = match TxCall::call(effect, &mut *tx).await {
             Ok(outcome) => outcome,
             Err(error) => {
                 self.roll_back(tx).await;

@@ -8,11 +8,12 @@
 //! # Modules
 //!
 //! - `store`: [`PgStore`] and [`PgStoreBuilder`]: connecting, the pool, settings, clock;
-//! - `atomic`: [`PgStore::apply`], the effect and the record in one transaction,
+//! - `atomic`: [`AtomicStore`](idem_core::AtomicStore) — `apply`, `apply_claim_first`,
+//!   `complete_with`, `transaction` — the effect and the record in one transaction,
 //!   and (in `atomic::locked`) the two simple-query round trips around the effect;
-//! - `batch`: [`PgStore::apply_batch`], N operations, one transaction;
+//! - `batch`: `apply_batch`, N operations, one transaction;
 //! - `leased`: [`LeaseStore`](idem_core::LeaseStore) (claim, renew, complete,
-//!   release) and [`PgStore::complete_with`];
+//!   release) and the leased completion with a database effect;
 //! - `inspect`: [`RecordStore`](idem_core::RecordStore): migrations, listing, counting, sweeping;
 //! - `decision`: the fast-path read and the locked read-and-decide every claim path shares;
 //! - `lock`: per-key advisory locks and the transactions they live in;
@@ -58,22 +59,18 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use futures::FutureExt;
-//! use idem_core::{Fingerprint, IdempotencyKey, Outcome, Scope};
+//! use idem_core::{AtomicStore, Fingerprint, IdempotencyKey, Outcome, Scope};
 //! use idem_postgres::PgStore;
 //!
 //! let store = PgStore::connect("postgres://postgres@127.0.0.1:5432/app").await?;
 //! let scope = Scope::new("payments")?;
 //! let key = IdempotencyKey::new("order-42")?;
 //! let applied = store
-//!     .apply(&scope, &key, Fingerprint::of_bytes(b"debit 10"), |conn| {
-//!         async move {
-//!             sqlx::query("UPDATE accounts SET balance = balance - 10 WHERE id = 1")
-//!                 .execute(&mut *conn)
-//!                 .await?;
-//!             Ok::<_, sqlx::Error>(Outcome::success("debited"))
-//!         }
-//!         .boxed()
+//!     .apply(&scope, &key, Fingerprint::of_bytes(b"debit 10"), async |conn| -> sqlx::Result<Outcome> {
+//!         sqlx::query("UPDATE accounts SET balance = balance - 10 WHERE id = 1")
+//!             .execute(&mut *conn)
+//!             .await?;
+//!         Ok(Outcome::success("debited"))
 //!     })
 //!     .await?;
 //! println!("replayed: {}", applied.is_replay());
@@ -96,4 +93,5 @@ mod store;
 #[cfg(test)]
 mod testing;
 
+pub use sqlx;
 pub use store::{DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, PgStore, PgStoreBuilder};

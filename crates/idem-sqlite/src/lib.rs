@@ -21,6 +21,7 @@ mod holds;
 mod records;
 mod schema;
 mod store;
+mod write_tx;
 
 pub use connection::Synchronous;
 pub use fences::advance;

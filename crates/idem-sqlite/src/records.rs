@@ -168,13 +168,9 @@ pub fn write(conn: &Connection, record: &Record) -> Result<(), Error> {
 /// A change to an in-flight record, accepted only from the holder of its token.
 #[derive(Debug)]
 pub enum HeldChange<'a> {
-    /// Store the outcome and settle the record.
-    Settle {
-        /// The outcome.
-        outcome: &'a Outcome,
-        /// New end of retention.
-        expires_at: Timestamp,
-    },
+    /// Store the outcome and settle the record. Its window (`created_at`,
+    /// `expires_at`) stays as the first claim set it.
+    Settle(&'a Outcome),
     /// Move the end of the lease (renew), or clear it (release: the key is
     /// free, and the next claim is not a takeover).
     Lease(Option<Timestamp>),
@@ -191,15 +187,12 @@ pub fn update_held(
     now: Timestamp,
 ) -> Result<bool, Error> {
     let changed = match change {
-        HeldChange::Settle {
-            outcome,
-            expires_at,
-        } => {
+        HeldChange::Settle(outcome) => {
             let mut stmt = conn
                 .prepare_cached(
                     "UPDATE idem_records SET state = ?1, outcome_kind = ?2, outcome_body = ?3, \
-                     outcome_meta = ?4, lease_until = NULL, updated_at = ?5, expires_at = ?6 \
-                     WHERE scope = ?7 AND key = ?8 AND token = ?9 AND state = 'in_flight'",
+                     outcome_meta = ?4, lease_until = NULL, updated_at = ?5 \
+                     WHERE scope = ?6 AND key = ?7 AND token = ?8 AND state = 'in_flight'",
                 )
                 .map_err(|e| map_err("prepare the completion", e))?;
             stmt.execute(params![
@@ -208,7 +201,6 @@ pub fn update_held(
                 &outcome.body[..],
                 outcome.meta_json(),
                 now.0,
-                expires_at.0,
                 scope,
                 key,
                 token.get(),

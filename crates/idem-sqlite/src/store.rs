@@ -12,23 +12,24 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use idem_core::{
-    Applied, ApplyError, Claim, Claimed, Decision, Error, FencingToken, Fingerprint,
-    IdempotencyKey, LeaseStore, Operation, Outcome, Record, RecordCount, RecordFilter, RecordState,
-    RecordStore, Scope, Settings, SharedClock, SystemClock, Timestamp, decide, observe, protocol,
+    Applied, ApplyError, AtomicEffect, AtomicStore, BatchApplied, Claim, Claimed, Decision, Error,
+    FencingToken, Fingerprint, IdempotencyKey, LeaseStore, Operation, Outcome, Plan, Record,
+    RecordCount, RecordFilter, RecordState, RecordStore, Scope, Settings, SharedClock,
+    SystemClock, Timestamp, TxCall, decide, observe, protocol,
 };
-use rusqlite::{Connection, Transaction, TransactionBehavior};
+use rusqlite::Connection;
 
 use crate::connection::{ConnectionOptions, Connections, Synchronous};
-use crate::errors::map_err;
 use crate::holds::{Hold, Holds};
-use crate::records::{self, HeldChange, settled_state};
+use crate::records::{self, HeldChange};
 use crate::schema;
+use crate::write_tx::WriteTx;
 
 /// The embedded store. Cheap to clone; clones share the writer thread.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// use idem_core::{Fingerprint, IdempotencyKey, Outcome, Scope};
+/// use idem_core::{AtomicStore, Fingerprint, IdempotencyKey, Outcome, Scope};
 /// use idem_sqlite::SqliteStore;
 ///
 /// let dir = std::env::temp_dir().join(format!("idem-doc-{}", std::process::id()));
@@ -38,10 +39,10 @@ use crate::schema;
 /// let key = IdempotencyKey::new("payment-1")?;
 /// let fp = Fingerprint::of_bytes(b"debit 10 from acc-1");
 /// for _delivery in 0..3 {
-///     store.apply(&scope, &key, fp, |tx| {
+///     store.apply(&scope, &key, fp, async |tx| -> rusqlite::Result<Outcome> {
 ///         tx.execute("CREATE TABLE IF NOT EXISTS debits (amount INTEGER)", [])?;
 ///         tx.execute("INSERT INTO debits VALUES (10)", [])?;
-///         Ok::<_, rusqlite::Error>(Outcome::success("ok"))
+///         Ok(Outcome::success("ok"))
 ///     }).await?;
 /// }
 /// let debits: i64 = store.with_connection(|c| c.query_row("SELECT count(*) FROM debits", [], |r| r.get(0))).await??;
@@ -115,13 +116,14 @@ enum Step {
     Run(Decision),
 }
 
-fn begin(conn: &mut Connection) -> Result<Transaction<'_>, Error> {
-    conn.transaction_with_behavior(TransactionBehavior::Immediate)
-        .map_err(|e| map_err("begin a write transaction", e))
-}
-
-fn commit(tx: Transaction<'_>) -> Result<(), Error> {
-    tx.commit().map_err(|e| map_err("commit", e))
+/// Runs an effect on the writer thread. SQLite calls are synchronous, so the
+/// effect's future is driven to completion right here, inside the
+/// transaction; awaiting anything else in it would hold up every writer.
+fn run_effect<F, T, E>(effect: F, conn: &mut Connection) -> Result<T, E>
+where
+    F: AtomicEffect<Connection, T, E>,
+{
+    futures::executor::block_on(TxCall::call(effect, conn))
 }
 
 /// On the writer, inside its transaction: reads the record and decides. `Err`
@@ -188,39 +190,14 @@ impl Protocol<'_> {
         )
     }
 
-    /// The record written when `decision` is carried out: in flight with a lease
-    /// when `outcome` is `None`, settled otherwise.
-    fn record(
-        &self,
-        op: &Operation,
-        found: Option<&Record>,
-        decision: &Decision,
-        outcome: Option<Outcome>,
-    ) -> Record {
-        let token = decision.token().expect("only claims are written");
-        if matches!(decision, Decision::TakeOver { .. }) {
-            observe::took_over(&op.scope, token);
+    /// What carrying out `decision` on `found` writes; a takeover is reported.
+    fn plan(&self, found: Option<&Record>, decision: &Decision, scope: &Scope) -> Plan {
+        let plan = Plan::of(decision, found, self.now, self.settings)
+            .expect("only claims and takeovers are carried out");
+        if plan.took_over {
+            observe::took_over(scope, plan.token);
         }
-        let created_at = match (decision, found) {
-            (Decision::TakeOver { .. }, Some(previous)) => previous.created_at,
-            _ => self.now,
-        };
-        Record {
-            scope: op.scope.clone(),
-            key: op.key.clone(),
-            fingerprint: op.fingerprint,
-            state: outcome
-                .as_ref()
-                .map_or(RecordState::InFlight, settled_state),
-            token,
-            lease_until: outcome
-                .is_none()
-                .then(|| self.now.plus(self.settings.lease)),
-            outcome,
-            created_at,
-            updated_at: self.now,
-            expires_at: self.now.plus(self.settings.retention),
-        }
+        plan
     }
 }
 
@@ -305,45 +282,14 @@ impl SqliteStore {
         self.inner
             .holds
             .try_hold(op.scope.as_str(), op.key.as_str())
-            .ok_or_else(|| {
-                let refusal = protocol::busy(&op.scope, &op.key, &self.inner.settings);
-                observe::refused(&refusal);
-                refusal
-            })
+            .ok_or_else(|| self.busy(op))
     }
 
-    /// Applies `effect` once for `(scope, key)` in atomic mode: the effect gets
-    /// the open `BEGIN IMMEDIATE` transaction, and the record is written and
-    /// committed with it, in one commit.
-    ///
-    /// A duplicate gets the stored outcome (`Applied::Replayed`) without running
-    /// the effect; a concurrent duplicate gets `InFlight` at once; a key reused
-    /// with another payload gets `KeyReuse`. An effect error rolls the whole
-    /// transaction back (nothing is recorded, the next retry runs again); return
-    /// [`Outcome::terminal_failure`] instead to store a failure for replay.
-    pub async fn apply<F, E>(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        fingerprint: Fingerprint,
-        effect: F,
-    ) -> Result<Applied, ApplyError<E>>
-    where
-        F: FnOnce(&Transaction<'_>) -> Result<Outcome, E> + Send + 'static,
-        E: Send + 'static,
-    {
-        let op = Operation::new(scope.clone(), key.clone(), fingerprint);
-        self.decide_then(
-            op,
-            Applied::Replayed,
-            move |tx, protocol, op, found, decision| {
-                let outcome = effect(tx).map_err(ApplyError::Effect)?;
-                let record = protocol.record(op, found, &decision, Some(outcome.clone()));
-                records::write(tx, &record)?;
-                Ok(Applied::Fresh(outcome))
-            },
-        )
-        .await
+    /// The refusal of a caller whose key another caller holds, reported.
+    fn busy(&self, op: &Operation) -> Error {
+        let refusal = protocol::busy(&op.scope, &op.key, &self.inner.settings);
+        observe::refused(&refusal);
+        refusal
     }
 
     /// What `apply` and `claim` share: answer from a reader when the record
@@ -354,13 +300,7 @@ impl SqliteStore {
         &self,
         op: Operation,
         replayed: fn(Outcome) -> R,
-        carry_out: impl FnOnce(
-            &Transaction<'_>,
-            &Protocol<'_>,
-            &Operation,
-            Option<&Record>,
-            Decision,
-        ) -> Result<R, ApplyError<E>>
+        carry_out: impl FnOnce(&mut WriteTx<'_>, &Protocol<'_>, &Operation, Plan) -> Result<R, ApplyError<E>>
         + Send
         + 'static,
     ) -> Result<R, ApplyError<E>>
@@ -377,13 +317,14 @@ impl SqliteStore {
             .connections
             .write(move |conn| {
                 let protocol = store.protocol();
-                let tx = begin(conn)?;
+                let mut tx = WriteTx::begin(conn)?;
                 let (found, decision) = match decide_in(&tx, &protocol, &op)? {
                     Ok(claim) => claim,
                     Err(outcome) => return Ok(replayed(outcome)),
                 };
-                let done = carry_out(&tx, &protocol, &op, found.as_ref(), decision)?;
-                commit(tx)?;
+                let plan = protocol.plan(found.as_ref(), &decision, &op.scope);
+                let done = carry_out(&mut tx, &protocol, &op, plan)?;
+                tx.commit()?;
                 Ok(done)
             })
             .await?
@@ -397,141 +338,6 @@ impl SqliteStore {
             return Ok(Err(outcome));
         }
         self.hold(op).map(Ok)
-    }
-
-    /// Applies a batch in one transaction: every key is looked up with one
-    /// statement, `effect(tx, i)` runs only for operations that are new, and one
-    /// commit settles them all. Returns one answer per operation, in order; a
-    /// key repeated inside the batch is answered like a later duplicate.
-    ///
-    /// If any effect fails, the whole batch is rolled back and the error names
-    /// the operation's index; the caller may then apply the operations one by one.
-    pub async fn apply_batch<F, E>(
-        &self,
-        ops: &[Operation],
-        mut effect: F,
-    ) -> Result<Vec<Result<Applied, Error>>, ApplyError<(usize, E)>>
-    where
-        F: FnMut(&Transaction<'_>, usize) -> Result<Outcome, E> + Send + 'static,
-        E: Send + 'static,
-    {
-        let ops = ops.to_vec();
-        let mut holds = HashMap::new();
-        for op in &ops {
-            let pair = (op.scope.to_string(), op.key.to_string());
-            if let std::collections::hash_map::Entry::Vacant(slot) = holds.entry(pair) {
-                let (scope, key) = slot.key();
-                let hold = self.inner.holds.try_hold(scope, key);
-                slot.insert(hold);
-            }
-        }
-        let held: HashMap<(String, String), bool> = holds
-            .iter()
-            .map(|(k, v)| (k.clone(), v.is_some()))
-            .collect();
-        if !held.values().any(|held| *held) {
-            return Ok(ops
-                .iter()
-                .map(|op| {
-                    let refusal = protocol::busy(&op.scope, &op.key, &self.inner.settings);
-                    observe::refused(&refusal);
-                    Err(refusal)
-                })
-                .collect());
-        }
-        let store = self.clone();
-        self.inner
-            .connections
-            .write(move |conn| {
-                let protocol = store.protocol();
-                let tx = begin(conn)?;
-                let pairs: Vec<(&str, &str)> = held
-                    .iter()
-                    .filter(|(_, held)| **held)
-                    .map(|((s, k), _)| (s.as_str(), k.as_str()))
-                    .collect();
-                let mut found: HashMap<(String, String), Record> =
-                    records::select_many(&tx, &pairs)?
-                        .into_iter()
-                        .map(|r| ((r.scope.to_string(), r.key.to_string()), r))
-                        .collect();
-                let mut answers = Vec::with_capacity(ops.len());
-                let mut written = Vec::new();
-                for (index, op) in ops.iter().enumerate() {
-                    let pair = (op.scope.to_string(), op.key.to_string());
-                    if !held[&pair] {
-                        let refusal = protocol::busy(&op.scope, &op.key, &store.inner.settings);
-                        observe::refused(&refusal);
-                        answers.push(Err(refusal));
-                        continue;
-                    }
-                    match protocol.step(found.get(&pair), op) {
-                        Step::Answer(answer) => answers.push(answer.map(Applied::Replayed)),
-                        Step::Run(decision) => {
-                            let outcome =
-                                effect(&tx, index).map_err(|e| ApplyError::Effect((index, e)))?;
-                            let record = protocol.record(
-                                op,
-                                found.get(&pair),
-                                &decision,
-                                Some(outcome.clone()),
-                            );
-                            found.insert(pair, record.clone());
-                            written.push(record);
-                            answers.push(Ok(Applied::Fresh(outcome)));
-                        }
-                    }
-                }
-                for record in &written {
-                    records::write(&tx, record)?;
-                }
-                commit(tx)?;
-                drop(holds);
-                Ok(answers)
-            })
-            .await?
-    }
-
-    /// Completes a leased claim whose effect is a write in this database: the
-    /// effect and the fenced completion run in one transaction. If the claim was
-    /// taken over, the effect does not run and nothing is written: `Fenced`.
-    pub async fn complete_with<F, E>(
-        &self,
-        claim: &Claim,
-        effect: F,
-    ) -> Result<Outcome, ApplyError<E>>
-    where
-        F: FnOnce(&Transaction<'_>) -> Result<Outcome, E> + Send + 'static,
-        E: Send + 'static,
-    {
-        let claim = claim.clone();
-        let store = self.clone();
-        self.inner
-            .connections
-            .write(move |conn| {
-                let now = store.inner.clock.now();
-                let tx = begin(conn)?;
-                let found = records::select(&tx, claim.scope.as_str(), claim.key.as_str())?;
-                match &found {
-                    Some(r) if r.token == claim.token && r.state == RecordState::InFlight => {}
-                    other => return Err(fenced(&claim, other.as_ref().map(|r| r.token)).into()),
-                }
-                let outcome = effect(&tx).map_err(ApplyError::Effect)?;
-                records::update_held(
-                    &tx,
-                    claim.scope.as_str(),
-                    claim.key.as_str(),
-                    claim.token,
-                    HeldChange::Settle {
-                        outcome: &outcome,
-                        expires_at: now.plus(store.inner.settings.retention),
-                    },
-                    now,
-                )?;
-                commit(tx)?;
-                Ok(outcome)
-            })
-            .await?
     }
 
     /// Changes a held claim on the writer; `Fenced` when the token is no longer
@@ -551,6 +357,154 @@ impl SqliteStore {
                 Ok(now)
             })
             .await
+    }
+}
+
+/// Atomic mode on SQLite: the effect gets the writer connection inside the
+/// store's `BEGIN IMMEDIATE` transaction, on the writer thread, and the record
+/// is written and committed with it, in one commit. An effect error rolls the
+/// whole transaction back; a panicking effect is rolled back and reported as
+/// an error.
+impl AtomicStore for SqliteStore {
+    type Tx = Connection;
+
+    async fn apply<F, E>(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: Fingerprint,
+        effect: F,
+    ) -> Result<Applied, ApplyError<E>>
+    where
+        F: AtomicEffect<Connection, Outcome, E>,
+        E: Send + 'static,
+    {
+        let op = Operation::new(scope.clone(), key.clone(), fingerprint);
+        self.decide_then(op, Applied::Replayed, move |tx, protocol, op, plan| {
+            let outcome = run_effect(effect, tx).map_err(ApplyError::Effect)?;
+            records::write(tx, &plan.settled(op, outcome.clone(), protocol.now))?;
+            Ok(Applied::Fresh(outcome))
+        })
+        .await
+    }
+
+    async fn apply_batch<G, F, E>(&self, ops: &[Operation], mut effect_for: G) -> BatchApplied<E>
+    where
+        G: FnMut(usize) -> F + Send + 'static,
+        F: AtomicEffect<Connection, Outcome, E>,
+        E: Send + 'static,
+    {
+        let ops = ops.to_vec();
+        let mut holds = HashMap::new();
+        for op in &ops {
+            let pair = (op.scope.to_string(), op.key.to_string());
+            if let std::collections::hash_map::Entry::Vacant(slot) = holds.entry(pair) {
+                let (scope, key) = slot.key();
+                let hold = self.inner.holds.try_hold(scope, key);
+                slot.insert(hold);
+            }
+        }
+        let held: HashMap<(String, String), bool> = holds
+            .iter()
+            .map(|(k, v)| (k.clone(), v.is_some()))
+            .collect();
+        if !held.values().any(|held| *held) {
+            return Ok(ops.iter().map(|op| Err(self.busy(op))).collect());
+        }
+        let store = self.clone();
+        self.inner
+            .connections
+            .write(move |conn| {
+                let protocol = store.protocol();
+                let mut tx = WriteTx::begin(conn)?;
+                let pairs: Vec<(&str, &str)> = held
+                    .iter()
+                    .filter(|(_, held)| **held)
+                    .map(|((s, k), _)| (s.as_str(), k.as_str()))
+                    .collect();
+                let mut found: HashMap<(String, String), Record> =
+                    records::select_many(&tx, &pairs)?
+                        .into_iter()
+                        .map(|r| ((r.scope.to_string(), r.key.to_string()), r))
+                        .collect();
+                let mut answers = Vec::with_capacity(ops.len());
+                let mut written = Vec::new();
+                for (index, op) in ops.iter().enumerate() {
+                    let pair = (op.scope.to_string(), op.key.to_string());
+                    if !held[&pair] {
+                        answers.push(Err(store.busy(op)));
+                        continue;
+                    }
+                    match protocol.step(found.get(&pair), op) {
+                        Step::Answer(answer) => answers.push(answer.map(Applied::Replayed)),
+                        Step::Run(decision) => {
+                            let plan = protocol.plan(found.get(&pair), &decision, &op.scope);
+                            let outcome = run_effect(effect_for(index), &mut tx)
+                                .map_err(|e| ApplyError::Effect((index, e)))?;
+                            let record = plan.settled(op, outcome.clone(), protocol.now);
+                            found.insert(pair, record.clone());
+                            written.push(record);
+                            answers.push(Ok(Applied::Fresh(outcome)));
+                        }
+                    }
+                }
+                for record in &written {
+                    records::write(&tx, record)?;
+                }
+                tx.commit()?;
+                drop(holds);
+                Ok(answers)
+            })
+            .await?
+    }
+
+    async fn complete_with<F, E>(&self, claim: &Claim, effect: F) -> Result<Outcome, ApplyError<E>>
+    where
+        F: AtomicEffect<Connection, Outcome, E>,
+        E: Send + 'static,
+    {
+        let claim = claim.clone();
+        let store = self.clone();
+        self.inner
+            .connections
+            .write(move |conn| {
+                let now = store.inner.clock.now();
+                let mut tx = WriteTx::begin(conn)?;
+                let found = records::select(&tx, claim.scope.as_str(), claim.key.as_str())?;
+                match &found {
+                    Some(r) if r.token == claim.token && r.state == RecordState::InFlight => {}
+                    other => return Err(fenced(&claim, other.as_ref().map(|r| r.token)).into()),
+                }
+                let outcome = run_effect(effect, &mut tx).map_err(ApplyError::Effect)?;
+                records::update_held(
+                    &tx,
+                    claim.scope.as_str(),
+                    claim.key.as_str(),
+                    claim.token,
+                    HeldChange::Settle(&outcome),
+                    now,
+                )?;
+                tx.commit()?;
+                Ok(outcome)
+            })
+            .await?
+    }
+
+    async fn transaction<F, T, E>(&self, effect: F) -> Result<T, ApplyError<E>>
+    where
+        F: AtomicEffect<Connection, T, E>,
+        T: Send + 'static,
+        E: Send + 'static,
+    {
+        self.inner
+            .connections
+            .write(move |conn| {
+                let mut tx = WriteTx::begin(conn)?;
+                let done = run_effect(effect, &mut tx).map_err(ApplyError::Effect)?;
+                tx.commit()?;
+                Ok(done)
+            })
+            .await?
     }
 }
 
@@ -575,14 +529,15 @@ impl LeaseStore for SqliteStore {
                     Ok(claim) => claim,
                     Err(outcome) => return Ok(Claimed::Replayed(outcome)),
                 };
-                let record = protocol.record(&op, found.as_ref(), &decision, None);
+                let plan = protocol.plan(found.as_ref(), &decision, &op.scope);
+                let record = plan.in_flight(&op, protocol.now, protocol.settings);
                 records::write(conn, &record)?;
                 Ok(Claimed::Fresh(Claim {
                     scope: op.scope,
                     key: op.key,
                     token: record.token,
                     lease_until: record.lease_until.expect("claims carry a lease"),
-                    took_over: matches!(decision, Decision::TakeOver { .. }),
+                    took_over: plan.took_over,
                 }))
             })
             .await
@@ -607,11 +562,7 @@ impl LeaseStore for SqliteStore {
             .connections
             .write_grouped(move |conn| {
                 let now = store.inner.clock.now();
-                let settle = HeldChange::Settle {
-                    outcome: &outcome,
-                    expires_at: now.plus(store.inner.settings.retention),
-                };
-                change_held_in(conn, &claim, settle, now)
+                change_held_in(conn, &claim, HeldChange::Settle(&outcome), now)
             })
             .await
     }

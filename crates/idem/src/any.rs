@@ -1,11 +1,40 @@
 //! [`AnyStore`]: a store chosen at run time from a [`StoreLocation`], for
 //! programs (like the `idem` command) that serve either backend.
+//!
+//! Atomic effects on an `AnyStore` get `&mut dyn AnyTx`, and write with
+//! whichever connection [`AnyTx::connection`] turns out to be:
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use idem::{AnyConnection, AnyStore, AtomicStore, Fingerprint, IdempotencyKey, Outcome, Scope, StoreLocation};
+//! let dir = tempfile::tempdir()?;
+//! let location: StoreLocation = format!("sqlite://{}", dir.path().join("idem.db").display()).parse()?;
+//! let store = AnyStore::open(&location).await?;
+//! let (scope, key) = (Scope::new("payments")?, IdempotencyKey::new("pay-1")?);
+//! let applied = store
+//!     .apply(&scope, &key, Fingerprint::of_bytes(b"10 EUR"), async |tx| -> Result<Outcome, Box<dyn std::error::Error + Send + Sync>> {
+//!         match tx.connection() {
+//!             AnyConnection::Sqlite(conn) => {
+//!                 conn.execute_batch("CREATE TABLE IF NOT EXISTS paid (n INTEGER); INSERT INTO paid VALUES (10);")?;
+//!             }
+//!             // with the `postgres` feature: AnyConnection::Postgres(conn) => sqlx on `conn`
+//!             _ => return Err("this effect is written for SQLite only".into()),
+//!         }
+//!         Ok(Outcome::success("paid"))
+//!     })
+//!     .await?;
+//! assert!(!applied.is_replay());
+//! # Ok(()) }
+//! ```
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use idem_core::{
-    Claim, Claimed, Error, Fingerprint, IdempotencyKey, LeaseStore, Outcome, Record, RecordCount,
-    RecordFilter, RecordStore, Scope, Settings, SharedClock, SystemClock,
+    Applied, ApplyError, AtomicEffect, AtomicStore, BatchApplied, Claim, Claimed, Error,
+    FenceStore, Fingerprint, IdempotencyKey, Lease, LeaseStore, Operation, Outcome, Record,
+    RecordCount, RecordFilter, RecordStore, Resource, Scope, Settings, SharedClock, SystemClock,
+    TxCall,
 };
 
 use crate::StoreLocation;
@@ -84,7 +113,7 @@ impl LeaseStore for AnyStore {
     }
 
     async fn renew(&self, claim: &Claim) -> Result<Claim, Error> {
-        each_store!(self, s => s.renew(claim).await)
+        each_store!(self, s => LeaseStore::renew(s, claim).await)
     }
 
     async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
@@ -92,7 +121,7 @@ impl LeaseStore for AnyStore {
     }
 
     async fn release(&self, claim: &Claim) -> Result<(), Error> {
-        each_store!(self, s => s.release(claim).await)
+        each_store!(self, s => LeaseStore::release(s, claim).await)
     }
 }
 
@@ -115,5 +144,121 @@ impl RecordStore for AnyStore {
 
     async fn sweep_batch(&self, limit: usize) -> Result<u64, Error> {
         each_store!(self, s => s.sweep_batch(limit).await)
+    }
+}
+
+/// The connection an [`AnyStore`] effect gets: the store's own, inside its
+/// transaction. Implemented by each store's connection type.
+pub trait AnyTx: Send {
+    /// Which connection this is.
+    fn connection(&mut self) -> AnyConnection<'_>;
+}
+
+/// The connection behind a [`AnyTx`], to write the effect's SQL for its
+/// database.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum AnyConnection<'c> {
+    /// The embedded store's writer connection, inside `BEGIN IMMEDIATE`.
+    #[cfg(feature = "sqlite")]
+    Sqlite(&'c mut idem_sqlite::rusqlite::Connection),
+    /// The PostgreSQL store's connection, inside its transaction.
+    #[cfg(feature = "postgres")]
+    Postgres(&'c mut idem_postgres::sqlx::PgConnection),
+}
+
+#[cfg(feature = "sqlite")]
+impl AnyTx for idem_sqlite::rusqlite::Connection {
+    fn connection(&mut self) -> AnyConnection<'_> {
+        AnyConnection::Sqlite(self)
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl AnyTx for idem_postgres::sqlx::PgConnection {
+    fn connection(&mut self) -> AnyConnection<'_> {
+        AnyConnection::Postgres(self)
+    }
+}
+
+/// An effect written for `dyn AnyTx`, as a store whose connection is `C`
+/// takes it.
+fn on<C, F, T, E>(effect: F) -> impl AtomicEffect<C, T, E>
+where
+    C: AnyTx + 'static,
+    F: AtomicEffect<dyn AnyTx, T, E>,
+{
+    async move |conn: &mut C| TxCall::call(effect, conn as &mut dyn AnyTx).await
+}
+
+impl AtomicStore for AnyStore {
+    type Tx = dyn AnyTx;
+
+    async fn apply<F, E>(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: Fingerprint,
+        effect: F,
+    ) -> Result<Applied, ApplyError<E>>
+    where
+        F: AtomicEffect<dyn AnyTx, Outcome, E>,
+        E: Send + 'static,
+    {
+        each_store!(self, s => s.apply(scope, key, fingerprint, on(effect)).await)
+    }
+
+    async fn apply_claim_first<F, E>(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: Fingerprint,
+        effect: F,
+    ) -> Result<Applied, ApplyError<E>>
+    where
+        F: AtomicEffect<dyn AnyTx, Outcome, E>,
+        E: Send + 'static,
+    {
+        each_store!(self, s => s.apply_claim_first(scope, key, fingerprint, on(effect)).await)
+    }
+
+    async fn apply_batch<G, F, E>(&self, ops: &[Operation], mut effect_for: G) -> BatchApplied<E>
+    where
+        G: FnMut(usize) -> F + Send + 'static,
+        F: AtomicEffect<dyn AnyTx, Outcome, E>,
+        E: Send + 'static,
+    {
+        each_store!(self, s => s.apply_batch(ops, move |i| on(effect_for(i))).await)
+    }
+
+    async fn complete_with<F, E>(&self, claim: &Claim, effect: F) -> Result<Outcome, ApplyError<E>>
+    where
+        F: AtomicEffect<dyn AnyTx, Outcome, E>,
+        E: Send + 'static,
+    {
+        each_store!(self, s => s.complete_with(claim, on(effect)).await)
+    }
+
+    async fn transaction<F, T, E>(&self, effect: F) -> Result<T, ApplyError<E>>
+    where
+        F: AtomicEffect<dyn AnyTx, T, E>,
+        T: Send + 'static,
+        E: Send + 'static,
+    {
+        each_store!(self, s => s.transaction(on(effect)).await)
+    }
+}
+
+impl FenceStore for AnyStore {
+    async fn acquire(&self, resource: &Resource, ttl: Duration) -> Result<Lease, Error> {
+        each_store!(self, s => s.acquire(resource, ttl).await)
+    }
+
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Lease, Error> {
+        each_store!(self, s => FenceStore::renew(s, lease, ttl).await)
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), Error> {
+        each_store!(self, s => FenceStore::release(s, lease).await)
     }
 }

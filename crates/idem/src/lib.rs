@@ -8,18 +8,19 @@
 //!
 //! Modules:
 //! - [`StoreLocation`]: `sqlite://PATH` / `postgres://URL` parsing;
-//! - [`AnyStore`]: a store chosen at run time, behind the shared traits.
+//! - [`AnyStore`]: a store chosen at run time, behind the shared traits, and
+//!   [`AnyTx`], the connection its atomic effects get.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! use idem::{Fingerprint, IdempotencyKey, Outcome, Scope, SqliteStore};
+//! use idem::{AtomicStore, Fingerprint, IdempotencyKey, Outcome, Scope, SqliteStore};
 //! let dir = tempfile::tempdir()?;
 //! let store = SqliteStore::open(dir.path().join("idem.db")).await?;
 //! let (scope, key) = (Scope::new("payments")?, IdempotencyKey::new("pay-1")?);
 //! let applied = store
-//!     .apply(&scope, &key, Fingerprint::of_bytes(b"10 EUR"), |tx| {
+//!     .apply(&scope, &key, Fingerprint::of_bytes(b"10 EUR"), async |tx| -> idem::rusqlite::Result<Outcome> {
 //!         tx.execute_batch("CREATE TABLE IF NOT EXISTS t (x INTEGER); INSERT INTO t VALUES (1);")?;
-//!         Ok::<_, idem::sqlite::rusqlite::Error>(Outcome::success("paid"))
+//!         Ok(Outcome::success("paid"))
 //!     })
 //!     .await?;
 //! assert!(!applied.is_replay());
@@ -31,12 +32,12 @@
 mod any;
 mod location;
 
-pub use any::AnyStore;
+pub use any::{AnyConnection, AnyStore, AnyTx};
 pub use idem_core::*;
 pub use location::{LocationError, StoreLocation};
 
 #[cfg(feature = "sqlite")]
-pub use idem_sqlite::{self as sqlite, SqliteStore};
+pub use idem_sqlite::{self as sqlite, SqliteStore, rusqlite};
 
 #[cfg(feature = "postgres")]
-pub use idem_postgres::{self as postgres, PgStore};
+pub use idem_postgres::{self as postgres, PgStore, sqlx};

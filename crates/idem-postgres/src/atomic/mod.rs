@@ -5,7 +5,7 @@
 //!
 //! One pooled connection serves the whole apply:
 //!
-//! 1. the fast path ([`PgStore::peek`]), a prepared `SELECT` outside any
+//! 1. the fast path (`PgStore::peek`), a prepared `SELECT` outside any
 //!    transaction, answers a replay or a refusal on its own;
 //! 2. otherwise `BEGIN ISOLATION LEVEL READ COMMITTED`, through sqlx, so the
 //!    effect gets a transaction sqlx knows about;
@@ -26,7 +26,7 @@
 //!
 //! # Claim first
 //!
-//! [`PgStore::apply_claim_first`] is for operations that are most likely new,
+//! `apply_claim_first` is for operations that are most likely new,
 //! such as a broker's first delivery. It skips step 1, and folds steps 2 and 3
 //! into one query, `BEGIN ...; EXECUTE idem_claim_v1(..)`, sent with sqlx's
 //! `begin_with` so sqlx still knows about the transaction. sqlx discards a
@@ -83,53 +83,27 @@ mod locked;
 use std::panic::AssertUnwindSafe;
 
 use futures::FutureExt;
-use futures::future::BoxFuture;
 use idem_core::{
-    Applied, ApplyError, Error, FencingToken, Fingerprint, IdempotencyKey, Outcome, Scope,
+    Applied, ApplyError, AtomicEffect, AtomicStore, BatchApplied, Claim, Error, FencingToken,
+    Fingerprint, IdempotencyKey, Operation, Outcome, Plan, Scope, TxCall,
 };
 use sqlx::pool::PoolConnection;
 use sqlx::{PgConnection, Postgres, Transaction};
 
 use self::locked::NotCommitted;
-use crate::decision::{Next, Plan};
+use crate::decision::Next;
 use crate::lock;
 use crate::store::PgStore;
 
-impl PgStore {
-    /// Applies `effect` once for `(scope, key)`: runs it in the store's
-    /// transaction and commits it with the record, or replays the stored outcome.
-    ///
-    /// Refuses with `KeyReuse` (the key was used with another payload) or
-    /// `InFlight` (another call holds the key right now; never waits for it). An
-    /// effect error rolls back its writes and the claim, and comes back as
-    /// [`ApplyError::Effect`]; the next retry runs the effect again.
-    ///
-    /// The effect's connection is inside the store's sqlx transaction: a
-    /// `begin()` on it opens a savepoint, and nothing it writes commits
-    /// before the record does.
-    ///
-    /// ```no_run
-    /// # async fn demo(store: idem_postgres::PgStore) -> Result<(), Box<dyn std::error::Error>> {
-    /// use futures::FutureExt;
-    /// use idem_core::{Fingerprint, IdempotencyKey, Outcome, Scope};
-    ///
-    /// let scope = Scope::new("payments")?;
-    /// let key = IdempotencyKey::new("order-42")?;
-    /// let applied = store
-    ///     .apply(&scope, &key, Fingerprint::of_bytes(b"debit 10"), |conn| {
-    ///         async move {
-    ///             sqlx::query("UPDATE accounts SET balance = balance - 10 WHERE id = 1")
-    ///                 .execute(&mut *conn)
-    ///                 .await?;
-    ///             Ok::<_, sqlx::Error>(Outcome::success("debited"))
-    ///         }
-    ///         .boxed()
-    ///     })
-    ///     .await?;
-    /// assert_eq!(applied.outcome().body, b"debited");
-    /// # Ok(()) }
-    /// ```
-    pub async fn apply<F, E>(
+/// Atomic mode on PostgreSQL: the effect gets the connection of the store's
+/// transaction (a `begin()` on it opens a savepoint), and nothing it writes
+/// commits before the record does. See the module docs for the round trips.
+impl AtomicStore for PgStore {
+    type Tx = PgConnection;
+
+    /// Looks for a stored outcome first (one round trip answers a replay),
+    /// then locks and claims the key.
+    async fn apply<F, E>(
         &self,
         scope: &Scope,
         key: &IdempotencyKey,
@@ -137,26 +111,19 @@ impl PgStore {
         effect: F,
     ) -> Result<Applied, ApplyError<E>>
     where
-        F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<Outcome, E>> + Send,
-        E: Send,
+        F: AtomicEffect<PgConnection, Outcome, E>,
+        E: Send + 'static,
     {
         self.apply_from(First::Replay, scope, key, fingerprint, effect)
             .await
     }
 
-    /// [`apply`](Self::apply) for an operation that is most likely new, such
-    /// as a broker's first delivery of a message: claims the key before
-    /// looking for a stored outcome. Same answers, same guarantees; only the
-    /// cost differs.
-    ///
-    /// A new key costs two round trips less than with `apply`: no read-only
-    /// look-up first (the lock and the check that the key has no record go
-    /// with `BEGIN`), and no ping of the pooled connection (a claim that finds
-    /// it closed is sent again on a checked one). A duplicate costs two more
-    /// than with `apply` (the refused claim and its rollback, then `apply`'s
-    /// path), so use `apply` where replays are common, as behind an HTTP
-    /// endpoint whose clients retry.
-    pub async fn apply_claim_first<F, E>(
+    /// Claims the key with `BEGIN` before looking for a stored outcome. A new
+    /// key costs two round trips less than with `apply` (no look-up first, no
+    /// ping of the pooled connection: a claim that finds it closed is sent
+    /// again on a checked one). A duplicate costs two more (the refused claim
+    /// and its rollback, then `apply`'s path).
+    async fn apply_claim_first<F, E>(
         &self,
         scope: &Scope,
         key: &IdempotencyKey,
@@ -164,13 +131,58 @@ impl PgStore {
         effect: F,
     ) -> Result<Applied, ApplyError<E>>
     where
-        F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<Outcome, E>> + Send,
-        E: Send,
+        F: AtomicEffect<PgConnection, Outcome, E>,
+        E: Send + 'static,
     {
         self.apply_from(First::Claim, scope, key, fingerprint, effect)
             .await
     }
 
+    async fn apply_batch<G, F, E>(&self, ops: &[Operation], effect_for: G) -> BatchApplied<E>
+    where
+        G: FnMut(usize) -> F + Send + 'static,
+        F: AtomicEffect<PgConnection, Outcome, E>,
+        E: Send + 'static,
+    {
+        self.apply_all(ops, effect_for).await
+    }
+
+    async fn complete_with<F, E>(&self, claim: &Claim, effect: F) -> Result<Outcome, ApplyError<E>>
+    where
+        F: AtomicEffect<PgConnection, Outcome, E>,
+        E: Send + 'static,
+    {
+        self.complete_in_transaction(claim, effect).await
+    }
+
+    async fn transaction<F, T, E>(&self, effect: F) -> Result<T, ApplyError<E>>
+    where
+        F: AtomicEffect<PgConnection, T, E>,
+        T: Send + 'static,
+        E: Send + 'static,
+    {
+        let mut tx = self.begin().await?;
+        let ran = AssertUnwindSafe(TxCall::call(effect, &mut *tx))
+            .catch_unwind()
+            .await;
+        match ran {
+            Ok(Ok(done)) => {
+                self.commit(tx).await?;
+                Ok(done)
+            }
+            Ok(Err(error)) => {
+                self.roll_back(tx).await;
+                Err(ApplyError::Effect(error))
+            }
+            Err(panic) => {
+                self.roll_back(tx).await;
+                std::panic::resume_unwind(panic);
+            }
+        }
+    }
+}
+
+impl PgStore {
     async fn apply_from<F, E>(
         &self,
         first: First,
@@ -180,8 +192,8 @@ impl PgStore {
         effect: F,
     ) -> Result<Applied, ApplyError<E>>
     where
-        F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<Outcome, E>> + Send,
-        E: Send,
+        F: AtomicEffect<PgConnection, Outcome, E>,
+        E: Send + 'static,
     {
         let mut conn = if first == First::Claim {
             // An idle connection as it is, without the pool's ping: the claim
@@ -196,7 +208,7 @@ impl PgStore {
                 let mut claiming = locked::Beginning::new(conn);
                 let error = match claiming.begin(locked::begin_and_claim(scope, key)).await {
                     Ok(tx) => {
-                        let plan = Plan::new(FencingToken::FIRST, now, self.settings());
+                        let plan = Plan::first(FencingToken::FIRST, now, self.settings());
                         return self
                             .run_and_commit(tx, plan, false, scope, key, fingerprint, effect)
                             .await;
@@ -279,12 +291,14 @@ impl PgStore {
         effect: F,
     ) -> Result<Applied, ApplyError<E>>
     where
-        F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<Outcome, E>> + Send,
-        E: Send,
+        F: AtomicEffect<PgConnection, Outcome, E>,
+        E: Send + 'static,
     {
         // A panicking effect is caught only to roll back before the panic goes
         // on: the key's lock is then free by the time the caller sees it.
-        let ran = AssertUnwindSafe(effect(&mut tx)).catch_unwind().await;
+        let ran = AssertUnwindSafe(TxCall::call(effect, &mut *tx))
+            .catch_unwind()
+            .await;
         let outcome = match ran {
             Ok(Ok(outcome)) => outcome,
             Ok(Err(error)) => {
@@ -296,7 +310,8 @@ impl PgStore {
                 std::panic::resume_unwind(panic);
             }
         };
-        let record = plan.settled(scope, key, fingerprint, outcome.clone(), self.clock().now());
+        let op = Operation::new(scope.clone(), key.clone(), fingerprint);
+        let record = plan.settled(&op, outcome.clone(), self.clock().now());
         match locked::write_and_commit(&mut tx, &record, replaces).await {
             // Committed; dropping `tx` closes the empty transaction the query
             // left open (see `write_and_commit`).
