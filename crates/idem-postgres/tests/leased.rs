@@ -67,11 +67,12 @@ async fn claim_complete_then_replay() {
     assert_eq!(record.lease_until, None);
 
     // The generic leased apply sees the replay too and runs nothing.
-    let applied = store.apply_leased(&scope(), &key("user-7"), fp(), |_| async {
-        Err::<Outcome, &str>("must not run")
-    })
-    .await
-    .unwrap();
+    let applied = store
+        .apply_leased(&scope(), &key("user-7"), fp(), |_| async {
+            Err::<Outcome, &str>("must not run")
+        })
+        .await
+        .unwrap();
     assert_eq!(applied, Applied::Replayed(sent));
 }
 

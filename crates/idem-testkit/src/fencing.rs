@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use idem_core::{Applied, Clock, Error, FenceStore, FencingToken, GuardOrdering, Resource};
 
-use crate::conformance::op;
-use crate::harness::{Harness, set_outcome, stale_outcome};
+use crate::harness::{Harness, op, set_outcome, stale_outcome};
 
 const TTL: Duration = Duration::from_secs(30);
 

@@ -17,8 +17,10 @@
 //!             AnyConnection::Sqlite(conn) => {
 //!                 conn.execute_batch("CREATE TABLE IF NOT EXISTS paid (n INTEGER); INSERT INTO paid VALUES (10);")?;
 //!             }
-//!             // with the `postgres` feature: AnyConnection::Postgres(conn) => sqlx on `conn`
-//!             _ => return Err("this effect is written for SQLite only".into()),
+//!             #[cfg(feature = "postgres")]
+//!             AnyConnection::Postgres(conn) => {
+//!                 idem::sqlx::raw_sql("INSERT INTO paid VALUES (10)").execute(conn).await?;
+//!             }
 //!         }
 //!         Ok(Outcome::success("paid"))
 //!     })
@@ -126,6 +128,10 @@ impl LeaseStore for AnyStore {
 }
 
 impl RecordStore for AnyStore {
+    fn settings(&self) -> &Settings {
+        each_store!(self, s => RecordStore::settings(s))
+    }
+
     async fn migrate(&self) -> Result<(), Error> {
         each_store!(self, s => s.migrate().await)
     }
@@ -156,8 +162,10 @@ pub trait AnyTx: Send {
 
 /// The connection behind a [`AnyTx`], to write the effect's SQL for its
 /// database.
+///
+/// Its variants follow the crate's store features, so a `match` naming both
+/// compiles where both stores are built in.
 #[derive(Debug)]
-#[non_exhaustive]
 pub enum AnyConnection<'c> {
     /// The embedded store's writer connection, inside `BEGIN IMMEDIATE`.
     #[cfg(feature = "sqlite")]

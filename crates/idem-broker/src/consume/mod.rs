@@ -17,7 +17,7 @@
 //! - `source`: [`Source`], a broker chosen by URL, and [`AnyTransport`];
 //! - `message`: [`Message`], broker-neutral, and [`KeyedMessage`];
 //! - `key`: [`KeyRule`], where keys come from and what to do without one;
-//! - `apply`: [`Apply`] / [`ApplyBatch`], and the atomic effects [`SqliteApply`], [`PgApply`];
+//! - `apply`: [`Apply`] / [`ApplyBatch`], and [`AtomicApply`], a message's effect in any store's transaction;
 //! - `attempts`: failed attempts counted in the store, [`ConsumerStore`];
 //! - `config`: [`ConsumerConfig`] with the defaults;
 //! - `runtime`: [`Consumer`] and the single-message path;
@@ -38,7 +38,7 @@ mod stats;
 mod transport;
 
 pub use amqp::{AmqpSettle, AmqpTransport};
-pub use apply::{Apply, ApplyBatch, BatchAnswer, PgApply, SqliteApply};
+pub use apply::{Apply, ApplyBatch, AtomicApply, BatchAnswer};
 pub use attempts::{Attempts, ConsumerStore, Failures};
 pub use config::{
     Checkpoint, ConsumerConfig, DEFAULT_BATCH, DEFAULT_BATCHES_AT_ONCE, DEFAULT_CONCURRENCY,

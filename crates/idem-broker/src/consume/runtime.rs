@@ -72,12 +72,12 @@ pub enum ConsumeError {
 /// ```no_run
 /// # async fn demo(store: idem::SqliteStore) -> Result<(), Box<dyn std::error::Error>> {
 /// use idem::{Outcome, Scope};
-/// use idem_broker::consume::{AmqpTransport, Consumer, ConsumerConfig, SqliteApply};
+/// use idem_broker::consume::{AmqpTransport, AtomicApply, Consumer, ConsumerConfig};
 ///
 /// let transport = AmqpTransport::connect("amqp://127.0.0.1:5672/%2f", "payments", 32).await?;
-/// let effect = SqliteApply::new(store, |tx, message| {
+/// let effect = AtomicApply::new(store, |message| async move |tx| -> idem::rusqlite::Result<Outcome> {
 ///     tx.execute("INSERT INTO ledger (key) VALUES (?1)", [message.key.as_str()])?;
-///     Ok::<_, idem::sqlite::rusqlite::Error>(Outcome::success("recorded"))
+///     Ok(Outcome::success("recorded"))
 /// });
 /// let consumer = Consumer::new(transport, effect, ConsumerConfig::new(Scope::new("ledger")?));
 /// consumer.run(std::future::pending::<()>()).await?; // or a shutdown signal
