@@ -46,14 +46,15 @@
 //! - Times are the application's [`Clock`](idem_core::Clock), passed as
 //!   parameters; the database's `now()` is never used.
 //!
-//! # Differences from the agreed API
+//! # Connecting
 //!
-//! None in names or signatures. Additions: [`PgStoreBuilder::acquire_timeout`]
-//! (default 5 s; sqlx's own default is 30 s) and the constants
-//! [`DEFAULT_MAX_CONNECTIONS`] and [`DEFAULT_ACQUIRE_TIMEOUT`].
-//! [`PgStoreBuilder::connect`] opens one connection first (no retries), so an
-//! unreachable server is reported at once with its real cause; the pool itself
-//! opens connections lazily.
+//! [`PgStoreBuilder::connect`] opens one connection first, without retries, so
+//! an unreachable server is reported at once with its real cause; the pool then
+//! opens the others as they are needed, up to [`DEFAULT_MAX_CONNECTIONS`] (16)
+//! unless [`PgStoreBuilder::max_connections`] says otherwise. An operation waits
+//! at most [`DEFAULT_ACQUIRE_TIMEOUT`] (5 s, where sqlx's own default is 30 s)
+//! for a pooled connection before it fails as unavailable;
+//! [`PgStoreBuilder::acquire_timeout`] changes the wait.
 //!
 //! # Example
 //!

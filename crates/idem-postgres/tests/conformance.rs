@@ -117,7 +117,9 @@ impl<const CLAIM_FIRST: bool> Harness for Postgres<CLAIM_FIRST> {
             .execute(&mut *tx)
             .await
             .unwrap();
-        Self::add(tx, &format!("writes:{register}"), 1).await.unwrap();
+        Self::add(tx, &format!("writes:{register}"), 1)
+            .await
+            .unwrap();
         Ok(())
     }
 
@@ -129,7 +131,10 @@ impl<const CLAIM_FIRST: bool> Harness for Postgres<CLAIM_FIRST> {
             .map_err(|e| e.to_string())
     }
 
-    async fn read_register(tx: &mut PgConnection, register: &str) -> Result<(i64, i64, i64), String> {
+    async fn read_register(
+        tx: &mut PgConnection,
+        register: &str,
+    ) -> Result<(i64, i64, i64), String> {
         sqlx::query_as("SELECT value, version, fence FROM registers WHERE name = $1")
             .bind(register)
             .fetch_one(tx)

@@ -1,6 +1,8 @@
-//! The store conformance suite: every row of the protocol table and the
-//! properties every store must have, written once and run against every store through
-//! [`Harness`]. Each case checks real data — counters updated by the effects,
+//! The store conformance suite: every row of the decision table in
+//! [`idem_core::protocol`] and the guarantees built on it (one application per
+//! key however many callers race, the stored outcome replayed, a reused key
+//! refused, a stale worker fenced, retention swept in bounded steps), written
+//! once and run against every store through [`Harness`]. Each case checks real data — counters updated by the effects,
 //! stored records — not logs.
 //!
 //! Use [`conformance_suite!`](crate::conformance_suite) in a store's tests.

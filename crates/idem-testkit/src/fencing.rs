@@ -1,4 +1,4 @@
-//! Conformance cases for fencing tokens and guarded writes (SPEC §7),
+//! Conformance cases for fencing tokens and guarded writes ([`FenceStore`]),
 //! reproducing the two failures dedupe alone cannot stop: the zombie that wakes
 //! after a pause, and messages that arrive out of order.
 

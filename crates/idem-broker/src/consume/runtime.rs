@@ -178,8 +178,9 @@ impl<T: Transport, A: Apply> Consumer<T, A> {
     }
 }
 
-/// Checks the windows (SPEC §5: a dedupe window shorter than the producer's
-/// retry horizon is a configuration error at start-up), creates the
+/// Checks the windows (a dedupe window shorter than the producer's retry
+/// horizon would let a late retry through as a new message, so it is refused
+/// at start-up), creates the
 /// failure-count table if needed and sweeps rows older than the dedupe window
 /// (7 days): a consumer's start is the table's upkeep.
 pub(crate) async fn prepare<A: Apply>(

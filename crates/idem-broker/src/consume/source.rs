@@ -6,6 +6,8 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+use idem::redact_url;
+
 use super::amqp::{AmqpSettle, AmqpTransport};
 use super::nats::{NatsOptions, NatsSettle, NatsTransport};
 use super::{Delivery, Route, Settle, Transport, TransportError};
@@ -53,7 +55,7 @@ impl FromStr for Source {
     /// ```
     fn from_str(text: &str) -> Result<Self, InvalidSource> {
         let invalid = |why: &str| InvalidSource {
-            url: without_password(text),
+            url: redact_url(text),
             why: why.to_owned(),
         };
         let parsed = url::Url::parse(text).map_err(|e| invalid(&e.to_string()))?;
@@ -116,12 +118,12 @@ fn decode(segment: &str) -> String {
 impl fmt::Display for Source {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Amqp { url, queue } => write!(f, "{}/{queue}", without_password(url)),
+            Self::Amqp { url, queue } => write!(f, "{}/{queue}", redact_url(url)),
             Self::Nats {
                 url,
                 stream,
                 consumer,
-            } => write!(f, "{}/{stream}/{consumer}", without_password(url)),
+            } => write!(f, "{}/{stream}/{consumer}", redact_url(url)),
         }
     }
 }
@@ -260,17 +262,6 @@ impl Transport for AnyTransport {
     }
 }
 
-/// The URL with its password removed (for logs, origins and redrive targets).
-pub(crate) fn without_password(text: &str) -> String {
-    match url::Url::parse(text) {
-        Ok(mut parsed) if parsed.password().is_some() => {
-            let _ = parsed.set_password(None);
-            parsed.to_string()
-        }
-        _ => text.to_owned(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -285,7 +276,10 @@ mod tests {
                 queue: "orders".into()
             }
         );
-        assert_eq!(with_vhost.to_string(), "amqp://u@rabbit:5673/prod/orders");
+        assert_eq!(
+            with_vhost.to_string(),
+            "amqp://u:***@rabbit:5673/prod/orders"
+        );
         let err = "amqp://u:secret@rabbit/".parse::<Source>().unwrap_err();
         assert!(!err.to_string().contains("secret"), "{err}");
         assert!("nats://h/only-stream".parse::<Source>().is_err());

@@ -143,8 +143,8 @@ pub trait DeadLetters: Send + Sync {
     fn mark_redriven(&self, id: i64) -> impl Future<Output = Result<(), Error>> + Send;
 }
 
-/// How many dead letters wait, and since when: the DLQ depth and oldest age
-/// of SPEC §8.
+/// How many dead letters wait, and since when: the dead-letter queue's depth
+/// and oldest age, which [`observe_stats`] reports as gauges.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct DeadLetterStats {
     /// Letters not redriven yet.

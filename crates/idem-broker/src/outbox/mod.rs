@@ -201,7 +201,8 @@ pub struct Pending {
     pub created_at: Timestamp,
 }
 
-/// How far behind the outbox is: SPEC §8's outbox lag.
+/// How far behind the outbox is: the rows waiting and the oldest of them, which
+/// [`observe_stats`] reports as the outbox lag.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct OutboxStats {
     /// Rows waiting to be published.

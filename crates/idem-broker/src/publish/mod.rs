@@ -37,8 +37,6 @@ pub use self::error::{PublishError, PublishErrorKind, classify};
 pub use self::http::HttpPublisher;
 pub use self::nats::NatsPublisher;
 
-/// The header that carries the key on HTTP (and, as a copy, on AMQP).
-pub const IDEMPOTENCY_KEY_HEADER: &str = "Idempotency-Key";
 /// The header JetStream dedupes on.
 pub const NATS_MSG_ID_HEADER: &str = "Nats-Msg-Id";
 

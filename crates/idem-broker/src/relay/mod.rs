@@ -47,7 +47,7 @@ use crate::publish::Destination;
 pub use self::pass::Pass;
 use self::publishers::Publishers;
 
-/// Attempts before a row is dead-lettered (SPEC §10).
+/// Attempts before a row is dead-lettered: 5.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
 /// How long a claim protects a row from other relays.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -58,7 +58,8 @@ pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// How long sent rows and dead letters are kept.
 pub const DEFAULT_RETENTION: Duration = idem_core::DEFAULT_RETENTION;
 
-/// How a relay works. `RelayConfig::default()` follows SPEC §10.
+/// How a relay works. `RelayConfig::default()` uses the `DEFAULT_*` constants
+/// of this module and the defaults given on each field.
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
     /// Where rows enqueued with [`Route::Default`](crate::outbox::Route::Default)
