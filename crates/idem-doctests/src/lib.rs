@@ -10,6 +10,9 @@
 //! `cargo test -p idem-doctests --doc` runs them all; `scripts/test.sh` runs
 //! them with the rest of the workspace's doc tests.
 #![forbid(unsafe_code)]
+// An example that warns (an unused import, a needless `mut`) fails: the book
+// shows the code as it is compiled.
+#![doc(test(attr(deny(warnings))))]
 
 /// Includes a Markdown file as the documentation of a unit struct that exists
 /// only when rustdoc collects doc tests.
