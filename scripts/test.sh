@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: services checked (and started or
 # installed when missing), every crate's tests against the real servers, doc
-# tests, and the test runner's summary line at the end.
+# tests (the README's and the book's examples among them), the book's build,
+# and the test runner's summary line at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,4 +17,15 @@ if ! cargo nextest --version >/dev/null 2>&1; then
 fi
 
 cargo test --workspace --doc
+
+# The book in docs/ (its Rust examples are doc tests of idem-doctests, run
+# above). mdbook is installed from crates.io once; later runs reuse it.
+# `cargo install` puts it in Cargo's bin directory, which may not be on PATH.
+mdbook="$(command -v mdbook || echo "${CARGO_HOME:-$HOME/.cargo}/bin/mdbook")"
+if ! "$mdbook" --version >/dev/null 2>&1; then
+  echo "[test] mdbook not found; installing it from crates.io" >&2
+  cargo install --locked mdbook >&2
+fi
+"$mdbook" build docs
+
 cargo nextest run --workspace --all-targets --no-fail-fast

@@ -7,8 +7,8 @@
 
 use anyhow::Context;
 use idem::{
-    AnyStore, Applied, ApplyError, BatchApplied, Fingerprint, IdempotencyKey, Operation, Scope,
-    StoreLocation,
+    AnyStore, Applied, ApplyError, AtomicEffect, BatchApplied, Fingerprint, IdempotencyKey,
+    Operation, Outcome, Scope, StoreLocation,
 };
 use serde_json::json;
 
@@ -92,10 +92,7 @@ impl<S: Ledger> Bank<S> {
 
     /// The debit in its own transaction, with no dedupe at all.
     pub async fn debit_bare(&self, p: &Payment) -> anyhow::Result<()> {
-        let p = p.clone();
-        self.store
-            .transaction(async move |tx| S::debit(tx, &p).await.map(drop))
-            .await?;
+        self.store.transaction(debit::<S>(p)).await?;
         Ok(())
     }
 
@@ -115,7 +112,9 @@ impl<S: Ledger> Bank<S> {
 
     /// The debit through Idem's atomic apply: once per key.
     pub async fn debit_once(&self, p: &Payment) -> Result<Applied, ApplyError<DebitError>> {
-        self.debit_once_as(&p.operation(), p, false).await
+        self.store
+            .apply(&scope(), &p.id, p.fingerprint(), debit::<S>(p))
+            .await
     }
 
     /// The debit through the claim-first atomic apply, for keys most likely
@@ -127,47 +126,19 @@ impl<S: Ledger> Bank<S> {
         if !self.store.claims_first() {
             return None;
         }
-        Some(self.debit_once_as(&p.operation(), p, true).await)
-    }
-
-    /// The debit applied once under `op` (a consumer's scope, key and
-    /// fingerprint), claiming the key before looking for a stored outcome
-    /// when `claim_first`.
-    pub async fn debit_once_as(
-        &self,
-        op: &Operation,
-        p: &Payment,
-        claim_first: bool,
-    ) -> Result<Applied, ApplyError<DebitError>> {
-        let p = p.clone();
-        let debit = async move |tx: &mut S::Tx| S::debit(tx, &p).await;
-        let (scope, key, fingerprint) = (&op.scope, &op.key, op.fingerprint);
-        if claim_first {
-            self.store
-                .apply_claim_first(scope, key, fingerprint, debit)
-                .await
-        } else {
-            self.store.apply(scope, key, fingerprint, debit).await
-        }
+        let applied = self
+            .store
+            .apply_claim_first(&scope(), &p.id, p.fingerprint(), debit::<S>(p))
+            .await;
+        Some(applied)
     }
 
     /// A batch of debits in one transaction, each once per key.
     pub async fn debit_batch(&self, payments: &[Payment]) -> BatchApplied<DebitError> {
         let ops: Vec<Operation> = payments.iter().map(Payment::operation).collect();
-        self.debit_batch_as(&ops, payments.to_vec()).await
-    }
-
-    /// A batch of debits in one transaction, `payments[i]` once under `ops[i]`.
-    pub async fn debit_batch_as(
-        &self,
-        ops: &[Operation],
-        payments: Vec<Payment>,
-    ) -> BatchApplied<DebitError> {
+        let payments = payments.to_vec();
         self.store
-            .apply_batch(ops, move |i| {
-                let p = payments[i].clone();
-                async move |tx: &mut S::Tx| S::debit(tx, &p).await
-            })
+            .apply_batch(&ops, move |i| debit::<S>(&payments[i]))
             .await
     }
 
@@ -178,6 +149,12 @@ impl<S: Ledger> Bank<S> {
             .await
             .context("cannot read the ledger")
     }
+}
+
+/// The debit of `p` as an effect, for any of the store's transactions.
+fn debit<S: Ledger>(p: &Payment) -> impl AtomicEffect<S::Tx, Outcome, DebitError> + use<S> {
+    let p = p.clone();
+    async move |tx: &mut S::Tx| S::debit(tx, &p).await
 }
 
 #[cfg(test)]

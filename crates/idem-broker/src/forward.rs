@@ -30,7 +30,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use idem_core::{Applied, ApplyError, Error, Outcome};
+use idem_core::{Applied, ApplyError, Error, Outcome, error_chain};
 use idem_retry::{HttpPolicy, IDEMPOTENCY_KEY, Verdict, key_header_value};
 
 use crate::consume::{
@@ -249,15 +249,4 @@ fn excerpt(body: &[u8]) -> String {
         cut.push('…');
     }
     cut
-}
-
-fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }

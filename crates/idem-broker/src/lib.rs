@@ -2,34 +2,38 @@
 //! transactional outbox whose relay publishes each message with its own key;
 //! dead letters that keep the key and can be redriven.
 //!
+//! The tables (outbox, dead letters, consumers' failed attempts) are the
+//! stores': their contracts are in `idem-core` ([`idem_core::OutboxStore`],
+//! [`idem_core::AtomicOutbox`], [`idem_core::DeadLetterStore`],
+//! [`idem_core::AttemptStore`]), their SQL and migrations in `idem-sqlite`
+//! and `idem-postgres`. This crate is written once over those contracts.
+//!
 //! Modules:
-//! - [`consume`]: the consumer runtime and its RabbitMQ and NATS JetStream adapters;
-//! - [`forward`]: the sidecar that delivers messages to an HTTP endpoint;
-//! - [`outbox`]: `enqueue(tx, destination, message)` inside the business transaction;
+//! - [`consume`]: the consumer runtime, and its RabbitMQ (feature `amqp`) and
+//!   NATS JetStream (feature `nats`) transports;
+//! - [`forward`]: the sidecar that delivers consumed messages to an HTTP
+//!   endpoint (feature `webhook`, and a transport);
+//! - [`outbox`]: [`Outbox::enqueue`](outbox::Outbox::enqueue) inside the business transaction;
 //! - [`relay`]: claims pending outbox rows and publishes them;
-//! - [`publish`]: publishers for RabbitMQ (confirms), NATS JetStream and HTTP webhooks;
-//! - [`dead_letter`]: the dead-letter table: record, list, show, redrive.
+//! - [`publish`]: publishers for RabbitMQ (confirms; `amqp`), NATS JetStream
+//!   (`nats`) and HTTP webhooks (`webhook`);
+//! - [`dead_letter`]: redrive, and the dead-letter types.
+//!
+//! Features: `amqp`, `nats` and `webhook`, all on by default. A destination
+//! or source whose feature is off is refused when connecting, with the
+//! feature to enable.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-/// Runs `$body` with `$store` bound to the concrete store inside an
-/// [`idem::AnyStore`].
-macro_rules! each_store {
-    ($self:ident, $store:ident => $body:expr) => {
-        match $self {
-            idem::AnyStore::Sqlite($store) => $body,
-            idem::AnyStore::Postgres($store) => $body,
-            #[allow(unreachable_patterns)]
-            _ => Err(crate::db::unsupported_store()),
-        }
-    };
-}
+#[cfg(not(any(feature = "amqp", feature = "nats", feature = "webhook")))]
+compile_error!(
+    "idem-broker publishes and consumes through at least one transport: enable the crate feature amqp, nats or webhook"
+);
 
 pub mod consume;
-mod db;
 pub mod dead_letter;
+#[cfg(all(feature = "webhook", any(feature = "amqp", feature = "nats")))]
 pub mod forward;
 pub mod outbox;
 pub mod publish;
 pub mod relay;
-mod schema;

@@ -13,7 +13,7 @@ consumer_tests!(Rabbit);
 async fn quorum_queue_delivery_count_dead_letters_after_five() {
     use consumer_support::{Bank, Broker, Running, SqliteBank, config};
     use idem_broker::consume::Consumer;
-    use idem_broker::dead_letter::DeadLetters;
+    use idem_broker::dead_letter::DeadLetterStore;
 
     let Some(broker) = Rabbit::declare("quorum").await else {
         return;
@@ -33,7 +33,11 @@ async fn quorum_queue_delivery_count_dead_letters_after_five() {
         .await;
     running.stop().await;
     assert_eq!(stats.requeued, 4, "{stats:?}");
-    let letters = bank.store().list(10, false).await.expect("list");
+    let letters = bank
+        .store()
+        .list_dead_letters(10, false)
+        .await
+        .expect("list");
     assert_eq!(letters.len(), 1);
     assert_eq!(letters[0].key.as_str(), "poison-q");
     assert_eq!(letters[0].attempts, 5);

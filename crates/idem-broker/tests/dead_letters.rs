@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem::{AnyStore, Clock, IdempotencyKey, ManualClock, Timestamp};
-use idem_broker::dead_letter::{self, DeadLetterUpkeep, DeadLetters, NewDeadLetter};
+use idem_broker::dead_letter::{self, DeadLetterStore, NewDeadLetter};
 use idem_broker::outbox::{self, OutboxStore, Route};
 use idem_broker::publish::Message;
 use idem_broker::relay::{Relay, RelayConfig};
@@ -48,17 +48,17 @@ async fn a_poison_message_is_dead_lettered_after_5_attempts_with_its_key_and_red
         "the row left the outbox"
     );
 
-    let letters = DeadLetters::list(&any, 10, false).await.unwrap();
+    let letters = any.list_dead_letters(10, false).await.unwrap();
     assert_eq!(letters.len(), 1);
     let letter = &letters[0];
     assert_eq!(letter.key.as_str(), "shipment-3/label");
     assert_eq!(letter.attempts, 5);
     assert_eq!(letter.origin, "relay");
-    assert_eq!(letter.destination, to);
+    assert_eq!(letter.destination, to.to_string());
     assert_eq!(letter.headers.get("tenant").map(String::as_str), Some("7"));
     assert!(letter.last_error.contains("500"), "{}", letter.last_error);
     assert_eq!(letter.redriven_at, None);
-    let stats = any.stats().await.unwrap();
+    let stats = any.dead_letter_stats().await.unwrap();
     assert_eq!((stats.waiting, stats.redriven), (1, 0));
 
     // Fixed: the redrive delivers it with the same key, once.
@@ -67,8 +67,8 @@ async fn a_poison_message_is_dead_lettered_after_5_attempts_with_its_key_and_red
     assert_eq!(redriven.key, letter.key);
     assert_eq!(hook.keys().get("shipment-3/label"), Some(&6));
     assert_eq!(hook.effects(), 1);
-    assert!(DeadLetters::list(&any, 10, false).await.unwrap().is_empty());
-    let again = DeadLetters::get(&any, letter.id).await.unwrap().unwrap();
+    assert!(any.list_dead_letters(10, false).await.unwrap().is_empty());
+    let again = any.get_dead_letter(letter.id).await.unwrap().unwrap();
     assert!(again.redriven_at.is_some());
     // A second redrive of the same letter is deduped by the receiver.
     dead_letter::redrive(&any, letter.id).await.unwrap();
@@ -91,7 +91,7 @@ async fn a_rejection_is_dead_lettered_at_once() {
         .await
         .unwrap();
     assert_eq!(pass.dead_lettered, 1, "{pass:?}");
-    let letter = &DeadLetters::list(&any, 10, false).await.unwrap()[0];
+    let letter = &any.list_dead_letters(10, false).await.unwrap()[0];
     assert_eq!(letter.attempts, 1);
     assert!(letter.last_error.contains("422"), "{}", letter.last_error);
 }
@@ -134,7 +134,7 @@ async fn dead_letters_on_postgres_record_list_mark_and_sweep() {
     let store = db.store(&clock).await;
     let letter = NewDeadLetter {
         origin: "consumer nats stream ORDERS".into(),
-        destination: "nats://127.0.0.1:4222/orders.created".parse().unwrap(),
+        destination: "nats://127.0.0.1:4222/orders.created".into(),
         key: IdempotencyKey::new("order-77").unwrap(),
         payload: vec![0, 159, 146, 150],
         headers: [("a".to_owned(), "b".to_owned())].into(),
@@ -142,11 +142,11 @@ async fn dead_letters_on_postgres_record_list_mark_and_sweep() {
         last_error: "handler: no such customer".into(),
         first_seen_at: Timestamp(1_000),
     };
-    let first = store.record(&letter).await.unwrap();
-    let second = store.record(&letter).await.unwrap();
+    let first = store.record_dead_letter(&letter).await.unwrap();
+    let second = store.record_dead_letter(&letter).await.unwrap();
     assert!(second > first);
 
-    let listed = DeadLetters::list(&store, 1, false).await.unwrap();
+    let listed = store.list_dead_letters(1, false).await.unwrap();
     assert_eq!(listed.len(), 1);
     let got = &listed[0];
     assert_eq!(got.id, first);
@@ -159,11 +159,11 @@ async fn dead_letters_on_postgres_record_list_mark_and_sweep() {
 
     store.mark_redriven(first).await.unwrap();
     assert!(store.mark_redriven(9_999).await.is_err());
-    assert_eq!(DeadLetters::list(&store, 10, false).await.unwrap().len(), 1);
-    assert_eq!(DeadLetters::list(&store, 10, true).await.unwrap().len(), 2);
-    let stats = store.stats().await.unwrap();
+    assert_eq!(store.list_dead_letters(10, false).await.unwrap().len(), 1);
+    assert_eq!(store.list_dead_letters(10, true).await.unwrap().len(), 2);
+    let stats = store.dead_letter_stats().await.unwrap();
     assert_eq!((stats.waiting, stats.redriven), (1, 1));
-    assert!(DeadLetters::get(&store, 12_345).await.unwrap().is_none());
+    assert!(store.get_dead_letter(12_345).await.unwrap().is_none());
 
     clock.advance(Duration::from_secs(8 * 24 * 3600));
     assert_eq!(
@@ -184,9 +184,9 @@ async fn a_nats_redrive_keeps_the_key_as_nats_msg_id() {
     let clock = ManualClock::starting_now();
     let (_dir, store) = sqlite(&clock).await;
     let id = store
-        .record(&NewDeadLetter {
+        .record_dead_letter(&NewDeadLetter {
             origin: "consumer".into(),
-            destination: Nats::destination(&subject),
+            destination: Nats::destination(&subject).to_string(),
             key: IdempotencyKey::new("payment-8/captured").unwrap(),
             payload: b"8".to_vec(),
             headers: Default::default(),
@@ -232,7 +232,7 @@ async fn a_message_that_keeps_crashing_relays_ends_in_the_dead_letters() {
         config.max_attempts,
         "the sixth claim did not publish"
     );
-    let letter = &DeadLetters::list(&any, 10, false).await.unwrap()[0];
+    let letter = &any.list_dead_letters(10, false).await.unwrap()[0];
     assert_eq!(letter.attempts, 5);
     assert!(
         letter

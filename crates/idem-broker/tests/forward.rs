@@ -15,7 +15,7 @@ use axum::routing::post;
 use consumer_support::{Broker, Jet, Rabbit, Running, config};
 use idem::SqliteStore;
 use idem_broker::consume::{Consumer, Source, SourceOptions};
-use idem_broker::dead_letter::DeadLetters;
+use idem_broker::dead_letter::DeadLetterStore;
 use idem_broker::forward::{ForwardConfig, HttpForward};
 use idem_http::{IdempotencyConfig, IdempotencyLayer};
 
@@ -133,7 +133,10 @@ async fn forward_scenario<B: Broker>(broker: B, source: Source) {
         "{stats:?}"
     );
     assert!(stats.requeued >= 1, "the 503 was retried: {stats:?}");
-    let letters = sidecar_store.list(10, false).await.expect("dead letters");
+    let letters = sidecar_store
+        .list_dead_letters(10, false)
+        .await
+        .expect("dead letters");
     assert_eq!(letters.len(), 1, "{letters:?}");
     assert_eq!(letters[0].key.as_str(), "order-3");
     assert_eq!(letters[0].payload, OTHER);

@@ -4,9 +4,8 @@
 
 mod outbox_support;
 
-use futures::FutureExt;
-use idem::{Fingerprint, IdempotencyKey, ManualClock, Outcome, Scope};
-use idem_broker::outbox::{self, Route, derive_key};
+use idem::{AnyConnection, AtomicStore, Fingerprint, IdempotencyKey, ManualClock, Outcome, Scope};
+use idem_broker::outbox::{self, Outbox, Route, derive_key};
 use idem_broker::publish::Message;
 use idem_broker::relay::{Relay, RelayConfig};
 use outbox_support::{Nats, PgDb, Rabbit, sqlite};
@@ -24,6 +23,7 @@ async fn sqlite_rolled_back_business_transaction_publishes_nothing() {
     let to = Nats::destination(&subject);
     let clock = ManualClock::starting_now();
     let (_dir, store) = sqlite(&clock).await;
+    let outbox = Outbox::of(&store);
 
     // Rolled back: the business row and the message go together.
     let (rolled, kept) = (
@@ -31,19 +31,28 @@ async fn sqlite_rolled_back_business_transaction_publishes_nothing() {
         message("order-2/created", "2"),
     );
     let to_in = to.clone();
+    let rolled_back = store
+        .transaction(async move |tx| -> Result<(), String> {
+            tx.execute_batch("CREATE TABLE orders (id INTEGER); INSERT INTO orders VALUES (1);")
+                .map_err(|e| e.to_string())?;
+            outbox
+                .enqueue(tx, &to_in, &rolled)
+                .await
+                .map_err(|e| e.to_string())?;
+            Err("changed my mind".to_owned())
+        })
+        .await;
+    assert!(rolled_back.is_err());
+    let to_in = to.clone();
     store
-        .with_connection(move |conn| {
-            let tx = conn.transaction().unwrap();
-            tx.execute_batch("CREATE TABLE orders (id INTEGER)")
-                .unwrap();
-            tx.execute("INSERT INTO orders VALUES (1)", []).unwrap();
-            outbox::sqlite::enqueue(&tx, &to_in, &rolled).unwrap();
-            tx.rollback().unwrap();
-            let tx = conn.transaction().unwrap();
+        .transaction(async move |tx| -> Result<(), String> {
             tx.execute_batch("CREATE TABLE orders (id INTEGER); INSERT INTO orders VALUES (2);")
-                .unwrap();
-            outbox::sqlite::enqueue(&tx, &to_in, &kept).unwrap();
-            tx.commit().unwrap();
+                .map_err(|e| e.to_string())?;
+            outbox
+                .enqueue(tx, &to_in, &kept)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(())
         })
         .await
         .unwrap();
@@ -55,10 +64,12 @@ async fn sqlite_rolled_back_business_transaction_publishes_nothing() {
             &Scope::new("orders").unwrap(),
             &IdempotencyKey::new("order-3").unwrap(),
             Fingerprint::of_bytes(b"3"),
-            move |tx| {
-                outbox::sqlite::enqueue(tx, &to_in, &message("order-3/created", "3"))
+            async move |tx| -> Result<Outcome, String> {
+                outbox
+                    .enqueue(tx, &to_in, &message("order-3/created", "3"))
+                    .await
                     .map_err(|e| e.to_string())?;
-                Err::<Outcome, _>("payment declined".to_owned())
+                Err("payment declined".to_owned())
             },
         )
         .await;
@@ -83,12 +94,12 @@ async fn postgres_rolled_back_business_transaction_publishes_nothing() {
     let to = Rabbit::destination(&queue);
     let clock = ManualClock::starting_now();
     let store = db.store(&clock).await;
-    outbox::migrate(&idem::AnyStore::Postgres(store.clone()))
-        .await
-        .unwrap();
+    let outbox = Outbox::of(&store);
 
-    let mut tx = store.pool().begin().await.unwrap();
-    outbox::postgres::enqueue(&mut tx, &to, &message("refund-1/issued", "1"))
+    // A transaction of the application's own, on the store's pool.
+    let mut tx = store.begin_transaction().await.unwrap();
+    outbox
+        .enqueue(&mut tx, &to, &message("refund-1/issued", "1"))
         .await
         .unwrap();
     tx.rollback().await.unwrap();
@@ -100,14 +111,12 @@ async fn postgres_rolled_back_business_transaction_publishes_nothing() {
             &Scope::new("refunds").unwrap(),
             &IdempotencyKey::new("refund-2").unwrap(),
             Fingerprint::of_bytes(b"2"),
-            move |conn| {
-                async move {
-                    outbox::postgres::enqueue(conn, &to_in, &message("refund-2/issued", "2"))
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    Err::<Outcome, _>("ledger closed".to_owned())
-                }
-                .boxed()
+            async move |conn| -> Result<Outcome, String> {
+                outbox
+                    .enqueue(conn, &to_in, &message("refund-2/issued", "2"))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Err("ledger closed".to_owned())
             },
         )
         .await;
@@ -128,6 +137,7 @@ async fn sqlite_apply_enqueue_and_relay_publish_once_with_message_id_equal_to_ke
     let to = Rabbit::destination(&queue);
     let clock = ManualClock::starting_now();
     let (_dir, store) = sqlite(&clock).await;
+    let outbox = Outbox::of(&store);
 
     // The HTTP request's key; the message key is derived from it, so every
     // retry of the request makes the same message.
@@ -137,16 +147,23 @@ async fn sqlite_apply_enqueue_and_relay_publish_once_with_message_id_equal_to_ke
         let to_in = to.clone();
         let request_in = request.clone();
         store
-            .apply(&scope, &request, Fingerprint::of_bytes(b"cart-9"), move |tx| {
-                tx.execute_batch(
-                    "CREATE TABLE IF NOT EXISTS orders (id INTEGER); INSERT INTO orders VALUES (9);",
-                )
-                .map_err(|e| e.to_string())?;
-                let key = derive_key(&request_in, "order-created").unwrap();
-                outbox::enqueue(tx, &to_in, &Message::new(key, b"order 9".to_vec()))
+            .apply(
+                &scope,
+                &request,
+                Fingerprint::of_bytes(b"cart-9"),
+                async move |tx| -> Result<Outcome, String> {
+                    tx.execute_batch(
+                        "CREATE TABLE IF NOT EXISTS orders (id INTEGER); INSERT INTO orders VALUES (9);",
+                    )
                     .map_err(|e| e.to_string())?;
-                Ok::<_, String>(Outcome::success("ordered"))
-            })
+                    let key = derive_key(&request_in, "order-created").unwrap();
+                    outbox
+                        .enqueue(tx, &to_in, &Message::new(key, b"order 9".to_vec()))
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    Ok(Outcome::success("ordered"))
+                },
+            )
             .await
             .unwrap();
     }
@@ -176,9 +193,8 @@ async fn postgres_enqueue_and_relay_publish_once_with_nats_msg_id_equal_to_key()
     let to = Nats::destination(&subject);
     let clock = ManualClock::starting_now();
     let store = db.store(&clock).await;
-    outbox::migrate(&idem::AnyStore::Postgres(store.clone()))
-        .await
-        .unwrap();
+    outbox::migrate(&store).await.unwrap();
+    let outbox = Outbox::of(&store);
 
     let scope = Scope::new("signup").unwrap();
     let request = IdempotencyKey::new("signup-42").unwrap();
@@ -190,14 +206,12 @@ async fn postgres_enqueue_and_relay_publish_once_with_nats_msg_id_equal_to_key()
                 &scope,
                 &request,
                 Fingerprint::of_bytes(b"u42"),
-                move |conn| {
-                    async move {
-                        outbox::enqueue(&mut *conn, &to_in, &Message::new(key, b"hi".to_vec()))
-                            .await
-                            .map_err(|e| e.to_string())?;
-                        Ok::<_, String>(Outcome::success("ok"))
-                    }
-                    .boxed()
+                async move |conn| -> Result<Outcome, String> {
+                    outbox
+                        .enqueue(conn, &to_in, &Message::new(key, b"hi".to_vec()))
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    Ok(Outcome::success("ok"))
                 },
             )
             .await
@@ -209,6 +223,57 @@ async fn postgres_enqueue_and_relay_publish_once_with_nats_msg_id_equal_to_key()
     let stored = nats.messages(&stream).await;
     assert_eq!(stored.len(), 1);
     assert_eq!(stored[0].msg_id.as_deref(), Some("signup-42/welcome"));
+}
+
+#[tokio::test]
+async fn an_any_store_enqueues_on_whichever_connection_it_has() {
+    let Some(db) = PgDb::new().await else { return };
+    let Some(nats) = Nats::new().await else {
+        return;
+    };
+    let (stream, subject) = nats.stream().await;
+    let to = Nats::destination(&subject);
+    let clock = ManualClock::starting_now();
+    let (_dir, sqlite_store) = sqlite(&clock).await;
+    let stores = [
+        idem::AnyStore::Sqlite(sqlite_store),
+        idem::AnyStore::Postgres(db.store(&clock).await),
+    ];
+    for (i, store) in stores.iter().enumerate() {
+        let outbox = Outbox::of(store);
+        let to_in = to.clone();
+        store
+            .transaction(async move |tx| -> Result<(), String> {
+                // The application's SQL per database, the enqueue once.
+                match tx.connection() {
+                    AnyConnection::Sqlite(conn) => conn
+                        .execute_batch("CREATE TABLE notes (n INTEGER)")
+                        .map_err(|e| e.to_string())?,
+                    AnyConnection::Postgres(conn) => {
+                        idem::sqlx::raw_sql("CREATE TABLE notes (n INTEGER)")
+                            .execute(conn)
+                            .await
+                            .map_err(|e| e.to_string())?;
+                    }
+                }
+                outbox
+                    .enqueue(tx, &to_in, &message(&format!("note-{i}"), "n"))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(())
+            })
+            .await
+            .unwrap();
+        let relay = Relay::new(store.clone(), RelayConfig::default());
+        assert_eq!(relay.drain().await.unwrap().sent, 1);
+    }
+    let ids: Vec<_> = nats
+        .messages(&stream)
+        .await
+        .into_iter()
+        .filter_map(|m| m.msg_id)
+        .collect();
+    assert_eq!(ids, ["note-0", "note-1"]);
 }
 
 #[tokio::test]

@@ -13,12 +13,14 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use idem::{
-    AnyStore, Fingerprint, IdempotencyKey, ManualClock, Outcome, RecordStore, Scope, SqliteStore,
+    AnyStore, AtomicStore, Fingerprint, IdempotencyKey, ManualClock, Outcome, RecordStore, Scope,
+    SqliteStore,
 };
-use idem_broker::outbox::{self, derive_key};
+use idem_broker::outbox::{Outbox, derive_key};
 use idem_broker::publish::Message;
 use idem_broker::relay::{FailPoint, Relay, RelayConfig};
-use idem_http::{IdempotencyConfig, KeyRequirement, StoredResponse, atomic};
+use idem_http::atomic::{self, AtomicRequest, HandlerResult};
+use idem_http::{IdempotencyConfig, KeyRequirement, StoredResponse};
 use outbox_support::{Rabbit, sqlite};
 
 async fn count(store: &SqliteStore, sql: &'static str) -> i64 {
@@ -42,13 +44,17 @@ async fn one_key_flows_from_http_through_the_outbox_and_broker_to_the_consumer()
     // Hop 1: the HTTP service. Its handler writes the order and enqueues the
     // event in the same transaction, keyed from the request's key.
     let config = IdempotencyConfig::default().require_key(KeyRequirement::Always);
-    let route = atomic::sqlite(store.clone(), config, move |tx, request| {
-        tx.execute_batch("CREATE TABLE IF NOT EXISTS orders (body BLOB)")?;
-        tx.execute("INSERT INTO orders VALUES (?1)", [request.body().as_ref()])?;
-        let key = derive_key(request.key().expect("required"), "order-created")?;
-        let message = Message::new(key, request.body().to_vec());
-        outbox::sqlite::enqueue(tx, &to, &message)?;
-        Ok(StoredResponse::text(StatusCode::CREATED, "ordered"))
+    let outbox = Outbox::of(&store);
+    let route = atomic::route(store.clone(), config, move |request: AtomicRequest| {
+        let to = to.clone();
+        async move |tx| -> HandlerResult {
+            tx.execute_batch("CREATE TABLE IF NOT EXISTS orders (body BLOB)")?;
+            tx.execute("INSERT INTO orders VALUES (?1)", [request.body().as_ref()])?;
+            let key = derive_key(request.key().expect("required"), "order-created")?;
+            let message = Message::new(key, request.body().to_vec());
+            outbox.enqueue(tx, &to, &message).await?;
+            Ok(StoredResponse::text(StatusCode::CREATED, "ordered"))
+        }
     });
     let app = axum::Router::new().route("/checkout", axum::routing::post_service(route));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -98,12 +104,17 @@ async fn one_key_flows_from_http_through_the_outbox_and_broker_to_the_consumer()
         let message_id = delivery.message_id.clone().expect("message_id");
         let key = IdempotencyKey::new(message_id).unwrap();
         let applied = consumer
-            .apply(&scope, &key, Fingerprint::of_bytes(&delivery.payload), |tx| {
-                tx.execute_batch(
-                    "CREATE TABLE IF NOT EXISTS shipments (n INTEGER); INSERT INTO shipments VALUES (1);",
-                )?;
-                Ok::<_, idem::sqlite::rusqlite::Error>(Outcome::success("shipped"))
-            })
+            .apply(
+                &scope,
+                &key,
+                Fingerprint::of_bytes(&delivery.payload),
+                async |tx| -> idem::rusqlite::Result<Outcome> {
+                    tx.execute_batch(
+                        "CREATE TABLE IF NOT EXISTS shipments (n INTEGER); INSERT INTO shipments VALUES (1);",
+                    )?;
+                    Ok(Outcome::success("shipped"))
+                },
+            )
             .await
             .unwrap();
         fresh += usize::from(!applied.is_replay());

@@ -8,8 +8,10 @@ mod outbox_support;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use idem::{AnyStore, Fingerprint, IdempotencyKey, ManualClock, Outcome, Scope, SqliteStore};
-use idem_broker::outbox::{self, OutboxStore, Route};
+use idem::{
+    AnyStore, AtomicStore, Fingerprint, IdempotencyKey, ManualClock, Outcome, Scope, SqliteStore,
+};
+use idem_broker::outbox::{self, Outbox, OutboxStore, Route};
 use idem_broker::publish::Message;
 use idem_broker::relay::{FailPoint, Relay, RelayConfig};
 use outbox_support::{Hook, Nats, PgDb, Rabbit, Received, sqlite};
@@ -74,11 +76,13 @@ async fn a_row_committed_late_with_a_smaller_id_is_still_sent() {
 
     // A takes the smaller id, B the larger; B commits first.
     let mut a = pg.pool().begin().await.unwrap();
-    let id_a = outbox::postgres::enqueue(&mut a, &to, &message("late-a"))
+    let id_a = Outbox::of(&pg)
+        .enqueue(&mut a, &to, &message("late-a"))
         .await
         .unwrap();
     let mut b = pg.pool().begin().await.unwrap();
-    let id_b = outbox::postgres::enqueue(&mut b, &to, &message("early-b"))
+    let id_b = Outbox::of(&pg)
+        .enqueue(&mut b, &to, &message("early-b"))
         .await
         .unwrap();
     assert!(id_a < id_b);
@@ -106,12 +110,17 @@ async fn consume(store: &SqliteStore, deliveries: &[Received]) -> (usize, usize)
     for delivery in deliveries {
         let key = IdempotencyKey::new(delivery.message_id.clone().expect("message_id")).unwrap();
         let result = store
-            .apply(&scope, &key, Fingerprint::of_bytes(&delivery.payload), |tx| {
-                tx.execute_batch(
-                    "CREATE TABLE IF NOT EXISTS sent_emails (n INTEGER); INSERT INTO sent_emails VALUES (1);",
-                )?;
-                Ok::<_, idem::sqlite::rusqlite::Error>(Outcome::success("sent"))
-            })
+            .apply(
+                &scope,
+                &key,
+                Fingerprint::of_bytes(&delivery.payload),
+                async |tx| -> idem::rusqlite::Result<Outcome> {
+                    tx.execute_batch(
+                        "CREATE TABLE IF NOT EXISTS sent_emails (n INTEGER); INSERT INTO sent_emails VALUES (1);",
+                    )?;
+                    Ok(Outcome::success("sent"))
+                },
+            )
             .await
             .unwrap();
         if result.is_replay() {

@@ -12,6 +12,11 @@ use std::str::FromStr;
 /// Longest key accepted, in bytes (all characters are ASCII).
 pub const MAX_KEY_LEN: usize = 255;
 
+/// The name of the header that carries the key: `Idempotency-Key`, as the IETF
+/// draft and Stripe write it. HTTP reads header names in any case; message
+/// headers (AMQP) are matched exactly, so this is the spelling written there.
+pub const IDEMPOTENCY_KEY_HEADER: &str = "Idempotency-Key";
+
 /// Why a key or scope was refused. Each variant names the rule that was broken.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

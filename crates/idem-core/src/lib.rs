@@ -7,7 +7,8 @@
 //! `idem-sqlite` (embedded, the default) and `idem-postgres`.
 //!
 //! Modules:
-//! - [`key`](crate::IdempotencyKey): validated keys and scopes;
+//! - [`key`](crate::IdempotencyKey): validated keys and scopes, and the name of
+//!   the header that carries a key ([`IDEMPOTENCY_KEY_HEADER`]);
 //! - [`fingerprint`](crate::Fingerprint): payload hashes (RFC 8785 JSON or raw bytes);
 //! - [`outcome`](crate::Outcome): the stored result replayed to duplicates;
 //! - [`record`](crate::Record): record states and fencing tokens;
@@ -17,18 +18,27 @@
 //! - [`clock`](crate::Clock): injectable time;
 //! - [`settings`](crate::Settings): lease and retention, with defaults;
 //! - [`fence`](crate::FenceStore): fencing tokens on named resources and guarded (versioned) writes;
+//! - [`outbox`](crate::OutboxStore): the transactional outbox, enqueued in the
+//!   business transaction ([`AtomicOutbox`]) and claimed by relays;
+//! - [`dead_letter`](crate::DeadLetterStore): messages given up on, kept with their key;
+//! - [`attempts`](crate::AttemptStore): failed attempts per message, for consumers;
 //! - [`error`](crate::Error): refusals and store failures;
+//! - [`error_chain`]: an error and its causes on one line, for messages and logs;
 //! - [`observe`]: metrics and logs for protocol events.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod atomic;
+mod attempts;
 mod clock;
+mod dead_letter;
 mod error;
+mod error_chain;
 mod fence;
 mod fingerprint;
 pub(crate) mod key;
 pub mod observe;
+mod outbox;
 mod outcome;
 pub mod protocol;
 mod record;
@@ -36,12 +46,16 @@ mod settings;
 mod store;
 
 pub use atomic::{AtomicEffect, AtomicStore, BatchApplied, TxCall};
+pub use attempts::{AttemptStore, Failures};
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock, Timestamp};
+pub use dead_letter::{DeadLetter, DeadLetterStats, DeadLetterStore, NewDeadLetter};
 pub use error::{ApplyError, Error, ErrorKind, StoreError};
+pub use error_chain::error_chain;
 pub use fence::{FenceStore, Guard, IdentifierError, Lease, Ordering as GuardOrdering, Resource};
 pub use fingerprint::{Fingerprint, FingerprintError};
-pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN, Scope};
-pub use outcome::{Outcome, OutcomeKind};
+pub use key::{IDEMPOTENCY_KEY_HEADER, IdempotencyKey, KeyError, MAX_KEY_LEN, Scope};
+pub use outbox::{AtomicOutbox, OutboxMessage, OutboxStats, OutboxStore, Pending, WakeUps};
+pub use outcome::{Outcome, OutcomeKind, UnknownOutcomeKind};
 pub use protocol::{Decision, Plan, decide};
 pub use record::{FencingToken, Record, RecordState, UnknownState};
 pub use settings::{DEFAULT_LEASE, DEFAULT_RETENTION, Settings};

@@ -130,6 +130,7 @@ pub struct Record {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::OutcomeKind;
 
     #[test]
     fn state_text_round_trips_and_unknown_text_is_named() {
@@ -138,6 +139,23 @@ mod tests {
         }
         let err = "done".parse::<RecordState>().unwrap_err();
         assert!(err.to_string().contains("\"done\""));
+    }
+
+    #[test]
+    fn each_kind_settles_a_record_in_its_state() {
+        assert_eq!(
+            RecordState::settled_by(OutcomeKind::Success),
+            RecordState::Completed
+        );
+        assert_eq!(
+            RecordState::settled_by(OutcomeKind::TerminalFailure),
+            RecordState::Failed
+        );
+        assert!(
+            OutcomeKind::ALL
+                .into_iter()
+                .all(|kind| RecordState::settled_by(kind).is_settled())
+        );
     }
 
     #[test]

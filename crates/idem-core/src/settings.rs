@@ -1,4 +1,5 @@
-//! The protocol's settings, with the defaults from the specification.
+//! The protocol's settings: how long a claim is protected and how long a
+//! record is kept, with their defaults.
 
 use std::time::Duration;
 

@@ -189,6 +189,10 @@ pub struct RecordFilter {
 
 /// Inspection, schema and retention, for operators and the `idem` command.
 pub trait RecordStore: Send + Sync {
+    /// Lease and retention: how long claims are protected and how long
+    /// records are kept (the dedupe window).
+    fn settings(&self) -> &crate::Settings;
+
     /// Creates or upgrades the schema. Safe to run again and from several
     /// processes at once.
     fn migrate(&self) -> impl Future<Output = Result<(), Error>> + Send;

@@ -20,8 +20,7 @@ use http::{HeaderMap, HeaderName};
 use idem::{IdempotencyKey, KeyError};
 use sfv::{BareItem, Item, Parser, Version};
 
-/// The request header carrying the key.
-pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+pub use idem_retry::IDEMPOTENCY_KEY;
 
 /// The response header set (to `true`) on every replayed response.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");

@@ -11,6 +11,9 @@
 
 use std::collections::HashMap;
 
+use std::panic::AssertUnwindSafe;
+
+use futures::FutureExt;
 use idem_core::{
     Applied, ApplyError, AtomicEffect, BatchApplied, IdempotencyKey, Operation, Outcome, Record,
     Scope, TxCall, decide, observe, protocol,
@@ -122,11 +125,20 @@ impl PgStore {
                     }
                 }
             };
-            let outcome = match TxCall::call(effect_for(i), &mut *tx).await {
-                Ok(outcome) => outcome,
-                Err(error) => {
+            // A panicking effect is rolled back before the panic goes on, so the
+            // key's lock is free by the time the caller sees it.
+            let ran = AssertUnwindSafe(TxCall::call(effect_for(i), &mut *tx))
+                .catch_unwind()
+                .await;
+            let outcome = match ran {
+                Ok(Ok(outcome)) => outcome,
+                Ok(Err(error)) => {
                     self.roll_back(tx).await;
                     return Err(ApplyError::Effect((i, error)));
+                }
+                Err(panic) => {
+                    self.roll_back(tx).await;
+                    std::panic::resume_unwind(panic);
                 }
             };
             let record = plan.settled(op, outcome.clone(), self.clock().now());

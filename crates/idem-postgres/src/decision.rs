@@ -18,9 +18,9 @@ use idem_core::{
 };
 use sqlx::postgres::{PgConnection, PgExecutor};
 
-use crate::store::PgStore;
 use crate::lock;
 use crate::records;
+use crate::store::PgStore;
 
 /// Reports a decision's protocol events: replays, refusals and takeovers.
 pub(crate) fn observed(
@@ -172,7 +172,8 @@ impl Next {
         match decision {
             Decision::Replay(outcome) => Next::Replay(outcome),
             decision => Next::Run(
-                Plan::of(&decision, found, now, settings).expect("claims and takeovers have a plan"),
+                Plan::of(&decision, found, now, settings)
+                    .expect("claims and takeovers have a plan"),
             ),
         }
     }

@@ -1,4 +1,5 @@
-//! Turns sqlx errors into Idem's [`StoreError`], in exactly one function.
+//! Turns sqlx errors into Idem's [`StoreError`], in exactly one function
+//! (public as [`map_error`]).
 //!
 //! Everything above this module decides on an [`ErrorKind`] (retry on
 //! `SerializationFailure`, `Busy` and `Unavailable`; give up on the rest) and never
@@ -20,7 +21,7 @@ pub(crate) struct Endpoint {
     /// `host:port`, or the Unix socket path.
     address: String,
     database: Option<String>,
-    user: String,
+    user: Option<String>,
     max_connections: u32,
     acquire_timeout: Duration,
 }
@@ -39,9 +40,21 @@ impl Endpoint {
         Self {
             address,
             database: options.get_database().map(str::to_owned),
-            user: options.get_username().to_owned(),
+            user: Some(options.get_username().to_owned()),
             max_connections,
             acquire_timeout,
+        }
+    }
+
+    /// A connection the caller handed in (the one of its transaction), whose
+    /// server this crate was not told about.
+    pub(crate) fn callers_connection() -> Self {
+        Self {
+            address: "the caller's connection".to_owned(),
+            database: None,
+            user: None,
+            max_connections: 1,
+            acquire_timeout: Duration::ZERO,
         }
     }
 
@@ -58,11 +71,13 @@ impl Endpoint {
 
 impl fmt::Display for Endpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} (", self.address)?;
-        if let Some(database) = &self.database {
-            write!(f, "database {database}, ")?;
+        f.write_str(&self.address)?;
+        match (&self.database, &self.user) {
+            (Some(database), Some(user)) => write!(f, " (database {database}, user {user})"),
+            (None, Some(user)) => write!(f, " (user {user})"),
+            (Some(database), None) => write!(f, " (database {database})"),
+            (None, None) => Ok(()),
         }
-        write!(f, "user {})", self.user)
     }
 }
 
@@ -76,6 +91,13 @@ impl fmt::Debug for Endpoint {
 pub(crate) fn store_error(error: sqlx::Error, at: &Endpoint) -> StoreError {
     let (kind, message) = classify(&error, at);
     StoreError::with_source(kind, message, error)
+}
+
+/// Maps a sqlx error met on `pool` (the store's, [`PgStore::pool`](crate::PgStore::pool))
+/// the way the store maps its own: for code outside this crate that runs its
+/// own SQL next to the store's and decides on the [`ErrorKind`].
+pub fn map_error(error: sqlx::Error, pool: &PgPool) -> idem_core::Error {
+    idem_core::Error::Store(store_error(error, &Endpoint::of_pool(pool)))
 }
 
 /// A row that sqlx read fine but that does not hold a valid record (an unknown
@@ -185,14 +207,12 @@ fn classify(error: &sqlx::Error, at: &Endpoint) -> (ErrorKind, String) {
         E::Decode(e) | E::ColumnDecode { source: e, .. } => (
             ErrorKind::Corrupt,
             format!(
-                "a row of idem_records could not be read: {e}; the table was changed by hand or by an incompatible version of idem"
+                "a row of an idem_* table could not be read: {e}; the table was changed by hand or by an incompatible version of idem"
             ),
         ),
         E::ColumnNotFound(_) | E::ColumnIndexOutOfBounds { .. } | E::TypeNotFound { .. } => (
             ErrorKind::Corrupt,
-            format!(
-                "the idem_records table does not have the expected shape ({error}); {RUN_MIGRATIONS}"
-            ),
+            format!("an idem_* table does not have the expected shape ({error}); {RUN_MIGRATIONS}"),
         ),
         E::Migrate(m) => match &**m {
             MigrateError::Execute(inner) | MigrateError::ExecuteMigration(inner, _) => {

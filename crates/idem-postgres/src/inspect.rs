@@ -11,6 +11,10 @@ use crate::records;
 use crate::store::PgStore;
 
 impl RecordStore for PgStore {
+    fn settings(&self) -> &idem_core::Settings {
+        PgStore::settings(self)
+    }
+
     async fn migrate(&self) -> Result<(), Error> {
         records::MIGRATOR
             .run(self.pool())

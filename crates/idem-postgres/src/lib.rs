@@ -23,7 +23,18 @@
 //! - `literal`: values written into SQL text, for the statements sent as simple queries;
 //! - `fences`: fencing-token leases ([`FenceStore`](idem_core::FenceStore)) and
 //!   [`PgStore::advance`], the guarded write on the application's own tables;
-//! - `error`: the one mapping of sqlx errors to [`ErrorKind`](idem_core::ErrorKind).
+//! - `outbox`: the transactional outbox (`idem_outbox`): the enqueue on the
+//!   caller's transaction and the relay's statements, and [`OutboxListener`],
+//!   its LISTEN/NOTIFY wake-ups;
+//! - `dead_letters`: dead letters (`idem_dead_letters`);
+//! - `attempts`: consumers' failed attempts (`idem_consumer_attempts`);
+//! - `headers`: message headers as the JSON text the outbox and dead letters keep;
+//! - `error`: the one mapping of sqlx errors to [`ErrorKind`](idem_core::ErrorKind),
+//!   public as [`map_error`] for code that runs its own SQL on the store's pool.
+//!
+//! Every table's migration is a file of `migrations/`, run by sqlx's migrator
+//! ([`RecordStore::migrate`](idem_core::RecordStore::migrate), or
+//! [`PgStoreBuilder::migrate`]).
 //!
 //! # How concurrent callers are kept apart
 //!
@@ -46,14 +57,15 @@
 //! - Times are the application's [`Clock`](idem_core::Clock), passed as
 //!   parameters; the database's `now()` is never used.
 //!
-//! # Differences from the agreed API
+//! # Connecting
 //!
-//! None in names or signatures. Additions: [`PgStoreBuilder::acquire_timeout`]
-//! (default 5 s; sqlx's own default is 30 s) and the constants
-//! [`DEFAULT_MAX_CONNECTIONS`] and [`DEFAULT_ACQUIRE_TIMEOUT`].
-//! [`PgStoreBuilder::connect`] opens one connection first (no retries), so an
-//! unreachable server is reported at once with its real cause; the pool itself
-//! opens connections lazily.
+//! [`PgStoreBuilder::connect`] opens one connection first, without retries, so
+//! an unreachable server is reported at once with its real cause; the pool then
+//! opens the others as they are needed, up to [`DEFAULT_MAX_CONNECTIONS`] (16)
+//! unless [`PgStoreBuilder::max_connections`] says otherwise. An operation waits
+//! at most [`DEFAULT_ACQUIRE_TIMEOUT`] (5 s, where sqlx's own default is 30 s)
+//! for a pooled connection before it fails as unavailable;
+//! [`PgStoreBuilder::acquire_timeout`] changes the wait.
 //!
 //! # Example
 //!
@@ -80,18 +92,24 @@
 #![warn(missing_docs)]
 
 mod atomic;
+mod attempts;
 mod batch;
+mod dead_letters;
 mod decision;
 mod error;
 mod fences;
+mod headers;
 mod inspect;
 mod leased;
 mod literal;
 mod lock;
+mod outbox;
 mod records;
 mod store;
 #[cfg(test)]
 mod testing;
 
+pub use error::map_error;
+pub use outbox::OutboxListener;
 pub use sqlx;
 pub use store::{DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, PgStore, PgStoreBuilder};

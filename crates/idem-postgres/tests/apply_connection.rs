@@ -8,11 +8,9 @@ mod common;
 use std::time::Duration;
 
 use common::TestDb;
-use futures::FutureExt;
-use futures::future::BoxFuture;
 use idem_core::{
-    Applied, ApplyError, Claimed, Clock, Error, ErrorKind, Fingerprint, IdempotencyKey, LeaseStore,
-    Outcome, OutcomeKind, RecordState, RecordStore, Scope, Settings,
+    Applied, ApplyError, AtomicEffect, AtomicStore, Claimed, Clock, Error, ErrorKind, Fingerprint,
+    IdempotencyKey, LeaseStore, Outcome, OutcomeKind, RecordState, RecordStore, Scope, Settings,
 };
 use idem_postgres::PgStore;
 use sqlx::postgres::PgPoolOptions;
@@ -39,54 +37,36 @@ const AWKWARD_KEYS: [&str; 6] = [
 ];
 
 /// Debits `amount` from account 1; the outcome is the new balance.
-fn debit(
-    amount: i64,
-) -> impl for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<Outcome, sqlx::Error>> + Send
-{
-    move |conn| {
-        async move {
-            let balance: i64 = sqlx::query_scalar(
-                "UPDATE accounts SET balance = balance - $1 WHERE id = 1 RETURNING balance",
-            )
-            .bind(amount)
-            .fetch_one(&mut *conn)
-            .await?;
-            Ok(Outcome::success(balance.to_string()))
-        }
-        .boxed()
+fn debit(amount: i64) -> impl AtomicEffect<PgConnection, Outcome, sqlx::Error> {
+    async move |conn: &mut PgConnection| -> sqlx::Result<Outcome> {
+        let balance: i64 = sqlx::query_scalar(
+            "UPDATE accounts SET balance = balance - $1 WHERE id = 1 RETURNING balance",
+        )
+        .bind(amount)
+        .fetch_one(&mut *conn)
+        .await?;
+        Ok(Outcome::success(balance.to_string()))
     }
 }
 
 /// Debits 1 from account 1; the outcome is `outcome`.
-fn pay_with(
-    outcome: Outcome,
-) -> impl for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<Outcome, sqlx::Error>> + Send
-{
-    move |conn| {
-        async move {
-            sqlx::query("UPDATE accounts SET balance = balance - 1 WHERE id = 1")
-                .execute(&mut *conn)
-                .await?;
-            Ok(outcome)
-        }
-        .boxed()
+fn pay_with(outcome: Outcome) -> impl AtomicEffect<PgConnection, Outcome, sqlx::Error> {
+    async move |conn: &mut PgConnection| -> sqlx::Result<Outcome> {
+        sqlx::query("UPDATE accounts SET balance = balance - 1 WHERE id = 1")
+            .execute(&mut *conn)
+            .await?;
+        Ok(outcome)
     }
 }
 
 /// Debits 10 from account 1, then runs `sql` behind the store's back.
-fn sneak_in(
-    sql: &'static str,
-) -> impl for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<Outcome, sqlx::Error>> + Send
-{
-    move |conn| {
-        async move {
-            sqlx::query("UPDATE accounts SET balance = balance - 10 WHERE id = 1")
-                .execute(&mut *conn)
-                .await?;
-            sqlx::query(sql).execute(&mut *conn).await?;
-            Ok(Outcome::success("sneaky"))
-        }
-        .boxed()
+fn sneak_in(sql: &'static str) -> impl AtomicEffect<PgConnection, Outcome, sqlx::Error> {
+    async move |conn: &mut PgConnection| -> sqlx::Result<Outcome> {
+        sqlx::query("UPDATE accounts SET balance = balance - 10 WHERE id = 1")
+            .execute(&mut *conn)
+            .await?;
+        sqlx::query(sql).execute(&mut *conn).await?;
+        Ok(Outcome::success("sneaky"))
     }
 }
 
@@ -194,8 +174,8 @@ async fn the_locked_read_decodes_whole_records() {
     let fp = Fingerprint::of_bytes(b"payload");
 
     let stored = store
-        .apply(&scope(), &key(expired), fp, |_| {
-            async { Ok::<_, sqlx::Error>(awkward_outcome()) }.boxed()
+        .apply(&scope(), &key(expired), fp, async |_| {
+            Ok::<_, sqlx::Error>(awkward_outcome())
         })
         .await
         .unwrap();
@@ -242,23 +222,20 @@ async fn nested_transactions_in_the_effect_are_savepoints() {
             &scope(),
             &key("nested"),
             Fingerprint::of_bytes(b"n"),
-            |conn| {
-                async move {
-                    assert!(conn.is_in_transaction());
-                    let mut undone = conn.begin().await?;
-                    sqlx::query("UPDATE accounts SET balance = balance - 50 WHERE id = 1")
-                        .execute(&mut *undone)
-                        .await?;
-                    undone.rollback().await?;
-                    let mut kept = conn.begin().await?;
-                    sqlx::query("UPDATE accounts SET balance = balance - 5 WHERE id = 1")
-                        .execute(&mut *kept)
-                        .await?;
-                    kept.commit().await?;
-                    assert!(conn.is_in_transaction());
-                    Ok::<_, sqlx::Error>(Outcome::success("nested"))
-                }
-                .boxed()
+            async |conn| {
+                assert!(conn.is_in_transaction());
+                let mut undone = conn.begin().await?;
+                sqlx::query("UPDATE accounts SET balance = balance - 50 WHERE id = 1")
+                    .execute(&mut *undone)
+                    .await?;
+                undone.rollback().await?;
+                let mut kept = conn.begin().await?;
+                sqlx::query("UPDATE accounts SET balance = balance - 5 WHERE id = 1")
+                    .execute(&mut *kept)
+                    .await?;
+                kept.commit().await?;
+                assert!(conn.is_in_transaction());
+                Ok::<_, sqlx::Error>(Outcome::success("nested"))
             },
         )
         .await
@@ -287,16 +264,13 @@ async fn a_panicking_effect_frees_the_key_at_once() {
                     &scope(),
                     &key("k"),
                     Fingerprint::of_bytes(b"debit 10"),
-                    |conn| {
-                        async move {
-                            sqlx::query("UPDATE accounts SET balance = balance - 10 WHERE id = 1")
-                                .execute(&mut *conn)
-                                .await?;
-                            panic!("the effect panics");
-                            #[allow(unreachable_code)]
-                            Ok::<_, sqlx::Error>(Outcome::empty())
-                        }
-                        .boxed()
+                    async |conn| {
+                        sqlx::query("UPDATE accounts SET balance = balance - 10 WHERE id = 1")
+                            .execute(&mut *conn)
+                            .await?;
+                        panic!("the effect panics");
+                        #[allow(unreachable_code)]
+                        Ok::<_, sqlx::Error>(Outcome::empty())
                     },
                 )
                 .await
@@ -332,16 +306,13 @@ async fn a_cancelled_apply_leaves_no_transaction_behind() {
                     &scope(),
                     &key("k"),
                     Fingerprint::of_bytes(b"debit 10"),
-                    |conn| {
-                        async move {
-                            sqlx::query("UPDATE accounts SET balance = balance - 10 WHERE id = 1")
-                                .execute(&mut *conn)
-                                .await?;
-                            entered_tx.send(()).unwrap();
-                            futures::future::pending::<()>().await;
-                            Ok::<_, sqlx::Error>(Outcome::empty())
-                        }
-                        .boxed()
+                    async move |conn| {
+                        sqlx::query("UPDATE accounts SET balance = balance - 10 WHERE id = 1")
+                            .execute(&mut *conn)
+                            .await?;
+                        entered_tx.send(()).unwrap();
+                        futures::future::pending::<()>().await;
+                        Ok::<_, sqlx::Error>(Outcome::empty())
                     },
                 )
                 .await

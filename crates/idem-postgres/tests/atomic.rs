@@ -3,12 +3,12 @@
 
 mod common;
 
+use std::sync::{Arc, Mutex};
+
 use common::TestDb;
-use futures::FutureExt;
-use futures::future::BoxFuture;
 use idem_core::{
-    Applied, ApplyError, Error, Fingerprint, IdempotencyKey, Operation, Outcome, RecordState,
-    RecordStore, Scope,
+    Applied, ApplyError, AtomicEffect, AtomicStore, Error, Fingerprint, IdempotencyKey, Operation,
+    Outcome, RecordState, RecordStore, Scope,
 };
 use idem_postgres::PgStore;
 use sqlx::PgConnection;
@@ -23,21 +23,15 @@ fn key(k: &str) -> IdempotencyKey {
 }
 
 /// Debits `amount` from account 1; the outcome is the new balance.
-fn debit(
-    amount: i64,
-) -> impl for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<Outcome, sqlx::Error>> + Send
-{
-    move |conn| {
-        async move {
-            let balance: i64 = sqlx::query_scalar(
-                "UPDATE accounts SET balance = balance - $1 WHERE id = 1 RETURNING balance",
-            )
-            .bind(amount)
-            .fetch_one(&mut *conn)
-            .await?;
-            Ok(Outcome::success(balance.to_string()).with_meta("currency", "EUR"))
-        }
-        .boxed()
+fn debit(amount: i64) -> impl AtomicEffect<PgConnection, Outcome, sqlx::Error> {
+    async move |conn: &mut PgConnection| -> sqlx::Result<Outcome> {
+        let balance: i64 = sqlx::query_scalar(
+            "UPDATE accounts SET balance = balance - $1 WHERE id = 1 RETURNING balance",
+        )
+        .bind(amount)
+        .fetch_one(&mut *conn)
+        .await?;
+        Ok(Outcome::success(balance.to_string()).with_meta("currency", "EUR"))
     }
 }
 
@@ -106,16 +100,13 @@ async fn concurrent_duplicate_is_answered_in_flight_while_the_first_runs() {
                     &scope(),
                     &key("order-1"),
                     Fingerprint::of_bytes(b"debit 10"),
-                    move |conn| {
-                        async move {
-                            sqlx::query("UPDATE accounts SET balance = balance - 10 WHERE id = 1")
-                                .execute(&mut *conn)
-                                .await?;
-                            entered_tx.send(()).unwrap();
-                            proceed_rx.await.unwrap();
-                            Ok::<_, sqlx::Error>(Outcome::success("first"))
-                        }
-                        .boxed()
+                    async move |conn| {
+                        sqlx::query("UPDATE accounts SET balance = balance - 10 WHERE id = 1")
+                            .execute(&mut *conn)
+                            .await?;
+                        entered_tx.send(()).unwrap();
+                        proceed_rx.await.unwrap();
+                        Ok::<_, sqlx::Error>(Outcome::success("first"))
                     },
                 )
                 .await
@@ -148,15 +139,12 @@ async fn effect_error_rolls_back_and_the_retry_runs_again() {
     let fp = Fingerprint::of_bytes(b"debit 10");
 
     let err = store
-        .apply(&scope(), &key("order-1"), fp, |conn| {
-            async move {
-                sqlx::query("UPDATE accounts SET balance = balance - 10 WHERE id = 1")
-                    .execute(&mut *conn)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                Err::<Outcome, _>("upstream said no".to_owned())
-            }
-            .boxed()
+        .apply(&scope(), &key("order-1"), fp, async |conn| {
+            sqlx::query("UPDATE accounts SET balance = balance - 10 WHERE id = 1")
+                .execute(&mut *conn)
+                .await
+                .map_err(|e| e.to_string())?;
+            Err::<Outcome, _>("upstream said no".to_owned())
         })
         .await
         .unwrap_err();
@@ -176,9 +164,10 @@ async fn effect_error_rolls_back_and_the_retry_runs_again() {
 }
 
 /// An effect that declines: a terminal failure, stored and replayed.
-fn decline()
--> impl for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<Outcome, sqlx::Error>> + Send {
-    |_| async { Ok(Outcome::terminal_failure("insufficient funds")) }.boxed()
+fn decline() -> impl AtomicEffect<PgConnection, Outcome, sqlx::Error> {
+    async |_: &mut PgConnection| -> sqlx::Result<Outcome> {
+        Ok(Outcome::terminal_failure("insufficient funds"))
+    }
 }
 
 #[tokio::test]
@@ -222,24 +211,27 @@ async fn batch_dedupes_against_stored_records_and_inside_itself() {
         op("c", "debit 3"),  // same key, other payload: key reuse
     ];
     let amounts = [10, 1, 1, 2, 3];
-    let mut ran = Vec::new();
+    // The indexes the factory was called for: the new operations only.
+    let ran = Arc::new(Mutex::new(Vec::new()));
     let results = store
-        .apply_batch(&ops, |conn, i| {
-            ran.push(i);
-            let amount = amounts[i];
-            async move {
-                sqlx::query("UPDATE accounts SET balance = balance - $1 WHERE id = 1")
-                    .bind(amount)
-                    .execute(&mut *conn)
-                    .await?;
-                Ok::<_, sqlx::Error>(Outcome::success(format!("op {i}")))
+        .apply_batch(&ops, {
+            let ran = Arc::clone(&ran);
+            move |i| {
+                ran.lock().unwrap().push(i);
+                let amount = amounts[i];
+                async move |conn: &mut PgConnection| {
+                    sqlx::query("UPDATE accounts SET balance = balance - $1 WHERE id = 1")
+                        .bind(amount)
+                        .execute(&mut *conn)
+                        .await?;
+                    Ok::<_, sqlx::Error>(Outcome::success(format!("op {i}")))
+                }
             }
-            .boxed()
         })
         .await
         .unwrap();
 
-    assert_eq!(ran, vec![1, 3]);
+    assert_eq!(*ran.lock().unwrap(), vec![1, 3]);
     assert_eq!(results.len(), 5);
     assert_eq!(results[0].as_ref().unwrap().outcome().body, b"90");
     assert!(results[0].as_ref().unwrap().is_replay());
@@ -261,8 +253,8 @@ async fn batch_dedupes_against_stored_records_and_inside_itself() {
 
     // The same batch again changes nothing.
     let again = store
-        .apply_batch(&ops, |_, i| {
-            async move { Err::<Outcome, String>(format!("op {i} ran twice")) }.boxed()
+        .apply_batch(&ops, |i| {
+            async move |_: &mut PgConnection| Err::<Outcome, String>(format!("op {i} ran twice"))
         })
         .await
         .unwrap();
@@ -278,8 +270,8 @@ async fn batch_effect_error_rolls_back_the_whole_batch() {
     let store = db.store().await;
     let ops = [op("x", "1"), op("y", "2")];
     let err = store
-        .apply_batch(&ops, |conn, i| {
-            async move {
+        .apply_batch(&ops, |i| {
+            async move |conn: &mut PgConnection| {
                 sqlx::query("UPDATE accounts SET balance = balance - 5 WHERE id = 1")
                     .execute(&mut *conn)
                     .await
@@ -289,7 +281,6 @@ async fn batch_effect_error_rolls_back_the_whole_batch() {
                 }
                 Ok(Outcome::empty())
             }
-            .boxed()
         })
         .await
         .unwrap_err();
@@ -314,13 +305,10 @@ async fn batch_answers_a_key_held_elsewhere_in_flight_and_applies_the_rest() {
                     &scope(),
                     &key("held"),
                     Fingerprint::of_bytes(b"h"),
-                    move |_conn| {
-                        async move {
-                            entered_tx.send(()).unwrap();
-                            proceed_rx.await.unwrap();
-                            Ok::<_, sqlx::Error>(Outcome::success("holder"))
-                        }
-                        .boxed()
+                    async move |_conn| {
+                        entered_tx.send(()).unwrap();
+                        proceed_rx.await.unwrap();
+                        Ok::<_, sqlx::Error>(Outcome::success("holder"))
                     },
                 )
                 .await
@@ -330,8 +318,10 @@ async fn batch_answers_a_key_held_elsewhere_in_flight_and_applies_the_rest() {
 
     let ops = [op("held", "h"), op("free", "f")];
     let results = store
-        .apply_batch(&ops, |_, i| {
-            async move { Ok::<_, sqlx::Error>(Outcome::success(format!("batch {i}"))) }.boxed()
+        .apply_batch(&ops, |i| {
+            async move |_: &mut PgConnection| {
+                Ok::<_, sqlx::Error>(Outcome::success(format!("batch {i}")))
+            }
         })
         .await
         .unwrap();

@@ -1,23 +1,15 @@
 //! The shared conformance suite against PostgreSQL, one fresh database per test,
 //! run twice: atomic apply looking for a stored outcome first
-//! ([`PgStore::apply`]) and claiming the key first
-//! ([`PgStore::apply_claim_first`]).
+//! (`AtomicStore::apply`) and claiming the key first
+//! (`AtomicStore::apply_claim_first`).
 
 mod common;
 
 use std::sync::Arc;
 
-use futures::FutureExt;
-use futures::future::BoxFuture;
-use idem_core::{
-    Applied, ApplyError, Claim, Error, Guard, GuardOrdering, ManualClock, Operation, Outcome,
-};
+use idem_core::{Error, Guard, ManualClock};
 use idem_postgres::PgStore;
-use idem_testkit::crash::{self, CrashPoint};
-use idem_testkit::harness::{
-    RETRYABLE_FAILURE, counter_outcome, set_outcome, stale_outcome, terminal_outcome,
-};
-use idem_testkit::{Effect, Harness};
+use idem_testkit::Harness;
 use sqlx::PgConnection;
 
 use common::TestDb;
@@ -31,89 +23,7 @@ struct Postgres<const CLAIM_FIRST: bool> {
     _db: Option<Arc<TestDb>>,
 }
 
-async fn add(conn: &mut PgConnection, counter: &str, amount: i64) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar(
-        "INSERT INTO counters (name, value) VALUES ($1, $2) \
-         ON CONFLICT (name) DO UPDATE SET value = counters.value + excluded.value RETURNING value",
-    )
-    .bind(counter)
-    .bind(amount)
-    .fetch_one(conn)
-    .await
-}
-
-async fn guarded_set(
-    store: &PgStore,
-    conn: &mut PgConnection,
-    register: &str,
-    value: i64,
-    carried: i64,
-    ordering: GuardOrdering,
-) -> Result<(), Error> {
-    let column = match ordering {
-        GuardOrdering::Version => "version",
-        GuardOrdering::Fence => "fence",
-    };
-    let guard = Guard::new("registers", "name", column, ordering).unwrap();
-    sqlx::query("INSERT INTO registers (name) VALUES ($1) ON CONFLICT (name) DO NOTHING")
-        .bind(register)
-        .execute(&mut *conn)
-        .await
-        .unwrap();
-    store
-        .advance(&mut *conn, &guard, register.to_owned(), carried)
-        .await?;
-    sqlx::query("UPDATE registers SET value = $1 WHERE name = $2")
-        .bind(value)
-        .bind(register)
-        .execute(&mut *conn)
-        .await
-        .unwrap();
-    add(conn, &format!("writes:{register}"), 1).await.unwrap();
-    Ok(())
-}
-
-async fn run_effect(
-    conn: &mut PgConnection,
-    counter: String,
-    amount: i64,
-    effect: Effect,
-) -> Result<Outcome, String> {
-    match &effect {
-        Effect::FailTerminal => return Ok(terminal_outcome()),
-        Effect::Crash(CrashPoint::AfterClaim) => crash::reach(CrashPoint::AfterClaim),
-        Effect::Gate(gate) => {
-            let _ = gate.enter().await;
-        }
-        _ => {}
-    }
-    let value = add(conn, &counter, amount)
-        .await
-        .map_err(|e| e.to_string())?;
-    match effect {
-        Effect::FailRetryable => Err(RETRYABLE_FAILURE.to_owned()),
-        Effect::Crash(point) => crash::reach(point),
-        _ => Ok(counter_outcome(value)),
-    }
-}
-
 impl<const CLAIM_FIRST: bool> Postgres<CLAIM_FIRST> {
-    /// Atomic apply of `effect` for `op`, the way this suite applies.
-    async fn apply<F>(&self, op: &Operation, effect: F) -> Result<Applied, ApplyError<String>>
-    where
-        F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<Outcome, String>> + Send,
-    {
-        if CLAIM_FIRST {
-            self.store
-                .apply_claim_first(&op.scope, &op.key, op.fingerprint, effect)
-                .await
-        } else {
-            self.store
-                .apply(&op.scope, &op.key, op.fingerprint, effect)
-                .await
-        }
-    }
-
     async fn at(url: String, clock: ManualClock, db: Option<Arc<TestDb>>) -> Self {
         let store = PgStore::builder(url.clone())
             .clock(Arc::new(clock.clone()))
@@ -141,6 +51,7 @@ impl<const CLAIM_FIRST: bool> Postgres<CLAIM_FIRST> {
 
 impl<const CLAIM_FIRST: bool> Harness for Postgres<CLAIM_FIRST> {
     type Store = PgStore;
+    const CLAIM_FIRST: bool = CLAIM_FIRST;
 
     async fn fresh() -> Option<Self> {
         let db = Arc::new(TestDb::new().await?);
@@ -172,110 +83,63 @@ impl<const CLAIM_FIRST: bool> Harness for Postgres<CLAIM_FIRST> {
         &self.clock
     }
 
-    async fn apply_add(
-        &self,
-        op: &Operation,
-        counter: &str,
-        amount: i64,
-        effect: Effect,
-    ) -> Result<Applied, ApplyError<String>> {
-        let counter = counter.to_owned();
-        self.apply(op, move |conn| {
-            run_effect(conn, counter, amount, effect).boxed()
-        })
+    async fn add(tx: &mut PgConnection, counter: &str, amount: i64) -> Result<i64, String> {
+        sqlx::query_scalar(
+            "INSERT INTO counters (name, value) VALUES ($1, $2) \
+             ON CONFLICT (name) DO UPDATE SET value = counters.value + excluded.value RETURNING value",
+        )
+        .bind(counter)
+        .bind(amount)
+        .fetch_one(tx)
         .await
+        .map_err(|e| e.to_string())
     }
 
-    async fn apply_batch_add(
-        &self,
-        ops: &[Operation],
-        adds: &[(String, i64)],
-    ) -> Result<Vec<Result<Applied, Error>>, ApplyError<(usize, String)>> {
-        let adds = adds.to_vec();
-        self.store
-            .apply_batch(ops, move |conn, i| {
-                let (counter, amount) = adds[i].clone();
-                async move {
-                    if amount == i64::MIN {
-                        return Err("refused by the test".to_owned());
-                    }
-                    run_effect(conn, counter, amount, Effect::Succeed).await
-                }
-                .boxed()
-            })
-            .await
-    }
-
-    async fn complete_add(
-        &self,
-        claim: &Claim,
-        counter: &str,
-        amount: i64,
-    ) -> Result<Outcome, ApplyError<String>> {
-        let counter = counter.to_owned();
-        self.store
-            .complete_with(claim, move |conn| {
-                run_effect(conn, counter, amount, Effect::Succeed).boxed()
-            })
-            .await
-    }
-
-    async fn counter(&self, counter: &str) -> i64 {
-        sqlx::query_scalar("SELECT coalesce((SELECT value FROM counters WHERE name = $1), 0)")
-            .bind(counter)
-            .fetch_one(self.store.pool())
-            .await
-            .expect("read counter")
-    }
-
-    async fn guarded_set(
-        &self,
+    async fn guarded_set_in(
+        store: &PgStore,
+        tx: &mut PgConnection,
+        guard: &Guard,
         register: &str,
         value: i64,
         carried: i64,
-        ordering: GuardOrdering,
     ) -> Result<(), Error> {
-        let mut tx = self.store.pool().begin().await.unwrap();
-        guarded_set(&self.store, &mut tx, register, value, carried, ordering).await?;
-        tx.commit().await.unwrap();
+        sqlx::query("INSERT INTO registers (name) VALUES ($1) ON CONFLICT (name) DO NOTHING")
+            .bind(register)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        store
+            .advance(&mut *tx, guard, register.to_owned(), carried)
+            .await?;
+        sqlx::query("UPDATE registers SET value = $1 WHERE name = $2")
+            .bind(value)
+            .bind(register)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        Self::add(tx, &format!("writes:{register}"), 1)
+            .await
+            .unwrap();
         Ok(())
     }
 
-    async fn apply_versioned_set(
-        &self,
-        op: &Operation,
-        register: &str,
-        value: i64,
-        version: i64,
-    ) -> Result<Applied, ApplyError<String>> {
-        let (store, register) = (self.store.clone(), register.to_owned());
-        self.apply(op, move |conn| {
-            async move {
-                let set = guarded_set(
-                    &store,
-                    conn,
-                    &register,
-                    value,
-                    version,
-                    GuardOrdering::Version,
-                );
-                match set.await {
-                    Ok(()) => Ok(set_outcome(value)),
-                    Err(Error::Stale { .. }) => Ok(stale_outcome()),
-                    Err(other) => Err(other.to_string()),
-                }
-            }
-            .boxed()
-        })
-        .await
+    async fn read_counter(tx: &mut PgConnection, counter: &str) -> Result<i64, String> {
+        sqlx::query_scalar("SELECT coalesce((SELECT value FROM counters WHERE name = $1), 0)")
+            .bind(counter)
+            .fetch_one(tx)
+            .await
+            .map_err(|e| e.to_string())
     }
 
-    async fn register(&self, register: &str) -> (i64, i64, i64) {
+    async fn read_register(
+        tx: &mut PgConnection,
+        register: &str,
+    ) -> Result<(i64, i64, i64), String> {
         sqlx::query_as("SELECT value, version, fence FROM registers WHERE name = $1")
             .bind(register)
-            .fetch_one(self.store.pool())
+            .fetch_one(tx)
             .await
-            .expect("read register")
+            .map_err(|e| e.to_string())
     }
 }
 

@@ -6,12 +6,11 @@ mod common;
 use std::time::Duration;
 
 use common::{TestDb, clock};
-use futures::FutureExt;
-use futures::future::BoxFuture;
 use idem_core::{
-    Applied, ApplyError, Claim, Claimed, Clock, Error, Fingerprint, IdempotencyKey, LeaseStore,
-    Outcome, RecordState, RecordStore, Scope,
+    Applied, ApplyError, AtomicEffect, AtomicStore, Claim, Claimed, Clock, Error, Fingerprint,
+    IdempotencyKey, LeaseStore, Outcome, RecordState, RecordStore, Scope,
 };
+use sqlx::PgConnection;
 
 fn scope() -> Scope {
     Scope::new("emails").unwrap()
@@ -67,11 +66,12 @@ async fn claim_complete_then_replay() {
     assert_eq!(record.lease_until, None);
 
     // The generic leased apply sees the replay too and runs nothing.
-    let applied = store.apply_leased(&scope(), &key("user-7"), fp(), |_| async {
-        Err::<Outcome, &str>("must not run")
-    })
-    .await
-    .unwrap();
+    let applied = store
+        .apply_leased(&scope(), &key("user-7"), fp(), |_| async {
+            Err::<Outcome, &str>("must not run")
+        })
+        .await
+        .unwrap();
     assert_eq!(applied, Applied::Replayed(sent));
 }
 
@@ -170,14 +170,13 @@ async fn renewed_lease_is_not_taken_over() {
 }
 
 /// Debits 10 from account 1 in the completion's transaction.
-fn debit(conn: &mut sqlx::PgConnection) -> BoxFuture<'_, Result<Outcome, sqlx::Error>> {
-    async move {
+fn debit() -> impl AtomicEffect<PgConnection, Outcome, sqlx::Error> {
+    async |conn: &mut PgConnection| -> sqlx::Result<Outcome> {
         sqlx::query("UPDATE accounts SET balance = balance - 10 WHERE id = 1")
             .execute(&mut *conn)
             .await?;
         Ok(Outcome::success("debited"))
     }
-    .boxed()
 }
 
 #[tokio::test]
@@ -192,14 +191,14 @@ async fn complete_with_commits_the_effect_only_for_the_current_token() {
     clock.advance(Duration::from_secs(61));
     let heir = fresh(store.claim(&scope(), &key("pay-1"), fp()).await.unwrap());
 
-    let err = store.complete_with(&zombie, debit).await.unwrap_err();
+    let err = store.complete_with(&zombie, debit()).await.unwrap_err();
     assert!(
         matches!(err, ApplyError::Protocol(Error::Fenced { .. })),
         "{err:?}"
     );
     assert_eq!(db.balance(&store, 1).await, 100);
 
-    let outcome = store.complete_with(&heir, debit).await.unwrap();
+    let outcome = store.complete_with(&heir, debit()).await.unwrap();
     assert_eq!(outcome, Outcome::success("debited"));
     assert_eq!(db.balance(&store, 1).await, 90);
     assert_eq!(

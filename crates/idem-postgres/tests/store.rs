@@ -7,12 +7,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{TestDb, clock};
-use futures::FutureExt;
 use idem_core::{
-    Clock, Error, ErrorKind, Fingerprint, IdempotencyKey, Outcome, RecordCount, RecordFilter,
-    RecordState, RecordStore, Scope, Settings, SystemClock,
+    AtomicStore, Clock, Error, ErrorKind, Fingerprint, IdempotencyKey, Outcome, RecordCount,
+    RecordFilter, RecordState, RecordStore, Scope, Settings, SystemClock,
 };
 use idem_postgres::PgStore;
+use sqlx::PgConnection;
 
 fn scope() -> Scope {
     Scope::new("jobs").unwrap()
@@ -28,14 +28,11 @@ async fn apply_noop(store: &PgStore, k: &str) {
             &scope(),
             &key(k),
             Fingerprint::of_bytes(k.as_bytes()),
-            |conn| {
-                async move {
-                    sqlx::query("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
-                        .execute(&mut *conn)
-                        .await?;
-                    Ok::<_, sqlx::Error>(Outcome::empty())
-                }
-                .boxed()
+            async |conn| {
+                sqlx::query("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
+                    .execute(&mut *conn)
+                    .await?;
+                Ok::<_, sqlx::Error>(Outcome::empty())
             },
         )
         .await
@@ -216,15 +213,14 @@ fn _public_futures_are_send(store: &PgStore, claim: &idem_core::Claim) {
     let (s, k, fp) = (scope(), key("k"), Fingerprint::of_bytes(b""));
     send(PgStore::connect(""));
     send(PgStore::builder("").connect());
-    send(store.apply(&s, &k, fp, |_| {
-        async { Ok::<_, String>(Outcome::empty()) }.boxed()
+    send(store.apply(&s, &k, fp, async |_| Ok::<_, String>(Outcome::empty())));
+    send(store.apply_claim_first(&s, &k, fp, async |_| Ok::<_, String>(Outcome::empty())));
+    send(store.apply_batch(&[], |_| {
+        async |_: &mut PgConnection| Ok::<_, String>(Outcome::empty())
     }));
-    send(store.apply_batch(&[], |_, _| {
-        async { Ok::<_, String>(Outcome::empty()) }.boxed()
-    }));
-    send(store.complete_with(claim, |_| {
-        async { Ok::<_, String>(Outcome::empty()) }.boxed()
-    }));
+    send(store.complete_with(claim, async |_| Ok::<_, String>(Outcome::empty())));
+    send(store.transaction(async |_| Ok::<_, String>(())));
+    send(store.apply_leased(&s, &k, fp, |_| async { Ok::<_, String>(Outcome::empty()) }));
     send(store.claim(&s, &k, fp));
     send(store.complete(claim, &Outcome::empty()));
     send(store.renew(claim));

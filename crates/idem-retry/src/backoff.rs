@@ -22,11 +22,11 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-/// Default first ceiling: 200 ms (SPEC §10).
+/// Default first ceiling: 200 ms.
 pub const DEFAULT_BASE: Duration = Duration::from_millis(200);
-/// Default largest ceiling: 20 s (SPEC §10).
+/// Default largest ceiling: 20 s.
 pub const DEFAULT_CAP: Duration = Duration::from_secs(20);
-/// Default number of attempts, the first one included: 6 (SPEC §10).
+/// Default number of attempts, the first one included: 6.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 6;
 
 /// The settings of a full-jitter backoff. A value: cheap to copy, and every call

@@ -36,7 +36,8 @@ use idem_core::{SharedClock, SystemClock};
 
 use crate::observe;
 
-/// Default share of requests that may be retried: 10 % (SPEC §10; Envoy, the SRE book).
+/// Default share of requests that may be retried: 10 %, the per-client retry
+/// ratio the Google SRE book suggests.
 pub const DEFAULT_RETRY_RATIO: f64 = 0.1;
 /// Default window over which requests and retries are counted: 10 s.
 pub const DEFAULT_WINDOW: Duration = Duration::from_secs(10);

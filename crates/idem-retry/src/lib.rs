@@ -23,8 +23,8 @@
 //!
 //! Everything public is also re-exported here, at the crate root.
 //!
-//! Defaults follow SPEC §10: base 200 ms, cap 20 s, 6 attempts, a budget of
-//! 10 % of requests over 10 s with at least 10 retries per second.
+//! Defaults: base 200 ms, cap 20 s, 6 attempts ([`backoff`]), and a budget of
+//! 10 % of requests over 10 s with at least 10 retries per second ([`budget`]).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

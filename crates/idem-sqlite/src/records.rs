@@ -12,29 +12,6 @@ use crate::errors::{corrupt, map_err};
 const COLUMNS: &str = "scope, key, fingerprint, state, token, lease_until, outcome_kind, \
                        outcome_body, outcome_meta, created_at, updated_at, expires_at";
 
-fn kind_text(kind: OutcomeKind) -> &'static str {
-    match kind {
-        OutcomeKind::Success => "success",
-        OutcomeKind::TerminalFailure => "terminal_failure",
-    }
-}
-
-fn parse_kind(text: &str) -> Result<OutcomeKind, Error> {
-    match text {
-        "success" => Ok(OutcomeKind::Success),
-        "terminal_failure" => Ok(OutcomeKind::TerminalFailure),
-        other => Err(corrupt(format!("unknown outcome kind {other:?}"))),
-    }
-}
-
-/// The state a settled record gets for an outcome.
-pub fn settled_state(outcome: &Outcome) -> RecordState {
-    match outcome.kind {
-        OutcomeKind::Success => RecordState::Completed,
-        OutcomeKind::TerminalFailure => RecordState::Failed,
-    }
-}
-
 struct RawRow {
     scope: String,
     key: String,
@@ -72,7 +49,9 @@ impl RawRow {
         let at = || format!("{}/{}", self.scope, self.key);
         let outcome = match (self.outcome_kind, self.outcome_body) {
             (Some(kind), Some(body)) => Some(Outcome {
-                kind: parse_kind(&kind)?,
+                kind: kind
+                    .parse::<OutcomeKind>()
+                    .map_err(|e| corrupt(format!("record {}: {e}", at())))?,
                 body,
                 meta: Outcome::parse_meta(self.outcome_meta.as_deref().unwrap_or("{}"))
                     .map_err(|e| corrupt(format!("outcome metadata of {}: {e}", at())))?,
@@ -154,7 +133,7 @@ pub fn write(conn: &Connection, record: &Record) -> Result<(), Error> {
         record.state.as_str(),
         record.token.get(),
         record.lease_until.map(|t| t.0),
-        outcome.map(|o| kind_text(o.kind)),
+        outcome.map(|o| o.kind.as_str()),
         outcome.map(|o| &o.body[..]),
         outcome.map(Outcome::meta_json),
         record.created_at.0,
@@ -196,8 +175,8 @@ pub fn update_held(
                 )
                 .map_err(|e| map_err("prepare the completion", e))?;
             stmt.execute(params![
-                settled_state(outcome).as_str(),
-                kind_text(outcome.kind),
+                RecordState::settled_by(outcome.kind).as_str(),
+                outcome.kind.as_str(),
                 &outcome.body[..],
                 outcome.meta_json(),
                 now.0,

@@ -1,4 +1,7 @@
-//! The SQLite schema and its migrations, versioned with `PRAGMA user_version`.
+//! The SQLite schema and its migrations, versioned with `PRAGMA user_version`:
+//! every table the store holds (records, fences, the outbox, dead letters,
+//! consumers' failed attempts), in one sequence, so one version number says
+//! what a file contains.
 //!
 //! Each migration runs in its own immediate transaction together with the
 //! version bump, so a crash mid-migration leaves the previous version intact and
@@ -37,6 +40,64 @@ CREATE TABLE idem_fences (
     lease_until INTEGER NOT NULL,
     updated_at  INTEGER NOT NULL
 ) WITHOUT ROWID;
+"#,
+    // 3: the transactional outbox (`outbox`). Databases written by earlier
+    // versions of idem-broker may already hold this table, created by the
+    // broker's own migrations with exactly these columns: `IF NOT EXISTS`
+    // adopts it as it is, rows included.
+    r#"
+CREATE TABLE IF NOT EXISTS idem_outbox (
+    id           INTEGER PRIMARY KEY AUTOINCREMENT,
+    destination  TEXT,
+    key          TEXT    NOT NULL,
+    payload      BLOB    NOT NULL,
+    headers      TEXT    NOT NULL,
+    state        TEXT    NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'sent')),
+    attempts     INTEGER NOT NULL DEFAULT 0 CHECK (attempts >= 0),
+    last_error   TEXT,
+    created_at   INTEGER NOT NULL,
+    available_at INTEGER,
+    lease_owner  TEXT,
+    lease_until  INTEGER,
+    sent_at      INTEGER
+);
+CREATE INDEX IF NOT EXISTS idem_outbox_pending ON idem_outbox (id) WHERE state = 'pending';
+CREATE INDEX IF NOT EXISTS idem_outbox_sent_at ON idem_outbox (sent_at) WHERE state = 'sent';
+"#,
+    // 4: dead letters (`dead_letters`), adopted like the outbox when an
+    // earlier idem-broker made them. `idem_broker_schema` was that broker's
+    // record of its own migrations (the outbox and the dead letters, both
+    // adopted by now); nothing reads it any more.
+    r#"
+CREATE TABLE IF NOT EXISTS idem_dead_letters (
+    id            INTEGER PRIMARY KEY AUTOINCREMENT,
+    origin        TEXT    NOT NULL,
+    destination   TEXT    NOT NULL,
+    key           TEXT    NOT NULL,
+    payload       BLOB    NOT NULL,
+    headers       TEXT    NOT NULL,
+    attempts      INTEGER NOT NULL CHECK (attempts >= 0),
+    last_error    TEXT    NOT NULL,
+    first_seen_at INTEGER NOT NULL,
+    dead_at       INTEGER NOT NULL,
+    redriven_at   INTEGER
+);
+CREATE INDEX IF NOT EXISTS idem_dead_letters_dead_at ON idem_dead_letters (dead_at);
+DROP TABLE IF EXISTS idem_broker_schema;
+"#,
+    // 5: consumers' failed attempts (`attempts`). Earlier idem-broker
+    // consumers created this table themselves when they started, with these
+    // columns: adopted as it is.
+    r#"
+CREATE TABLE IF NOT EXISTS idem_consumer_attempts (
+    scope      TEXT    NOT NULL,
+    key        TEXT    NOT NULL,
+    attempts   INTEGER NOT NULL,
+    first_at   INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL,
+    last_error TEXT    NOT NULL,
+    PRIMARY KEY (scope, key)
+);
 "#,
 ];
 

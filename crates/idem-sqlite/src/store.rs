@@ -14,8 +14,8 @@ use std::sync::Arc;
 use idem_core::{
     Applied, ApplyError, AtomicEffect, AtomicStore, BatchApplied, Claim, Claimed, Decision, Error,
     FencingToken, Fingerprint, IdempotencyKey, LeaseStore, Operation, Outcome, Plan, Record,
-    RecordCount, RecordFilter, RecordState, RecordStore, Scope, Settings, SharedClock,
-    SystemClock, Timestamp, TxCall, decide, observe, protocol,
+    RecordCount, RecordFilter, RecordState, RecordStore, Scope, Settings, SharedClock, SystemClock,
+    Timestamp, TxCall, decide, observe, protocol,
 };
 use rusqlite::Connection;
 
@@ -300,7 +300,12 @@ impl SqliteStore {
         &self,
         op: Operation,
         replayed: fn(Outcome) -> R,
-        carry_out: impl FnOnce(&mut WriteTx<'_>, &Protocol<'_>, &Operation, Plan) -> Result<R, ApplyError<E>>
+        carry_out: impl FnOnce(
+            &mut WriteTx<'_>,
+            &Protocol<'_>,
+            &Operation,
+            Plan,
+        ) -> Result<R, ApplyError<E>>
         + Send
         + 'static,
     ) -> Result<R, ApplyError<E>>
@@ -575,6 +580,10 @@ impl LeaseStore for SqliteStore {
 }
 
 impl RecordStore for SqliteStore {
+    fn settings(&self) -> &Settings {
+        &self.inner.settings
+    }
+
     async fn migrate(&self) -> Result<(), Error> {
         self.inner.connections.write(schema::migrate).await?
     }

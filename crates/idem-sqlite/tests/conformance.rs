@@ -3,80 +3,16 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use idem_core::{
-    Applied, ApplyError, Claim, Error, Guard, GuardOrdering, ManualClock, Operation, Outcome,
-};
+use idem_core::{Error, Guard, ManualClock};
 use idem_sqlite::SqliteStore;
-use idem_sqlite::rusqlite::{self, Connection, params};
-use idem_testkit::crash::{self, CrashPoint};
-use idem_testkit::harness::{
-    RETRYABLE_FAILURE, counter_outcome, set_outcome, stale_outcome, terminal_outcome,
-};
-use idem_testkit::{Effect, Harness};
+use idem_sqlite::rusqlite::{Connection, params};
+use idem_testkit::Harness;
 
 struct Sqlite {
     store: SqliteStore,
     clock: ManualClock,
     path: PathBuf,
     _dir: Option<Arc<tempfile::TempDir>>,
-}
-
-fn add(conn: &Connection, counter: &str, amount: i64) -> rusqlite::Result<i64> {
-    conn.query_row(
-        "INSERT INTO counters (name, value) VALUES (?1, ?2) \
-         ON CONFLICT (name) DO UPDATE SET value = value + excluded.value RETURNING value",
-        params![counter, amount],
-        |row| row.get(0),
-    )
-}
-
-fn guarded_set(
-    conn: &Connection,
-    register: &str,
-    value: i64,
-    carried: i64,
-    ordering: GuardOrdering,
-) -> Result<(), Error> {
-    let column = match ordering {
-        GuardOrdering::Version => "version",
-        GuardOrdering::Fence => "fence",
-    };
-    let guard = Guard::new("registers", "name", column, ordering).unwrap();
-    conn.execute(
-        "INSERT INTO registers (name) VALUES (?1) ON CONFLICT (name) DO NOTHING",
-        params![register],
-    )
-    .unwrap();
-    idem_sqlite::advance(conn, &guard, &register, carried)?;
-    conn.execute(
-        "UPDATE registers SET value = ?1 WHERE name = ?2",
-        params![value, register],
-    )
-    .unwrap();
-    add(conn, &format!("writes:{register}"), 1).unwrap();
-    Ok(())
-}
-
-fn run_effect(
-    conn: &Connection,
-    counter: &str,
-    amount: i64,
-    effect: Effect,
-) -> Result<Outcome, String> {
-    match effect {
-        Effect::FailTerminal => return Ok(terminal_outcome()),
-        Effect::Crash(CrashPoint::AfterClaim) => crash::reach(CrashPoint::AfterClaim),
-        Effect::Gate(ref gate) => {
-            let _ = gate.enter().blocking_recv();
-        }
-        _ => {}
-    }
-    let value = add(conn, counter, amount).map_err(|e| e.to_string())?;
-    match effect {
-        Effect::FailRetryable => Err(RETRYABLE_FAILURE.to_owned()),
-        Effect::Crash(point) => crash::reach(point),
-        _ => Ok(counter_outcome(value)),
-    }
 }
 
 impl Sqlite {
@@ -140,121 +76,57 @@ impl Harness for Sqlite {
         &self.clock
     }
 
-    async fn apply_add(
-        &self,
-        op: &Operation,
-        counter: &str,
-        amount: i64,
-        effect: Effect,
-    ) -> Result<Applied, ApplyError<String>> {
-        let counter = counter.to_owned();
-        self.store
-            .apply(&op.scope, &op.key, op.fingerprint, move |tx| {
-                run_effect(tx, &counter, amount, effect)
-            })
-            .await
+    async fn add(tx: &mut Connection, counter: &str, amount: i64) -> Result<i64, String> {
+        tx.query_row(
+            "INSERT INTO counters (name, value) VALUES (?1, ?2) \
+             ON CONFLICT (name) DO UPDATE SET value = value + excluded.value RETURNING value",
+            params![counter, amount],
+            |row| row.get(0),
+        )
+        .map_err(|e| e.to_string())
     }
 
-    async fn apply_batch_add(
-        &self,
-        ops: &[Operation],
-        adds: &[(String, i64)],
-    ) -> Result<Vec<Result<Applied, Error>>, ApplyError<(usize, String)>> {
-        let adds = adds.to_vec();
-        self.store
-            .apply_batch(ops, move |tx, i| {
-                let (counter, amount) = &adds[i];
-                if *amount == i64::MIN {
-                    return Err("refused by the test".to_owned());
-                }
-                run_effect(tx, counter, *amount, Effect::Succeed)
-            })
-            .await
-    }
-
-    async fn complete_add(
-        &self,
-        claim: &Claim,
-        counter: &str,
-        amount: i64,
-    ) -> Result<Outcome, ApplyError<String>> {
-        let counter = counter.to_owned();
-        self.store
-            .complete_with(claim, move |tx| {
-                run_effect(tx, &counter, amount, Effect::Succeed)
-            })
-            .await
-    }
-
-    async fn counter(&self, counter: &str) -> i64 {
-        let counter = counter.to_owned();
-        self.store
-            .with_connection(move |c| {
-                c.query_row(
-                    "SELECT coalesce((SELECT value FROM counters WHERE name = ?1), 0)",
-                    params![counter],
-                    |row| row.get(0),
-                )
-            })
-            .await
-            .unwrap()
-            .unwrap()
-    }
-
-    async fn guarded_set(
-        &self,
+    async fn guarded_set_in(
+        _store: &SqliteStore,
+        tx: &mut Connection,
+        guard: &Guard,
         register: &str,
         value: i64,
         carried: i64,
-        ordering: GuardOrdering,
     ) -> Result<(), Error> {
-        let register = register.to_owned();
-        self.store
-            .with_connection(move |c| {
-                let tx = c.transaction().unwrap();
-                guarded_set(&tx, &register, value, carried, ordering)?;
-                tx.commit().unwrap();
-                Ok(())
-            })
+        tx.execute(
+            "INSERT INTO registers (name) VALUES (?1) ON CONFLICT (name) DO NOTHING",
+            params![register],
+        )
+        .unwrap();
+        idem_sqlite::advance(tx, guard, &register, carried)?;
+        tx.execute(
+            "UPDATE registers SET value = ?1 WHERE name = ?2",
+            params![value, register],
+        )
+        .unwrap();
+        Self::add(tx, &format!("writes:{register}"), 1)
             .await
-            .unwrap()
+            .unwrap();
+        Ok(())
     }
 
-    async fn apply_versioned_set(
-        &self,
-        op: &Operation,
-        register: &str,
-        value: i64,
-        version: i64,
-    ) -> Result<Applied, ApplyError<String>> {
-        let register = register.to_owned();
-        self.store
-            .apply(
-                &op.scope,
-                &op.key,
-                op.fingerprint,
-                move |tx| match guarded_set(tx, &register, value, version, GuardOrdering::Version) {
-                    Ok(()) => Ok(set_outcome(value)),
-                    Err(Error::Stale { .. }) => Ok(stale_outcome()),
-                    Err(other) => Err(other.to_string()),
-                },
-            )
-            .await
+    async fn read_counter(tx: &mut Connection, counter: &str) -> Result<i64, String> {
+        tx.query_row(
+            "SELECT coalesce((SELECT value FROM counters WHERE name = ?1), 0)",
+            params![counter],
+            |row| row.get(0),
+        )
+        .map_err(|e| e.to_string())
     }
 
-    async fn register(&self, register: &str) -> (i64, i64, i64) {
-        let register = register.to_owned();
-        self.store
-            .with_connection(move |c| {
-                c.query_row(
-                    "SELECT value, version, fence FROM registers WHERE name = ?1",
-                    params![register],
-                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-                )
-            })
-            .await
-            .unwrap()
-            .unwrap()
+    async fn read_register(tx: &mut Connection, register: &str) -> Result<(i64, i64, i64), String> {
+        tx.query_row(
+            "SELECT value, version, fence FROM registers WHERE name = ?1",
+            params![register],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .map_err(|e| e.to_string())
     }
 }
 

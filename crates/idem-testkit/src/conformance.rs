@@ -1,6 +1,8 @@
-//! The store conformance suite: every row of the protocol table and the
-//! properties of SPEC §2, written once and run against every store through
-//! [`Harness`]. Each case checks real data — counters updated by the effects,
+//! The store conformance suite: every row of the decision table in
+//! [`idem_core::protocol`] and the guarantees built on it (one application per
+//! key however many callers race, the stored outcome replayed, a reused key
+//! refused, a stale worker fenced, retention swept in bounded steps), written
+//! once and run against every store through [`Harness`]. Each case checks real data — counters updated by the effects,
 //! stored records — not logs.
 //!
 //! Use [`conformance_suite!`](crate::conformance_suite) in a store's tests.
@@ -9,20 +11,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::{
-    Applied, ApplyError, Claimed, Clock, Error, FencingToken, Fingerprint, IdempotencyKey,
-    LeaseStore, Operation, RecordFilter, RecordState, RecordStore, Scope,
+    Applied, ApplyError, Claimed, Clock, DEFAULT_RETENTION, Error, FencingToken, IdempotencyKey,
+    LeaseStore, Operation, Record, RecordFilter, RecordState, RecordStore, Scope, Timestamp,
 };
 
 use crate::harness::{Effect, Gate, Harness, RETRYABLE_FAILURE, counter_outcome, terminal_outcome};
 
-/// An operation in scope `scope` with key `key` and a payload hashed as given.
-pub fn op(scope: &str, key: &str, payload: &str) -> Operation {
-    Operation::new(
-        Scope::new(scope).expect("test scope"),
-        IdempotencyKey::new(key).expect("test key"),
-        Fingerprint::of_bytes(payload.as_bytes()),
-    )
-}
+pub use crate::harness::op;
 
 fn lease<H: Harness>(h: &H) -> Duration {
     let _ = h;
@@ -433,6 +428,138 @@ pub async fn retention_is_enforced_by_bounded_sweeps<H: Harness>(h: H) {
         .await
         .unwrap();
     assert_eq!(again, Applied::Fresh(counter_outcome(2)));
+}
+
+/// The record of `op`, which must exist.
+async fn record_of<H: Harness>(h: &H, op: &Operation) -> Record {
+    h.store()
+        .get(&op.scope, &op.key)
+        .await
+        .unwrap()
+        .expect("a stored record")
+}
+
+/// Asserts that `record`'s dedupe window opened at `first_claim`.
+fn assert_window(record: &Record, first_claim: Timestamp) {
+    assert_eq!(
+        (record.created_at, record.expires_at),
+        (first_claim, first_claim.plus(DEFAULT_RETENTION)),
+        "the window of {}/{} counts from its first claim",
+        record.scope,
+        record.key
+    );
+}
+
+/// The dedupe window counts from a key's first claim: `created_at` is that
+/// moment and `expires_at` is `created_at + retention`, whether the key was
+/// applied atomically, in a batch or leased, and however many replays,
+/// takeovers, releases, renewals and completions follow. Only a record past
+/// retention starts a new window.
+pub async fn the_window_counts_from_the_first_claim<H: Harness>(h: H) {
+    let step = Duration::from_secs(10);
+
+    let pay = op("window", "atomic", "debit 1");
+    let t0 = h.clock().now();
+    h.apply_add(&pay, "w", 1, Effect::Succeed).await.unwrap();
+    let applied = record_of(&h, &pay).await;
+    assert_window(&applied, t0);
+    assert_eq!(applied.updated_at, t0);
+    h.clock().advance(step);
+    assert!(
+        h.apply_add(&pay, "w", 1, Effect::Succeed)
+            .await
+            .unwrap()
+            .is_replay()
+    );
+    assert_eq!(
+        record_of(&h, &pay).await,
+        applied,
+        "a replay writes nothing"
+    );
+
+    let batched = op("window", "batch", "x");
+    let t1 = h.clock().now();
+    let answers = h
+        .apply_batch_add(std::slice::from_ref(&batched), &[("w".to_owned(), 1)])
+        .await
+        .unwrap();
+    assert!(matches!(answers[..], [Ok(Applied::Fresh(_))]));
+    assert_window(&record_of(&h, &batched).await, t1);
+
+    let job = op("window", "leased", "charge");
+    let t2 = h.clock().now();
+    let Claimed::Fresh(first) = h
+        .store()
+        .claim(&job.scope, &job.key, job.fingerprint)
+        .await
+        .unwrap()
+    else {
+        panic!("a new key is claimed")
+    };
+    assert_window(&record_of(&h, &job).await, t2);
+    h.clock().advance(step);
+    let renewed = h.store().renew(&first).await.unwrap();
+    assert_window(&record_of(&h, &job).await, t2);
+    h.clock().advance(lease(&h) + step);
+    let Claimed::Fresh(second) = h
+        .store()
+        .claim(&job.scope, &job.key, job.fingerprint)
+        .await
+        .unwrap()
+    else {
+        panic!("an ended lease is taken over")
+    };
+    assert!(second.took_over && second.token > renewed.token);
+    assert_window(&record_of(&h, &job).await, t2);
+    h.store().release(&second).await.unwrap();
+    h.clock().advance(step);
+    let Claimed::Fresh(third) = h
+        .store()
+        .claim(&job.scope, &job.key, job.fingerprint)
+        .await
+        .unwrap()
+    else {
+        panic!("a released key is claimed again")
+    };
+    assert_window(&record_of(&h, &job).await, t2);
+    h.clock().advance(step);
+    let t3 = h.clock().now();
+    h.complete_add(&third, "w", 1).await.unwrap();
+    let completed = record_of(&h, &job).await;
+    assert_window(&completed, t2);
+    assert_eq!(
+        (completed.state, completed.updated_at),
+        (RecordState::Completed, t3)
+    );
+
+    let stalled = op("window", "atomic-takeover", "debit 2");
+    let t4 = h.clock().now();
+    let Claimed::Fresh(_) = h
+        .store()
+        .claim(&stalled.scope, &stalled.key, stalled.fingerprint)
+        .await
+        .unwrap()
+    else {
+        panic!("claimed")
+    };
+    h.clock().advance(lease(&h));
+    assert!(
+        !h.apply_add(&stalled, "w", 1, Effect::Succeed)
+            .await
+            .unwrap()
+            .is_replay()
+    );
+    assert_window(&record_of(&h, &stalled).await, t4);
+
+    h.clock().advance(DEFAULT_RETENTION);
+    let t5 = h.clock().now();
+    assert!(
+        !h.apply_add(&pay, "w", 1, Effect::Succeed)
+            .await
+            .unwrap()
+            .is_replay()
+    );
+    assert_window(&record_of(&h, &pay).await, t5);
 }
 
 /// A record past retention that was not swept yet is replaced as a new

@@ -15,65 +15,17 @@ use std::time::Duration;
 
 use idem_core::{ApplyError, Claimed, Error, LeaseStore, ManualClock, Operation};
 
-use crate::conformance::op;
-use crate::harness::{Effect, Harness, counter_outcome};
-
-/// Where the child stops.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CrashPoint {
-    /// Atomic mode: the key is held, the effect has not written yet.
-    AfterClaim,
-    /// Atomic mode: the effect wrote, the record and commit have not happened.
-    InsideEffect,
-    /// Atomic mode: committed, but the caller was never told (no ack).
-    AfterCommit,
-    /// Leased mode: the claim is committed, the effect never completes.
-    LeasedAfterClaim,
-}
-
-impl CrashPoint {
-    /// Every point.
-    pub const ALL: [CrashPoint; 4] = [
-        Self::AfterClaim,
-        Self::InsideEffect,
-        Self::AfterCommit,
-        Self::LeasedAfterClaim,
-    ];
-
-    /// The point's name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::AfterClaim => "after-claim",
-            Self::InsideEffect => "inside-effect",
-            Self::AfterCommit => "after-commit",
-            Self::LeasedAfterClaim => "leased-after-claim",
-        }
-    }
-
-    fn parse(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|p| p.as_str() == name)
-    }
-}
+use crate::crash_point::MARKER;
+pub use crate::crash_point::{CrashPoint, reach};
+use crate::harness::{Effect, Harness, counter_outcome, op};
 
 const LOCATION: &str = "IDEM_CRASH_LOCATION";
 const POINT: &str = "IDEM_CRASH_POINT";
-const MARKER: &str = "IDEM-CRASH-POINT";
 const AMOUNT: i64 = 10;
 const COUNTER: &str = "crash";
 
 fn crash_op() -> Operation {
     op("crash", "payment-1", "debit 10")
-}
-
-/// Called by a test effect at `point`: announces it and waits to be killed.
-pub fn reach(point: CrashPoint) -> ! {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{MARKER} {}", point.as_str());
-    let _ = out.flush();
-    loop {
-        std::thread::sleep(Duration::from_secs(1));
-    }
 }
 
 /// The child's side: does nothing unless started by [`crash_and_recover`].

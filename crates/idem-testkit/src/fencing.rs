@@ -1,4 +1,4 @@
-//! Conformance cases for fencing tokens and guarded writes (SPEC §7),
+//! Conformance cases for fencing tokens and guarded writes ([`FenceStore`]),
 //! reproducing the two failures dedupe alone cannot stop: the zombie that wakes
 //! after a pause, and messages that arrive out of order.
 
@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use idem_core::{Applied, Clock, Error, FenceStore, FencingToken, GuardOrdering, Resource};
 
-use crate::conformance::op;
-use crate::harness::{Harness, set_outcome, stale_outcome};
+use crate::harness::{Harness, op, set_outcome, stale_outcome};
 
 const TTL: Duration = Duration::from_secs(30);
 

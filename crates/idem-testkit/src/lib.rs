@@ -4,6 +4,7 @@
 //! - [`harness`]: the seam a store implements to run the conformance suite;
 //! - [`conformance`]: the suite itself, one async function per case;
 //! - [`crash`]: crash tests with real processes killed by SIGKILL;
+//! - `crash_point`: the points a crash test's child stops at;
 //! - [`fencing`]: fencing-token and guarded-write cases (pauses, reordering);
 //! - [`deliveries`]: at-least-once delivery simulated (duplicates, shuffles);
 //! - [`postgres`]: a fresh PostgreSQL database per test;
@@ -16,13 +17,14 @@
 
 pub mod conformance;
 pub mod crash;
+mod crash_point;
 pub mod deliveries;
 pub mod fencing;
 pub mod harness;
 pub mod postgres;
 pub mod services;
 
-pub use harness::{Effect, Gate, GateControl, Harness};
+pub use harness::{Effect, Gate, GateControl, Harness, TxOf};
 
 /// Expands to one test per conformance case for the given [`Harness`] type,
 /// plus the crash tests and the child they spawn. Use it at the top level of
@@ -45,6 +47,7 @@ macro_rules! conformance_suite {
             release_lets_the_next_retry_run_at_once,
             retention_is_enforced_by_bounded_sweeps,
             expired_records_are_replaced_with_a_greater_token,
+            the_window_counts_from_the_first_claim,
             batch_apply_dedupes_and_commits_once,
             batch_answers_a_busy_key_in_flight,
             records_can_be_listed_and_shown,

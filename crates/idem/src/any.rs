@@ -17,8 +17,10 @@
 //!             AnyConnection::Sqlite(conn) => {
 //!                 conn.execute_batch("CREATE TABLE IF NOT EXISTS paid (n INTEGER); INSERT INTO paid VALUES (10);")?;
 //!             }
-//!             // with the `postgres` feature: AnyConnection::Postgres(conn) => sqlx on `conn`
-//!             _ => return Err("this effect is written for SQLite only".into()),
+//!             #[cfg(feature = "postgres")]
+//!             AnyConnection::Postgres(conn) => {
+//!                 idem::sqlx::raw_sql("INSERT INTO paid VALUES (10)").execute(conn).await?;
+//!             }
 //!         }
 //!         Ok(Outcome::success("paid"))
 //!     })
@@ -126,6 +128,10 @@ impl LeaseStore for AnyStore {
 }
 
 impl RecordStore for AnyStore {
+    fn settings(&self) -> &Settings {
+        each_store!(self, s => RecordStore::settings(s))
+    }
+
     async fn migrate(&self) -> Result<(), Error> {
         each_store!(self, s => s.migrate().await)
     }
@@ -156,8 +162,10 @@ pub trait AnyTx: Send {
 
 /// The connection behind a [`AnyTx`], to write the effect's SQL for its
 /// database.
+///
+/// Its variants follow the crate's store features, so a `match` naming both
+/// compiles where both stores are built in.
 #[derive(Debug)]
-#[non_exhaustive]
 pub enum AnyConnection<'c> {
     /// The embedded store's writer connection, inside `BEGIN IMMEDIATE`.
     #[cfg(feature = "sqlite")]
@@ -260,5 +268,141 @@ impl FenceStore for AnyStore {
 
     async fn release(&self, lease: &Lease) -> Result<(), Error> {
         each_store!(self, s => FenceStore::release(s, lease).await)
+    }
+}
+
+// The outbox, dead letters and failed attempts of whichever store it is.
+
+impl idem_core::OutboxStore for AnyStore {
+    fn outbox_clock(&self) -> SharedClock {
+        each_store!(self, s => s.outbox_clock())
+    }
+
+    async fn enqueue_now(&self, message: &idem_core::OutboxMessage) -> Result<i64, Error> {
+        each_store!(self, s => s.enqueue_now(message).await)
+    }
+
+    async fn claim_outbox(
+        &self,
+        owner: &str,
+        now: idem_core::Timestamp,
+        lease: Duration,
+        limit: usize,
+        with_default: bool,
+    ) -> Result<Vec<idem_core::Pending>, Error> {
+        each_store!(self, s => s.claim_outbox(owner, now, lease, limit, with_default).await)
+    }
+
+    async fn mark_sent(&self, ids: &[i64], now: idem_core::Timestamp) -> Result<u64, Error> {
+        each_store!(self, s => s.mark_sent(ids, now).await)
+    }
+
+    async fn retry_later(
+        &self,
+        id: i64,
+        owner: &str,
+        attempts: u32,
+        due: idem_core::Timestamp,
+        error: &str,
+    ) -> Result<bool, Error> {
+        each_store!(self, s => s.retry_later(id, owner, attempts, due, error).await)
+    }
+
+    async fn bury(
+        &self,
+        id: i64,
+        owner: &str,
+        letter: &idem_core::NewDeadLetter,
+        now: idem_core::Timestamp,
+    ) -> Result<Option<i64>, Error> {
+        each_store!(self, s => s.bury(id, owner, letter, now).await)
+    }
+
+    async fn sweep_sent(&self, before: idem_core::Timestamp, limit: usize) -> Result<u64, Error> {
+        each_store!(self, s => s.sweep_sent(before, limit).await)
+    }
+
+    async fn outbox_stats(&self) -> Result<idem_core::OutboxStats, Error> {
+        each_store!(self, s => s.outbox_stats().await)
+    }
+
+    async fn wake_ups(&self) -> Result<Option<Box<dyn idem_core::WakeUps>>, Error> {
+        each_store!(self, s => s.wake_ups().await)
+    }
+}
+
+impl idem_core::DeadLetterStore for AnyStore {
+    async fn record_dead_letter(&self, letter: &idem_core::NewDeadLetter) -> Result<i64, Error> {
+        each_store!(self, s => s.record_dead_letter(letter).await)
+    }
+
+    async fn list_dead_letters(
+        &self,
+        limit: usize,
+        include_redriven: bool,
+    ) -> Result<Vec<idem_core::DeadLetter>, Error> {
+        each_store!(self, s => s.list_dead_letters(limit, include_redriven).await)
+    }
+
+    async fn get_dead_letter(&self, id: i64) -> Result<Option<idem_core::DeadLetter>, Error> {
+        each_store!(self, s => s.get_dead_letter(id).await)
+    }
+
+    async fn mark_redriven(&self, id: i64) -> Result<(), Error> {
+        each_store!(self, s => s.mark_redriven(id).await)
+    }
+
+    async fn dead_letter_stats(&self) -> Result<idem_core::DeadLetterStats, Error> {
+        each_store!(self, s => s.dead_letter_stats().await)
+    }
+
+    async fn sweep_dead_letters(&self, retention: Duration, limit: usize) -> Result<u64, Error> {
+        each_store!(self, s => s.sweep_dead_letters(retention, limit).await)
+    }
+}
+
+impl idem_core::AttemptStore for AnyStore {
+    async fn record_failure(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        error: &str,
+    ) -> Result<idem_core::Failures, Error> {
+        each_store!(self, s => s.record_failure(scope, key, error).await)
+    }
+
+    async fn forget_failures(&self, scope: &Scope, key: &IdempotencyKey) -> Result<(), Error> {
+        each_store!(self, s => s.forget_failures(scope, key).await)
+    }
+
+    async fn sweep_failures(
+        &self,
+        before: idem_core::Timestamp,
+        limit: usize,
+    ) -> Result<u64, Error> {
+        each_store!(self, s => s.sweep_failures(before, limit).await)
+    }
+
+    fn now(&self) -> idem_core::Timestamp {
+        each_store!(self, s => idem_core::AttemptStore::now(s))
+    }
+}
+
+impl idem_core::AtomicOutbox for AnyStore {
+    /// On whichever store's connection `tx` is.
+    async fn enqueue(
+        tx: &mut (dyn AnyTx + 'static),
+        message: &idem_core::OutboxMessage,
+    ) -> Result<i64, Error> {
+        match tx.connection() {
+            #[cfg(feature = "sqlite")]
+            AnyConnection::Sqlite(conn) => {
+                <idem_sqlite::SqliteStore as idem_core::AtomicOutbox>::enqueue(conn, message).await
+            }
+            #[cfg(feature = "postgres")]
+            AnyConnection::Postgres(conn) => {
+                <idem_postgres::PgStore as idem_core::AtomicOutbox>::enqueue(conn, message).await
+            }
+        }
     }
 }

@@ -9,7 +9,8 @@
 //! Modules:
 //! - [`StoreLocation`]: `sqlite://PATH` / `postgres://URL` parsing;
 //! - [`AnyStore`]: a store chosen at run time, behind the shared traits, and
-//!   [`AnyTx`], the connection its atomic effects get.
+//!   [`AnyTx`], the connection its atomic effects get;
+//! - [`redact_url`]: a URL with its password and query removed, for logs and errors.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -31,10 +32,12 @@
 
 mod any;
 mod location;
+mod redact;
 
 pub use any::{AnyConnection, AnyStore, AnyTx};
 pub use idem_core::*;
 pub use location::{LocationError, StoreLocation};
+pub use redact::redact_url;
 
 #[cfg(feature = "sqlite")]
 pub use idem_sqlite::{self as sqlite, SqliteStore, rusqlite};

@@ -4,7 +4,10 @@ use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
 
-/// A parsed store location.
+use crate::redact_url;
+
+/// A parsed store location. It is shown (`Display`, `Debug`) through
+/// [`redact_url`], without its password or query.
 #[derive(Clone, PartialEq, Eq)]
 pub enum StoreLocation {
     /// An embedded SQLite file (`sqlite://idem.db`, `sqlite:///var/lib/idem.db`).
@@ -24,7 +27,7 @@ pub enum LocationError {
     UnknownScheme {
         /// The scheme found.
         scheme: String,
-        /// The URL as given (password removed).
+        /// The URL as given, through [`redact_url`].
         url: String,
     },
     /// The text has no `scheme://` part.
@@ -62,24 +65,9 @@ impl FromStr for StoreLocation {
             "postgres" | "postgresql" => Ok(Self::Postgres(url.to_owned())),
             _ => Err(LocationError::UnknownScheme {
                 scheme: scheme.to_owned(),
-                url: redact(url),
+                url: redact_url(url),
             }),
         }
-    }
-}
-
-/// The URL with any password replaced by `***`.
-fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let (authority, tail) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _password)) => format!("{scheme}://{user}:***@{host}{tail}"),
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
     }
 }
 
@@ -87,7 +75,7 @@ impl fmt::Display for StoreLocation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Sqlite(path) => write!(f, "sqlite://{}", path.display()),
-            Self::Postgres(url) => f.write_str(&redact(url)),
+            Self::Postgres(url) => f.write_str(&redact_url(url)),
         }
     }
 }
@@ -139,7 +127,13 @@ mod tests {
 
     #[test]
     fn display_hides_passwords() {
-        let location: StoreLocation = "postgres://app:hunter2@db:5432/idem".parse().unwrap();
+        let location: StoreLocation = "postgres://app:hunter2@db:5432/idem?sslmode=require"
+            .parse()
+            .unwrap();
         assert_eq!(location.to_string(), "postgres://app:***@db:5432/idem");
+        assert_eq!(
+            format!("{location:?}"),
+            "StoreLocation(postgres://app:***@db:5432/idem)"
+        );
     }
 }

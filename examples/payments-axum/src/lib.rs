@@ -1,26 +1,30 @@
 //! The payments example: `POST /payments` debits an account once per
 //! `Idempotency-Key`, `GET /balance` shows what is left.
 //!
-//! The debit is an [atomic handler](idem_http::atomic): its `UPDATE` and
+//! The debit is an [atomic route](idem_http::atomic): its `UPDATE` and
 //! `INSERT` and the stored response commit in the same transaction as the
 //! idempotency record, on SQLite or PostgreSQL. A retry of a debit that
 //! committed gets the stored response; one that did not commit runs again.
 //!
-//! Modules:
-//! - `payment`: the request and responses, the same on both databases;
-//! - `sqlite`, `postgres`: the schema, the debit and the balance on each database.
+//! The API is written once, against [`AtomicStore`](idem::AtomicStore); only
+//! its SQL is written per database. Modules:
+//! - `payment`: the request and responses;
+//! - `accounts`: the SQL, once for SQLite and once for PostgreSQL, behind one
+//!   trait that each store's connection implements;
+//! - `routes`: the debit (an atomic route) and the balance, on any store.
 
 #![forbid(unsafe_code)]
 
+mod accounts;
 mod payment;
-mod postgres;
-mod sqlite;
+mod routes;
 
 use std::future::Future;
 
 use axum::Router;
 use idem::{PgStore, SqliteStore, StoreLocation};
 use idem_http::{IdempotencyConfig, KeyRequirement};
+use routes::PaymentStore;
 
 /// The account every fresh database starts with, and its balance in cents.
 pub const DEMO_ACCOUNT: (&str, i64) = ("acc-1", 10_000);
@@ -31,18 +35,16 @@ pub async fn app(location: &StoreLocation) -> anyhow::Result<Router> {
     // Every POST /payments must carry a key: a debit without one could not be
     // retried safely.
     let config = IdempotencyConfig::default().require_key(KeyRequirement::Always);
-    Ok(match location {
-        StoreLocation::Sqlite(path) => {
-            let store = SqliteStore::open(path).await?;
-            sqlite::prepare(&store).await?;
-            sqlite::router(store, config)
-        }
-        StoreLocation::Postgres(url) => {
-            let store = PgStore::connect(url).await?;
-            postgres::prepare(&store).await?;
-            postgres::router(store, config)
-        }
-    })
+    match location {
+        StoreLocation::Sqlite(path) => api_on(SqliteStore::open(path).await?, config).await,
+        StoreLocation::Postgres(url) => api_on(PgStore::connect(url).await?, config).await,
+    }
+}
+
+/// The API on `store`, once its tables are there.
+async fn api_on<S: PaymentStore>(store: S, config: IdempotencyConfig) -> anyhow::Result<Router> {
+    routes::prepare(&store).await?;
+    Ok(routes::router(store, config))
 }
 
 /// Serves `app` on `listener` until `shutdown` resolves.

@@ -1,11 +1,14 @@
-//! The example end to end on SQLite, over a real socket: a payment sent three
-//! times with one key debits the account once.
+//! The example end to end over a real socket, on SQLite and on PostgreSQL (a
+//! database of its own): a payment sent three times with one key debits the
+//! account once.
 
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper::{Method, Request, StatusCode};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use idem::StoreLocation;
+use idem_testkit::postgres::TestDatabase;
 use serde_json::Value;
 
 async fn send(
@@ -46,12 +49,24 @@ async fn send(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_payment_sent_three_times_debits_once() {
+async fn a_payment_sent_three_times_debits_once_on_sqlite() {
     let dir = tempfile::tempdir().unwrap();
     let location = format!("sqlite://{}", dir.path().join("payments.db").display())
         .parse()
         .unwrap();
-    let app = payments_axum::app(&location).await.expect("app");
+    a_payment_sent_three_times_debits_once(&location).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_payment_sent_three_times_debits_once_on_postgres() {
+    let Some(db) = TestDatabase::create("payments_axum_t").await else {
+        return;
+    };
+    a_payment_sent_three_times_debits_once(&db.url().parse().unwrap()).await;
+}
+
+async fn a_payment_sent_three_times_debits_once(location: &StoreLocation) {
+    let app = payments_axum::app(location).await.expect("app");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

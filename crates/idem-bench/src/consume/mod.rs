@@ -21,7 +21,7 @@ mod report;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use idem::{IdempotencyKey, StoreLocation};
+use idem::{IdempotencyKey, RecordStore, StoreLocation};
 use idem_broker::consume::{ConsumerStore, SourceOptions};
 
 use crate::args::BenchConsumeArgs;
@@ -150,7 +150,7 @@ fn label((consumer, mode): (Consumer, Mode), batch: usize) -> String {
 /// One phase of a round (`round` names it in the queue's name): a fresh
 /// queue or stream, filled, then consumed to the end; only consuming is
 /// timed.
-async fn phase<S: Ledger + ConsumerStore>(
+async fn phase<S: Ledger + RecordStore + ConsumerStore>(
     broker: &BenchBroker,
     bank: &Bank<S>,
     args: &BenchConsumeArgs,

@@ -19,12 +19,13 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures::StreamExt;
+use idem::redact_url;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Acker, Channel, Connection, ConnectionProperties};
 
-use super::source::without_password;
-use super::{Delivery, Message, Route, Settle, Transport, TransportError};
+use super::message::Message;
+use super::transport::{Delivery, Route, Settle, Transport, TransportError};
 
 /// A RabbitMQ queue consumed with manual acks.
 #[derive(Debug)]
@@ -70,7 +71,7 @@ impl AmqpTransport {
             .basic_consume(queue.into(), "".into(), options, FieldTable::default())
             .await
             .map_err(|e| TransportError::new(format!("consume from queue {queue:?}"), e))?;
-        let public = without_password(url);
+        let public = redact_url(url);
         let origin = format!("{}/{queue}", public.trim_end_matches('/'));
         Ok(Self {
             connection,

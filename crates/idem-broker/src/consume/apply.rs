@@ -1,24 +1,23 @@
 //! What a consumer does with a keyed message: apply its effect once.
 //!
-//! In atomic mode the user's effect receives the store's open transaction,
-//! exactly as with the library: `&rusqlite::Transaction` on SQLite,
-//! `&mut PgConnection` on PostgreSQL. The runtime goes through the store's own
-//! `apply` (or `apply_batch`), so the effect's writes and the dedupe record
-//! commit together, and only then does the runtime ack. [`SqliteApply`] and
-//! [`PgApply`] put a store and an effect together; the sidecar's HTTP
-//! forwarder ([`crate::forward`]) is another implementation of [`Apply`].
+//! In atomic mode the user's effect runs in the store's transaction, exactly
+//! as with the library ([`AtomicStore`]): it gets `&mut rusqlite::Connection`
+//! on SQLite, `&mut PgConnection` on PostgreSQL. The runtime goes through the
+//! store's own `apply` (or `apply_batch`), so the effect's writes and the
+//! dedupe record commit together, and only then does the runtime ack.
+//! [`AtomicApply`] puts a store and an effect together, for any store; the
+//! sidecar's HTTP forwarder ([`crate::forward`]) is another implementation of
+//! [`Apply`].
 
 use std::fmt;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::FutureExt;
-use futures::future::BoxFuture;
-use idem::sqlite::rusqlite::Transaction;
-use idem::{PgStore, SqliteStore};
-use idem_core::{Applied, ApplyError, Error, Operation, Outcome};
-use sqlx::PgConnection;
+use idem_core::{
+    Applied, ApplyError, AtomicEffect, AtomicStore, Error, Operation, Outcome, RecordStore,
+};
 
 use super::{ConsumerStore, KeyedMessage};
 
@@ -80,24 +79,30 @@ pub trait ApplyBatch: Apply {
     ) -> impl Future<Output = BatchAnswer<Self::Error>> + Send;
 }
 
-/// The effect on SQLite: runs on the store's writer thread, in its
-/// `BEGIN IMMEDIATE` transaction.
-pub struct SqliteApply<F> {
-    store: SqliteStore,
-    effect: Arc<F>,
+/// A message's effect in the store's transaction, for any [`AtomicStore`].
+///
+/// The effect is given as a function of the message that returns the `async`
+/// closure to run in the transaction: it owns the message (an `Arc`, cheap to
+/// clone) and receives the store's connection.
+pub struct AtomicApply<S, H, E> {
+    store: S,
+    effect: Arc<H>,
+    error: PhantomData<fn() -> E>,
 }
 
-impl<F> fmt::Debug for SqliteApply<F> {
+impl<S: fmt::Debug, H, E> fmt::Debug for AtomicApply<S, H, E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SqliteApply")
+        f.debug_struct("AtomicApply")
             .field("store", &self.store)
             .finish_non_exhaustive()
     }
 }
 
-impl<F, E> SqliteApply<F>
+impl<S, H, F, E> AtomicApply<S, H, E>
 where
-    F: Fn(&Transaction<'_>, &KeyedMessage) -> Result<Outcome, E> + Send + Sync + 'static,
+    S: AtomicStore,
+    H: Fn(Arc<KeyedMessage>) -> F + Send + Sync + 'static,
+    F: AtomicEffect<S::Tx, Outcome, E>,
     E: fmt::Display + Send + 'static,
 {
     /// The effect `effect` applied through `store`.
@@ -105,127 +110,34 @@ where
     /// ```
     /// # async fn demo(store: idem::SqliteStore) {
     /// use idem::Outcome;
-    /// use idem_broker::consume::SqliteApply;
-    /// let debit = SqliteApply::new(store, |tx, message| {
+    /// use idem_broker::consume::AtomicApply;
+    /// let debit = AtomicApply::new(store, |message| async move |tx| -> idem::rusqlite::Result<Outcome> {
     ///     let amount: i64 = std::str::from_utf8(message.payload()).unwrap_or("0").parse().unwrap_or(0);
     ///     tx.execute("UPDATE accounts SET balance = balance - ?1 WHERE id = 1", [amount])?;
-    ///     Ok::<_, idem::sqlite::rusqlite::Error>(Outcome::success("debited"))
+    ///     Ok(Outcome::success("debited"))
     /// });
     /// # }
     /// ```
-    pub fn new(store: SqliteStore, effect: F) -> Self {
+    pub fn new(store: S, effect: H) -> Self {
         Self {
             store,
             effect: Arc::new(effect),
+            error: PhantomData,
         }
     }
 }
 
-impl<F, E> Apply for SqliteApply<F>
+impl<S, H, F, E> Apply for AtomicApply<S, H, E>
 where
-    F: Fn(&Transaction<'_>, &KeyedMessage) -> Result<Outcome, E> + Send + Sync + 'static,
+    S: AtomicStore + RecordStore + ConsumerStore,
+    H: Fn(Arc<KeyedMessage>) -> F + Send + Sync + 'static,
+    F: AtomicEffect<S::Tx, Outcome, E>,
     E: fmt::Display + Send + 'static,
 {
     type Error = E;
-    type Store = SqliteStore;
+    type Store = S;
 
-    fn store(&self) -> &SqliteStore {
-        &self.store
-    }
-
-    fn dedupe_window(&self) -> Option<Duration> {
-        Some(self.store.settings().retention)
-    }
-
-    async fn apply(&self, message: Arc<KeyedMessage>) -> Result<Applied, ApplyError<E>> {
-        let effect = Arc::clone(&self.effect);
-        let (scope, key, fingerprint) = (
-            message.scope.clone(),
-            message.key.clone(),
-            message.fingerprint,
-        );
-        self.store
-            .apply(&scope, &key, fingerprint, move |tx| effect(tx, &message))
-            .await
-    }
-}
-
-impl<F, E> ApplyBatch for SqliteApply<F>
-where
-    F: Fn(&Transaction<'_>, &KeyedMessage) -> Result<Outcome, E> + Send + Sync + 'static,
-    E: fmt::Display + Send + 'static,
-{
-    async fn apply_batch(&self, messages: Vec<Arc<KeyedMessage>>) -> BatchAnswer<E> {
-        let ops: Vec<Operation> = messages.iter().map(|m| m.operation()).collect();
-        let effect = Arc::clone(&self.effect);
-        self.store
-            .apply_batch(&ops, move |tx, i| effect(tx, &messages[i]))
-            .await
-    }
-}
-
-/// The effect on PostgreSQL: runs on the connection of the store's
-/// transaction, so its SQL commits with the record.
-pub struct PgApply<F> {
-    store: PgStore,
-    effect: Arc<F>,
-}
-
-impl<F> fmt::Debug for PgApply<F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PgApply")
-            .field("store", &self.store)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<F, E> PgApply<F>
-where
-    F: for<'c> Fn(&'c mut PgConnection, &'c KeyedMessage) -> BoxFuture<'c, Result<Outcome, E>>
-        + Send
-        + Sync
-        + 'static,
-    E: fmt::Display + Send + 'static,
-{
-    /// The effect `effect` applied through `store`.
-    ///
-    /// ```
-    /// # async fn demo(store: idem::PgStore) {
-    /// use futures::FutureExt;
-    /// use idem::Outcome;
-    /// use idem_broker::consume::PgApply;
-    /// let debit = PgApply::new(store, |conn, message| {
-    ///     async move {
-    ///         sqlx::query("INSERT INTO ledger (key) VALUES ($1)")
-    ///             .bind(message.key.as_str())
-    ///             .execute(&mut *conn)
-    ///             .await?;
-    ///         Ok::<_, sqlx::Error>(Outcome::success("recorded"))
-    ///     }
-    ///     .boxed()
-    /// });
-    /// # }
-    /// ```
-    pub fn new(store: PgStore, effect: F) -> Self {
-        Self {
-            store,
-            effect: Arc::new(effect),
-        }
-    }
-}
-
-impl<F, E> Apply for PgApply<F>
-where
-    F: for<'c> Fn(&'c mut PgConnection, &'c KeyedMessage) -> BoxFuture<'c, Result<Outcome, E>>
-        + Send
-        + Sync
-        + 'static,
-    E: fmt::Display + Send + 'static,
-{
-    type Error = E;
-    type Store = PgStore;
-
-    fn store(&self) -> &PgStore {
+    fn store(&self) -> &S {
         &self.store
     }
 
@@ -234,13 +146,11 @@ where
     }
 
     /// A first delivery (the broker counts one) is most likely new, so its
-    /// key is claimed first ([`PgStore::apply_claim_first`]); a redelivery
-    /// looks for a stored outcome first ([`PgStore::apply`]). Both answer a
-    /// duplicate the same way.
+    /// key is claimed first ([`AtomicStore::apply_claim_first`]); a
+    /// redelivery looks for a stored outcome first ([`AtomicStore::apply`]).
+    /// Both answer a duplicate the same way.
     async fn apply(&self, message: Arc<KeyedMessage>) -> Result<Applied, ApplyError<E>> {
-        let effect = Arc::clone(&self.effect);
-        let keyed = Arc::clone(&message);
-        let effect = on_connection(move |conn| async move { effect(conn, &keyed).await }.boxed());
+        let effect = (self.effect)(Arc::clone(&message));
         let (scope, key, fingerprint) = (&message.scope, &message.key, message.fingerprint);
         if message.message.delivery_count == Some(1) {
             self.store
@@ -252,32 +162,18 @@ where
     }
 }
 
-impl<F, E> ApplyBatch for PgApply<F>
+impl<S, H, F, E> ApplyBatch for AtomicApply<S, H, E>
 where
-    F: for<'c> Fn(&'c mut PgConnection, &'c KeyedMessage) -> BoxFuture<'c, Result<Outcome, E>>
-        + Send
-        + Sync
-        + 'static,
+    S: AtomicStore + RecordStore + ConsumerStore,
+    H: Fn(Arc<KeyedMessage>) -> F + Send + Sync + 'static,
+    F: AtomicEffect<S::Tx, Outcome, E>,
     E: fmt::Display + Send + 'static,
 {
     async fn apply_batch(&self, messages: Vec<Arc<KeyedMessage>>) -> BatchAnswer<E> {
         let ops: Vec<Operation> = messages.iter().map(|m| m.operation()).collect();
-        let effect = &self.effect;
+        let effect = Arc::clone(&self.effect);
         self.store
-            .apply_batch(&ops, move |conn, i| {
-                let effect = Arc::clone(effect);
-                let keyed = Arc::clone(&messages[i]);
-                async move { effect(conn, &keyed).await }.boxed()
-            })
+            .apply_batch(&ops, move |i| effect(Arc::clone(&messages[i])))
             .await
     }
-}
-
-/// `effect` as the stores' atomic apply takes it: the closure's signature
-/// spelled out, which inference does not find on its own.
-fn on_connection<F, E>(effect: F) -> F
-where
-    F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<Outcome, E>>,
-{
-    effect
 }

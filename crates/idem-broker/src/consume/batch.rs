@@ -27,12 +27,12 @@ use idem_core::{Applied, ApplyError, Error};
 use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 
-use super::runtime::{Failure, Shared, classify, joined, prepare};
-use super::stats::Settled;
-use super::{
-    ApplyBatch, Checkpoint, ConsumeError, Consumer, Delivery, KeyedMessage, Settle, StatsSnapshot,
-    Transport,
-};
+use super::apply::ApplyBatch;
+use super::config::Checkpoint;
+use super::message::KeyedMessage;
+use super::runtime::{ConsumeError, Consumer, Failure, Shared, classify, joined, prepare};
+use super::stats::{Settled, StatsSnapshot};
+use super::transport::{Delivery, Settle, Transport};
 
 /// Deliveries of a batch that are ready for the batch's ack, with what each
 /// became.

@@ -1,5 +1,5 @@
-//! [`ConsumerConfig`]: everything the runtime decides by, with the defaults
-//! of the specification (dead-letter after 5 attempts).
+//! [`ConsumerConfig`]: everything the runtime decides by, and its defaults
+//! (dead-letter after 5 attempts).
 
 use std::fmt;
 use std::sync::Arc;
@@ -8,7 +8,7 @@ use std::time::Duration;
 use idem_core::Scope;
 use idem_retry::{Backoff, RetryBudget};
 
-use super::KeyRule;
+use super::key::KeyRule;
 
 /// The default number of attempts before a message is dead-lettered: 5.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
@@ -20,7 +20,8 @@ pub const DEFAULT_BATCH: usize = 100;
 pub const DEFAULT_BATCHES_AT_ONCE: usize = 4;
 
 /// A named point in the runtime where a fault-injection test may stop the
-/// process (SPEC §9 crash points).
+/// process, to show that a crash there neither loses a message nor applies it
+/// twice.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Checkpoint {

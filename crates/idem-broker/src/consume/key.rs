@@ -19,7 +19,7 @@ use std::str::FromStr;
 
 use idem_core::IdempotencyKey;
 
-use super::Message;
+use super::message::Message;
 
 /// Where the key is read from.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -11,43 +11,56 @@
 //!
 //! # Layout
 //!
+//! This module only declares and re-exports; each module below imports what
+//! it uses from the module that defines it. The transports depend on the
+//! shared modules (`transport`, `message`), never the reverse, and `source`
+//! (which chooses a transport) depends on the transports.
+//!
 //! - `transport`: the [`Transport`] and [`Settle`] traits a broker adapter implements;
-//! - `amqp`: [`AmqpTransport`], RabbitMQ through lapin (manual ack, prefetch);
-//! - `nats`: [`NatsTransport`], NATS JetStream through async-nats (pull, explicit ack, ack-wait);
-//! - `source`: [`Source`], a broker chosen by URL, and [`AnyTransport`];
+//! - `amqp` (feature `amqp`): [`AmqpTransport`], RabbitMQ through lapin (manual ack, prefetch);
+//! - `nats` (feature `nats`): [`NatsTransport`], NATS JetStream through async-nats
+//!   (pull, explicit ack, ack-wait);
+//! - `source` (feature `amqp` or `nats`): [`Source`], a broker chosen by URL, and [`AnyTransport`];
 //! - `message`: [`Message`], broker-neutral, and [`KeyedMessage`];
 //! - `key`: [`KeyRule`], where keys come from and what to do without one;
-//! - `apply`: [`Apply`] / [`ApplyBatch`], and the atomic effects [`SqliteApply`], [`PgApply`];
-//! - `attempts`: failed attempts counted in the store, [`ConsumerStore`];
+//! - `apply`: [`Apply`] / [`ApplyBatch`], and [`AtomicApply`], a message's effect in any store's transaction;
+//! - `store`: [`ConsumerStore`], the store's dead letters and failed attempts;
 //! - `config`: [`ConsumerConfig`] with the defaults;
 //! - `runtime`: [`Consumer`] and the single-message path;
 //! - `batch`: [`Consumer::run_batched`], N messages per transaction;
 //! - `stats`: [`Stats`], counters for tests and the benchmark.
 
+#[cfg(feature = "amqp")]
 mod amqp;
 mod apply;
-mod attempts;
 mod batch;
 mod config;
 mod key;
 mod message;
+#[cfg(feature = "nats")]
 mod nats;
 mod runtime;
+#[cfg(any(feature = "amqp", feature = "nats"))]
 mod source;
 mod stats;
+mod store;
 mod transport;
 
+#[cfg(feature = "amqp")]
 pub use amqp::{AmqpSettle, AmqpTransport};
-pub use apply::{Apply, ApplyBatch, BatchAnswer, PgApply, SqliteApply};
-pub use attempts::{Attempts, ConsumerStore, Failures};
+pub use apply::{Apply, ApplyBatch, AtomicApply, BatchAnswer};
 pub use config::{
     Checkpoint, ConsumerConfig, DEFAULT_BATCH, DEFAULT_BATCHES_AT_ONCE, DEFAULT_CONCURRENCY,
     DEFAULT_MAX_ATTEMPTS,
 };
+pub use idem_core::{AttemptStore, Failures};
 pub use key::{KeyRule, KeySource, MissingKey, NoKey};
 pub use message::{KeyedMessage, Message};
+#[cfg(feature = "nats")]
 pub use nats::{NatsOptions, NatsSettle, NatsTransport};
 pub use runtime::{ConsumeError, Consumer};
+#[cfg(any(feature = "amqp", feature = "nats"))]
 pub use source::{AnySettle, AnyTransport, InvalidSource, Source, SourceOptions};
 pub use stats::{Stats, StatsSnapshot};
+pub use store::ConsumerStore;
 pub use transport::{Delivery, Route, Settle, Transport, TransportError};

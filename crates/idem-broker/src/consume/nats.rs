@@ -15,9 +15,10 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind, consumer::AckPolicy, consumer::pull};
 use futures::StreamExt;
+use idem::redact_url;
 
-use super::source::without_password;
-use super::{Delivery, Message, Route, Settle, Transport, TransportError};
+use super::message::Message;
+use super::transport::{Delivery, Route, Settle, Transport, TransportError};
 
 /// How the pull consumer is set up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,7 +105,7 @@ impl NatsTransport {
             .messages()
             .await
             .map_err(|e| TransportError::new("start pulling messages", e))?;
-        let public = without_password(url);
+        let public = redact_url(url);
         let origin = format!("{}/{stream}/{consumer}", public.trim_end_matches('/'));
         Ok(Self {
             messages,

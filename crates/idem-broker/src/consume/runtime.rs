@@ -25,18 +25,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idem_core::{
-    Applied, ApplyError, DEFAULT_RETENTION, Error, Fingerprint, IdempotencyKey, Timestamp,
+    Applied, ApplyError, AttemptStore, DEFAULT_RETENTION, DeadLetterStore, Error, Fingerprint,
+    IdempotencyKey, NewDeadLetter, Timestamp,
 };
 use rand::Rng;
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
-use super::stats::Settled;
-use super::{
-    Apply, Attempts, Checkpoint, ConsumerConfig, Delivery, KeyedMessage, Message, Route, Settle,
-    Stats, StatsSnapshot, Transport, TransportError,
-};
-use crate::dead_letter::{DeadLetters, NewDeadLetter};
+use super::apply::Apply;
+use super::config::{Checkpoint, ConsumerConfig};
+use super::message::{KeyedMessage, Message};
+use super::stats::{Settled, Stats, StatsSnapshot};
+use super::transport::{Delivery, Route, Settle, Transport, TransportError};
 
 /// Why a consumer stopped.
 #[derive(Debug, thiserror::Error)]
@@ -72,12 +72,12 @@ pub enum ConsumeError {
 /// ```no_run
 /// # async fn demo(store: idem::SqliteStore) -> Result<(), Box<dyn std::error::Error>> {
 /// use idem::{Outcome, Scope};
-/// use idem_broker::consume::{AmqpTransport, Consumer, ConsumerConfig, SqliteApply};
+/// use idem_broker::consume::{AmqpTransport, AtomicApply, Consumer, ConsumerConfig};
 ///
 /// let transport = AmqpTransport::connect("amqp://127.0.0.1:5672/%2f", "payments", 32).await?;
-/// let effect = SqliteApply::new(store, |tx, message| {
+/// let effect = AtomicApply::new(store, |message| async move |tx| -> idem::rusqlite::Result<Outcome> {
 ///     tx.execute("INSERT INTO ledger (key) VALUES (?1)", [message.key.as_str()])?;
-///     Ok::<_, idem::sqlite::rusqlite::Error>(Outcome::success("recorded"))
+///     Ok(Outcome::success("recorded"))
 /// });
 /// let consumer = Consumer::new(transport, effect, ConsumerConfig::new(Scope::new("ledger")?));
 /// consumer.run(std::future::pending::<()>()).await?; // or a shutdown signal
@@ -178,10 +178,11 @@ impl<T: Transport, A: Apply> Consumer<T, A> {
     }
 }
 
-/// Checks the windows (SPEC §5: a dedupe window shorter than the producer's
-/// retry horizon is a configuration error at start-up), creates the
-/// failure-count table if needed and sweeps rows older than the dedupe window
-/// (7 days): a consumer's start is the table's upkeep.
+/// Checks the windows (a dedupe window shorter than the producer's retry
+/// horizon would let a late retry through as a new message, so it is refused
+/// at start-up) and sweeps failure counts older than the dedupe window (7
+/// days): a consumer's start is that table's upkeep. The table itself comes
+/// with the store's migrations.
 pub(crate) async fn prepare<A: Apply>(
     apply: &A,
     config: &ConsumerConfig,
@@ -192,7 +193,6 @@ pub(crate) async fn prepare<A: Apply>(
         return Err(ConsumeError::WindowTooShort { window, horizon });
     }
     let store = apply.store();
-    store.prepare_attempts().await?;
     let before = Timestamp(
         store
             .now()
@@ -467,7 +467,7 @@ impl<A: Apply> Shared<A> {
             .unwrap_or(now);
         let letter = NewDeadLetter {
             origin: self.route.origin.clone(),
-            destination: self.route.destination(message),
+            destination: self.route.destination(message).to_string(),
             key,
             payload: message.payload.to_vec(),
             headers: message.headers.clone(),
@@ -475,7 +475,7 @@ impl<A: Apply> Shared<A> {
             last_error,
             first_seen_at,
         };
-        match store.record(&letter).await {
+        match store.record_dead_letter(&letter).await {
             Ok(id) => {
                 if let Err(error) = store.forget_failures(&self.config.scope, &letter.key).await {
                     tracing::debug!(%error, "could not clear the failure count of a dead-lettered message");

@@ -1,14 +1,23 @@
 //! A broker source written as one URL, for programs (`idem forward`) that
 //! consume from either broker: `amqp://HOST/QUEUE` or
 //! `nats://HOST/STREAM/CONSUMER`, and the transport chosen from it at run time.
+//!
+//! This module chooses among the transports, so it depends on them (each
+//! behind its feature), and they never on it. Both forms parse whatever the
+//! features; connecting to a broker whose transport was left out fails with
+//! the feature to enable.
 
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+use idem::redact_url;
+
+#[cfg(feature = "amqp")]
 use super::amqp::{AmqpSettle, AmqpTransport};
+#[cfg(feature = "nats")]
 use super::nats::{NatsOptions, NatsSettle, NatsTransport};
-use super::{Delivery, Route, Settle, Transport, TransportError};
+use super::transport::{Delivery, Route, Settle, Transport, TransportError};
 
 /// Where messages are consumed from.
 #[derive(Clone, PartialEq, Eq)]
@@ -53,7 +62,7 @@ impl FromStr for Source {
     /// ```
     fn from_str(text: &str) -> Result<Self, InvalidSource> {
         let invalid = |why: &str| InvalidSource {
-            url: without_password(text),
+            url: redact_url(text),
             why: why.to_owned(),
         };
         let parsed = url::Url::parse(text).map_err(|e| invalid(&e.to_string()))?;
@@ -116,12 +125,12 @@ fn decode(segment: &str) -> String {
 impl fmt::Display for Source {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Amqp { url, queue } => write!(f, "{}/{queue}", without_password(url)),
+            Self::Amqp { url, queue } => write!(f, "{}/{queue}", redact_url(url)),
             Self::Nats {
                 url,
                 stream,
                 consumer,
-            } => write!(f, "{}/{stream}/{consumer}", without_password(url)),
+            } => write!(f, "{}/{stream}/{consumer}", redact_url(url)),
         }
     }
 }
@@ -154,9 +163,13 @@ impl Source {
     /// Connects to the source.
     pub async fn connect(&self, options: SourceOptions) -> Result<AnyTransport, TransportError> {
         match self {
+            #[cfg(feature = "amqp")]
             Self::Amqp { url, queue } => AmqpTransport::connect(url, queue, options.prefetch)
                 .await
                 .map(AnyTransport::Amqp),
+            #[cfg(not(feature = "amqp"))]
+            Self::Amqp { .. } => Err(left_out("RabbitMQ", "amqp")),
+            #[cfg(feature = "nats")]
             Self::Nats {
                 url,
                 stream,
@@ -172,8 +185,21 @@ impl Source {
             )
             .await
             .map(AnyTransport::Nats),
+            #[cfg(not(feature = "nats"))]
+            Self::Nats { .. } => Err(left_out("NATS JetStream", "nats")),
         }
     }
+}
+
+/// The error for a source whose transport this build was made without.
+#[cfg(not(all(feature = "amqp", feature = "nats")))]
+fn left_out(broker: &str, feature: &str) -> TransportError {
+    TransportError::new(
+        format!("connect to {broker}"),
+        format!(
+            "this build of idem-broker has no {broker} transport; enable its crate feature {feature}"
+        ),
+    )
 }
 
 /// Either broker's transport.
@@ -181,8 +207,10 @@ impl Source {
 #[non_exhaustive]
 pub enum AnyTransport {
     /// RabbitMQ.
+    #[cfg(feature = "amqp")]
     Amqp(AmqpTransport),
     /// NATS JetStream.
+    #[cfg(feature = "nats")]
     Nats(NatsTransport),
 }
 
@@ -191,35 +219,47 @@ pub enum AnyTransport {
 #[non_exhaustive]
 pub enum AnySettle {
     /// RabbitMQ.
+    #[cfg(feature = "amqp")]
     Amqp(AmqpSettle),
     /// NATS JetStream.
+    #[cfg(feature = "nats")]
     Nats(NatsSettle),
 }
 
 impl Settle for AnySettle {
     async fn ack(&self) -> Result<(), TransportError> {
         match self {
+            #[cfg(feature = "amqp")]
             Self::Amqp(s) => s.ack().await,
+            #[cfg(feature = "nats")]
             Self::Nats(s) => s.ack().await,
         }
     }
 
     async fn requeue(&self, delay: Duration) -> Result<(), TransportError> {
         match self {
+            #[cfg(feature = "amqp")]
             Self::Amqp(s) => s.requeue(delay).await,
+            #[cfg(feature = "nats")]
             Self::Nats(s) => s.requeue(delay).await,
         }
     }
 
+    /// RabbitMQ's deliveries with one cumulative ack, the others one by one.
     async fn ack_all(settles: Vec<AnySettle>) -> Result<(), TransportError> {
+        #[cfg(feature = "amqp")]
         let mut amqp = Vec::with_capacity(settles.len());
         for settle in settles {
             match settle {
+                #[cfg(feature = "amqp")]
                 AnySettle::Amqp(s) => amqp.push(s),
+                #[cfg(feature = "nats")]
                 AnySettle::Nats(s) => s.ack().await?,
             }
         }
-        AmqpSettle::ack_all(amqp).await
+        #[cfg(feature = "amqp")]
+        AmqpSettle::ack_all(amqp).await?;
+        Ok(())
     }
 }
 
@@ -240,34 +280,29 @@ impl Transport for AnyTransport {
 
     async fn receive(&mut self) -> Result<Option<Delivery<AnySettle>>, TransportError> {
         match self {
+            #[cfg(feature = "amqp")]
             Self::Amqp(t) => wrap(t.receive().await, AnySettle::Amqp),
+            #[cfg(feature = "nats")]
             Self::Nats(t) => wrap(t.receive().await, AnySettle::Nats),
         }
     }
 
     fn route(&self) -> Route {
         match self {
+            #[cfg(feature = "amqp")]
             Self::Amqp(t) => t.route(),
+            #[cfg(feature = "nats")]
             Self::Nats(t) => t.route(),
         }
     }
 
     async fn close(self) {
         match self {
+            #[cfg(feature = "amqp")]
             Self::Amqp(t) => t.close().await,
+            #[cfg(feature = "nats")]
             Self::Nats(t) => t.close().await,
         }
-    }
-}
-
-/// The URL with its password removed (for logs, origins and redrive targets).
-pub(crate) fn without_password(text: &str) -> String {
-    match url::Url::parse(text) {
-        Ok(mut parsed) if parsed.password().is_some() => {
-            let _ = parsed.set_password(None);
-            parsed.to_string()
-        }
-        _ => text.to_owned(),
     }
 }
 
@@ -285,7 +320,10 @@ mod tests {
                 queue: "orders".into()
             }
         );
-        assert_eq!(with_vhost.to_string(), "amqp://u@rabbit:5673/prod/orders");
+        assert_eq!(
+            with_vhost.to_string(),
+            "amqp://u:***@rabbit:5673/prod/orders"
+        );
         let err = "amqp://u:secret@rabbit/".parse::<Source>().unwrap_err();
         assert!(!err.to_string().contains("secret"), "{err}");
         assert!("nats://h/only-stream".parse::<Source>().is_err());

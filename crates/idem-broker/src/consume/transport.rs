@@ -10,9 +10,8 @@ use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
+use super::message::Message;
 use crate::publish::Destination;
-
-use super::Message;
 
 /// A transport failure (connection lost, channel closed, protocol error).
 #[derive(Debug, thiserror::Error)]
@@ -79,8 +78,8 @@ pub struct Delivery<S> {
 /// Where a transport's messages come from and where a redrive sends them back.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route {
-    /// A printable name of the source, without credentials
-    /// (`amqp://127.0.0.1:5672/%2f/orders`, `nats://127.0.0.1:4222/ORDERS/billing`).
+    /// A printable name of the source, its URL through [`idem::redact_url`]
+    /// (`amqp://guest:***@127.0.0.1:5672/%2f/orders`, `nats://127.0.0.1:4222/ORDERS/billing`).
     pub origin: String,
     back: Back,
 }

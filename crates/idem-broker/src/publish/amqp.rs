@@ -7,15 +7,16 @@
 //! retries it instead of marking sent a message that nobody will ever read.
 //! A broken connection is reopened on the next publish.
 
+use idem_core::IDEMPOTENCY_KEY_HEADER;
 use lapin::Confirmation;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use tokio::sync::Mutex;
 
-use super::{
-    Destination, IDEMPOTENCY_KEY_HEADER, Message, Publish, PublishError, PublishErrorKind,
-};
+use super::destination::Destination;
+use super::error::{PublishError, PublishErrorKind};
+use super::message::{Message, Publish};
 
 /// Persistent delivery (survives a broker restart on a durable queue).
 const PERSISTENT: u8 = 2;

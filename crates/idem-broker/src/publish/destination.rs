@@ -12,11 +12,12 @@
 //! `channel_max`, ...) are kept and handed to the client. [`Display`](fmt::Display)
 //! writes the canonical form, which parses back to the same destination; it
 //! keeps the password because the tables need it to publish. Logs and errors
-//! use [`Destination::redacted`].
+//! use [`Destination::redacted`], which goes through [`idem::redact_url`].
 
 use std::fmt;
 use std::str::FromStr;
 
+use idem::redact_url;
 use url::Url;
 use url::form_urlencoded;
 
@@ -76,7 +77,7 @@ pub enum DestinationError {
         "destination {text:?} is not a URL ({reason}); write amqp://USER:PASS@HOST:PORT/VHOST?queue=QUEUE, nats://HOST:PORT/SUBJECT or http(s)://HOST/PATH"
     )]
     NotAUrl {
-        /// The text (password removed).
+        /// The text, through [`redact_url`].
         text: String,
         /// What the URL parser said.
         reason: String,
@@ -92,7 +93,7 @@ pub enum DestinationError {
     /// A required part is missing or malformed.
     #[error("destination {text}: {problem}")]
     Invalid {
-        /// The destination (password removed).
+        /// The destination, through [`redact_url`].
         text: String,
         /// What is wrong and how to write it.
         problem: String,
@@ -100,10 +101,23 @@ pub enum DestinationError {
 }
 
 impl Destination {
-    /// The destination with any password replaced by `***`: for logs, errors
-    /// and tables printed to people.
+    /// The destination safe to print, for logs, errors and tables shown to
+    /// people: the URL through [`redact_url`] (password as `***`, query cut
+    /// off), followed for AMQP by the exchange and routing key, which name
+    /// the target and hold no secret.
     pub fn redacted(&self) -> String {
-        redact(&self.to_string())
+        match self {
+            Self::Amqp {
+                url,
+                exchange,
+                routing_key,
+            } => format!(
+                "{}?{}",
+                redact_url(url),
+                target_query(exchange, routing_key)
+            ),
+            Self::Nats { .. } | Self::Http { .. } => redact_url(&self.to_string()),
+        }
     }
 
     /// The scheme family: `"amqp"`, `"nats"` or `"http"`, for metric labels.
@@ -130,17 +144,21 @@ impl fmt::Display for Destination {
                 exchange,
                 routing_key,
             } => {
-                let query = form_urlencoded::Serializer::new(String::new())
-                    .append_pair("exchange", exchange)
-                    .append_pair("routing_key", routing_key)
-                    .finish();
                 let joiner = if url.contains('?') { '&' } else { '?' };
-                write!(f, "{url}{joiner}{query}")
+                write!(f, "{url}{joiner}{}", target_query(exchange, routing_key))
             }
             Self::Nats { url, subject } => write!(f, "{}/{subject}", url.trim_end_matches('/')),
             Self::Http { url } => f.write_str(url),
         }
     }
+}
+
+/// `exchange=...&routing_key=...`, the query that names an AMQP target.
+fn target_query(exchange: &str, routing_key: &str) -> String {
+    form_urlencoded::Serializer::new(String::new())
+        .append_pair("exchange", exchange)
+        .append_pair("routing_key", routing_key)
+        .finish()
 }
 
 impl FromStr for Destination {
@@ -149,11 +167,11 @@ impl FromStr for Destination {
     fn from_str(text: &str) -> Result<Self, DestinationError> {
         let text = text.trim();
         let parsed = Url::parse(text).map_err(|e| DestinationError::NotAUrl {
-            text: redact(text),
+            text: redact_url(text),
             reason: e.to_string(),
         })?;
         let invalid = |problem: &str| DestinationError::Invalid {
-            text: redact(text),
+            text: redact_url(text),
             problem: problem.to_owned(),
         };
         match parsed.scheme() {
@@ -258,20 +276,18 @@ fn amqp(text: &str, parsed: &Url) -> Result<Destination, String> {
     })
 }
 
-/// `text` with the password of its user-info (if any) replaced by `***`.
-fn redact(text: &str) -> String {
-    let Some((scheme, rest)) = text.split_once("://") else {
-        return text.to_owned();
-    };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _password)) => format!("{scheme}://{user}:***@{host}{tail}"),
-            None => text.to_owned(),
-        },
-        None => text.to_owned(),
-    }
+/// A destination as the outbox and dead-letter tables store it, safe to show
+/// to people: as [`Destination::redacted`] writes it when it parses, else
+/// through [`redact_url`].
+///
+/// ```
+/// use idem_broker::publish::redact;
+/// assert_eq!(redact("amqp://u:secret@h:5672/%2f?queue=q"), "amqp://u:***@h:5672/%2f?exchange=&routing_key=q");
+/// assert_eq!(redact("kafka://u:secret@h/t"), "kafka://u:***@h/t");
+/// ```
+pub fn redact(text: &str) -> String {
+    text.parse::<Destination>()
+        .map_or_else(|_| redact_url(text), |destination| destination.redacted())
 }
 
 #[cfg(test)]
@@ -357,7 +373,17 @@ mod tests {
         assert!(destination.to_string().contains("hunter2"));
         assert!(!destination.redacted().contains("hunter2"));
         assert!(!format!("{destination:?}").contains("hunter2"));
-        assert_eq!(redact("nats://n:pw@h:4222/s"), "nats://n:***@h:4222/s");
-        assert_eq!(redact("http://h/p?x=a@b:c"), "http://h/p?x=a@b:c");
+        assert_eq!(
+            parse("amqps://u:pw@h:5671/v?heartbeat=10&exchange=x&routing_key=k").redacted(),
+            "amqps://u:***@h:5671/v?exchange=x&routing_key=k"
+        );
+        assert_eq!(
+            parse("nats://n:pw@h:4222/s").redacted(),
+            "nats://n:***@h:4222/s"
+        );
+        assert_eq!(
+            parse("https://h/hook?token=s3cret#x").redacted(),
+            "https://h/hook"
+        );
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use idem_retry::Verdict;
 
-use super::DestinationError;
+use super::destination::DestinationError;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -49,9 +49,10 @@ impl fmt::Display for PublishErrorKind {
     }
 }
 
-/// A publish that failed: its kind, the destination (password removed), a
-/// message for people, an optional server hint of when to retry, and the
-/// driver's error as the source.
+/// A publish that failed: its kind, the destination (as
+/// [`Destination::redacted`](super::Destination::redacted) writes it), a message
+/// for people, an optional server hint of when to retry, and the driver's error
+/// as the source.
 #[derive(Debug, thiserror::Error)]
 #[error("{kind} at {destination}: {message}")]
 pub struct PublishError {
@@ -96,7 +97,7 @@ impl PublishError {
         self.kind
     }
 
-    /// The destination, password removed.
+    /// The destination, as [`Destination::redacted`](super::Destination::redacted) writes it.
     pub fn destination(&self) -> &str {
         &self.destination
     }

@@ -19,7 +19,9 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use idem_retry::{HttpPolicy, IDEMPOTENCY_KEY, Verdict, key_header_value};
 
-use super::{Destination, Message, Publish, PublishError, PublishErrorKind};
+use super::destination::Destination;
+use super::error::{PublishError, PublishErrorKind};
+use super::message::{Message, Publish};
 
 /// How long one webhook call may take, answer included.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);

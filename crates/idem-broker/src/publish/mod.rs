@@ -17,111 +17,72 @@
 //! an [`idem_retry::Verdict`]): a broker that is down, a nack, a 5xx or a 429
 //! are retried; a webhook's 400 or 422 is not, and goes to the dead letters.
 //!
-//! Modules: [`Destination`] parsing (`destination`), the error (`error`), and one
-//! module per transport (`amqp`, `nats`, `http`).
+//! Modules: [`Destination`] parsing (`destination`), the error (`error`), the
+//! [`Message`] and the [`Publish`] trait every publisher shares (`message`),
+//! [`Publisher`] and [`connect`] here, choosing among the transports, and one
+//! module per transport, each behind its crate feature: `amqp` (feature
+//! `amqp`), `nats` (feature `nats`), `http` (feature `webhook`). Every
+//! destination parses whatever the features; connecting to one whose
+//! transport was left out is a [`PublishErrorKind::Config`] error.
 
+#[cfg(feature = "amqp")]
 mod amqp;
 mod destination;
 mod error;
+#[cfg(feature = "webhook")]
 mod http;
+mod message;
+#[cfg(feature = "nats")]
 mod nats;
 
-use std::collections::BTreeMap;
-use std::future::Future;
-
-use idem_core::IdempotencyKey;
-
+#[cfg(feature = "amqp")]
 pub use self::amqp::AmqpPublisher;
-pub use self::destination::{Destination, DestinationError};
+pub use self::destination::{Destination, DestinationError, redact};
 pub use self::error::{PublishError, PublishErrorKind, classify};
+#[cfg(feature = "webhook")]
 pub use self::http::HttpPublisher;
+pub use self::message::{Message, NATS_MSG_ID_HEADER, Publish};
+#[cfg(feature = "nats")]
 pub use self::nats::NatsPublisher;
-
-/// The header that carries the key on HTTP (and, as a copy, on AMQP).
-pub const IDEMPOTENCY_KEY_HEADER: &str = "Idempotency-Key";
-/// The header JetStream dedupes on.
-pub const NATS_MSG_ID_HEADER: &str = "Nats-Msg-Id";
-
-/// One message: its own idempotency key, the payload bytes, and string headers.
-///
-/// The key is made where the intent is formed (derived from the originating
-/// request's key with [`crate::outbox::derive_key`] when there is one) and never
-/// changes on the way: outbox row, broker message id, consumer dedupe key.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Message {
-    /// The message's idempotency key.
-    pub key: IdempotencyKey,
-    /// The body.
-    pub payload: Vec<u8>,
-    /// Extra headers (AMQP headers table, NATS headers, HTTP headers).
-    pub headers: BTreeMap<String, String>,
-}
-
-impl Message {
-    /// A message with no headers.
-    pub fn new(key: IdempotencyKey, payload: impl Into<Vec<u8>>) -> Self {
-        Self {
-            key,
-            payload: payload.into(),
-            headers: BTreeMap::new(),
-        }
-    }
-
-    /// Adds one header.
-    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
-        self.headers.insert(name.into(), value.into());
-        self
-    }
-}
-
-/// Something that delivers messages and says when the receiver confirmed them.
-///
-/// ```no_run
-/// # async fn demo() -> Result<(), idem_broker::publish::PublishError> {
-/// use idem_broker::publish::{self, Destination, Message, Publish};
-/// use idem_core::IdempotencyKey;
-///
-/// let to: Destination = "nats://127.0.0.1:4222/orders.created".parse()?;
-/// let publisher = publish::connect(&to).await?;
-/// let key = IdempotencyKey::new("order-42/created").unwrap();
-/// publisher.publish(&Message::new(key, br#"{"order":42}"#.to_vec())).await?;
-/// // Here the stream has stored it, under Nats-Msg-Id = order-42/created.
-/// # Ok(()) }
-/// ```
-pub trait Publish: Send + Sync {
-    /// Publishes `message` and waits for the confirmation.
-    fn publish(&self, message: &Message) -> impl Future<Output = Result<(), PublishError>> + Send;
-}
 
 /// A publisher for any [`Destination`], made by [`connect`].
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Publisher {
     /// RabbitMQ with publisher confirms.
+    #[cfg(feature = "amqp")]
     Amqp(AmqpPublisher),
     /// NATS JetStream.
+    #[cfg(feature = "nats")]
     Nats(NatsPublisher),
     /// An HTTP webhook.
+    #[cfg(feature = "webhook")]
     Http(HttpPublisher),
 }
 
 impl Publisher {
     /// Where this publisher sends.
     pub fn destination(&self) -> &Destination {
-        match self {
-            Self::Amqp(p) => p.destination(),
-            Self::Nats(p) => p.destination(),
-            Self::Http(p) => p.destination(),
+        match *self {
+            #[cfg(feature = "amqp")]
+            Self::Amqp(ref p) => p.destination(),
+            #[cfg(feature = "nats")]
+            Self::Nats(ref p) => p.destination(),
+            #[cfg(feature = "webhook")]
+            Self::Http(ref p) => p.destination(),
         }
     }
 }
 
 impl Publish for Publisher {
     async fn publish(&self, message: &Message) -> Result<(), PublishError> {
-        let result = match self {
-            Self::Amqp(p) => p.publish(message).await,
-            Self::Nats(p) => p.publish(message).await,
-            Self::Http(p) => p.publish(message).await,
+        let result = match *self {
+            #[cfg(feature = "amqp")]
+            Self::Amqp(ref p) => p.publish(message).await,
+            #[cfg(feature = "nats")]
+            Self::Nats(ref p) => p.publish(message).await,
+            #[cfg(feature = "webhook")]
+            Self::Http(ref p) => p.publish(message).await,
         };
         let outcome = if result.is_ok() {
             "confirmed"
@@ -142,8 +103,31 @@ impl Publish for Publisher {
 /// channel in confirm mode) once; the publisher is then reused for many messages.
 pub async fn connect(destination: &Destination) -> Result<Publisher, PublishError> {
     Ok(match destination {
+        #[cfg(feature = "amqp")]
         Destination::Amqp { .. } => Publisher::Amqp(AmqpPublisher::connect(destination).await?),
+        #[cfg(feature = "nats")]
         Destination::Nats { .. } => Publisher::Nats(NatsPublisher::connect(destination).await?),
+        #[cfg(feature = "webhook")]
         Destination::Http { .. } => Publisher::Http(HttpPublisher::new(destination)?),
+        #[cfg(not(all(feature = "amqp", feature = "nats", feature = "webhook")))]
+        other => return Err(left_out(other)),
     })
+}
+
+/// The error for a destination whose transport this build was made without.
+#[cfg(not(all(feature = "amqp", feature = "nats", feature = "webhook")))]
+fn left_out(destination: &Destination) -> PublishError {
+    let feature = match destination {
+        Destination::Amqp { .. } => "amqp",
+        Destination::Nats { .. } => "nats",
+        Destination::Http { .. } => "webhook",
+    };
+    PublishError::new(
+        PublishErrorKind::Config,
+        destination.redacted(),
+        format!(
+            "this build of idem-broker has no {} publisher; enable its crate feature {feature}",
+            destination.kind()
+        ),
+    )
 }

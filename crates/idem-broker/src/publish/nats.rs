@@ -10,7 +10,9 @@
 use async_nats::jetstream::{self, context::PublishErrorKind as JsKind};
 use async_nats::{Client, HeaderMap};
 
-use super::{Destination, Message, NATS_MSG_ID_HEADER, Publish, PublishError, PublishErrorKind};
+use super::destination::Destination;
+use super::error::{PublishError, PublishErrorKind};
+use super::message::{Message, NATS_MSG_ID_HEADER, Publish};
 
 /// Publishes to one JetStream subject.
 #[derive(Debug)]

@@ -6,9 +6,9 @@
 //! a relay publishes many rows, and one slow destination must not hold up the
 //! others, nor must a restart forget where each row stood. So a failed row is
 //! given back with its attempt count and a due time drawn with full jitter
-//! (`uniform(0, min(cap, base · 2^k))`, idem-retry's [`Backoff`]), raised to the
-//! destination's `Retry-After` if it sent one; any relay picks it up when it is
-//! due. The attempt is counted when the row is *claimed*, so a relay that dies
+//! (`uniform(0, min(cap, base · 2^k))`, idem-retry's
+//! [`Backoff`](idem_retry::Backoff)), raised to the destination's
+//! `Retry-After` if it sent one; any relay picks it up when it is due. The attempt is counted when the row is *claimed*, so a relay that dies
 //! mid-publish still uses one up and a message that crashes relays ends in the
 //! dead letters instead of looping for ever.
 //!
@@ -27,131 +27,33 @@
 //! and polls as a fallback; on SQLite it polls (1 s by default). Sent rows and
 //! dead letters are swept after the retention (7 days by default).
 //!
-//! Modules: configuration and the run loop here; one pass (claim, publish,
-//! settle) in `pass`; the publisher cache in `publishers`.
+//! The relay reaches the outbox and the dead letters through the store's
+//! contracts ([`OutboxStore`], [`DeadLetterStore`]): it is written once for
+//! every store.
+//!
+//! Modules: the run loop and the sweep here; the settings in `config`; one
+//! pass (claim, publish, settle) in `pass`; the publisher cache in `publishers`.
 
+mod config;
 mod pass;
 mod publishers;
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use idem_core::{Error, SharedClock, Timestamp};
-use idem_retry::{Backoff, RetryBudget};
+use idem_core::{DeadLetterStore, Error, OutboxStore, SharedClock, Timestamp};
+use idem_retry::RetryBudget;
 
-use crate::dead_letter::{self, DeadLetterUpkeep};
-use crate::outbox::{self, OutboxStore};
-use crate::publish::Destination;
+use crate::{dead_letter, outbox};
 
+pub use self::config::{
+    DEFAULT_LEASE, DEFAULT_MAX_ATTEMPTS, DEFAULT_POLL_INTERVAL, DEFAULT_PUBLISH_TIMEOUT,
+    DEFAULT_RETENTION, FailPoint, RelayConfig,
+};
 pub use self::pass::Pass;
+use self::pass::Relaying;
 use self::publishers::Publishers;
-
-/// Attempts before a row is dead-lettered (SPEC §10).
-pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
-/// How long a claim protects a row from other relays.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
-/// How long one publish may wait for its confirmation.
-pub const DEFAULT_PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
-/// How often the relay looks for due rows when nothing woke it.
-pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
-/// How long sent rows and dead letters are kept.
-pub const DEFAULT_RETENTION: Duration = idem_core::DEFAULT_RETENTION;
-
-/// How a relay works. `RelayConfig::default()` follows SPEC §10.
-#[derive(Debug, Clone)]
-pub struct RelayConfig {
-    /// Where rows enqueued with [`Route::Default`](crate::outbox::Route::Default)
-    /// go. Rows with their own destination always go there. Without a default,
-    /// such rows are left for a relay that has one.
-    pub default_destination: Option<Destination>,
-    /// Rows claimed per pass (default 100).
-    pub batch: usize,
-    /// Publishes in flight at once within a pass (default 16).
-    pub concurrency: usize,
-    /// How long a claim protects a row (default 30 s). It must be longer than
-    /// a publish can take, or another relay sends the row again meanwhile.
-    pub lease: Duration,
-    /// How long one publish (connecting included) may wait for its
-    /// confirmation (default 10 s; never more than half the lease).
-    pub publish_timeout: Duration,
-    /// Attempts before a row is dead-lettered (default 5).
-    pub max_attempts: u32,
-    /// Base and cap of the delay before retry k (default 200 ms, 20 s); its
-    /// attempt limit is ignored in favour of `max_attempts`.
-    pub backoff: Backoff,
-    /// How often to look for due rows when nothing woke the relay (default 1 s).
-    pub poll_interval: Duration,
-    /// How long sent rows and dead letters are kept (default 7 days).
-    pub retention: Duration,
-    /// How often the sweep and the lag gauges run (default 60 s).
-    pub upkeep_interval: Duration,
-    /// Rows deleted per sweep transaction (default 1000).
-    pub sweep_batch: usize,
-}
-
-impl Default for RelayConfig {
-    fn default() -> Self {
-        Self {
-            default_destination: None,
-            batch: 100,
-            concurrency: 16,
-            lease: DEFAULT_LEASE,
-            publish_timeout: DEFAULT_PUBLISH_TIMEOUT,
-            max_attempts: DEFAULT_MAX_ATTEMPTS,
-            backoff: Backoff::default(),
-            poll_interval: DEFAULT_POLL_INTERVAL,
-            retention: DEFAULT_RETENTION,
-            upkeep_interval: Duration::from_secs(60),
-            sweep_batch: 1000,
-        }
-    }
-}
-
-impl RelayConfig {
-    /// How long after a row's first publish this relay's own schedule may
-    /// publish it again: every attempt may hold its claim for a whole lease (a
-    /// publish whose confirmation never came, a relay that died mid-publish),
-    /// and the retries wait at most their backoff ceilings. A consumer whose
-    /// dedupe window is shorter could apply a late copy a second time; give it
-    /// to the consumer's [`producer_horizon`](crate::consume::ConsumerConfig::producer_horizon).
-    ///
-    /// What the schedule cannot know is not in it: a destination's
-    /// `Retry-After` longer than the backoff's cap, retries postponed by an
-    /// exhausted retry budget, and time when no relay runs at all. Add what
-    /// you expect of those, or keep the window far above the horizon (7 days
-    /// against 2 min 33 s by default).
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use idem_broker::relay::RelayConfig;
-    /// // 5 attempts of a 30 s lease, and retries after at most 0.2 + 0.4 + 0.8 + 1.6 s.
-    /// assert_eq!(RelayConfig::default().retry_horizon(), Duration::from_millis(153_000));
-    /// ```
-    pub fn retry_horizon(&self) -> Duration {
-        self.lease
-            .saturating_mul(self.max_attempts.max(1))
-            .saturating_add(
-                self.backoff
-                    .total_ceiling(self.max_attempts.saturating_sub(1)),
-            )
-    }
-
-    /// This configuration with a default destination.
-    pub fn with_default_destination(mut self, destination: Destination) -> Self {
-        self.default_destination = Some(destination);
-        self
-    }
-}
-
-/// A named place in a pass where a test can make the relay stop as if it had
-/// crashed: the rows keep their leases, nothing after the point happens.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum FailPoint {
-    /// Every row of the pass was published and confirmed; none is marked sent.
-    AfterPublish,
-}
 
 /// What the sweep deleted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -185,7 +87,7 @@ pub struct Relay<S> {
     fail_point: Option<FailPoint>,
 }
 
-impl<S: OutboxStore + DeadLetterUpkeep> Relay<S> {
+impl<S: OutboxStore + DeadLetterStore> Relay<S> {
     /// A relay on `store`'s clock with a budget of its own (10 % of requests).
     pub fn new(store: S, config: RelayConfig) -> Self {
         let clock = store.outbox_clock();
@@ -237,14 +139,23 @@ impl<S: OutboxStore + DeadLetterUpkeep> Relay<S> {
     /// One pass: claims up to `batch` due rows, publishes them, settles each
     /// (sent, retried later, or dead-lettered).
     pub async fn run_once(&self) -> Result<Pass, Error> {
-        pass::run(self).await
+        Relaying {
+            store: &self.store,
+            config: &self.config,
+            owner: &self.owner,
+            clock: &self.clock,
+            budget: &self.budget,
+            publishers: &self.publishers,
+            fail_point: self.fail_point,
+        }
+        .pass()
+        .await
     }
 
     /// Passes until no row is due, or a pass only gave rows back for later:
     /// what `idem relay --once` does. Rows whose retry is due later are left
     /// for a later run, so a destination that is down is not hammered.
     pub async fn drain(&self) -> Result<Pass, Error> {
-        self.store.migrate_outbox().await?;
         let mut total = Pass::default();
         loop {
             let pass = self.run_once().await?;
@@ -258,11 +169,10 @@ impl<S: OutboxStore + DeadLetterUpkeep> Relay<S> {
     /// Deletes sent rows and dead letters past the retention, in batches.
     pub async fn sweep(&self) -> Result<Swept, Error> {
         let batch = self.config.sweep_batch.max(1);
-        let before = Timestamp(
-            self.now()
-                .0
-                .saturating_sub(outbox::millis(self.config.retention)),
-        );
+        let before =
+            Timestamp(self.now().0.saturating_sub(
+                i64::try_from(self.config.retention.as_millis()).unwrap_or(i64::MAX),
+            ));
         let mut swept = Swept::default();
         loop {
             let n = self.store.sweep_sent(before, batch).await?;
@@ -289,7 +199,7 @@ impl<S: OutboxStore + DeadLetterUpkeep> Relay<S> {
         let swept = self.sweep().await?;
         let now = self.now();
         outbox::observe_stats(&self.store.outbox_stats().await?, now);
-        dead_letter::observe_stats(&self.store.stats().await?, now);
+        dead_letter::observe_stats(&self.store.dead_letter_stats().await?, now);
         Ok(swept)
     }
 
@@ -298,7 +208,6 @@ impl<S: OutboxStore + DeadLetterUpkeep> Relay<S> {
     /// passes come back full, and the upkeep every `upkeep_interval`.
     /// Transient store failures are logged and retried; others end the run.
     pub async fn run(&self, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
-        self.store.migrate_outbox().await?;
         let mut wake_ups = match self.store.wake_ups().await {
             Ok(listener) => listener,
             Err(error) => {

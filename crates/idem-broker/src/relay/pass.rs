@@ -1,17 +1,22 @@
 //! One relay pass: claim due rows, publish them concurrently, then settle each
 //! one — sent, given back with a jittered due time, postponed by the retry
 //! budget, or moved to the dead letters.
+//!
+//! A pass works on a borrowed view of the relay ([`Relaying`]), so it reads
+//! the settings and the publisher cache without depending on the run loop
+//! that starts it.
 
 use std::time::Duration;
 
 use futures::StreamExt;
-use idem_core::{Error, Timestamp};
-use idem_retry::next_delay;
+use idem_core::{
+    DeadLetterStore, Error, NewDeadLetter, OutboxStore, Pending, SharedClock, Timestamp,
+};
+use idem_retry::{RetryBudget, next_delay};
 
-use super::{FailPoint, Relay};
-use crate::dead_letter::{DeadLetterUpkeep, NewDeadLetter};
-use crate::outbox::{OutboxStore, Pending};
-use crate::publish::{Destination, Publish, PublishError, PublishErrorKind};
+use super::config::{FailPoint, RelayConfig};
+use super::publishers::Publishers;
+use crate::publish::{Destination, Message, Publish, PublishError, PublishErrorKind};
 
 /// What one pass (or several, added up) did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -51,15 +56,36 @@ enum Fate {
     Unroutable(String),
 }
 
-pub(super) async fn run<S: OutboxStore + DeadLetterUpkeep>(
-    relay: &Relay<S>,
-) -> Result<Pass, Error> {
-    let config = &relay.config;
+/// What a pass works with: the relay's store, settings, name, clock, budget
+/// and publishers, borrowed.
+pub(super) struct Relaying<'a, S> {
+    pub(super) store: &'a S,
+    pub(super) config: &'a RelayConfig,
+    pub(super) owner: &'a str,
+    pub(super) clock: &'a SharedClock,
+    pub(super) budget: &'a RetryBudget,
+    pub(super) publishers: &'a Publishers,
+    pub(super) fail_point: Option<FailPoint>,
+}
+
+impl<S: OutboxStore + DeadLetterStore> Relaying<'_, S> {
+    /// One pass.
+    pub(super) async fn pass(&self) -> Result<Pass, Error> {
+        run(self).await
+    }
+
+    fn now(&self) -> Timestamp {
+        self.clock.now()
+    }
+}
+
+async fn run<S: OutboxStore + DeadLetterStore>(relay: &Relaying<'_, S>) -> Result<Pass, Error> {
+    let config = relay.config;
     let now = relay.now();
     let rows = relay
         .store
-        .claim(
-            &relay.owner,
+        .claim_outbox(
+            relay.owner,
             now,
             config.lease,
             config.batch.max(1),
@@ -111,7 +137,7 @@ pub(super) async fn run<S: OutboxStore + DeadLetterUpkeep>(
                     .store
                     .retry_later(
                         row.id,
-                        &relay.owner,
+                        relay.owner,
                         row.attempts.saturating_sub(1),
                         due,
                         &reason,
@@ -124,7 +150,7 @@ pub(super) async fn run<S: OutboxStore + DeadLetterUpkeep>(
                 let due = now.plus(relay.config.backoff.cap());
                 relay
                     .store
-                    .retry_later(row.id, &relay.owner, row.attempts, due, &reason)
+                    .retry_later(row.id, relay.owner, row.attempts, due, &reason)
                     .await?;
                 pass.retried += 1;
             }
@@ -154,7 +180,7 @@ pub(super) async fn run<S: OutboxStore + DeadLetterUpkeep>(
                 );
                 relay
                     .store
-                    .retry_later(row.id, &relay.owner, row.attempts, due, &error.to_string())
+                    .retry_later(row.id, relay.owner, row.attempts, due, &error.to_string())
                     .await?;
                 metrics::counter!("outbox_retries_total").increment(1);
                 pass.retried += 1;
@@ -165,11 +191,11 @@ pub(super) async fn run<S: OutboxStore + DeadLetterUpkeep>(
 }
 
 /// Routes, checks the attempt count and the budget, and publishes one row.
-async fn attempt<S: OutboxStore + DeadLetterUpkeep>(
-    relay: &Relay<S>,
+async fn attempt<S: OutboxStore + DeadLetterStore>(
+    relay: &Relaying<'_, S>,
     row: &Pending,
 ) -> (Option<Destination>, Fate) {
-    let destination = match &row.destination {
+    let destination = match &row.message.destination {
         Some(text) => match text.parse::<Destination>() {
             Ok(destination) => destination,
             Err(error) => return (None, Fate::Unroutable(error.to_string())),
@@ -197,14 +223,19 @@ async fn attempt<S: OutboxStore + DeadLetterUpkeep>(
 /// Connects if needed and publishes, within the publish timeout — and within
 /// half the lease, so the row is marked before another relay may claim it.
 async fn publish<S>(
-    relay: &Relay<S>,
+    relay: &Relaying<'_, S>,
     destination: &Destination,
     row: &Pending,
 ) -> Result<(), PublishError> {
     let timeout = relay.config.publish_timeout.min(relay.config.lease / 2);
+    let message = Message {
+        key: row.message.key.clone(),
+        payload: row.message.payload.clone(),
+        headers: row.message.headers.clone(),
+    };
     let publishing = async {
         let publisher = relay.publishers.get(destination).await?;
-        publisher.publish(&row.message).await
+        publisher.publish(&message).await
     };
     match tokio::time::timeout(timeout, publishing).await {
         Ok(result) => result,
@@ -218,7 +249,7 @@ async fn publish<S>(
 
 /// The delay before retry `k` (0 for the first retry): full jitter, raised to
 /// the destination's hint.
-fn delay<S>(relay: &Relay<S>, k: u32, hint: Option<Duration>) -> Duration {
+fn delay<S>(relay: &Relaying<'_, S>, k: u32, hint: Option<Duration>) -> Duration {
     let backoff = relay
         .config
         .backoff
@@ -229,8 +260,8 @@ fn delay<S>(relay: &Relay<S>, k: u32, hint: Option<Duration>) -> Duration {
     next_delay(backoff, hint, None).unwrap_or(backoff)
 }
 
-async fn bury<S: OutboxStore + DeadLetterUpkeep>(
-    relay: &Relay<S>,
+async fn bury<S: OutboxStore + DeadLetterStore>(
+    relay: &Relaying<'_, S>,
     row: &Pending,
     destination: Destination,
     last_error: String,
@@ -239,7 +270,7 @@ async fn bury<S: OutboxStore + DeadLetterUpkeep>(
 ) -> Result<(), Error> {
     let letter = NewDeadLetter {
         origin: "relay".into(),
-        destination,
+        destination: destination.to_string(),
         key: row.message.key.clone(),
         payload: row.message.payload.clone(),
         headers: row.message.headers.clone(),
@@ -247,7 +278,7 @@ async fn bury<S: OutboxStore + DeadLetterUpkeep>(
         last_error,
         first_seen_at: row.created_at,
     };
-    if let Some(id) = relay.store.bury(row.id, &relay.owner, &letter, now).await? {
+    if let Some(id) = relay.store.bury(row.id, relay.owner, &letter, now).await? {
         tracing::warn!(
             outbox_id = row.id,
             dead_letter = id,

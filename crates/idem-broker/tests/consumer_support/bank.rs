@@ -8,10 +8,9 @@
 use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 
-use futures::FutureExt;
 use idem::sqlite::rusqlite;
-use idem::{Outcome, PgStore, SqliteStore};
-use idem_broker::consume::{ApplyBatch, ConsumerStore, KeyedMessage, PgApply, SqliteApply};
+use idem::{AtomicStore, Outcome, PgStore, RecordStore, SqliteStore};
+use idem_broker::consume::{ApplyBatch, AtomicApply, ConsumerStore, KeyedMessage};
 use idem_testkit::crash::{CrashPoint, reach};
 use sqlx::{AssertSqlSafe, Connection, PgConnection};
 
@@ -29,12 +28,14 @@ fn order(message: &KeyedMessage) -> Result<Order, String> {
     serde_json::from_slice(message.payload()).map_err(|e| format!("not an order: {e}"))
 }
 
-/// A store with the bank's tables, and the effect that writes them.
+/// The bank's connection: the store's, inside its transaction.
+pub type Tx<B> = <<B as Bank>::Store as AtomicStore>::Tx;
+
+/// A store with the bank's tables, and the effect that writes them. A bank
+/// gives the SQL for its database; the effect and the reads are written once.
 pub trait Bank: Sized + Send + Sync + 'static {
     /// The store.
-    type Store: ConsumerStore;
-    /// The effect applied through the store.
-    type Apply: ApplyBatch<Store = Self::Store>;
+    type Store: AtomicStore + RecordStore + ConsumerStore + std::fmt::Debug;
     /// What the bank calls itself in test output.
     const NAME: &'static str;
 
@@ -46,15 +47,69 @@ pub trait Bank: Sized + Send + Sync + 'static {
     fn location(&self) -> String;
     /// The store.
     fn store(&self) -> Self::Store;
+
+    /// Whether poison messages apply now.
+    fn poison_fixed(tx: &mut Tx<Self>) -> impl Future<Output = Result<bool, String>> + Send;
+    /// Debits account 1 by `amount` and writes the ledger row for `key`.
+    fn debit(
+        tx: &mut Tx<Self>,
+        key: &str,
+        amount: i64,
+    ) -> impl Future<Output = Result<(), String>> + Send;
+    /// The keys in the ledger, sorted.
+    fn read_ledger(tx: &mut Tx<Self>) -> impl Future<Output = Result<Vec<String>, String>> + Send;
+    /// The balance of account 1.
+    fn read_balance(tx: &mut Tx<Self>) -> impl Future<Output = Result<i64, String>> + Send;
+    /// Turns the `poison_fixed` switch on.
+    fn set_poison_fixed(tx: &mut Tx<Self>) -> impl Future<Output = Result<(), String>> + Send;
+
     /// The debit effect; with `crash_inside`, it writes, then stops the
     /// process at [`CrashPoint::InsideEffect`] before anything commits.
-    fn apply(&self, crash_inside: bool) -> Self::Apply;
+    fn apply(&self, crash_inside: bool) -> impl ApplyBatch<Store = Self::Store> {
+        AtomicApply::new(self.store(), move |message: Arc<KeyedMessage>| {
+            async move |tx: &mut Tx<Self>| -> Result<Outcome, String> {
+                let order = order(&message)?;
+                if order.poison && !Self::poison_fixed(tx).await? {
+                    return Err("poison: this order cannot be applied".into());
+                }
+                Self::debit(tx, message.key.as_str(), order.amount).await?;
+                if crash_inside {
+                    reach(CrashPoint::InsideEffect);
+                }
+                Ok(Outcome::success(format!("debited {}", order.amount)))
+            }
+        })
+    }
+
     /// The keys in the ledger, one per applied effect, sorted.
-    fn ledger(&self) -> impl Future<Output = Vec<String>> + Send;
+    fn ledger(&self) -> impl Future<Output = Vec<String>> + Send {
+        async move {
+            self.store()
+                .transaction(async |tx: &mut Tx<Self>| Self::read_ledger(tx).await)
+                .await
+                .expect("read the ledger")
+        }
+    }
+
     /// The balance of account 1.
-    fn balance(&self) -> impl Future<Output = i64> + Send;
+    fn balance(&self) -> impl Future<Output = i64> + Send {
+        async move {
+            self.store()
+                .transaction(async |tx: &mut Tx<Self>| Self::read_balance(tx).await)
+                .await
+                .expect("read the balance")
+        }
+    }
+
     /// Makes poison messages apply from now on.
-    fn fix_poison(&self) -> impl Future<Output = ()> + Send;
+    fn fix_poison(&self) -> impl Future<Output = ()> + Send {
+        async move {
+            self.store()
+                .transaction(async |tx: &mut Tx<Self>| Self::set_poison_fixed(tx).await)
+                .await
+                .expect("fix the poison")
+        }
+    }
 }
 
 use std::future::Future;
@@ -72,44 +127,8 @@ const SQLITE_TABLES: &str = "
     CREATE TABLE IF NOT EXISTS switches (name TEXT PRIMARY KEY, flag INTEGER NOT NULL);
     INSERT OR IGNORE INTO switches VALUES ('poison_fixed', 0);";
 
-fn sqlite_debit(
-    tx: &rusqlite::Transaction<'_>,
-    message: &KeyedMessage,
-    crash_inside: bool,
-) -> Result<Outcome, String> {
-    let order = order(message)?;
-    let fixed: i64 = tx
-        .query_row(
-            "SELECT flag FROM switches WHERE name = 'poison_fixed'",
-            [],
-            |r| r.get(0),
-        )
-        .map_err(|e| e.to_string())?;
-    if order.poison && fixed == 0 {
-        return Err("poison: this order cannot be applied".into());
-    }
-    tx.execute(
-        "UPDATE accounts SET balance = balance - ?1 WHERE id = 1",
-        [order.amount],
-    )
-    .map_err(|e| e.to_string())?;
-    tx.execute(
-        "INSERT INTO ledger (key, amount) VALUES (?1, ?2)",
-        rusqlite::params![message.key.as_str(), order.amount],
-    )
-    .map_err(|e| e.to_string())?;
-    if crash_inside {
-        reach(CrashPoint::InsideEffect);
-    }
-    Ok(Outcome::success(format!("debited {}", order.amount)))
-}
-
-type SqliteEffect =
-    Box<dyn Fn(&rusqlite::Transaction<'_>, &KeyedMessage) -> Result<Outcome, String> + Send + Sync>;
-
 impl Bank for SqliteBank {
     type Store = SqliteStore;
-    type Apply = SqliteApply<SqliteEffect>;
     const NAME: &'static str = "sqlite";
 
     async fn start() -> Option<Self> {
@@ -139,48 +158,54 @@ impl Bank for SqliteBank {
         self.store.clone()
     }
 
-    fn apply(&self, crash_inside: bool) -> Self::Apply {
-        let effect: SqliteEffect =
-            Box::new(move |tx, message| sqlite_debit(tx, message, crash_inside));
-        SqliteApply::new(self.store.clone(), effect)
+    async fn poison_fixed(tx: &mut rusqlite::Connection) -> Result<bool, String> {
+        tx.query_row(
+            "SELECT flag FROM switches WHERE name = 'poison_fixed'",
+            [],
+            |r| r.get::<_, i64>(0),
+        )
+        .map(|flag| flag != 0)
+        .map_err(|e| e.to_string())
     }
 
-    async fn ledger(&self) -> Vec<String> {
-        self.store
-            .with_connection(|c| {
-                let mut statement = c.prepare("SELECT key FROM ledger ORDER BY key")?;
-                statement
-                    .query_map([], |r| r.get::<_, String>(0))?
-                    .collect::<Result<Vec<_>, _>>()
-            })
-            .await
-            .expect("writer")
-            .expect("read ledger")
+    async fn debit(tx: &mut rusqlite::Connection, key: &str, amount: i64) -> Result<(), String> {
+        tx.execute(
+            "UPDATE accounts SET balance = balance - ?1 WHERE id = 1",
+            [amount],
+        )
+        .map_err(|e| e.to_string())?;
+        tx.execute(
+            "INSERT INTO ledger (key, amount) VALUES (?1, ?2)",
+            rusqlite::params![key, amount],
+        )
+        .map_err(|e| e.to_string())?;
+        Ok(())
     }
 
-    async fn balance(&self) -> i64 {
-        self.store
-            .with_connection(|c| {
-                c.query_row("SELECT balance FROM accounts WHERE id = 1", [], |r| {
-                    r.get(0)
-                })
-            })
-            .await
-            .expect("writer")
-            .expect("read balance")
+    async fn read_ledger(tx: &mut rusqlite::Connection) -> Result<Vec<String>, String> {
+        let mut statement = tx
+            .prepare("SELECT key FROM ledger ORDER BY key")
+            .map_err(|e| e.to_string())?;
+        statement
+            .query_map([], |r| r.get::<_, String>(0))
+            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| e.to_string())
     }
 
-    async fn fix_poison(&self) {
-        self.store
-            .with_connection(|c| {
-                c.execute(
-                    "UPDATE switches SET flag = 1 WHERE name = 'poison_fixed'",
-                    [],
-                )
-            })
-            .await
-            .expect("writer")
-            .expect("fix");
+    async fn read_balance(tx: &mut rusqlite::Connection) -> Result<i64, String> {
+        tx.query_row("SELECT balance FROM accounts WHERE id = 1", [], |r| {
+            r.get(0)
+        })
+        .map_err(|e| e.to_string())
+    }
+
+    async fn set_poison_fixed(tx: &mut rusqlite::Connection) -> Result<(), String> {
+        tx.execute(
+            "UPDATE switches SET flag = 1 WHERE name = 'poison_fixed'",
+            [],
+        )
+        .map(drop)
+        .map_err(|e| e.to_string())
     }
 }
 
@@ -198,48 +223,8 @@ const PG_TABLES: &str = "
     CREATE TABLE IF NOT EXISTS switches (name TEXT PRIMARY KEY, flag INT NOT NULL);
     INSERT INTO switches VALUES ('poison_fixed', 0) ON CONFLICT DO NOTHING;";
 
-async fn pg_debit(
-    conn: &mut PgConnection,
-    message: &KeyedMessage,
-    crash_inside: bool,
-) -> Result<Outcome, String> {
-    let order = order(message)?;
-    let fixed: i32 = sqlx::query_scalar("SELECT flag FROM switches WHERE name = 'poison_fixed'")
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(|e| e.to_string())?;
-    if order.poison && fixed == 0 {
-        return Err("poison: this order cannot be applied".into());
-    }
-    sqlx::query("UPDATE accounts SET balance = balance - $1 WHERE id = 1")
-        .bind(order.amount)
-        .execute(&mut *conn)
-        .await
-        .map_err(|e| e.to_string())?;
-    sqlx::query("INSERT INTO ledger (key, amount) VALUES ($1, $2)")
-        .bind(message.key.as_str())
-        .bind(order.amount)
-        .execute(&mut *conn)
-        .await
-        .map_err(|e| e.to_string())?;
-    if crash_inside {
-        reach(CrashPoint::InsideEffect);
-    }
-    Ok(Outcome::success(format!("debited {}", order.amount)))
-}
-
-type PgEffect = Box<
-    dyn for<'c> Fn(
-            &'c mut PgConnection,
-            &'c KeyedMessage,
-        ) -> futures::future::BoxFuture<'c, Result<Outcome, String>>
-        + Send
-        + Sync,
->;
-
 impl Bank for PgBank {
     type Store = PgStore;
-    type Apply = PgApply<PgEffect>;
     const NAME: &'static str = "postgres";
 
     async fn start() -> Option<Self> {
@@ -270,31 +255,49 @@ impl Bank for PgBank {
         self.store.clone()
     }
 
-    fn apply(&self, crash_inside: bool) -> Self::Apply {
-        let effect: PgEffect =
-            Box::new(move |conn, message| pg_debit(conn, message, crash_inside).boxed());
-        PgApply::new(self.store.clone(), effect)
+    async fn poison_fixed(tx: &mut PgConnection) -> Result<bool, String> {
+        sqlx::query_scalar::<_, i32>("SELECT flag FROM switches WHERE name = 'poison_fixed'")
+            .fetch_one(tx)
+            .await
+            .map(|flag| flag != 0)
+            .map_err(|e| e.to_string())
     }
 
-    async fn ledger(&self) -> Vec<String> {
+    async fn debit(tx: &mut PgConnection, key: &str, amount: i64) -> Result<(), String> {
+        sqlx::query("UPDATE accounts SET balance = balance - $1 WHERE id = 1")
+            .bind(amount)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| e.to_string())?;
+        sqlx::query("INSERT INTO ledger (key, amount) VALUES ($1, $2)")
+            .bind(key)
+            .bind(amount)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
+    async fn read_ledger(tx: &mut PgConnection) -> Result<Vec<String>, String> {
         sqlx::query_scalar("SELECT key FROM ledger ORDER BY key")
-            .fetch_all(self.store.pool())
+            .fetch_all(tx)
             .await
-            .expect("read ledger")
+            .map_err(|e| e.to_string())
     }
 
-    async fn balance(&self) -> i64 {
+    async fn read_balance(tx: &mut PgConnection) -> Result<i64, String> {
         sqlx::query_scalar("SELECT balance FROM accounts WHERE id = 1")
-            .fetch_one(self.store.pool())
+            .fetch_one(tx)
             .await
-            .expect("read balance")
+            .map_err(|e| e.to_string())
     }
 
-    async fn fix_poison(&self) {
+    async fn set_poison_fixed(tx: &mut PgConnection) -> Result<(), String> {
         sqlx::query("UPDATE switches SET flag = 1 WHERE name = 'poison_fixed'")
-            .execute(self.store.pool())
+            .execute(tx)
             .await
-            .expect("fix");
+            .map(drop)
+            .map_err(|e| e.to_string())
     }
 }
 

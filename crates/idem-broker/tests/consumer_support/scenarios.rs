@@ -10,7 +10,7 @@ use std::time::Duration;
 use idem_broker::consume::{
     Apply, Checkpoint, ConsumeError, Consumer, MissingKey, Settle, Transport,
 };
-use idem_broker::dead_letter::{self, DeadLetters};
+use idem_broker::dead_letter::{self, DeadLetterStore};
 use idem_broker::relay::RelayConfig;
 use idem_testkit::crash::{CrashPoint, reach};
 
@@ -134,7 +134,10 @@ pub async fn poison_then_redrive<B: Broker, K: Bank>() {
         .await;
 
     let store = bank.store();
-    let letters = store.list(10, false).await.expect("list dead letters");
+    let letters = store
+        .list_dead_letters(10, false)
+        .await
+        .expect("list dead letters");
     assert_eq!(letters.len(), 1, "{letters:?}");
     let letter = &letters[0];
     assert_eq!(letter.key.as_str(), "poison-1");
@@ -184,7 +187,11 @@ pub async fn keyless<B: Broker, K: Bank>() {
         .until("dead-lettered", |s| s.dead_lettered >= 1)
         .await;
     running.stop().await;
-    let letters = bank.store().list(10, false).await.expect("list");
+    let letters = bank
+        .store()
+        .list_dead_letters(10, false)
+        .await
+        .expect("list");
     assert_eq!(letters.len(), 1);
     assert!(
         letters[0].key.as_str().starts_with("no-key/"),

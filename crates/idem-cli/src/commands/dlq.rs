@@ -10,7 +10,7 @@ use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 use idem::{AnyStore, Timestamp};
-use idem_broker::dead_letter::{self, DeadLetter, DeadLetterUpkeep, DeadLetters, RedriveError};
+use idem_broker::dead_letter::{self, DeadLetter, DeadLetterStore, RedriveError};
 use idem_broker::publish::{self, Publisher};
 use serde_json::{Value, json};
 
@@ -94,7 +94,7 @@ fn to_json(letter: &DeadLetter) -> Value {
     json!({
         "id": letter.id,
         "origin": letter.origin,
-        "destination": letter.destination.redacted(),
+        "destination": publish::redact(&letter.destination),
         "key": letter.key.as_str(),
         "payload": payload_text(&letter.payload),
         "payload_bytes": letter.payload.len(),
@@ -108,7 +108,8 @@ fn to_json(letter: &DeadLetter) -> Value {
 }
 
 async fn list(store: &AnyStore, args: &LsArgs) -> anyhow::Result<()> {
-    let letters = DeadLetters::list(store, args.limit, args.all)
+    let letters = store
+        .list_dead_letters(args.limit, args.all)
         .await
         .context("cannot list dead letters")?;
     if args.json {
@@ -116,7 +117,10 @@ async fn list(store: &AnyStore, args: &LsArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&all)?);
         return Ok(());
     }
-    let stats = store.stats().await.context("cannot count dead letters")?;
+    let stats = store
+        .dead_letter_stats()
+        .await
+        .context("cannot count dead letters")?;
     if letters.is_empty() {
         println!("no dead letters{}", if args.all { "" } else { " waiting" });
     } else {
@@ -136,7 +140,7 @@ async fn list(store: &AnyStore, args: &LsArgs) -> anyhow::Result<()> {
                 letter.id.to_string(),
                 letter.origin.clone(),
                 letter.key.to_string(),
-                letter.destination.redacted(),
+                publish::redact(&letter.destination),
                 letter.attempts.to_string(),
                 time(letter.dead_at),
                 letter.redriven_at.map_or_else(|| "-".to_owned(), time),
@@ -159,7 +163,8 @@ async fn list(store: &AnyStore, args: &LsArgs) -> anyhow::Result<()> {
 }
 
 async fn show(store: &AnyStore, args: &ShowArgs) -> anyhow::Result<()> {
-    let letter = DeadLetters::get(store, args.id)
+    let letter = store
+        .get_dead_letter(args.id)
         .await
         .context("cannot read the dead letter")?
         .with_context(|| {
@@ -178,7 +183,7 @@ async fn show(store: &AnyStore, args: &ShowArgs) -> anyhow::Result<()> {
         ("id", letter.id.to_string()),
         ("origin", letter.origin.clone()),
         ("key", letter.key.to_string()),
-        ("destination", letter.destination.redacted()),
+        ("destination", publish::redact(&letter.destination)),
         ("attempts", letter.attempts.to_string()),
         ("last error", letter.last_error.clone()),
         ("first seen", time(letter.first_seen_at)),
@@ -204,7 +209,7 @@ async fn redrive_one(store: &AnyStore, id: i64) -> anyhow::Result<()> {
         Ok(letter) => {
             println!(
                 "redriven {id} to {} with key {}",
-                letter.destination.redacted(),
+                publish::redact(&letter.destination),
                 letter.key
             );
             Ok(())
@@ -222,7 +227,8 @@ async fn redrive_all(store: &AnyStore) -> anyhow::Result<()> {
     let (mut redriven, mut failed) = (0u64, 0u64);
     let mut skipped: Vec<i64> = Vec::new();
     loop {
-        let letters = DeadLetters::list(store, BATCH + skipped.len(), false)
+        let letters = store
+            .list_dead_letters(BATCH + skipped.len(), false)
             .await
             .context("cannot list dead letters")?;
         let todo: Vec<_> = letters
@@ -233,9 +239,18 @@ async fn redrive_all(store: &AnyStore) -> anyhow::Result<()> {
             break;
         }
         for letter in todo {
-            let target = letter.destination.to_string();
+            let target = letter.destination.clone();
             if !publishers.contains_key(&target) {
-                match publish::connect(&letter.destination).await {
+                let connected = match dead_letter::destination(&letter) {
+                    Ok(destination) => publish::connect(&destination).await,
+                    Err(error) => {
+                        eprintln!("{error}");
+                        failed += 1;
+                        skipped.push(letter.id);
+                        continue;
+                    }
+                };
+                match connected {
                     Ok(publisher) => {
                         publishers.insert(target.clone(), publisher);
                     }
@@ -253,7 +268,7 @@ async fn redrive_all(store: &AnyStore) -> anyhow::Result<()> {
                     println!(
                         "redriven {} to {} with key {}",
                         letter.id,
-                        letter.destination.redacted(),
+                        publish::redact(&letter.destination),
                         letter.key
                     );
                     redriven += 1;

@@ -1,5 +1,6 @@
 //! Atomic handlers: route handlers whose own SQL and the stored response commit
-//! in **one** transaction, on SQLite ([`sqlite`]) and PostgreSQL ([`postgres`]).
+//! in **one** transaction, on any [`AtomicStore`](idem::AtomicStore) — SQLite,
+//! PostgreSQL, or an [`AnyStore`](idem::AnyStore) chosen at run time.
 //!
 //! # Why a route wrapper and not an extractor
 //!
@@ -8,21 +9,20 @@
 //! (with the outcome) inside it, and commits once. For the response to be that
 //! outcome, `apply` has to see the handler's *response* before it commits. An
 //! axum extractor sees neither: it runs before the handler and is gone when
-//! the response is made, and the transaction it would hand out is a borrow
-//! (`&rusqlite::Transaction`, `&mut PgConnection`) that cannot be parked in a
-//! `'static` request extension while `apply` waits. So the handler runs
-//! *inside* `apply`:
+//! the response is made, and the connection it would hand out is a borrow
+//! that cannot be parked in a `'static` request extension while `apply`
+//! waits. So the handler runs *inside* `apply`:
 //!
-//! 1. the wrapper reads the key (400 when missing on a route that requires one,
-//!    or malformed), reads the body under the limit (413), and derives the
+//! 1. the [`route`] reads the key (400 when missing on a route that requires
+//!    one, or malformed), reads the body under the limit (413), and derives the
 //!    scope and fingerprint exactly as the [layer](crate::IdempotencyLayer) does;
 //! 2. it calls the store's atomic `apply`; a duplicate is answered from the
 //!    store (the stored response, `Idempotent-Replayed: true`), a reused key
-//!    and a concurrent duplicate are refused (422 / 409) — the handler does not
-//!    run;
-//! 3. otherwise your handler runs with the open transaction (which already
-//!    holds the claim) and the parsed [`AtomicRequest`], and returns a
-//!    [`StoredResponse`];
+//!    and a concurrent duplicate are refused (422 / 409) — the handler does
+//!    not run;
+//! 3. otherwise, inside the transaction that already holds the claim, your
+//!    handler gets the parsed [`AtomicRequest`] and its effect runs with the
+//!    store's connection, returning a [`StoredResponse`];
 //! 4. a response whose status is stored (2xx, 4xx but 408/409/429 by default)
 //!    becomes the record's outcome and commits **with your writes**; any other
 //!    status, or a [`Failure`], rolls everything back — your writes and the
@@ -32,33 +32,62 @@
 //! fresh response and every replay are built from the same stored outcome, so
 //! they are identical apart from `Idempotent-Replayed`.
 //!
-//! Requests without a key on a route that does not require one run the handler
-//! once in a plain transaction, committed or rolled back by the same rule.
+//! Requests without a key on a route that does not require one run the effect
+//! each time in a plain transaction of the store
+//! ([`AtomicStore::transaction`](idem::AtomicStore::transaction)), committed or
+//! rolled back by the same rule.
+//!
+//! # The handler
+//!
+//! The handler is called with the parsed [`AtomicRequest`] of each request
+//! that is to run, and returns the effect: an `async` closure that takes the
+//! store's connection (`&mut rusqlite::Connection` on SQLite,
+//! `&mut PgConnection` on PostgreSQL, `&mut dyn AnyTx` on an `AnyStore`) and
+//! returns a [`HandlerResult`]. The effect owns the request (it is `'static`);
+//! its future may borrow the connection. Only the SQL is written per database;
+//! the route is the same for every store.
+//!
+//! On SQLite the effect runs on the store's single writer thread, which drives
+//! its future to the end: every other write waits for it, so keep it to SQL
+//! and never await the network in it.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! use axum::{Router, routing::post_service};
-//! use http::StatusCode;
+//! use axum::{Router, body::Body, routing::post_service};
+//! use http::{Request, StatusCode};
 //! use idem::SqliteStore;
-//! use idem_http::{IdempotencyConfig, KeyRequirement, StoredResponse, atomic};
+//! use idem_http::atomic::{self, AtomicRequest, HandlerResult};
+//! use idem_http::{IdempotencyConfig, KeyRequirement, StoredResponse};
+//! use tower::ServiceExt;
 //!
 //! let dir = tempfile::tempdir()?;
 //! let store = SqliteStore::open(dir.path().join("app.db")).await?;
+//! store
+//!     .with_connection(|conn| conn.execute("CREATE TABLE orders (body BLOB)", []))
+//!     .await??;
 //! let config = IdempotencyConfig::default().require_key(KeyRequirement::Always);
 //! let app: Router = Router::new().route(
 //!     "/orders",
-//!     post_service(atomic::sqlite(store, config, |tx, request| {
-//!         tx.execute("CREATE TABLE IF NOT EXISTS orders (body BLOB)", [])?;
-//!         tx.execute("INSERT INTO orders VALUES (?1)", [request.body().as_ref()])?;
-//!         Ok(StoredResponse::text(StatusCode::CREATED, "created"))
+//!     post_service(atomic::route(store, config, |request: AtomicRequest| {
+//!         async move |tx| -> HandlerResult {
+//!             tx.execute("INSERT INTO orders VALUES (?1)", [request.body().as_ref()])?;
+//!             Ok(StoredResponse::text(StatusCode::CREATED, "created"))
+//!         }
 //!     })),
 //! );
-//! # drop(app); Ok(()) }
+//!
+//! for replayed in [false, true] {
+//!     let order = Request::post("/orders")
+//!         .header("idempotency-key", "\"order-1\"")
+//!         .body(Body::from("one pot of tea"))?;
+//!     let response = app.clone().oneshot(order).await?;
+//!     assert_eq!(response.status(), StatusCode::CREATED);
+//!     assert_eq!(response.headers().contains_key("idempotent-replayed"), replayed);
+//! }
+//! # Ok(()) }
 //! ```
 
-#[cfg(feature = "postgres")]
-mod postgres;
-mod sqlite;
+mod route;
 
 use std::fmt;
 
@@ -69,9 +98,7 @@ use http::{Extensions, HeaderMap, Method, Request, Uri};
 use idem::{Applied, ApplyError, Fingerprint, IdempotencyKey, Outcome, Scope};
 use serde::de::DeserializeOwned;
 
-#[cfg(feature = "postgres")]
-pub use postgres::{PgRoute, postgres};
-pub use sqlite::{SqliteRoute, sqlite};
+pub use route::{AtomicRoute, route};
 
 use crate::body::read_limited;
 use crate::identity::{fingerprint_of, principal_of, route_of, scope_of};

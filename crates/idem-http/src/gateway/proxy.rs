@@ -39,6 +39,7 @@ use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
+use idem::error_chain;
 use tower::Service;
 
 use super::GatewayConfig;
@@ -141,12 +142,12 @@ impl Shared {
             Ok(Ok(answer)) => answer,
             Ok(Err(error)) if error.is_connect() => {
                 return Refusal::UpstreamUnreachable {
-                    cause: chain(&error),
+                    cause: error_chain(&error),
                 }
                 .to_response(mode);
             }
             Ok(Err(error)) => {
-                let cause = chain(&error);
+                let cause = error_chain(&error);
                 return unknown(
                     Refusal::UpstreamBroke {
                         cause,
@@ -176,7 +177,7 @@ impl Shared {
         match tokio::time::timeout_at(deadline, body.collect()).await {
             Ok(Ok(collected)) => Response::from_parts(parts, Body::from(collected.to_bytes())),
             Ok(Err(error)) => {
-                let cause = chain(&error);
+                let cause = error_chain(&error);
                 unknown(
                     Refusal::UpstreamBroke {
                         cause,
@@ -243,16 +244,4 @@ fn unknown(refusal: Refusal, mode: Mode) -> Response {
     let mut response = refusal.to_response(mode);
     response.extensions_mut().insert(UnknownOutcome);
     response
-}
-
-/// An error and its sources on one line (hyper's own messages are terse).
-fn chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }

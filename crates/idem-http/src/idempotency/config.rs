@@ -1,5 +1,5 @@
 //! [`IdempotencyConfig`]: everything the layer and the atomic handlers decide
-//! by, with the defaults of the specification.
+//! by, and its defaults.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -241,7 +241,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn defaults_follow_the_specification() {
+    fn defaults_are_the_documented_ones() {
         let config = IdempotencyConfig::default();
         assert_eq!(config.mode, Mode::Ietf);
         assert!(config.accepts_key(&Method::POST) && config.accepts_key(&Method::PATCH));

@@ -14,8 +14,6 @@ use sqlx::Row;
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnection, PgExecutor};
 
-pub(crate) use row::settled_state;
-
 /// The schema migrations shipped with this crate (`migrations/`). The migrator
 /// takes a session advisory lock, so several processes may run it at once.
 pub(crate) static MIGRATOR: Migrator = sqlx::migrate!();
@@ -170,8 +168,8 @@ pub(crate) async fn settle(
     .bind(claim.scope.as_str())
     .bind(claim.key.as_str())
     .bind(claim.token.get())
-    .bind(settled_state(outcome.kind).as_str())
-    .bind(row::kind_text(outcome.kind))
+    .bind(RecordState::settled_by(outcome.kind).as_str())
+    .bind(outcome.kind.as_str())
     .bind(outcome.body.as_slice())
     .bind(outcome.meta_json())
     .bind(now.0)

@@ -1,9 +1,9 @@
 //! Rows of `idem_records` to and from [`Record`]s: the one place where the
 //! table's text and numbers become typed values.
 //!
-//! Record states use [`RecordState::as_str`] and its `FromStr`; the outcome kind
-//! (`success` / `terminal_failure`) is converted here. A row that does not hold a
-//! valid record is reported as [`BadRow`], which surfaces as
+//! Record states and outcome kinds are written with [`RecordState::as_str`] and
+//! [`OutcomeKind::as_str`] and read back with their `FromStr`. A row that does
+//! not hold a valid record is reported as [`BadRow`], which surfaces as
 //! [`ErrorKind::Corrupt`](idem_core::ErrorKind::Corrupt).
 
 use idem_core::{
@@ -16,31 +16,10 @@ use sqlx::postgres::PgRow;
 use crate::error::BadRow;
 use crate::literal;
 
-/// The text stored in `outcome_kind`.
-pub(crate) fn kind_text(kind: OutcomeKind) -> &'static str {
-    match kind {
-        OutcomeKind::Success => "success",
-        OutcomeKind::TerminalFailure => "terminal_failure",
-    }
-}
-
 /// Reads `outcome_kind` back.
-fn parse_kind(text: &str) -> Result<OutcomeKind, sqlx::Error> {
-    match text {
-        "success" => Ok(OutcomeKind::Success),
-        "terminal_failure" => Ok(OutcomeKind::TerminalFailure),
-        other => Err(BadRow::into_sqlx(format!(
-            "unknown outcome kind {other:?}: expected success or terminal_failure"
-        ))),
-    }
-}
-
-/// The state a record settles in when it stores an outcome of this kind.
-pub(crate) fn settled_state(kind: OutcomeKind) -> RecordState {
-    match kind {
-        OutcomeKind::Success => RecordState::Completed,
-        OutcomeKind::TerminalFailure => RecordState::Failed,
-    }
+fn outcome_kind(text: &str) -> Result<OutcomeKind, sqlx::Error> {
+    text.parse()
+        .map_err(|e: idem_core::UnknownOutcomeKind| BadRow::into_sqlx(e.to_string()))
 }
 
 /// Reads a token column.
@@ -80,7 +59,7 @@ pub(crate) fn record(row: &PgRow) -> Result<Record, sqlx::Error> {
                 ))
             })?;
             Some(Outcome {
-                kind: parse_kind(&kind)?,
+                kind: outcome_kind(&kind)?,
                 body: body.unwrap_or_default(),
                 meta,
             })
@@ -130,7 +109,7 @@ impl Columns {
             columns.lease_until.push(r.lease_until.map(|t| t.0));
             columns
                 .outcome_kind
-                .push(r.outcome.as_ref().map(|o| kind_text(o.kind)));
+                .push(r.outcome.as_ref().map(|o| o.kind.as_str()));
             columns
                 .outcome_body
                 .push(r.outcome.as_ref().map(|o| o.body.clone()));
@@ -156,7 +135,7 @@ pub(crate) fn literals(r: &Record) -> String {
         literal::text(r.state.as_str()),
         literal::bigint(Some(r.token.get())),
         literal::bigint(r.lease_until.map(|t| t.0)),
-        literal::opt_text(outcome.map(|o| kind_text(o.kind))),
+        literal::opt_text(outcome.map(|o| o.kind.as_str())),
         literal::opt_bytea(outcome.map(|o| o.body.as_slice())),
         literal::opt_text(outcome.map(Outcome::meta_json).as_deref()),
         literal::bigint(Some(r.created_at.0)),
@@ -171,16 +150,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn outcome_kinds_round_trip_and_settle_in_the_matching_state() {
-        for kind in [OutcomeKind::Success, OutcomeKind::TerminalFailure] {
-            assert_eq!(parse_kind(kind_text(kind)).unwrap(), kind);
+    fn outcome_kinds_are_read_back_and_unknown_ones_are_bad_rows() {
+        for kind in OutcomeKind::ALL {
+            assert_eq!(outcome_kind(kind.as_str()).unwrap(), kind);
         }
-        assert!(parse_kind("ok").is_err());
-        assert_eq!(settled_state(OutcomeKind::Success), RecordState::Completed);
-        assert_eq!(
-            settled_state(OutcomeKind::TerminalFailure),
-            RecordState::Failed
-        );
+        let error = outcome_kind("ok").unwrap_err().to_string();
+        assert!(error.contains("terminal_failure"), "{error}");
     }
 
     fn tricky_record() -> Record {

@@ -3,7 +3,9 @@
 use http::{HeaderName, HeaderValue, Request};
 use idem_core::IdempotencyKey;
 
-/// `Idempotency-Key`, the header the IETF draft and Stripe use.
+/// The `Idempotency-Key` header ([`idem_core::IDEMPOTENCY_KEY_HEADER`]) as an
+/// `http` header name, which is always lowercase. The one `HeaderName` for it:
+/// `idem-http` re-exports this constant.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 
 /// The header value for `key`: an RFC 8941 String (`"order-42"`), the form the
@@ -46,6 +48,19 @@ pub(crate) fn has_key<B>(request: &Request<B>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_header_name_is_the_core_one() {
+        assert!(
+            IDEMPOTENCY_KEY
+                .as_str()
+                .eq_ignore_ascii_case(idem_core::IDEMPOTENCY_KEY_HEADER)
+        );
+        assert_eq!(
+            HeaderName::from_bytes(idem_core::IDEMPOTENCY_KEY_HEADER.as_bytes()).unwrap(),
+            IDEMPOTENCY_KEY
+        );
+    }
 
     #[test]
     fn writes_a_structured_field_string() {
