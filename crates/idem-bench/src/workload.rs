@@ -2,8 +2,8 @@
 //! with balances, a ledger of debits, and one debit effect — run bare (its
 //! own transaction, no dedupe: the baseline) or through Idem's atomic apply.
 //!
-//! [`Bank`] is written once against [`AtomicStore`]; only the SQL it runs is
-//! per database, in [`crate::ledger`].
+//! [`Bank`] is written once against [`AtomicStore`](idem::AtomicStore); only
+//! the SQL it runs is per database, in [`crate::ledger`].
 
 use anyhow::Context;
 use idem::{
