@@ -12,7 +12,7 @@ use idem::sqlx::PgConnection;
 use idem::{AnyConnection, AnyStore, AnyTx, AtomicStore, Outcome, PgStore, SqliteStore};
 use serde_json::json;
 
-use crate::workload::{Payment, Totals};
+use crate::payment::{Payment, Totals};
 
 /// What the workload's SQL can fail with.
 pub type DebitError = Box<dyn std::error::Error + Send + Sync>;

@@ -9,6 +9,7 @@
 //!   bare or through atomic apply, written once against the atomic contract;
 //!   `idem demo` runs it too;
 //! - [`ledger`]: the workload's SQL, the one part written per database;
+//! - [`payment`]: a payment and the ledger's totals, which both speak;
 //! - `apply`: `idem bench apply`, atomic apply against the bare transaction;
 //! - `http`: `idem bench http`, the gateway against the upstream called directly;
 //! - `consume`: `idem bench consume`, the effectively-once consumer against a
@@ -21,6 +22,7 @@
 pub mod args;
 pub mod latency;
 pub mod ledger;
+pub mod payment;
 pub mod stores;
 pub mod workload;
 
