@@ -24,6 +24,14 @@ impl Timestamp {
         )
     }
 
+    /// The instant `by` before this one.
+    pub fn minus(self, by: Duration) -> Self {
+        Self(
+            self.0
+                .saturating_sub(i64::try_from(by.as_millis()).unwrap_or(i64::MAX)),
+        )
+    }
+
     /// How long from `self` until `later`; zero if `later` is not later.
     pub fn until(self, later: Timestamp) -> Duration {
         Duration::from_millis(u64::try_from(later.0 - self.0).unwrap_or(0))

@@ -145,11 +145,7 @@ impl DeadLetterStore for PgStore {
     }
 
     async fn sweep_dead_letters(&self, retention: Duration, limit_to: usize) -> Result<u64, Error> {
-        let before = self
-            .clock()
-            .now()
-            .0
-            .saturating_sub(i64::try_from(retention.as_millis()).unwrap_or(i64::MAX));
+        let before = self.clock().now().minus(retention).0;
         sqlx::query(SWEEP)
             .bind(before)
             .bind(limit(limit_to))

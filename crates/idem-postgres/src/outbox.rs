@@ -116,10 +116,6 @@ fn limit(limit: usize) -> i64 {
     i64::try_from(limit).unwrap_or(i64::MAX)
 }
 
-fn millis(duration: Duration) -> i64 {
-    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
-}
-
 /// "Something was enqueued" signals: LISTEN `idem_outbox` on a connection of
 /// its own.
 #[derive(Debug)]
@@ -171,7 +167,7 @@ impl OutboxStore for PgStore {
     ) -> Result<Vec<Pending>, Error> {
         let mut claimed = sqlx::query(CLAIM)
             .bind(owner)
-            .bind(now.0.saturating_add(millis(lease)))
+            .bind(now.plus(lease).0)
             .bind(now.0)
             .bind(limit(limit_to))
             .bind(with_default)

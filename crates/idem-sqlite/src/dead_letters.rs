@@ -188,11 +188,7 @@ impl DeadLetterStore for SqliteStore {
     }
 
     async fn sweep_dead_letters(&self, retention: Duration, limit_to: usize) -> Result<u64, Error> {
-        let before = self
-            .clock()
-            .now()
-            .0
-            .saturating_sub(i64::try_from(retention.as_millis()).unwrap_or(i64::MAX));
+        let before = self.clock().now().minus(retention).0;
         self.with_connection(move |conn| {
             conn.execute(SWEEP, params![before, limit(limit_to)])
                 .map(|n| n as u64)

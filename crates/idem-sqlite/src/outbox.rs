@@ -15,10 +15,11 @@ use idem_core::{
     AtomicOutbox, Clock, Error, IdempotencyKey, NewDeadLetter, OutboxMessage, OutboxStats,
     OutboxStore, Pending, SharedClock, SystemClock, Timestamp, WakeUps,
 };
-use rusqlite::{Connection, Row, Transaction, TransactionBehavior, params};
+use rusqlite::{Connection, Row, params};
 
 use crate::errors::{corrupt, map_err};
 use crate::store::SqliteStore;
+use crate::write_tx::WriteTx;
 use crate::{dead_letters, headers};
 
 const INSERT: &str = "INSERT INTO idem_outbox (destination, key, payload, headers, created_at)
@@ -77,11 +78,6 @@ pub(crate) fn insert(
     Ok(conn.last_insert_rowid())
 }
 
-fn begin(conn: &mut Connection) -> Result<Transaction<'_>, Error> {
-    conn.transaction_with_behavior(TransactionBehavior::Immediate)
-        .map_err(|e| map_err("begin a write transaction", e))
-}
-
 /// A claimed row as read: id, destination, key, payload, headers, attempts, created_at.
 type Raw = (i64, Option<String>, String, Vec<u8>, String, i64, i64);
 
@@ -119,10 +115,6 @@ fn limit(limit: usize) -> i64 {
     i64::try_from(limit).unwrap_or(i64::MAX)
 }
 
-fn millis(duration: Duration) -> i64 {
-    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
-}
-
 impl AtomicOutbox for SqliteStore {
     /// Done at once on the connection (inside the store's `BEGIN IMMEDIATE`),
     /// before the future is polled: SQLite's calls do not wait on the network.
@@ -157,10 +149,10 @@ impl OutboxStore for SqliteStore {
         with_default: bool,
     ) -> Result<Vec<Pending>, Error> {
         let owner = owner.to_owned();
-        let until = now.0.saturating_add(millis(lease));
+        let until = now.plus(lease).0;
         let rows = self
             .with_connection(move |conn| {
-                let tx = begin(conn)?;
+                let tx = WriteTx::begin(conn)?;
                 let rows = {
                     let mut statement = tx
                         .prepare_cached(CLAIM)
@@ -174,7 +166,7 @@ impl OutboxStore for SqliteStore {
                         .collect::<Result<Vec<_>, _>>()
                         .map_err(|e| map_err("read claimed outbox rows", e))?
                 };
-                tx.commit().map_err(|e| map_err("commit a claim", e))?;
+                tx.commit()?;
                 Ok::<_, Error>(rows)
             })
             .await??;
@@ -186,7 +178,7 @@ impl OutboxStore for SqliteStore {
     async fn mark_sent(&self, ids: &[i64], now: Timestamp) -> Result<u64, Error> {
         let ids = ids.to_vec();
         self.with_connection(move |conn| {
-            let tx = begin(conn)?;
+            let tx = WriteTx::begin(conn)?;
             let mut changed = 0;
             {
                 let mut statement = tx
@@ -199,8 +191,7 @@ impl OutboxStore for SqliteStore {
                         as u64;
                 }
             }
-            tx.commit()
-                .map_err(|e| map_err("commit outbox rows sent", e))?;
+            tx.commit()?;
             Ok(changed)
         })
         .await?
@@ -235,7 +226,7 @@ impl OutboxStore for SqliteStore {
     ) -> Result<Option<i64>, Error> {
         let (owner, letter) = (owner.to_owned(), letter.clone());
         self.with_connection(move |conn| {
-            let tx = begin(conn)?;
+            let tx = WriteTx::begin(conn)?;
             let deleted = tx
                 .execute(DELETE_HELD, params![id, owner])
                 .map_err(|e| map_err("remove a dead outbox row", e))?;
@@ -243,8 +234,7 @@ impl OutboxStore for SqliteStore {
                 return Ok(None);
             }
             let letter_id = dead_letters::insert(&tx, &letter, now)?;
-            tx.commit()
-                .map_err(|e| map_err("commit a dead letter", e))?;
+            tx.commit()?;
             Ok(Some(letter_id))
         })
         .await?
