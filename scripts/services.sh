@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
 # Makes sure the services the test suite talks to answer on loopback:
-# PostgreSQL (5432), RabbitMQ (5672) and NATS with JetStream (4222).
+# PostgreSQL (5432), RabbitMQ (5672), NATS with JetStream (4222) and a
+# Kafka-compatible broker (9092).
 # A service that does not answer is started; one that is not installed is
-# installed from Debian's packages first. Exits non-zero, naming the service,
+# installed from Debian's packages first. No Apache Kafka build comes from
+# Debian's packages, so the Kafka protocol is served by tansu, a
+# Kafka-compatible broker from crates.io, built once into a cache outside the
+# repository (IDEM_CACHE, default ~/.cache/idem) and started on SQLite
+# storage in /var/lib/idem-kafka, which keeps records and committed offsets
+# across its own restarts. Exits non-zero, naming the service,
 # if one still does not answer.
 set -uo pipefail
 
@@ -59,6 +65,23 @@ start_nats() {
     -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log >&2
 }
 
+cache="${IDEM_CACHE:-$HOME/.cache/idem}"
+tansu="$cache/tansu/bin/tansu"
+TANSU_VERSION=0.6.0
+
+start_kafka() {
+  if ! [ -x "$tansu" ]; then
+    log "building tansu $TANSU_VERSION (a Kafka-compatible broker) into $cache/tansu; this takes a while once"
+    cargo install --locked "tansu@$TANSU_VERSION" --features dynostore,libsql --root "$cache/tansu" >&2 || return 1
+  fi
+  local data=/var/lib/idem-kafka
+  mkdir -p "$data"
+  (cd "$data" && nohup "$tansu" broker \
+    --listener-url tcp://127.0.0.1:9092 \
+    --advertised-listener-url tcp://127.0.0.1:9092 \
+    --storage-engine sqlite://tansu.db >>"$data/tansu.log" 2>&1 &)
+}
+
 ensure() { # name port start-function seconds
   local name=$1 port=$2 start=$3 limit=$4
   if answers 127.0.0.1 "$port"; then
@@ -77,6 +100,7 @@ failed=0
 ensure PostgreSQL 5432 start_postgres 60 || failed=1
 ensure RabbitMQ 5672 start_rabbitmq 90 || failed=1
 ensure NATS 4222 start_nats 30 || failed=1
+ensure Kafka 9092 start_kafka 60 || failed=1
 
 if [ "$failed" = 0 ] && command -v psql >/dev/null; then
   if ! psql -h 127.0.0.1 -U postgres -d postgres -tAc 'SELECT 1' >/dev/null 2>&1; then

@@ -9,31 +9,40 @@
 //! and `idem-postgres`. This crate is written once over those contracts.
 //!
 //! Modules:
-//! - [`consume`]: the consumer runtime, and its RabbitMQ (feature `amqp`) and
-//!   NATS JetStream (feature `nats`) transports;
+//! - [`consume`]: the consumer runtime, and its RabbitMQ (feature `amqp`),
+//!   NATS JetStream (feature `nats`) and Kafka (feature `kafka`) transports;
+//! - [`kafka`]: the settings Kafka clients are checked against, and
+//!   consume-transform-produce inside a Kafka transaction (feature `kafka`);
 //! - [`forward`]: the sidecar that delivers consumed messages to an HTTP
 //!   endpoint (feature `webhook`, and a transport);
 //! - [`outbox`]: [`Outbox::enqueue`](outbox::Outbox::enqueue) inside the business transaction;
 //! - [`relay`]: claims pending outbox rows and publishes them;
 //! - [`publish`]: publishers for RabbitMQ (confirms; `amqp`), NATS JetStream
-//!   (`nats`) and HTTP webhooks (`webhook`);
+//!   (`nats`), Kafka (the idempotent producer; `kafka`) and HTTP webhooks
+//!   (`webhook`);
 //! - [`dead_letter`]: redrive, and the dead-letter types.
 //!
-//! Features: `amqp`, `nats` and `webhook`, all on by default. A destination
+//! Features: `amqp`, `nats`, `kafka` and `webhook`, all on by default. A destination
 //! or source whose feature is off is refused when connecting, with the
 //! feature to enable.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-#[cfg(not(any(feature = "amqp", feature = "nats", feature = "webhook")))]
+#[cfg(not(any(
+    feature = "amqp",
+    feature = "nats",
+    feature = "webhook",
+    feature = "kafka"
+)))]
 compile_error!(
-    "idem-broker publishes and consumes through at least one transport: enable the crate feature amqp, nats or webhook"
+    "idem-broker publishes and consumes through at least one transport: enable the crate feature amqp, nats, kafka or webhook"
 );
 
 pub mod consume;
 pub mod dead_letter;
 #[cfg(all(feature = "webhook", any(feature = "amqp", feature = "nats")))]
 pub mod forward;
+pub mod kafka;
 pub mod outbox;
 pub mod publish;
 pub mod relay;

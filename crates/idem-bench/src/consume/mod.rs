@@ -181,6 +181,10 @@ async fn phase<S: Ledger + RecordStore + ConsumerStore>(
         let options = SourceOptions {
             prefetch: u16::try_from(prefetch).unwrap_or(u16::MAX),
             ack_wait: Duration::from_secs(30),
+            per_partition: match mode {
+                Mode::Single => 1,
+                Mode::Batch => args.batch,
+            },
         };
         let transport = queue
             .source

@@ -185,6 +185,7 @@ fn convert(delivery: lapin::message::Delivery) -> Delivery<AmqpSettle> {
         headers,
         message_id: properties.message_id().as_ref().map(|id| id.to_string()),
         content_type: properties.content_type().as_ref().map(|t| t.to_string()),
+        record_key: None,
         subject: delivery.routing_key.to_string(),
         coordinates: None,
         delivery_count,

@@ -64,7 +64,13 @@ impl<T: Transport, A: ApplyBatch> Consumer<T, A> {
         }
         let mut shutdown = pin!(shutdown);
         let config = &self.shared.config;
-        let (size, linger, at_once) = (config.batch, config.batch_linger, config.batches_at_once);
+        let at_once = self
+            .transport
+            .batches_at_once()
+            .map_or(config.batches_at_once, |cap| {
+                config.batches_at_once.min(cap)
+            });
+        let (size, linger) = (config.batch, config.batch_linger);
         let mut working = JoinSet::new();
         let mut previous: Option<oneshot::Receiver<bool>> = None;
         let stopped = loop {

@@ -8,7 +8,8 @@
 //! that says what was looked for.
 //!
 //! The last resort, only when configured: the message's coordinates in the
-//! broker's log (`STREAM/SEQUENCE` on NATS JetStream). They are stable across
+//! broker's log (`STREAM/SEQUENCE` on NATS JetStream, `TOPIC/PARTITION/OFFSET`
+//! on Kafka). They are stable across
 //! redeliveries of one publish, so a crash between commit and ack is still
 //! covered, but two publishes of the same intent get two positions and are
 //! both applied, and the positions change when the stream is recreated or
@@ -24,9 +25,12 @@ use super::message::Message;
 /// Where the key is read from.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum KeySource {
-    /// AMQP `message_id`, or the `Nats-Msg-Id` header (the default).
+    /// AMQP `message_id`, the `Nats-Msg-Id` header, or Kafka's
+    /// `idempotency-key` header (the default).
     #[default]
     MessageId,
+    /// The Kafka record key, as UTF-8 text.
+    RecordKey,
     /// A named header (case-insensitive).
     Header(String),
     /// A field of a JSON payload: a JSON Pointer (`/order/id`) or a dotted
@@ -41,7 +45,8 @@ pub enum MissingKey {
     /// Record it in the dead letters with the reason (the default).
     #[default]
     DeadLetter,
-    /// Key it by its broker coordinates (NATS `STREAM/SEQUENCE`); where the
+    /// Key it by its broker coordinates (NATS `STREAM/SEQUENCE`, Kafka
+    /// `TOPIC/PARTITION/OFFSET`); where the
     /// broker has none (RabbitMQ), dead-letter it. The last resort: see the
     /// module documentation.
     Coordinates,
@@ -113,7 +118,15 @@ impl KeyRule {
         let (text, what) = match &self.source {
             KeySource::MessageId => (
                 message.message_id.clone(),
-                "the message has no message id (AMQP message_id / Nats-Msg-Id)".to_owned(),
+                "the message has no message id (AMQP message_id / Nats-Msg-Id / Kafka idempotency-key header)".to_owned(),
+            ),
+            KeySource::RecordKey => (
+                message
+                    .record_key
+                    .as_ref()
+                    .and_then(|k| std::str::from_utf8(k).ok())
+                    .map(str::to_owned),
+                "the record has no record key, or one that is not UTF-8 text".to_owned(),
             ),
             KeySource::Header(name) => (
                 message.header(name).map(str::to_owned),
@@ -158,10 +171,11 @@ impl FromStr for KeySource {
     fn from_str(text: &str) -> Result<Self, String> {
         match text.split_once(':') {
             _ if text == "message-id" => Ok(Self::MessageId),
+            _ if text == "record-key" => Ok(Self::RecordKey),
             Some(("header", name)) if !name.is_empty() => Ok(Self::Header(name.to_owned())),
             Some(("json", path)) if !path.is_empty() => Ok(Self::JsonField(path.to_owned())),
             _ => Err(format!(
-                "key source {text:?} not understood: use message-id, header:NAME or json:PATH (a JSON Pointer such as /order/id, or order.id)"
+                "key source {text:?} not understood: use message-id, record-key (Kafka), header:NAME or json:PATH (a JSON Pointer such as /order/id, or order.id)"
             )),
         }
     }
@@ -171,6 +185,7 @@ impl fmt::Display for KeySource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::MessageId => f.write_str("message-id"),
+            Self::RecordKey => f.write_str("record-key"),
             Self::Header(name) => write!(f, "header:{name}"),
             Self::JsonField(path) => write!(f, "json:{path}"),
         }
@@ -228,7 +243,7 @@ mod tests {
 
     #[test]
     fn parses_the_command_line_form() {
-        for text in ["message-id", "header:x-key", "json:/a/b"] {
+        for text in ["message-id", "record-key", "header:x-key", "json:/a/b"] {
             let source: KeySource = text.parse().unwrap();
             assert_eq!(source.to_string(), text);
         }

@@ -18,15 +18,19 @@ pub struct Message {
     /// Application headers, as text (non-text values are written in their
     /// natural text form; binary values are dropped).
     pub headers: BTreeMap<String, String>,
-    /// The publisher's message id: AMQP `message_id`, or NATS `Nats-Msg-Id`.
+    /// The publisher's message id: AMQP `message_id`, NATS `Nats-Msg-Id`, or
+    /// Kafka's `idempotency-key` header.
     pub message_id: Option<String>,
     /// The payload's content type, where the broker carries one
     /// (AMQP `content_type`, a NATS `Content-Type` header).
     pub content_type: Option<String>,
-    /// The AMQP routing key or the NATS subject it was published to.
+    /// The Kafka record key, where there is one.
+    pub record_key: Option<Bytes>,
+    /// The AMQP routing key, the NATS subject or the Kafka topic it was published to.
     pub subject: String,
     /// The message's position in a log, stable across redeliveries of this one
-    /// publish: `STREAM/SEQUENCE` on NATS JetStream. `None` on RabbitMQ, whose
+    /// publish: `STREAM/SEQUENCE` on NATS JetStream, `TOPIC/PARTITION/OFFSET`
+    /// on Kafka. `None` on RabbitMQ, whose
     /// queues have no stable positions.
     pub coordinates: Option<String>,
     /// How many times the broker has delivered this message, this delivery
@@ -45,6 +49,7 @@ impl Message {
             headers: BTreeMap::new(),
             message_id: None,
             content_type: None,
+            record_key: None,
             subject: String::new(),
             coordinates: None,
             delivery_count: None,

@@ -1,6 +1,6 @@
 //! Consumers that apply, commit, and only then ack.
 //!
-//! Delivery from RabbitMQ and NATS JetStream is at-least-once: a message is
+//! Delivery from RabbitMQ, NATS JetStream and Kafka is at-least-once: a message is
 //! redelivered when its consumer dies before acking, and publishers send
 //! duplicates. A consumer built here applies each message's effect once per
 //! idempotency key, in the same transaction as the dedupe record, and acks
@@ -20,7 +20,10 @@
 //! - `amqp` (feature `amqp`): [`AmqpTransport`], RabbitMQ through lapin (manual ack, prefetch);
 //! - `nats` (feature `nats`): [`NatsTransport`], NATS JetStream through async-nats
 //!   (pull, explicit ack, ack-wait);
-//! - `source` (feature `amqp` or `nats`): [`Source`], a broker chosen by URL, and [`AnyTransport`];
+//! - `kafka` (feature `kafka`): [`KafkaTransport`], a Kafka consumer group member
+//!   through rdkafka (offsets committed after the effect, partitions in parallel,
+//!   each in order);
+//! - `source` (feature `amqp`, `nats` or `kafka`): [`Source`], a broker chosen by URL, and [`AnyTransport`];
 //! - `message`: [`Message`], broker-neutral, and [`KeyedMessage`];
 //! - `key`: [`KeyRule`], where keys come from and what to do without one;
 //! - `apply`: [`Apply`] / [`ApplyBatch`], and [`AtomicApply`], a message's effect in any store's transaction;
@@ -35,12 +38,14 @@ mod amqp;
 mod apply;
 mod batch;
 mod config;
+#[cfg(feature = "kafka")]
+mod kafka;
 mod key;
 mod message;
 #[cfg(feature = "nats")]
 mod nats;
 mod runtime;
-#[cfg(any(feature = "amqp", feature = "nats"))]
+#[cfg(any(feature = "amqp", feature = "nats", feature = "kafka"))]
 mod source;
 mod stats;
 mod store;
@@ -54,12 +59,14 @@ pub use config::{
     DEFAULT_MAX_ATTEMPTS,
 };
 pub use idem_core::{AttemptStore, Failures};
+#[cfg(feature = "kafka")]
+pub use kafka::{KafkaOptions, KafkaSettle, KafkaTransport};
 pub use key::{KeyRule, KeySource, MissingKey, NoKey};
 pub use message::{KeyedMessage, Message};
 #[cfg(feature = "nats")]
 pub use nats::{NatsOptions, NatsSettle, NatsTransport};
 pub use runtime::{ConsumeError, Consumer};
-#[cfg(any(feature = "amqp", feature = "nats"))]
+#[cfg(any(feature = "amqp", feature = "nats", feature = "kafka"))]
 pub use source::{AnySettle, AnyTransport, InvalidSource, Source, SourceOptions};
 pub use stats::{Stats, StatsSnapshot};
 pub use store::ConsumerStore;

@@ -192,6 +192,7 @@ fn convert(message: jetstream::Message) -> Delivery<NatsSettle> {
             headers,
             message_id,
             content_type,
+            record_key: None,
             subject: message.subject.to_string(),
             coordinates,
             delivery_count,

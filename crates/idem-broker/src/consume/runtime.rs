@@ -465,8 +465,12 @@ impl<A: Apply> Shared<A> {
             .flatten()
             .min()
             .unwrap_or(now);
+        let origin = match &message.coordinates {
+            Some(position) => format!("{} at {position}", self.route.origin),
+            None => self.route.origin.clone(),
+        };
         let letter = NewDeadLetter {
-            origin: self.route.origin.clone(),
+            origin,
             destination: self.route.destination(message).to_string(),
             key,
             payload: message.payload.to_vec(),

@@ -1,6 +1,7 @@
 //! A broker source written as one URL, for programs (`idem forward`) that
-//! consume from either broker: `amqp://HOST/QUEUE` or
-//! `nats://HOST/STREAM/CONSUMER`, and the transport chosen from it at run time.
+//! consume from any broker: `amqp://HOST/QUEUE`, `nats://HOST/STREAM/CONSUMER`
+//! or `kafka://HOST:PORT/TOPIC?group=GROUP`, and the transport chosen from it
+//! at run time.
 //!
 //! This module chooses among the transports, so it depends on them (each
 //! behind its feature), and they never on it. Both forms parse whatever the
@@ -15,6 +16,8 @@ use idem::redact_url;
 
 #[cfg(feature = "amqp")]
 use super::amqp::{AmqpSettle, AmqpTransport};
+#[cfg(feature = "kafka")]
+use super::kafka::{KafkaOptions, KafkaSettle, KafkaTransport};
 #[cfg(feature = "nats")]
 use super::nats::{NatsOptions, NatsSettle, NatsTransport};
 use super::transport::{Delivery, Route, Settle, Transport, TransportError};
@@ -38,12 +41,23 @@ pub enum Source {
         /// The durable consumer.
         consumer: String,
     },
+    /// A Kafka topic, read as a member of a consumer group.
+    Kafka {
+        /// The bootstrap brokers: `host:port[,host:port]`.
+        brokers: String,
+        /// The topic.
+        topic: String,
+        /// The consumer group.
+        group: String,
+        /// librdkafka settings from the URL's query (checked when connecting).
+        settings: crate::kafka::Settings,
+    },
 }
 
 /// A source URL that could not be understood.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "source {url:?} not understood ({why}): write amqp://[USER:PASSWORD@]HOST[:PORT]/[VHOST/]QUEUE or nats://HOST[:PORT]/STREAM/CONSUMER"
+    "source {url:?} not understood ({why}): write amqp://[USER:PASSWORD@]HOST[:PORT]/[VHOST/]QUEUE, nats://HOST[:PORT]/STREAM/CONSUMER or kafka://HOST:PORT[,HOST:PORT]/TOPIC?group=GROUP"
 )]
 pub struct InvalidSource {
     url: String,
@@ -65,6 +79,9 @@ impl FromStr for Source {
             url: redact_url(text),
             why: why.to_owned(),
         };
+        if text.starts_with("kafka://") {
+            return kafka(text).map_err(|why| invalid(&why));
+        }
         let parsed = url::Url::parse(text).map_err(|e| invalid(&e.to_string()))?;
         if !parsed.has_host() {
             return Err(invalid("no host"));
@@ -96,6 +113,30 @@ impl FromStr for Source {
             (other, _) => Err(invalid(&format!("unknown scheme {other:?}"))),
         }
     }
+}
+
+fn kafka(text: &str) -> Result<Source, String> {
+    let url = crate::kafka::KafkaUrl::parse(text)?;
+    let [topic] = url.path.as_slice() else {
+        return Err("a Kafka source names one topic".into());
+    };
+    let mut group = None;
+    let mut settings = crate::kafka::Settings::new();
+    for (name, value) in url.query {
+        match name.as_str() {
+            "group" | "group.id" => group = Some(value),
+            _ => settings = settings.set(name, value),
+        }
+    }
+    let group = group
+        .filter(|g| !g.is_empty())
+        .ok_or("a Kafka source names its consumer group: add ?group=GROUP")?;
+    Ok(Source::Kafka {
+        brokers: url.brokers,
+        topic: topic.clone(),
+        group,
+        settings,
+    })
 }
 
 /// A percent-decoded path segment (`%2F` → `/`); invalid escapes are kept.
@@ -131,6 +172,12 @@ impl fmt::Display for Source {
                 stream,
                 consumer,
             } => write!(f, "{}/{stream}/{consumer}", redact_url(url)),
+            Self::Kafka {
+                brokers,
+                topic,
+                group,
+                ..
+            } => write!(f, "kafka://{brokers}/{topic}?group={group}"),
         }
     }
 }
@@ -148,6 +195,9 @@ pub struct SourceOptions {
     pub prefetch: u16,
     /// NATS ack-wait for a consumer that is created.
     pub ack_wait: Duration,
+    /// Kafka: unsettled records per partition at once (1 keeps each
+    /// partition in order; the batch size in batch mode).
+    pub per_partition: usize,
 }
 
 impl Default for SourceOptions {
@@ -155,6 +205,7 @@ impl Default for SourceOptions {
         Self {
             prefetch: 64,
             ack_wait: Duration::from_secs(30),
+            per_partition: 1,
         }
     }
 }
@@ -187,12 +238,33 @@ impl Source {
             .map(AnyTransport::Nats),
             #[cfg(not(feature = "nats"))]
             Self::Nats { .. } => Err(left_out("NATS JetStream", "nats")),
+            #[cfg(feature = "kafka")]
+            Self::Kafka {
+                brokers,
+                topic,
+                group,
+                settings,
+            } => KafkaTransport::connect(
+                brokers,
+                topic,
+                group,
+                KafkaOptions {
+                    per_partition: options.per_partition,
+                    buffer: usize::from(options.prefetch).max(1),
+                    settings: settings.clone(),
+                    ..KafkaOptions::default()
+                },
+            )
+            .await
+            .map(AnyTransport::Kafka),
+            #[cfg(not(feature = "kafka"))]
+            Self::Kafka { .. } => Err(left_out("Kafka", "kafka")),
         }
     }
 }
 
 /// The error for a source whose transport this build was made without.
-#[cfg(not(all(feature = "amqp", feature = "nats")))]
+#[cfg(not(all(feature = "amqp", feature = "nats", feature = "kafka")))]
 fn left_out(broker: &str, feature: &str) -> TransportError {
     TransportError::new(
         format!("connect to {broker}"),
@@ -212,6 +284,9 @@ pub enum AnyTransport {
     /// NATS JetStream.
     #[cfg(feature = "nats")]
     Nats(NatsTransport),
+    /// Kafka.
+    #[cfg(feature = "kafka")]
+    Kafka(KafkaTransport),
 }
 
 /// Either broker's settle handle.
@@ -224,6 +299,9 @@ pub enum AnySettle {
     /// NATS JetStream.
     #[cfg(feature = "nats")]
     Nats(NatsSettle),
+    /// Kafka.
+    #[cfg(feature = "kafka")]
+    Kafka(KafkaSettle),
 }
 
 impl Settle for AnySettle {
@@ -233,6 +311,8 @@ impl Settle for AnySettle {
             Self::Amqp(s) => s.ack().await,
             #[cfg(feature = "nats")]
             Self::Nats(s) => s.ack().await,
+            #[cfg(feature = "kafka")]
+            Self::Kafka(s) => s.ack().await,
         }
     }
 
@@ -242,6 +322,8 @@ impl Settle for AnySettle {
             Self::Amqp(s) => s.requeue(delay).await,
             #[cfg(feature = "nats")]
             Self::Nats(s) => s.requeue(delay).await,
+            #[cfg(feature = "kafka")]
+            Self::Kafka(s) => s.requeue(delay).await,
         }
     }
 
@@ -255,6 +337,8 @@ impl Settle for AnySettle {
                 AnySettle::Amqp(s) => amqp.push(s),
                 #[cfg(feature = "nats")]
                 AnySettle::Nats(s) => s.ack().await?,
+                #[cfg(feature = "kafka")]
+                AnySettle::Kafka(s) => s.ack().await?,
             }
         }
         #[cfg(feature = "amqp")]
@@ -284,6 +368,8 @@ impl Transport for AnyTransport {
             Self::Amqp(t) => wrap(t.receive().await, AnySettle::Amqp),
             #[cfg(feature = "nats")]
             Self::Nats(t) => wrap(t.receive().await, AnySettle::Nats),
+            #[cfg(feature = "kafka")]
+            Self::Kafka(t) => wrap(t.receive().await, AnySettle::Kafka),
         }
     }
 
@@ -293,6 +379,17 @@ impl Transport for AnyTransport {
             Self::Amqp(t) => t.route(),
             #[cfg(feature = "nats")]
             Self::Nats(t) => t.route(),
+            #[cfg(feature = "kafka")]
+            Self::Kafka(t) => t.route(),
+        }
+    }
+
+    fn batches_at_once(&self) -> Option<usize> {
+        match self {
+            #[cfg(feature = "kafka")]
+            Self::Kafka(t) => t.batches_at_once(),
+            #[allow(unreachable_patterns)]
+            _ => None,
         }
     }
 
@@ -302,6 +399,8 @@ impl Transport for AnyTransport {
             Self::Amqp(t) => t.close().await,
             #[cfg(feature = "nats")]
             Self::Nats(t) => t.close().await,
+            #[cfg(feature = "kafka")]
+            Self::Kafka(t) => t.close().await,
         }
     }
 }
@@ -327,6 +426,19 @@ mod tests {
         let err = "amqp://u:secret@rabbit/".parse::<Source>().unwrap_err();
         assert!(!err.to_string().contains("secret"), "{err}");
         assert!("nats://h/only-stream".parse::<Source>().is_err());
-        assert!("kafka://h/t".parse::<Source>().is_err());
+        let err = "kafka://h:9092/t".parse::<Source>().unwrap_err();
+        assert!(err.to_string().contains("?group="), "{err}");
+        let kafka: Source = "kafka://k1:9092,k2:9092/orders?group=billing&client.id=c"
+            .parse()
+            .unwrap();
+        assert!(
+            matches!(&kafka, Source::Kafka { brokers, topic, group, settings }
+                if brokers == "k1:9092,k2:9092" && topic == "orders" && group == "billing" && !settings.is_empty()),
+            "{kafka:?}"
+        );
+        assert_eq!(
+            kafka.to_string(),
+            "kafka://k1:9092,k2:9092/orders?group=billing"
+        );
     }
 }

@@ -90,6 +90,11 @@ enum Back {
     Queue { url: String, queue: String },
     /// The subject the message was published to.
     Subject { url: String },
+    /// The Kafka topic the record was read from.
+    Topic {
+        brokers: String,
+        settings: crate::kafka::Settings,
+    },
     /// Always this destination.
     Fixed(Destination),
 }
@@ -120,6 +125,22 @@ impl Route {
         }
     }
 
+    /// Records from Kafka: a redrive produces to the topic each record was
+    /// read from, with its original key.
+    pub fn topic(
+        origin: impl Into<String>,
+        brokers: impl Into<String>,
+        settings: crate::kafka::Settings,
+    ) -> Self {
+        Self {
+            origin: origin.into(),
+            back: Back::Topic {
+                brokers: brokers.into(),
+                settings,
+            },
+        }
+    }
+
     /// Every message is redriven to `destination`.
     pub fn fixed(origin: impl Into<String>, destination: Destination) -> Self {
         Self {
@@ -139,6 +160,12 @@ impl Route {
             Back::Subject { url } => Destination::Nats {
                 url: url.clone(),
                 subject: message.subject.clone(),
+            },
+            Back::Topic { brokers, settings } => Destination::Kafka {
+                brokers: brokers.clone(),
+                topic: message.subject.clone(),
+                record_key: crate::publish::RecordKey::None,
+                settings: settings.clone(),
             },
             Back::Fixed(destination) => destination.clone(),
         }
@@ -191,6 +218,13 @@ pub trait Transport: Send + 'static {
 
     /// Where messages come from and where a redrive sends them back.
     fn route(&self) -> Route;
+
+    /// The most batches the runtime may apply at once, for a transport that
+    /// hands out several records of one ordered sequence (a Kafka partition):
+    /// with one batch at a time, they commit in order. `None`: no limit.
+    fn batches_at_once(&self) -> Option<usize> {
+        None
+    }
 
     /// Closes the subscription; unsettled deliveries go back to the broker.
     fn close(self) -> impl Future<Output = ()> + Send

@@ -7,6 +7,7 @@
 //! | `amqp://user:pass@host:5672/%2f?queue=orders` | RabbitMQ: the default exchange (`""`), routing key = the queue name |
 //! | `nats://host:4222/orders.created` | NATS JetStream: the path is the subject |
 //! | `http://host/hooks/orders`, `https://...` | an HTTP webhook: `POST` to the URL |
+//! | `kafka://host:9092[,host2:9092]/orders?record_key=header:order-id` | Kafka: the idempotent producer to the topic; optional record key; other query pairs are librdkafka settings |
 //!
 //! `amqps://` and other query parameters of the AMQP URL (`heartbeat`,
 //! `channel_max`, ...) are kept and handed to the client. [`Display`](fmt::Display)
@@ -66,6 +67,32 @@ pub enum Destination {
         /// The full URL.
         url: String,
     },
+    /// A Kafka topic, written by the idempotent producer.
+    Kafka {
+        /// The bootstrap brokers: `host:port[,host:port]`.
+        brokers: String,
+        /// The topic.
+        topic: String,
+        /// What the record key is.
+        record_key: RecordKey,
+        /// librdkafka settings (checked when connecting: unsafe producer
+        /// settings are refused).
+        settings: crate::kafka::Settings,
+    },
+}
+
+/// The record key of a Kafka record, which chooses its partition: records
+/// with one key stay in order.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RecordKey {
+    /// No record key: records are spread over the partitions (the default).
+    #[default]
+    None,
+    /// The message's idempotency key (`?record_key=key`).
+    MessageKey,
+    /// One of the message's headers, e.g. an aggregate id
+    /// (`?record_key=header:NAME`); no record key when the header is absent.
+    Header(String),
 }
 
 /// A destination that could not be understood.
@@ -74,7 +101,7 @@ pub enum Destination {
 pub enum DestinationError {
     /// Not a URL at all.
     #[error(
-        "destination {text:?} is not a URL ({reason}); write amqp://USER:PASS@HOST:PORT/VHOST?queue=QUEUE, nats://HOST:PORT/SUBJECT or http(s)://HOST/PATH"
+        "destination {text:?} is not a URL ({reason}); write amqp://USER:PASS@HOST:PORT/VHOST?queue=QUEUE, nats://HOST:PORT/SUBJECT, kafka://HOST:PORT/TOPIC or http(s)://HOST/PATH"
     )]
     NotAUrl {
         /// The text, through [`redact_url`].
@@ -84,7 +111,7 @@ pub enum DestinationError {
     },
     /// A scheme no publisher exists for.
     #[error(
-        "destination scheme {scheme:?} is not supported: use amqp:// or amqps:// (RabbitMQ), nats:// (NATS JetStream), http:// or https:// (webhook)"
+        "destination scheme {scheme:?} is not supported: use amqp:// or amqps:// (RabbitMQ), nats:// (NATS JetStream), kafka:// (Kafka), http:// or https:// (webhook)"
     )]
     UnknownScheme {
         /// The scheme found.
@@ -117,15 +144,28 @@ impl Destination {
                 target_query(exchange, routing_key)
             ),
             Self::Nats { .. } | Self::Http { .. } => redact_url(&self.to_string()),
+            Self::Kafka {
+                brokers,
+                topic,
+                record_key,
+                ..
+            } => {
+                let base = format!("kafka://{brokers}/{}", encode(topic));
+                match record_key_query(record_key) {
+                    Some(query) => format!("{base}?record_key={query}"),
+                    None => base,
+                }
+            }
         }
     }
 
-    /// The scheme family: `"amqp"`, `"nats"` or `"http"`, for metric labels.
+    /// The scheme family: `"amqp"`, `"nats"`, `"http"` or `"kafka"`, for metric labels.
     pub fn kind(&self) -> &'static str {
         match self {
             Self::Amqp { .. } => "amqp",
             Self::Nats { .. } => "nats",
             Self::Http { .. } => "http",
+            Self::Kafka { .. } => "kafka",
         }
     }
 }
@@ -149,8 +189,75 @@ impl fmt::Display for Destination {
             }
             Self::Nats { url, subject } => write!(f, "{}/{subject}", url.trim_end_matches('/')),
             Self::Http { url } => f.write_str(url),
+            Self::Kafka {
+                brokers,
+                topic,
+                record_key,
+                settings,
+            } => {
+                write!(f, "kafka://{brokers}/{}", encode(topic))?;
+                let mut query = form_urlencoded::Serializer::new(String::new());
+                if let Some(key) = record_key_query(record_key) {
+                    query.append_pair("record_key", &key);
+                }
+                for (name, value) in settings.iter() {
+                    query.append_pair(name, value);
+                }
+                let query = query.finish();
+                if !query.is_empty() {
+                    write!(f, "?{query}")?;
+                }
+                Ok(())
+            }
         }
     }
+}
+
+/// A path segment percent-encoded (a topic may hold `.`, `_`, `-`, which stay).
+fn encode(segment: &str) -> String {
+    url::form_urlencoded::byte_serialize(segment.as_bytes()).collect()
+}
+
+fn record_key_query(record_key: &RecordKey) -> Option<String> {
+    match record_key {
+        RecordKey::None => None,
+        RecordKey::MessageKey => Some("key".into()),
+        RecordKey::Header(name) => Some(format!("header:{name}")),
+    }
+}
+
+fn kafka(text: &str) -> Result<Destination, String> {
+    let url = crate::kafka::KafkaUrl::parse(text)?;
+    let topic = match url.path.as_slice() {
+        [topic] => topic.clone(),
+        [] => return Err("has no topic; write kafka://HOST:PORT/TOPIC".into()),
+        _ => return Err("names more than one path segment; write kafka://HOST:PORT/TOPIC".into()),
+    };
+    let mut record_key = RecordKey::None;
+    let mut settings = crate::kafka::Settings::new();
+    for (name, value) in url.query {
+        if name == "record_key" {
+            record_key = match value.split_once(':') {
+                _ if value == "key" => RecordKey::MessageKey,
+                Some(("header", header)) if !header.is_empty() => {
+                    RecordKey::Header(header.to_owned())
+                }
+                _ => {
+                    return Err(format!(
+                        "record_key={value:?} not understood: write record_key=key (the message key) or record_key=header:NAME"
+                    ));
+                }
+            };
+        } else {
+            settings = settings.set(name, value);
+        }
+    }
+    Ok(Destination::Kafka {
+        brokers: url.brokers,
+        topic,
+        record_key,
+        settings,
+    })
 }
 
 /// `exchange=...&routing_key=...`, the query that names an AMQP target.
@@ -166,6 +273,13 @@ impl FromStr for Destination {
 
     fn from_str(text: &str) -> Result<Self, DestinationError> {
         let text = text.trim();
+        if text.starts_with("kafka://") {
+            // Several brokers (`k1:9092,k2:9092`) are no URL authority.
+            return kafka(text).map_err(|problem| DestinationError::Invalid {
+                text: redact_url(text),
+                problem,
+            });
+        }
         let parsed = Url::parse(text).map_err(|e| DestinationError::NotAUrl {
             text: redact_url(text),
             reason: e.to_string(),
@@ -283,7 +397,7 @@ fn amqp(text: &str, parsed: &Url) -> Result<Destination, String> {
 /// ```
 /// use idem_broker::publish::redact;
 /// assert_eq!(redact("amqp://u:secret@h:5672/%2f?queue=q"), "amqp://u:***@h:5672/%2f?exchange=&routing_key=q");
-/// assert_eq!(redact("kafka://u:secret@h/t"), "kafka://u:***@h/t");
+/// assert_eq!(redact("kafka://h:9092/t?sasl.password=secret"), "kafka://h:9092/t");
 /// ```
 pub fn redact(text: &str) -> String {
     text.parse::<Destination>()
@@ -309,6 +423,8 @@ mod tests {
             "nats://user:pw@127.0.0.1:4222/a.b",
             "http://127.0.0.1:8080/hooks/orders?tenant=7",
             "https://example.invalid/hook",
+            "kafka://127.0.0.1:9092/orders",
+            "kafka://k1:9092,k2:9092/orders.created?record_key=header%3Aorder-id&client.id=relay",
         ] {
             let destination = parse(text);
             let again = parse(&destination.to_string());
@@ -347,7 +463,9 @@ mod tests {
     #[test]
     fn mistakes_are_explained() {
         let cases = [
-            ("kafka://broker:9092/topic", "not supported"),
+            ("kafka://broker:9092", "has no topic"),
+            ("kafka://broker:9092/t?record_key=uuid", "record_key"),
+            ("redis://broker:6379/stream", "not supported"),
             ("amqp://guest:secret@h:5672/%2f", "?queue=QUEUE"),
             (
                 "amqp://h/%2f?queue=a&routing_key=b",

@@ -12,6 +12,7 @@
 //! | RabbitMQ (`amqp://`) | `message_id` property (and an `Idempotency-Key` header) | the broker's publisher confirm (`basic.ack`), and the message was routed to a queue |
 //! | NATS JetStream (`nats://`) | `Nats-Msg-Id` header (the stream's duplicate window is a second line of dedupe) | the stream's `PubAck` (a `duplicate` ack counts: the stream has it) |
 //! | HTTP webhook (`http(s)://`) | `Idempotency-Key: "key"` header (RFC 8941 string) | a 2xx answer |
+//! | Kafka (`kafka://`) | `idempotency-key` header (and the record key, if the destination asks) | the idempotent producer's delivery report: every in-sync replica has it |
 //!
 //! A failure says whether another attempt may help ([`PublishError::verdict`],
 //! an [`idem_retry::Verdict`]): a broker that is down, a nack, a 5xx or a 429
@@ -21,7 +22,8 @@
 //! [`Message`] and the [`Publish`] trait every publisher shares (`message`),
 //! [`Publisher`] and [`connect`] here, choosing among the transports, and one
 //! module per transport, each behind its crate feature: `amqp` (feature
-//! `amqp`), `nats` (feature `nats`), `http` (feature `webhook`). Every
+//! `amqp`), `nats` (feature `nats`), `http` (feature `webhook`), `kafka`
+//! (feature `kafka`). Every
 //! destination parses whatever the features; connecting to one whose
 //! transport was left out is a [`PublishErrorKind::Config`] error.
 
@@ -31,16 +33,20 @@ mod destination;
 mod error;
 #[cfg(feature = "webhook")]
 mod http;
+#[cfg(feature = "kafka")]
+mod kafka;
 mod message;
 #[cfg(feature = "nats")]
 mod nats;
 
 #[cfg(feature = "amqp")]
 pub use self::amqp::AmqpPublisher;
-pub use self::destination::{Destination, DestinationError, redact};
+pub use self::destination::{Destination, DestinationError, RecordKey, redact};
 pub use self::error::{PublishError, PublishErrorKind, classify};
 #[cfg(feature = "webhook")]
 pub use self::http::HttpPublisher;
+#[cfg(feature = "kafka")]
+pub use self::kafka::KafkaPublisher;
 pub use self::message::{Message, NATS_MSG_ID_HEADER, Publish};
 #[cfg(feature = "nats")]
 pub use self::nats::NatsPublisher;
@@ -58,6 +64,9 @@ pub enum Publisher {
     /// An HTTP webhook.
     #[cfg(feature = "webhook")]
     Http(HttpPublisher),
+    /// Kafka, with the idempotent producer.
+    #[cfg(feature = "kafka")]
+    Kafka(KafkaPublisher),
 }
 
 impl Publisher {
@@ -70,6 +79,8 @@ impl Publisher {
             Self::Nats(ref p) => p.destination(),
             #[cfg(feature = "webhook")]
             Self::Http(ref p) => p.destination(),
+            #[cfg(feature = "kafka")]
+            Self::Kafka(ref p) => p.destination(),
         }
     }
 }
@@ -83,6 +94,8 @@ impl Publish for Publisher {
             Self::Nats(ref p) => p.publish(message).await,
             #[cfg(feature = "webhook")]
             Self::Http(ref p) => p.publish(message).await,
+            #[cfg(feature = "kafka")]
+            Self::Kafka(ref p) => p.publish(message).await,
         };
         let outcome = if result.is_ok() {
             "confirmed"
@@ -109,18 +122,31 @@ pub async fn connect(destination: &Destination) -> Result<Publisher, PublishErro
         Destination::Nats { .. } => Publisher::Nats(NatsPublisher::connect(destination).await?),
         #[cfg(feature = "webhook")]
         Destination::Http { .. } => Publisher::Http(HttpPublisher::new(destination)?),
-        #[cfg(not(all(feature = "amqp", feature = "nats", feature = "webhook")))]
+        #[cfg(feature = "kafka")]
+        Destination::Kafka { .. } => Publisher::Kafka(KafkaPublisher::connect(destination).await?),
+        #[cfg(not(all(
+            feature = "amqp",
+            feature = "nats",
+            feature = "webhook",
+            feature = "kafka"
+        )))]
         other => return Err(left_out(other)),
     })
 }
 
 /// The error for a destination whose transport this build was made without.
-#[cfg(not(all(feature = "amqp", feature = "nats", feature = "webhook")))]
+#[cfg(not(all(
+    feature = "amqp",
+    feature = "nats",
+    feature = "webhook",
+    feature = "kafka"
+)))]
 fn left_out(destination: &Destination) -> PublishError {
     let feature = match destination {
         Destination::Amqp { .. } => "amqp",
         Destination::Nats { .. } => "nats",
         Destination::Http { .. } => "webhook",
+        Destination::Kafka { .. } => "kafka",
     };
     PublishError::new(
         PublishErrorKind::Config,

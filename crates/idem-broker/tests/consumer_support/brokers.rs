@@ -329,3 +329,209 @@ impl Drop for Jet {
         .join();
     }
 }
+
+fn kafka_brokers() -> String {
+    std::env::var("IDEM_TEST_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".to_owned())
+}
+
+/// The librdkafka settings of the tests' consumers: a dead member leaves the
+/// group after 6 s instead of 45 s.
+pub fn kafka_test_settings() -> idem_broker::kafka::Settings {
+    let settings = idem_broker::kafka::Settings::new()
+        .set("session.timeout.ms", "6000")
+        .set("heartbeat.interval.ms", "500");
+    match std::env::var("IDEM_T_KAFKA_DEBUG") {
+        Ok(debug) => settings.set("debug", debug),
+        Err(_) => settings,
+    }
+}
+
+/// A Kafka topic of the test's own (2 partitions) and a consumer group of
+/// its own. Keys travel in the `idempotency-key` header, the default rule.
+pub struct Kafka {
+    pub brokers: String,
+    pub topic: String,
+    pub group: String,
+    producer: rdkafka::producer::FutureProducer,
+    owner: bool,
+}
+
+impl Kafka {
+    /// A fresh topic with `partitions` partitions, or `None` when no broker answers.
+    pub async fn with_partitions(partitions: i32) -> Option<Self> {
+        if std::env::var_os("RUST_LOG").is_some() {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+                .with_writer(std::io::stderr)
+                .try_init();
+        }
+        use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+        use rdkafka::client::DefaultClientContext;
+
+        let brokers = kafka_brokers();
+        let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", &brokers)
+            .create()
+            .expect("Kafka admin client");
+        let name = format!("idem-t-{}", suffix());
+        let topic = NewTopic::new(&name, partitions, TopicReplication::Fixed(1));
+        let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+        match admin.create_topics([&topic], &options).await {
+            Ok(results) => {
+                for result in results {
+                    result.expect("create the test topic");
+                }
+            }
+            Err(error) => {
+                idem_testkit::services::missing_service("Kafka", &error.to_string());
+                return None;
+            }
+        }
+        Some(Self::attach(brokers, name.clone(), name, true))
+    }
+
+    fn attach(brokers: String, topic: String, group: String, owner: bool) -> Self {
+        let producer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", &brokers)
+            .set("enable.idempotence", "true")
+            .create()
+            .expect("Kafka producer");
+        Self {
+            brokers,
+            topic,
+            group,
+            producer,
+            owner,
+        }
+    }
+
+    /// A transport with these options (the test settings added).
+    pub async fn transport_with(
+        &self,
+        mut options: idem_broker::consume::KafkaOptions,
+    ) -> idem_broker::consume::KafkaTransport {
+        for (name, value) in kafka_test_settings().iter() {
+            options.settings = options.settings.set(name, value);
+        }
+        idem_broker::consume::KafkaTransport::connect(
+            &self.brokers,
+            &self.topic,
+            &self.group,
+            options,
+        )
+        .await
+        .expect("consume the test topic")
+    }
+
+    /// Publishes with a record key (records with one key share a partition).
+    pub async fn publish_keyed(&self, record_key: &str, key: Option<&str>, payload: &[u8]) {
+        self.send(Some(record_key), key, payload).await;
+    }
+
+    async fn send(&self, record_key: Option<&str>, key: Option<&str>, payload: &[u8]) {
+        use rdkafka::message::{Header, OwnedHeaders};
+        use rdkafka::producer::FutureRecord;
+
+        let mut headers = OwnedHeaders::new().insert(Header {
+            key: "content-type",
+            value: Some("application/json"),
+        });
+        if let Some(key) = key {
+            headers = headers.insert(Header {
+                key: "idempotency-key",
+                value: Some(key),
+            });
+        }
+        let mut record = FutureRecord::<str, [u8]>::to(&self.topic)
+            .payload(payload)
+            .headers(headers);
+        if let Some(record_key) = record_key {
+            record = record.key(record_key);
+        }
+        self.producer
+            .send(record, Duration::from_secs(10))
+            .await
+            .map_err(|(e, _)| e)
+            .expect("produce to the test topic");
+    }
+}
+
+impl Broker for Kafka {
+    type Transport = idem_broker::consume::KafkaTransport;
+    const NAME: &'static str = "kafka";
+
+    async fn start() -> Option<Self> {
+        Self::with_partitions(2).await
+    }
+
+    async fn from_env() -> Self {
+        Self::attach(
+            kafka_brokers(),
+            std::env::var("IDEM_T_TOPIC").expect("IDEM_T_TOPIC"),
+            std::env::var("IDEM_T_GROUP").expect("IDEM_T_GROUP"),
+            false,
+        )
+    }
+
+    fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("IDEM_T_TOPIC", self.topic.clone()),
+            ("IDEM_T_GROUP", self.group.clone()),
+        ]
+    }
+
+    async fn publish(&self, key: Option<&str>, payload: &[u8]) {
+        self.send(None, key, payload).await;
+    }
+
+    async fn transport(&self) -> idem_broker::consume::KafkaTransport {
+        self.transport_with(idem_broker::consume::KafkaOptions {
+            commit_interval: Duration::from_millis(20),
+            ..idem_broker::consume::KafkaOptions::default()
+        })
+        .await
+    }
+
+    fn key_rule(&self) -> KeyRule {
+        KeyRule::new(KeySource::MessageId)
+    }
+}
+
+/// Test topics are deleted only when `IDEM_T_DELETE_TOPICS` is set: a topic
+/// deleted while clients in other test processes refresh their metadata has
+/// crashed librdkafka 2.12 (a segmentation fault in its metadata cache) on
+/// the broker the tests run against. The broker's data directory holds them.
+impl Drop for Kafka {
+    fn drop(&mut self) {
+        if !self.owner || std::env::var_os("IDEM_T_DELETE_TOPICS").is_none() {
+            return;
+        }
+        let (brokers, topic) = (self.brokers.clone(), self.topic.clone());
+        let _ = std::thread::spawn(move || {
+            use rdkafka::admin::{AdminClient, AdminOptions};
+            use rdkafka::client::DefaultClientContext;
+
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            runtime.block_on(async move {
+                let admin: Result<AdminClient<DefaultClientContext>, _> =
+                    rdkafka::ClientConfig::new()
+                        .set("bootstrap.servers", &brokers)
+                        .create();
+                let deleted = match admin {
+                    Ok(admin) => admin
+                        .delete_topics(&[&topic], &AdminOptions::new())
+                        .await
+                        .is_ok(),
+                    Err(_) => false,
+                };
+                if !deleted {
+                    eprintln!("could not delete test topic {topic}");
+                }
+            });
+        })
+        .join();
+    }
+}

@@ -24,7 +24,7 @@ use tokio::sync::oneshot;
 
 pub use bank::{Bank, OPENING_BALANCE, PgBank, SqliteBank};
 #[allow(unused_imports)]
-pub use brokers::{Broker, Jet, Rabbit};
+pub use brokers::{Broker, Jet, Kafka, Rabbit};
 
 /// A random lower-case hex suffix.
 pub fn suffix() -> String {

@@ -1,5 +1,5 @@
-//! `idem forward`: the sidecar. Consumes a RabbitMQ queue or a JetStream
-//! consumer and `POST`s each message to an HTTP endpoint with
+//! `idem forward`: the sidecar. Consumes a RabbitMQ queue, a JetStream
+//! consumer or a Kafka topic (as a consumer group member) and `POST`s each message to an HTTP endpoint with
 //! `Idempotency-Key` = the message's key; acks after a 2xx (or a terminal
 //! 4xx, recorded as a dead letter), retries 409/408/429/5xx with jittered
 //! backoff, dead-letters after the last attempt. Failure counts and dead
@@ -16,19 +16,23 @@ use idem_broker::forward::{self, ForwardConfig};
 /// `idem forward`
 #[derive(Debug, Args)]
 pub struct ForwardArgs {
-    /// Where messages come from: amqp://[USER:PASS@]HOST[:PORT]/[VHOST/]QUEUE
-    /// or nats://HOST[:PORT]/STREAM/CONSUMER (a durable pull consumer, created
-    /// with explicit acks if missing).
+    /// Where messages come from: amqp://[USER:PASS@]HOST[:PORT]/[VHOST/]QUEUE,
+    /// nats://HOST[:PORT]/STREAM/CONSUMER (a durable pull consumer, created
+    /// with explicit acks if missing), or
+    /// kafka://HOST:PORT[,HOST:PORT]/TOPIC?group=GROUP (offsets committed
+    /// after each record was answered; other query pairs are librdkafka settings).
     #[arg(long)]
     pub from: Source,
     /// The HTTP endpoint each message is POSTed to.
     #[arg(long)]
     pub to: http::Uri,
-    /// Where each message's idempotency key is: message-id (AMQP message_id
-    /// or Nats-Msg-Id), header:NAME, or json:PATH (/order/id or order.id).
+    /// Where each message's idempotency key is: message-id (AMQP message_id,
+    /// Nats-Msg-Id or Kafka's idempotency-key header), record-key (Kafka),
+    /// header:NAME, or json:PATH (/order/id or order.id).
     #[arg(long, default_value = "message-id")]
     pub key: KeySource,
-    /// Key messages without one by their stream position (NATS only): the
+    /// Key messages without one by their log position (NATS STREAM/SEQUENCE,
+    /// Kafka TOPIC/PARTITION/OFFSET): the
     /// last resort, which does not dedupe a publisher's repeats. Without it
     /// they are dead-lettered.
     #[arg(long)]
@@ -42,7 +46,8 @@ pub struct ForwardArgs {
     /// Messages forwarded at once.
     #[arg(long, default_value_t = 8)]
     pub concurrency: usize,
-    /// Deliveries held unacked at once (RabbitMQ prefetch, NATS pull batch).
+    /// Deliveries held unacked at once (RabbitMQ prefetch, NATS pull batch,
+    /// Kafka records fetched ahead per partition).
     #[arg(long, default_value_t = 64)]
     pub prefetch: u16,
     /// How long one request may take before it counts as failed.
@@ -75,6 +80,7 @@ pub async fn run(store: AnyStore, args: &ForwardArgs) -> anyhow::Result<()> {
             .prefetch
             .max(u16::try_from(args.concurrency).unwrap_or(u16::MAX)),
         ack_wait: args.ack_wait.into(),
+        per_partition: 1,
     };
     eprintln!(
         "forwarding {} to {} (key: {}); Ctrl-C stops after the messages in hand are settled",

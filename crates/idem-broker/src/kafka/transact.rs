@@ -1,0 +1,3 @@
+//! Consume-transform-produce inside one Kafka transaction.
+//!
+//! Placeholder replaced below.
