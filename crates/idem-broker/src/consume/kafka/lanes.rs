@@ -52,6 +52,9 @@ struct Lane {
     fetched_to: Option<i64>,
     /// The last offset the broker confirmed committed (the next to read).
     committed: Option<i64>,
+    /// Once revoked: the first record dropped unsettled, which the commit
+    /// must not pass.
+    cap: Option<i64>,
     paused: bool,
 }
 
@@ -61,10 +64,14 @@ impl Lane {
     fn commit_point(&self) -> Option<i64> {
         let held = self.held.keys().next().copied();
         let queued = self.queued.front().map(|(offset, _)| *offset);
-        match (held, queued) {
+        let point = match (held, queued) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (Some(a), None) | (None, Some(a)) => Some(a),
             (None, None) => self.fetched_to,
+        };
+        match (point, self.cap) {
+            (Some(point), Some(cap)) => Some(point.min(cap)),
+            (point, cap) => point.or(cap),
         }
     }
 
@@ -138,6 +145,7 @@ impl Lanes {
                     held: BTreeMap::new(),
                     fetched_to: None,
                     committed: None,
+                    cap: None,
                     paused: false,
                 },
             );
@@ -319,8 +327,8 @@ impl Lanes {
         let mut state = self.lock();
         for partition in partitions {
             if let Some(lane) = state.lanes.get_mut(partition) {
+                lane.cap = lane.commit_point();
                 lane.queued.clear();
-                lane.fetched_to = lane.held.keys().next().copied().or(lane.fetched_to);
                 lane.held.retain(|_, held| held.retry_at.is_none());
             }
         }
@@ -466,5 +474,17 @@ mod tests {
             lanes.to_commit().is_empty(),
             "a settle from the old assignment does not touch the new lane"
         );
+    }
+
+    #[test]
+    fn a_revocation_never_commits_past_a_record_waiting_for_its_retry() {
+        let lanes = filled(2, &[(0, 10), (0, 11), (0, 12)]);
+        let (first, _) = take(&lanes).unwrap();
+        let (second, _) = take(&lanes).unwrap();
+        assert_eq!((first.offset, second.offset), (10, 11));
+        lanes.retry(&first, Duration::from_secs(60));
+        lanes.done(&second);
+        let commits = lanes.revoke(&[partition(0)], Duration::ZERO);
+        assert_eq!(commits, [(partition(0), 10)]);
     }
 }
