@@ -6,3 +6,167 @@ mod consumer_support;
 use consumer_support::Kafka;
 
 consumer_tests!(Kafka);
+
+mod rebalance {
+    //! The rebalance that hands processed-but-uncommitted records to another
+    //! consumer. Consumer A (a child process) applies a batch, commits it in
+    //! the database, and is frozen (SIGSTOP) before it commits the offsets:
+    //! its heartbeats stop, the group evicts it after the session timeout,
+    //! and consumer B reads the topic again from the last commit. Every
+    //! effect happens once; the re-read records are answered from the store
+    //! and counted by `duplicates_suppressed_total`.
+
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use idem_broker::consume::{Checkpoint, Consumer, KafkaOptions};
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    use super::consumer_support::{Bank, Broker, Kafka, OPENING_BALANCE, PgBank, Running, config};
+
+    const RECORDS: usize = 200;
+    const BATCH: usize = 50;
+    const MARKER: &str = "IDEM-BATCH-COMMITTED";
+
+    fn batch_options() -> KafkaOptions {
+        KafkaOptions {
+            per_partition: BATCH,
+            commit_interval: Duration::from_millis(20),
+            settings: idem_broker::kafka::Settings::new().set("max.poll.interval.ms", "7000"),
+            ..KafkaOptions::default()
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_consumer_evicted_after_its_commit_hands_its_records_over_and_they_apply_once() {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let _ = recorder.install();
+
+        let Some(broker) = Kafka::with_partitions(2).await else {
+            return;
+        };
+        let Some(bank) = PgBank::start().await else {
+            return;
+        };
+        for i in 0..RECORDS {
+            broker
+                .publish(Some(&format!("r-{i:03}")), br#"{"amount": 1}"#)
+                .await;
+        }
+
+        let exe = std::env::current_exe().expect("test binary path");
+        let mut child = Command::new(exe);
+        child
+            .args([
+                "--exact",
+                "rebalance::child",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("IDEM_T_REBALANCE_STORE", bank.location())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for (name, value) in broker.env() {
+            child.env(name, value);
+        }
+        let mut child = child.spawn().expect("start consumer A");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (seen_tx, seen_rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if line.contains(MARKER) {
+                    let _ = seen_tx.send(());
+                }
+            }
+        });
+        let committed = seen_rx.recv_timeout(Duration::from_secs(120));
+        // Frozen, as by a long pause: no more polls, no more heartbeats.
+        let frozen = Command::new("kill")
+            .args(["-STOP", &child.id().to_string()])
+            .status()
+            .expect("SIGSTOP consumer A");
+        assert!(frozen.success());
+        committed.expect("consumer A never committed a batch");
+
+        let applied_by_a = bank.ledger().await.len();
+        assert!(
+            applied_by_a > 0 && applied_by_a < RECORDS,
+            "A applied {applied_by_a} records before it was frozen"
+        );
+
+        let consumer = Consumer::new(
+            broker.transport_with(batch_options()).await,
+            bank.apply(false),
+            config(broker.key_rule()).batch(BATCH, Duration::from_millis(50)),
+        );
+        let running = Running::start(consumer.stats(), |stop| consumer.run_batched(stop));
+        let stats = running
+            .until("every record settled by B", |s| {
+                (s.applied + s.replayed) as usize >= RECORDS
+            })
+            .await;
+        running.stop().await;
+        child.kill().expect("SIGKILL consumer A");
+        let _ = child.wait();
+
+        let ledger = bank.ledger().await;
+        assert_eq!(ledger.len(), RECORDS, "every record applied");
+        ledger
+            .windows(2)
+            .for_each(|w| assert_ne!(w[0], w[1], "applied twice"));
+        assert_eq!(bank.balance().await, OPENING_BALANCE - RECORDS as i64);
+        assert_eq!(
+            stats.replayed as usize, applied_by_a,
+            "B re-read exactly what A had applied without committing its offsets: {stats:?}"
+        );
+        assert_eq!(stats.applied as usize, RECORDS - applied_by_a, "{stats:?}");
+
+        let suppressed: u64 = snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter(|(key, ..)| key.key().name() == "duplicates_suppressed_total")
+            .map(|(.., value)| match value {
+                DebugValue::Counter(n) => n,
+                _ => 0,
+            })
+            .sum();
+        assert_eq!(
+            suppressed as usize, applied_by_a,
+            "duplicates_suppressed_total"
+        );
+    }
+
+    /// Consumer A: applies batches and, once the first has committed in the
+    /// database, says so and stops before its offsets are committed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "consumer A of the rebalance test; does nothing on its own"]
+    async fn child() {
+        let Ok(location) = std::env::var("IDEM_T_REBALANCE_STORE") else {
+            return;
+        };
+        let broker = Kafka::from_env().await;
+        let bank = PgBank::at(&location).await;
+        let settings = config(broker.key_rule())
+            .batch(BATCH, Duration::from_millis(200))
+            .checkpoint(|at| {
+                if at == Checkpoint::AfterCommit {
+                    println!("{MARKER}");
+                    // Holds the batch's acks until the parent freezes us.
+                    std::thread::sleep(Duration::from_secs(600));
+                }
+            });
+        let consumer = Consumer::new(
+            broker.transport_with(batch_options()).await,
+            bank.apply(false),
+            settings,
+        );
+        let result = consumer.run_batched(std::future::pending()).await;
+        panic!("consumer A should have been frozen and killed, but it ended: {result:?}");
+    }
+}
