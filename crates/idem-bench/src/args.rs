@@ -100,6 +100,13 @@ pub struct BenchConsumeArgs {
     /// The NATS server.
     #[arg(long, default_value = "nats://127.0.0.1:4222")]
     pub nats_url: String,
+    /// The Kafka bootstrap brokers.
+    #[arg(long, default_value = "127.0.0.1:9092")]
+    pub kafka_brokers: String,
+    /// Partitions of each Kafka topic the benchmark makes (a partition is
+    /// applied in order, one record at a time in the single phases).
+    #[arg(long, default_value_t = 8)]
+    pub kafka_partitions: i32,
     /// One-way delay added between the benchmark and PostgreSQL, each way
     /// (for example 250us): every round trip to the database then costs
     /// twice this on top of its CPU, as across a network.
@@ -118,4 +125,6 @@ pub enum BrokerArg {
     Amqp,
     /// NATS JetStream (async-nats).
     Nats,
+    /// Kafka (rdkafka): a topic per phase, consumed by a consumer group.
+    Kafka,
 }

@@ -1,7 +1,7 @@
-//! The queues `idem bench consume` consumes from: a RabbitMQ queue or a NATS
-//! JetStream stream per phase, declared for the run, filled with keyed
-//! messages (AMQP `message_id`, `Nats-Msg-Id`) before the clock starts, and
-//! deleted after.
+//! The queues `idem bench consume` consumes from: a RabbitMQ queue, a NATS
+//! JetStream stream or a Kafka topic per phase, declared for the run, filled
+//! with keyed messages (AMQP `message_id`, `Nats-Msg-Id`, Kafka's
+//! `idempotency-key` header) before the clock starts, and deleted after.
 
 use anyhow::Context;
 use idem_broker::consume::Source;
@@ -17,8 +17,19 @@ pub(super) struct BenchQueue {
 
 /// The broker of a run; `run` names the run's queues.
 pub(super) enum BenchBroker {
-    Amqp { url: String, run: u32 },
-    Nats { url: String, run: u32 },
+    Amqp {
+        url: String,
+        run: u32,
+    },
+    Nats {
+        url: String,
+        run: u32,
+    },
+    Kafka {
+        brokers: String,
+        partitions: i32,
+        run: u32,
+    },
 }
 
 impl BenchBroker {
@@ -33,6 +44,11 @@ impl BenchBroker {
                 url: args.nats_url.clone(),
                 run,
             },
+            BrokerArg::Kafka => Self::Kafka {
+                brokers: args.kafka_brokers.clone(),
+                partitions: args.kafka_partitions.max(1),
+                run,
+            },
         }
     }
 
@@ -41,6 +57,7 @@ impl BenchBroker {
         match self {
             Self::Amqp { .. } => "RabbitMQ",
             Self::Nats { .. } => "NATS JetStream",
+            Self::Kafka { .. } => "Kafka",
         }
     }
 
@@ -86,6 +103,23 @@ impl BenchBroker {
                         url: url.clone(),
                         stream: name.clone(),
                         consumer: "bench".into(),
+                    },
+                    name,
+                })
+            }
+            Self::Kafka {
+                brokers,
+                partitions,
+                run,
+            } => {
+                let name = format!("idem-bench-{run:08x}-{tag}");
+                kafka::create_topic(brokers, &name, *partitions).await?;
+                Ok(BenchQueue {
+                    source: Source::Kafka {
+                        brokers: brokers.clone(),
+                        topic: name.clone(),
+                        group: name.clone(),
+                        settings: idem_broker::kafka::Settings::new(),
                     },
                     name,
                 })
@@ -156,6 +190,12 @@ impl BenchBroker {
                     }
                 }
             }
+            Self::Kafka { brokers, run, .. } => {
+                kafka::fill(brokers, &queue.name, messages, |i| {
+                    (format!("bench-{run:08x}-{tag}-{i}"), body(i))
+                })
+                .await?;
+            }
         }
         Ok(())
     }
@@ -175,6 +215,7 @@ impl BenchBroker {
                 Self::Nats { url, .. } => {
                     nats_context(url).await?.delete_stream(&queue.name).await?;
                 }
+                Self::Kafka { brokers, .. } => kafka::delete_topic(brokers, &queue.name).await?,
             }
             Ok(())
         }
@@ -202,5 +243,77 @@ mod amqp {
         Connection::connect(url, lapin::ConnectionProperties::default())
             .await
             .with_context(|| format!("cannot connect to RabbitMQ at {url}"))
+    }
+}
+
+mod kafka {
+    use std::time::Duration;
+
+    use anyhow::Context;
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+
+    fn admin(brokers: &str) -> anyhow::Result<AdminClient<DefaultClientContext>> {
+        rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", brokers)
+            .create()
+            .with_context(|| format!("cannot make a Kafka admin client for {brokers}"))
+    }
+
+    pub async fn create_topic(brokers: &str, name: &str, partitions: i32) -> anyhow::Result<()> {
+        let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
+        let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+        for result in admin(brokers)?
+            .create_topics([&topic], &options)
+            .await
+            .with_context(|| format!("cannot reach Kafka at {brokers}"))?
+        {
+            result
+                .map_err(|(topic, code)| anyhow::anyhow!("cannot create topic {topic}: {code}"))?;
+        }
+        Ok(())
+    }
+
+    pub async fn delete_topic(brokers: &str, name: &str) -> anyhow::Result<()> {
+        admin(brokers)?
+            .delete_topics(&[name], &AdminOptions::new())
+            .await?;
+        Ok(())
+    }
+
+    /// Produces `messages` records, each with its key in the
+    /// `idempotency-key` header, with the idempotent producer.
+    pub async fn fill(
+        brokers: &str,
+        topic: &str,
+        messages: usize,
+        record: impl Fn(usize) -> (String, Vec<u8>),
+    ) -> anyhow::Result<()> {
+        let producer: FutureProducer = idem_broker::kafka::Settings::new()
+            .set("linger.ms", "5")
+            .producer(brokers)?
+            .create()?;
+        for chunk in (0..messages).collect::<Vec<_>>().chunks(1000) {
+            let records: Vec<_> = chunk.iter().map(|&i| record(i)).collect();
+            let sends = records.iter().map(|(key, body)| {
+                let headers = OwnedHeaders::new().insert(Header {
+                    key: idem_broker::kafka::KEY_HEADER,
+                    value: Some(key.as_str()),
+                });
+                producer.send(
+                    FutureRecord::<(), [u8]>::to(topic)
+                        .payload(body.as_slice())
+                        .headers(headers),
+                    Duration::from_secs(30),
+                )
+            });
+            for sent in futures::future::join_all(sends).await {
+                sent.map_err(|(error, _)| error)
+                    .with_context(|| format!("cannot produce to {topic}"))?;
+            }
+        }
+        Ok(())
     }
 }

@@ -191,7 +191,9 @@ impl fmt::Debug for Source {
 /// How a source is consumed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SourceOptions {
-    /// Deliveries held unacked at once (RabbitMQ prefetch, NATS pull batch).
+    /// Deliveries held unacked at once (RabbitMQ prefetch, NATS pull batch);
+    /// for Kafka, records fetched ahead per partition, at least
+    /// [`KafkaOptions::buffer`]'s default.
     pub prefetch: u16,
     /// NATS ack-wait for a consumer that is created.
     pub ack_wait: Duration,
@@ -250,7 +252,7 @@ impl Source {
                 group,
                 KafkaOptions {
                     per_partition: options.per_partition,
-                    buffer: usize::from(options.prefetch).max(1),
+                    buffer: usize::from(options.prefetch).max(KafkaOptions::default().buffer),
                     settings: settings.clone(),
                     ..KafkaOptions::default()
                 },

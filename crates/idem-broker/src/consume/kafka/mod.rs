@@ -53,7 +53,9 @@ pub struct KafkaOptions {
     /// size: a batch applies its records in order in one transaction, and
     /// the runtime then applies one batch at a time.
     pub per_partition: usize,
-    /// Records fetched ahead per partition before it is paused (default 500).
+    /// Records fetched ahead per partition before it is paused (default
+    /// 2000). A paused partition costs a fetch round trip when it resumes, so
+    /// this is a memory bound, not a flow control to tune tightly.
     pub buffer: usize,
     /// How often reached offsets are committed (default 100 ms). A crash
     /// loses at most this much commit progress; the records read again are
@@ -70,7 +72,7 @@ impl Default for KafkaOptions {
     fn default() -> Self {
         Self {
             per_partition: 1,
-            buffer: 500,
+            buffer: 2000,
             commit_interval: Duration::from_millis(100),
             revoke_grace: Duration::from_secs(10),
             settings: Settings::new(),
