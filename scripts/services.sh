@@ -82,6 +82,18 @@ start_kafka() {
     --storage-engine sqlite://tansu.db >>"$data/tansu.log" 2>&1 &)
 }
 
+# A tansu whose storage task panicked still answers on its port but serves
+# nothing: restart it (its SQLite file keeps the records and offsets).
+restart_kafka_if_broken() {
+  local log=/var/lib/idem-kafka/tansu.log
+  if [ -f "$log" ] && grep -q "panicked" "$log"; then
+    log "the Kafka broker's storage failed earlier (see $log.failed); restarting it"
+    pkill -f "$tansu broker" || true
+    sleep 1
+    mv "$log" "$log.failed"
+  fi
+}
+
 ensure() { # name port start-function seconds
   local name=$1 port=$2 start=$3 limit=$4
   if answers 127.0.0.1 "$port"; then
@@ -100,6 +112,7 @@ failed=0
 ensure PostgreSQL 5432 start_postgres 60 || failed=1
 ensure RabbitMQ 5672 start_rabbitmq 90 || failed=1
 ensure NATS 4222 start_nats 30 || failed=1
+restart_kafka_if_broken
 ensure Kafka 9092 start_kafka 60 || failed=1
 
 if [ "$failed" = 0 ] && command -v psql >/dev/null; then

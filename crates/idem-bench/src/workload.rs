@@ -56,7 +56,10 @@ impl<S: Ledger> Bank<S> {
 
     /// Several debits in one transaction, with no dedupe at all.
     pub async fn debit_bare_batch(&self, payments: &[Payment]) -> anyhow::Result<()> {
-        let payments = payments.to_vec();
+        // Accounts locked in one order, so batches committed at once do not
+        // deadlock each other.
+        let mut payments = payments.to_vec();
+        payments.sort_by_key(|p| p.account);
         self.store
             .transaction(async move |tx| {
                 for p in &payments {

@@ -7,6 +7,72 @@ use consumer_support::Kafka;
 
 consumer_tests!(Kafka);
 
+mod window {
+    //! A topic's retention is how far back a replay (an offset reset, a new
+    //! consumer group) can reach: longer than the dedupe window, and a
+    //! replayed record would be applied again.
+
+    use idem_broker::consume::{ConsumeError, Consumer};
+
+    use super::consumer_support::{Bank, Broker, Kafka, Running, SqliteBank, config};
+
+    const EIGHT_DAYS_MS: &str = "691200000";
+    const ONE_HOUR_MS: &str = "3600000";
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_topic_kept_longer_than_the_window_stops_the_start_and_a_shorter_one_runs() {
+        let Some(long) = Kafka::create(1, &[("retention.ms", EIGHT_DAYS_MS)]).await else {
+            return;
+        };
+        let bank = SqliteBank::start().await.expect("sqlite");
+        long.publish(Some("order-1"), br#"{"amount": 1}"#).await;
+        let refused = Consumer::new(
+            long.transport().await,
+            bank.apply(false),
+            config(long.key_rule()),
+        )
+        .run(std::future::pending())
+        .await;
+        match refused {
+            Err(error @ ConsumeError::ReplayBeyondWindow { .. }) => {
+                let message = error.to_string();
+                assert!(
+                    message.contains("7days")
+                        && message.contains("8days")
+                        && message.contains(&long.topic),
+                    "{message}"
+                );
+            }
+            other => panic!("expected ReplayBeyondWindow, got {other:?}"),
+        }
+        assert!(bank.ledger().await.is_empty());
+
+        // The caller's promise that nothing older than the window is replayed.
+        let promised = Consumer::new(
+            long.transport().await,
+            bank.apply(false),
+            config(long.key_rule()).allow_replays_beyond_window(true),
+        );
+        let running = Running::start(promised.stats(), |stop| promised.run(stop));
+        running.until("applied", |s| s.applied >= 1).await;
+        running.stop().await;
+
+        let short = Kafka::create(1, &[("retention.ms", ONE_HOUR_MS)])
+            .await
+            .expect("kafka");
+        short.publish(Some("order-2"), br#"{"amount": 1}"#).await;
+        let fits = Consumer::new(
+            short.transport().await,
+            bank.apply(false),
+            config(short.key_rule()),
+        );
+        let running = Running::start(fits.stats(), |stop| fits.run(stop));
+        running.until("applied", |s| s.applied >= 1).await;
+        running.stop().await;
+        assert_eq!(bank.ledger().await, ["order-1", "order-2"]);
+    }
+}
+
 mod rebalance {
     //! The rebalance that hands processed-but-uncommitted records to another
     //! consumer. Consumer A (a child process) applies a batch, commits it in

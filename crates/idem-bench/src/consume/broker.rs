@@ -1,7 +1,8 @@
 //! The queues `idem bench consume` consumes from: a RabbitMQ queue, a NATS
 //! JetStream stream or a Kafka topic per phase, declared for the run, filled
 //! with keyed messages (AMQP `message_id`, `Nats-Msg-Id`, Kafka's
-//! `idempotency-key` header) before the clock starts, and deleted after.
+//! `idempotency-key` header) before the clock starts, and deleted after
+//! (Kafka topics are kept: see [`BenchBroker::delete`]).
 
 use anyhow::Context;
 use idem_broker::consume::Source;
@@ -215,7 +216,9 @@ impl BenchBroker {
                 Self::Nats { url, .. } => {
                     nats_context(url).await?.delete_stream(&queue.name).await?;
                 }
-                Self::Kafka { brokers, .. } => kafka::delete_topic(brokers, &queue.name).await?,
+                // Kept: deleting a topic has crashed the Kafka-protocol broker
+                // the benchmark was measured on. Its name carries the run's id.
+                Self::Kafka { .. } => {}
             }
             Ok(())
         }
@@ -273,13 +276,6 @@ mod kafka {
             result
                 .map_err(|(topic, code)| anyhow::anyhow!("cannot create topic {topic}: {code}"))?;
         }
-        Ok(())
-    }
-
-    pub async fn delete_topic(brokers: &str, name: &str) -> anyhow::Result<()> {
-        admin(brokers)?
-            .delete_topics(&[name], &AdminOptions::new())
-            .await?;
         Ok(())
     }
 

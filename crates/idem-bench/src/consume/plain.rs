@@ -68,8 +68,8 @@ async fn one_per_transaction<T: Transport, S: Ledger>(
 }
 
 /// Batches of up to `batch` messages, as many at once as the
-/// effectively-once consumer runs (one, on a transport that keeps an order,
-/// as the runtime does); each batch is debited in one transaction
+/// effectively-once consumer runs (telling the transport where each batch
+/// ends, as the runtime does); each batch is debited in one transaction
 /// and acks its own deliveries one by one after its commit.
 async fn batched<T: Transport, S: Ledger>(
     transport: &mut T,
@@ -80,11 +80,8 @@ async fn batched<T: Transport, S: Ledger>(
     let mut done = 0;
     let mut working = JoinSet::new();
     let mut received = 0;
-    let at_once = transport
-        .batches_at_once()
-        .map_or(BATCHES_AT_ONCE, |cap| cap.min(BATCHES_AT_ONCE));
     while done < messages {
-        while working.len() < at_once && received < messages {
+        while working.len() < BATCHES_AT_ONCE && received < messages {
             let want = batch.min(messages - received);
             let mut deliveries: Vec<Delivery<T::Settle>> = Vec::with_capacity(want);
             deliveries.push(transport.receive().await?.context("the queue ended")?);
@@ -96,6 +93,7 @@ async fn batched<T: Transport, S: Ledger>(
                     Err(_quiet) => break,
                 }
             }
+            transport.end_batch();
             received += deliveries.len();
             let bank = bank.clone();
             working.spawn(async move {

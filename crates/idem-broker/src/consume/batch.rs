@@ -58,19 +58,14 @@ impl<T: Transport, A: ApplyBatch> Consumer<T, A> {
         mut self,
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<StatsSnapshot, ConsumeError> {
-        if let Err(error) = prepare(&self.shared.apply, &self.shared.config).await {
+        let replay = self.transport.replay_horizon();
+        if let Err(error) = prepare(&self.shared.apply, &self.shared.config, replay).await {
             self.transport.close().await;
             return Err(error);
         }
         let mut shutdown = pin!(shutdown);
         let config = &self.shared.config;
-        let at_once = self
-            .transport
-            .batches_at_once()
-            .map_or(config.batches_at_once, |cap| {
-                config.batches_at_once.min(cap)
-            });
-        let (size, linger) = (config.batch, config.batch_linger);
+        let (size, linger, at_once) = (config.batch, config.batch_linger, config.batches_at_once);
         let mut working = JoinSet::new();
         let mut previous: Option<oneshot::Receiver<bool>> = None;
         let stopped = loop {
@@ -107,6 +102,7 @@ impl<T: Transport, A: ApplyBatch> Consumer<T, A> {
                     Err(_quiet) => break,
                 }
             }
+            self.transport.end_batch();
             self.shared.stats.received(batch.len() as u64);
             let (turn, next) = oneshot::channel();
             let earlier = previous.replace(next);

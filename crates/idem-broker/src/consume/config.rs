@@ -60,6 +60,7 @@ pub struct ConsumerConfig {
     pub(crate) budget: Option<Arc<RetryBudget>>,
     pub(crate) checkpoint: Option<CheckpointHook>,
     pub(crate) producer_horizon: Option<Duration>,
+    pub(crate) replays_beyond_window: bool,
 }
 
 impl fmt::Debug for ConsumerConfig {
@@ -81,6 +82,7 @@ impl fmt::Debug for ConsumerConfig {
             .field("budget", &self.budget.is_some())
             .field("checkpoint", &self.checkpoint.is_some())
             .field("producer_horizon", &self.producer_horizon)
+            .field("replays_beyond_window", &self.replays_beyond_window)
             .finish()
     }
 }
@@ -106,6 +108,7 @@ impl ConsumerConfig {
             budget: None,
             checkpoint: None,
             producer_horizon: None,
+            replays_beyond_window: false,
         }
     }
 
@@ -194,6 +197,16 @@ impl ConsumerConfig {
     /// producer's own horizon.
     pub fn producer_horizon(mut self, horizon: Duration) -> Self {
         self.producer_horizon = Some(horizon);
+        self
+    }
+
+    /// Runs even when the broker keeps records longer than the dedupe window
+    /// (a Kafka topic's retention): the caller's promise that nobody replays
+    /// records older than the window (an offset reset to the earliest, a new
+    /// consumer group with this scope). Without it the consumer refuses to
+    /// start ([`ConsumeError::ReplayBeyondWindow`](super::ConsumeError::ReplayBeyondWindow)).
+    pub fn allow_replays_beyond_window(mut self, allow: bool) -> Self {
+        self.replays_beyond_window = allow;
         self
     }
 

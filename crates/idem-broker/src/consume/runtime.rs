@@ -65,6 +65,23 @@ pub enum ConsumeError {
         /// The producer's retry horizon.
         horizon: Duration,
     },
+    /// The broker keeps records longer than the dedupe window (a Kafka
+    /// topic's retention), so a replay of old records would apply them
+    /// again; the consumer did not start.
+    #[error(
+        "the dedupe window ({}, the store's retention) is shorter than how long {origin} keeps records ({}): records replayed after the window closed (an offset reset to the earliest, a new consumer group) would be applied twice; raise the store's retention to at least {}, shorten the topic's retention.ms, or promise no such replays with ConsumerConfig::allow_replays_beyond_window",
+        humantime::format_duration(*.window),
+        horizon.map_or_else(|| "forever".to_owned(), |h| humantime::format_duration(h).to_string()),
+        horizon.map_or_else(|| "forever".to_owned(), |h| humantime::format_duration(h).to_string())
+    )]
+    ReplayBeyondWindow {
+        /// The store's retention.
+        window: Duration,
+        /// How long the broker keeps records; `None`: forever.
+        horizon: Option<Duration>,
+        /// The source, as printed.
+        origin: String,
+    },
 }
 
 /// A consumer: a transport, an effect applied through a store, a config.
@@ -141,7 +158,8 @@ impl<T: Transport, A: Apply> Consumer<T, A> {
         mut self,
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<StatsSnapshot, ConsumeError> {
-        if let Err(error) = prepare(&self.shared.apply, &self.shared.config).await {
+        let replay = self.transport.replay_horizon();
+        if let Err(error) = prepare(&self.shared.apply, &self.shared.config, replay).await {
             self.transport.close().await;
             return Err(error);
         }
@@ -179,18 +197,29 @@ impl<T: Transport, A: Apply> Consumer<T, A> {
 }
 
 /// Checks the windows (a dedupe window shorter than the producer's retry
-/// horizon would let a late retry through as a new message, so it is refused
-/// at start-up) and sweeps failure counts older than the dedupe window (7
+/// horizon, or than how long the broker keeps records for a replay, would
+/// let a late copy through as a new message, so it is refused at start-up) and sweeps failure counts older than the dedupe window (7
 /// days): a consumer's start is that table's upkeep. The table itself comes
 /// with the store's migrations.
 pub(crate) async fn prepare<A: Apply>(
     apply: &A,
     config: &ConsumerConfig,
+    replay: Option<(Option<Duration>, String)>,
 ) -> Result<(), ConsumeError> {
     if let (Some(window), Some(horizon)) = (apply.dedupe_window(), config.producer_horizon)
         && window < horizon
     {
         return Err(ConsumeError::WindowTooShort { window, horizon });
+    }
+    if let (Some(window), Some((horizon, source))) = (apply.dedupe_window(), replay)
+        && horizon.is_none_or(|h| window < h)
+        && !config.replays_beyond_window
+    {
+        return Err(ConsumeError::ReplayBeyondWindow {
+            window,
+            horizon,
+            origin: source,
+        });
     }
     let store = apply.store();
     let before = Timestamp(

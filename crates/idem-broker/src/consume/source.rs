@@ -386,12 +386,21 @@ impl Transport for AnyTransport {
         }
     }
 
-    fn batches_at_once(&self) -> Option<usize> {
+    fn replay_horizon(&self) -> Option<(Option<Duration>, String)> {
         match self {
             #[cfg(feature = "kafka")]
-            Self::Kafka(t) => t.batches_at_once(),
+            Self::Kafka(t) => t.replay_horizon(),
             #[allow(unreachable_patterns)]
             _ => None,
+        }
+    }
+
+    fn end_batch(&mut self) {
+        match self {
+            #[cfg(feature = "kafka")]
+            Self::Kafka(t) => t.end_batch(),
+            #[allow(unreachable_patterns)]
+            _ => {}
         }
     }
 

@@ -219,12 +219,20 @@ pub trait Transport: Send + 'static {
     /// Where messages come from and where a redrive sends them back.
     fn route(&self) -> Route;
 
-    /// The most batches the runtime may apply at once, for a transport that
-    /// hands out several records of one ordered sequence (a Kafka partition):
-    /// with one batch at a time, they commit in order. `None`: no limit.
-    fn batches_at_once(&self) -> Option<usize> {
+    /// How long the broker keeps records a consumer may be handed again by
+    /// a replay (a Kafka topic's `retention.ms`; `Some(None)`: forever), with
+    /// the source's name; `None` where the broker has no such horizon or does
+    /// not say. The runtime refuses to start when it exceeds the dedupe window.
+    fn replay_horizon(&self) -> Option<(Option<Duration>, String)> {
         None
     }
+
+    /// The runtime closed a batch: every delivery received since the last
+    /// call belongs to it. A transport that keeps an order (a Kafka
+    /// partition) hands out nothing more of a sequence that has deliveries in
+    /// this batch until they are all settled, so batches applied at once
+    /// never hold two parts of one sequence. The default does nothing.
+    fn end_batch(&mut self) {}
 
     /// Closes the subscription; unsettled deliveries go back to the broker.
     fn close(self) -> impl Future<Output = ()> + Send

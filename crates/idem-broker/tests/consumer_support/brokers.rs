@@ -359,6 +359,11 @@ pub struct Kafka {
 impl Kafka {
     /// A fresh topic with `partitions` partitions, or `None` when no broker answers.
     pub async fn with_partitions(partitions: i32) -> Option<Self> {
+        Self::create(partitions, &[]).await
+    }
+
+    /// A fresh topic with these topic settings (`retention.ms`, ...).
+    pub async fn create(partitions: i32, settings: &[(&str, &str)]) -> Option<Self> {
         if std::env::var_os("RUST_LOG").is_some() {
             let _ = tracing_subscriber::fmt()
                 .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -374,7 +379,10 @@ impl Kafka {
             .create()
             .expect("Kafka admin client");
         let name = format!("idem-t-{}", suffix());
-        let topic = NewTopic::new(&name, partitions, TopicReplication::Fixed(1));
+        let mut topic = NewTopic::new(&name, partitions, TopicReplication::Fixed(1));
+        for (key, value) in settings {
+            topic = topic.set(key, value);
+        }
         let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
         match admin.create_topics([&topic], &options).await {
             Ok(results) => {

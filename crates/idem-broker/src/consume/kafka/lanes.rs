@@ -10,7 +10,10 @@
 //! back for redelivery stays held (the commit cannot pass it) and is handed
 //! out again when its delay is over, before anything later in its lane. A
 //! lane hands out at most `per_partition` unsettled records: one keeps each
-//! partition strictly in order.
+//! partition strictly in order. In batch mode a lane with records in a
+//! closed batch is sealed until they are all settled, so two batches applied
+//! at once never hold parts of one partition; a lane is taken from until it
+//! runs dry (or hits its limit), so a batch draws on few partitions.
 //!
 //! This module is plain data behind a mutex, shared by the thread that polls
 //! librdkafka (it fills lanes, commits, and revokes them on a rebalance) and
@@ -56,6 +59,10 @@ struct Lane {
     /// must not pass.
     cap: Option<i64>,
     paused: bool,
+    /// Records were handed out since the last batch closed.
+    in_batch: bool,
+    /// A closed batch holds records of this lane: nothing new goes out.
+    sealed: bool,
 }
 
 impl Lane {
@@ -147,6 +154,8 @@ impl Lanes {
                     committed: None,
                     cap: None,
                     paused: false,
+                    in_batch: false,
+                    sealed: false,
                 },
             );
         }
@@ -213,7 +222,8 @@ impl Lanes {
                     if let Some((_, at)) = due {
                         soonest = Some(soonest.map_or(at, |s| s.min(at)));
                     }
-                    if lane.held.len() < self.per_partition
+                    if !lane.sealed
+                        && lane.held.len() < self.per_partition
                         && let Some((offset, mut message)) = lane.queued.pop_front()
                     {
                         message.delivery_count = Some(1);
@@ -233,7 +243,9 @@ impl Lanes {
             };
             if let Some((offset, message)) = taken {
                 let generation = lane.generation;
-                state.cursor = (index + 1) % count;
+                lane.in_batch = true;
+                // The same lane again next time, while it has records to give.
+                state.cursor = index;
                 return Take::Record(
                     Ticket {
                         partition,
@@ -254,6 +266,9 @@ impl Lanes {
             && lane.generation == ticket.generation
         {
             lane.held.remove(&ticket.offset);
+            if lane.held.is_empty() {
+                lane.sealed = false;
+            }
         }
         drop(state);
         self.settled.notify_all();
@@ -273,6 +288,17 @@ impl Lanes {
         drop(state);
         self.settled.notify_all();
         self.ready.notify_one();
+    }
+
+    /// The batch being collected is closed: lanes that gave it records are
+    /// sealed until those are settled.
+    pub(crate) fn end_batch(&self) {
+        let mut state = self.lock();
+        for lane in state.lanes.values_mut() {
+            if std::mem::take(&mut lane.in_batch) && !lane.held.is_empty() {
+                lane.sealed = true;
+            }
+        }
     }
 
     /// The offsets to commit: for each lane whose commit point moved past
@@ -486,5 +512,27 @@ mod tests {
         lanes.done(&second);
         let commits = lanes.revoke(&[partition(0)], Duration::ZERO);
         assert_eq!(commits, [(partition(0), 10)]);
+    }
+
+    #[test]
+    fn a_partition_in_a_closed_batch_gives_the_next_batch_nothing() {
+        let lanes = filled(10, &[(0, 1), (0, 2), (0, 3), (1, 7), (1, 8)]);
+        let (first, _) = take(&lanes).unwrap();
+        let (second, _) = take(&lanes).unwrap();
+        assert_eq!(first.partition, second.partition, "a lane is drained first");
+        lanes.end_batch();
+        let (other, _) = take(&lanes).unwrap();
+        assert_ne!(other.partition, first.partition, "the sealed lane waits");
+        let _ = take(&lanes).unwrap();
+        assert!(take(&lanes).is_none(), "both lanes wait for their batches");
+        lanes.end_batch();
+        lanes.done(&first);
+        assert!(
+            take(&lanes).is_none(),
+            "sealed until the whole batch settles"
+        );
+        lanes.done(&second);
+        let (next, _) = take(&lanes).unwrap();
+        assert_eq!((next.partition.clone(), next.offset), (first.partition, 3));
     }
 }

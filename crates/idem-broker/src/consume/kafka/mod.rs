@@ -50,8 +50,9 @@ use crate::kafka::{KEY_HEADER, Settings};
 pub struct KafkaOptions {
     /// Unsettled records handed out per partition at once (default 1: each
     /// partition strictly in order). In batch mode, set it to the batch
-    /// size: a batch applies its records in order in one transaction, and
-    /// the runtime then applies one batch at a time.
+    /// size: a batch applies its records in order in one transaction, and a
+    /// partition with records in a batch gives no more to another batch
+    /// until that one is settled.
     pub per_partition: usize,
     /// Records fetched ahead per partition before it is paused (default
     /// 2000). A paused partition costs a fetch round trip when it resumes, so
@@ -85,9 +86,11 @@ pub struct KafkaTransport {
     lanes: Arc<Lanes>,
     stop: Arc<AtomicBool>,
     started: Arc<AtomicBool>,
+    topic: String,
+    /// The topic's `retention.ms`: `Some(None)` forever, `None` unknown.
+    retention: Option<Option<Duration>>,
     poller: Option<JoinHandle<()>>,
     route: Route,
-    batches_at_once: Option<usize>,
 }
 
 impl fmt::Debug for KafkaTransport {
@@ -267,15 +270,39 @@ impl KafkaTransport {
             "{}/{topic}?group={group}",
             redact_url(&format!("kafka://{brokers}"))
         );
+        let retention = retention(&config, topic).await;
         Ok(Self {
             lanes,
             stop,
             started,
+            topic: topic.to_owned(),
+            retention,
             poller: Some(poller),
             route: Route::topic(origin, brokers, options.settings),
-            batches_at_once: (options.per_partition > 1).then_some(1),
         })
     }
+}
+
+/// The topic's `retention.ms`, as the brokers report it; `None` when they
+/// do not say.
+async fn retention(config: &rdkafka::ClientConfig, topic: &str) -> Option<Option<Duration>> {
+    use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
+    use rdkafka::client::DefaultClientContext;
+
+    let admin: AdminClient<DefaultClientContext> = config.create().ok()?;
+    let options = AdminOptions::new().request_timeout(Some(Duration::from_secs(10)));
+    let described = admin
+        .describe_configs([&ResourceSpecifier::Topic(topic)], &options)
+        .await;
+    let found = match described {
+        Ok(mut results) => results.pop()?.ok()?,
+        Err(error) => {
+            tracing::debug!(%error, "the topic's retention could not be read");
+            return None;
+        }
+    };
+    let millis: i64 = found.get("retention.ms")?.value.as_deref()?.parse().ok()?;
+    Some(u64::try_from(millis).ok().map(Duration::from_millis))
 }
 
 fn check_topic(
@@ -428,8 +455,13 @@ impl Transport for KafkaTransport {
         self.route.clone()
     }
 
-    fn batches_at_once(&self) -> Option<usize> {
-        self.batches_at_once
+    fn end_batch(&mut self) {
+        self.lanes.end_batch();
+    }
+
+    fn replay_horizon(&self) -> Option<(Option<Duration>, String)> {
+        self.retention
+            .map(|retention| (retention, format!("topic {}", self.topic)))
     }
 
     async fn close(mut self) {
