@@ -14,8 +14,8 @@ pub enum BenchCommand {
     /// The same upstream called directly and through the gateway (unique keys,
     /// replays, no key), in one run, with an in-process upstream and gateway.
     Http(BenchHttpArgs),
-    /// An effectively-once consumer vs a plain at-least-once one on RabbitMQ or
-    /// NATS JetStream into PostgreSQL, one message per transaction and batched.
+    /// An effectively-once consumer vs a plain at-least-once one on RabbitMQ,
+    /// NATS JetStream or Kafka into PostgreSQL, one message per transaction and batched.
     Consume(BenchConsumeArgs),
 }
 

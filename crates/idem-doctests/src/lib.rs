@@ -33,6 +33,7 @@ doctests! {
     RetentionDoctests => "../../../docs/src/retention.md",
     HttpDoctests => "../../../docs/src/http.md",
     ConsumersDoctests => "../../../docs/src/consumers.md",
+    KafkaDoctests => "../../../docs/src/kafka.md",
     DeadLettersDoctests => "../../../docs/src/dead-letters.md",
     OutboxDoctests => "../../../docs/src/outbox.md",
     WindowsDoctests => "../../../docs/src/windows.md",

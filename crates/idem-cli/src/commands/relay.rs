@@ -19,7 +19,7 @@ use idem_broker::relay::{Pass, Relay, RelayConfig};
 pub struct RelayArgs {
     /// Where rows enqueued without a destination go:
     /// amqp://USER:PASS@HOST:PORT/VHOST?queue=Q (or ?exchange=X&routing_key=K),
-    /// nats://HOST:PORT/SUBJECT, or http(s)://HOST/PATH. Rows that name their
+    /// nats://HOST:PORT/SUBJECT, kafka://HOST:PORT/TOPIC, or http(s)://HOST/PATH. Rows that name their
     /// own destination always go there.
     #[arg(long)]
     pub to: Option<Destination>,
