@@ -12,7 +12,7 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
-use consumer_support::{Broker, Jet, Rabbit, Running, config};
+use consumer_support::{Broker, Jet, Kafka, Rabbit, Running, config};
 use idem::SqliteStore;
 use idem_broker::consume::{Consumer, Source, SourceOptions};
 use idem_broker::dead_letter::DeadLetterStore;
@@ -166,5 +166,20 @@ async fn forwards_from_jetstream_once_per_key() {
     let source: Source = format!("{}/{}/worker", broker.url, broker.stream)
         .parse()
         .expect("source URL");
+    forward_scenario(broker, source).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwards_from_kafka_once_per_key() {
+    // One partition: the reused key's second payload comes after its first.
+    let Some(broker) = Kafka::with_partitions(1).await else {
+        return;
+    };
+    let source: Source = format!(
+        "kafka://{}/{}?group={}&session.timeout.ms=6000",
+        broker.brokers, broker.topic, broker.group
+    )
+    .parse()
+    .expect("source URL");
     forward_scenario(broker, source).await;
 }
