@@ -176,9 +176,18 @@ pub struct ServeArgs {
     /// to share one key space [default: authorization].
     #[arg(long, env = "IDEM_PRINCIPAL_HEADER", value_name = "HEADER")]
     pub principal_header: Option<String>,
+    /// The methods whose requests are deduplicated by their Idempotency-Key,
+    /// comma-separated; add PUT and DELETE when their handlers are not
+    /// idempotent by themselves [default: POST,PATCH].
+    #[arg(long, env = "IDEM_METHODS", value_name = "LIST")]
+    pub methods: Option<String>,
+    /// How often expired records are swept, ±50 % jitter, such as 60s or
+    /// 10m; `off` when a cron job runs `idem gc` instead [default: 60s].
+    #[arg(long, env = "IDEM_SWEEP_EVERY", value_name = "DURATION")]
+    pub sweep_every: Option<String>,
     /// A TOML file with the same settings: upstream, listen, store, mode,
     /// require_key, max_body, lease, retention, admin_listen,
-    /// upstream_timeout, principal_header.
+    /// upstream_timeout, principal_header, methods, sweep_every.
     #[arg(long, env = "IDEM_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
 }

@@ -60,5 +60,6 @@ pub use protocol::{Decision, Plan, decide};
 pub use record::{FencingToken, Record, RecordState, UnknownState};
 pub use settings::{DEFAULT_LEASE, DEFAULT_RETENTION, Settings};
 pub use store::{
-    Applied, Claim, Claimed, LeaseStore, Operation, RecordCount, RecordFilter, RecordStore,
+    Applied, Claim, Claimed, LeaseStore, Operation, RecordCount, RecordFilter, RecordGlance,
+    RecordStore,
 };

@@ -216,6 +216,22 @@ pub trait RecordStore: Send + Sync {
     /// Deletes at most `limit` records past retention; returns how many.
     fn sweep_batch(&self, limit: usize) -> impl Future<Output = Result<u64, Error>> + Send;
 
+    /// Like [`sweep_batch`](Self::sweep_batch), but only while no other
+    /// process's sweeper is deleting: `None` when one is (PostgreSQL takes a
+    /// transaction-level advisory lock for each batch). A store with a
+    /// single writer has nothing to coordinate and always sweeps.
+    fn sweep_batch_alone(
+        &self,
+        limit: usize,
+    ) -> impl Future<Output = Result<Option<u64>, Error>> + Send {
+        async move { self.sweep_batch(limit).await.map(Some) }
+    }
+
+    /// The figures for the record gauges, read cheaply: how many records
+    /// there are (PostgreSQL's planner estimate, an exact count on SQLite)
+    /// and how old the record that expires first is, from the expiry index.
+    fn glance(&self) -> impl Future<Output = Result<RecordGlance, Error>> + Send;
+
     /// Deletes every record past retention, `batch` at a time, so no single
     /// transaction holds locks for long. Returns how many were deleted.
     fn sweep(&self, batch: usize) -> impl Future<Output = Result<u64, Error>> + Send {
@@ -231,6 +247,17 @@ pub trait RecordStore: Send + Sync {
             }
         }
     }
+}
+
+/// What [`RecordStore::glance`] reports.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RecordGlance {
+    /// Records stored (an estimate where the database keeps one).
+    pub records: u64,
+    /// Age of the record that expires first, by the store's clock; `None`
+    /// when there are no records. Past the retention (plus the sweep
+    /// interval), the sweeper is not keeping up.
+    pub oldest_age: Option<std::time::Duration>,
 }
 
 /// Record counts reported by [`RecordStore::count`].

@@ -40,6 +40,8 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+#[cfg(feature = "gateway")]
+pub mod admin;
 pub mod atomic;
 mod body;
 #[cfg(feature = "gateway")]

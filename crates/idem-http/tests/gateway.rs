@@ -533,7 +533,7 @@ async fn the_admin_listener_serves_metrics_and_health() {
         "duplicates_suppressed_total{scope=\"http\"}",
         "idempotency_key_reuse_total{scope=\"http\"}",
         "dedupe_records ",
-        "dedupe_records_expired ",
+        "dedupe_oldest_record_age_seconds ",
     ] {
         assert!(text.contains(line), "no {line} in:\n{text}");
     }

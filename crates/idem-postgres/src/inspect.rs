@@ -5,7 +5,9 @@
 //! batch skips rows a running transaction holds (`FOR UPDATE SKIP LOCKED`), so a
 //! sweep never waits for, nor blocks, the protocol.
 
-use idem_core::{Error, IdempotencyKey, Record, RecordCount, RecordFilter, RecordStore, Scope};
+use idem_core::{
+    Error, IdempotencyKey, Record, RecordCount, RecordFilter, RecordGlance, RecordStore, Scope,
+};
 
 use crate::records;
 use crate::store::PgStore;
@@ -42,6 +44,19 @@ impl RecordStore for PgStore {
 
     async fn sweep_batch(&self, limit: usize) -> Result<u64, Error> {
         records::sweep(self.pool(), self.clock().now(), limit)
+            .await
+            .map_err(|e| self.fail(e))
+    }
+
+    async fn sweep_batch_alone(&self, limit: usize) -> Result<Option<u64>, Error> {
+        records::sweep_alone(self.pool(), self.clock().now(), limit)
+            .await
+            .map_err(|e| self.fail(e))
+    }
+
+    async fn glance(&self) -> Result<RecordGlance, Error> {
+        let now = self.clock().now();
+        records::glance(self.pool(), now)
             .await
             .map_err(|e| self.fail(e))
     }

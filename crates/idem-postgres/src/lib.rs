@@ -111,5 +111,6 @@ mod testing;
 
 pub use error::map_error;
 pub use outbox::OutboxListener;
+pub use records::SWEEP_LOCK;
 pub use sqlx;
 pub use store::{DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, PgStore, PgStoreBuilder};

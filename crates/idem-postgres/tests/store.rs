@@ -12,7 +12,7 @@ use idem_core::{
     RecordFilter, RecordState, RecordStore, Scope, Settings, SystemClock,
 };
 use idem_postgres::PgStore;
-use sqlx::PgConnection;
+use sqlx::{Connection, PgConnection};
 
 fn scope() -> Scope {
     Scope::new("jobs").unwrap()
@@ -73,6 +73,37 @@ async fn sweep_deletes_only_expired_records_and_count_sees_them() {
         }
     );
     assert_eq!(db.balance(&store, 1).await, 103);
+}
+
+#[tokio::test]
+async fn sweepers_of_several_processes_take_turns() {
+    let Some(db) = TestDb::new().await else {
+        return;
+    };
+    let clock = clock();
+    let store = db.store_at(&clock).await;
+    for k in ["a", "b", "c"] {
+        apply_noop(&store, k).await;
+    }
+    clock.advance(Duration::from_secs(2 * 3600));
+
+    // Another process's sweeper, mid-batch: it holds the sweep lock.
+    let mut other = PgConnection::connect(&db.url).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut other).await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(idem_postgres::SWEEP_LOCK)
+        .execute(&mut other)
+        .await
+        .unwrap();
+    assert_eq!(store.sweep_batch_alone(10).await.unwrap(), None);
+    assert_eq!(store.count().await.unwrap().total, 3, "nothing deleted");
+
+    sqlx::query("COMMIT").execute(&mut other).await.unwrap();
+    assert_eq!(store.sweep_batch_alone(2).await.unwrap(), Some(2));
+    assert_eq!(store.sweep_batch_alone(2).await.unwrap(), Some(1));
+
+    let glance = store.glance().await.unwrap();
+    assert_eq!(glance.oldest_age, None);
 }
 
 #[tokio::test]

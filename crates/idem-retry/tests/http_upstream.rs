@@ -328,6 +328,85 @@ async fn a_post_without_a_key_is_sent_once_but_a_get_is_retried() {
     assert_eq!(upstream.keys(), [None, None, None]);
 }
 
+fn keyless(method: Method, url: String) -> Request<Full<Bytes>> {
+    Request::builder()
+        .method(method)
+        .uri(url)
+        .body(Full::new(Bytes::from_static(b"{}")))
+        .unwrap()
+}
+
+#[tokio::test]
+async fn put_and_delete_without_a_key_are_sent_once_whatever_the_rfc_says() {
+    let upstream = Upstream::start(&[Step::Answer(503, None), Step::Answer(503, None)]).await;
+    let mut service = tower_client(
+        Arc::new(RetryBudget::default()),
+        config(),
+        VirtualTimer::new(),
+    );
+
+    let put = keyless(Method::PUT, upstream.url("/users/7"));
+    assert_eq!(
+        send(&mut service, put).await.unwrap(),
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    let delete = keyless(Method::DELETE, upstream.url("/orders/latest"));
+    assert_eq!(
+        send(&mut service, delete).await.unwrap(),
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    assert_eq!(upstream.arrivals().len(), 2, "one attempt each");
+}
+
+#[tokio::test]
+async fn a_put_with_a_key_is_retried_with_that_key() {
+    let upstream = Upstream::start(&[Step::Answer(503, None)]).await;
+    let mut service = tower_client(
+        Arc::new(RetryBudget::default()),
+        config(),
+        VirtualTimer::new(),
+    );
+    let put = with_idempotency_key(
+        keyless(Method::PUT, upstream.url("/users/7")),
+        IdempotencyKey::new("user-7/rename").unwrap(),
+    );
+    assert_eq!(send(&mut service, put).await.unwrap(), StatusCode::OK);
+    assert_eq!(
+        upstream.keys(),
+        [
+            Some("\"user-7/rename\"".to_owned()),
+            Some("\"user-7/rename\"".to_owned())
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_route_the_caller_names_idempotent_is_retried_without_a_key() {
+    let upstream = Upstream::start(&[Step::Answer(503, None), Step::Answer(503, None)]).await;
+    let policy = HttpRetryPolicy::new(config(), Arc::new(RetryBudget::default()))
+        .with_timer(VirtualTimer::new())
+        .resend_without_key(Method::PUT, "/users/{id}/avatar");
+    let mut service = HttpRetryLayer::new(policy).layer(client());
+
+    let other_route = keyless(Method::PUT, upstream.url("/users/7"));
+    assert_eq!(
+        send(&mut service, other_route).await.unwrap(),
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    assert_eq!(
+        upstream.arrivals().len(),
+        1,
+        "a route nobody named is sent once"
+    );
+    let named = keyless(Method::PUT, upstream.url("/users/7/avatar"));
+    assert_eq!(send(&mut service, named).await.unwrap(), StatusCode::OK);
+    assert_eq!(
+        upstream.arrivals().len(),
+        3,
+        "the named route met a 503 and was resent"
+    );
+}
+
 #[tokio::test]
 async fn a_hint_past_the_deadline_fails_at_once_with_both_figures() {
     let upstream = Upstream::start(&[Step::Answer(503, Some("120"))]).await;

@@ -3,7 +3,7 @@
 
 use idem_core::{
     Error, FencingToken, Fingerprint, IdempotencyKey, Outcome, OutcomeKind, Record, RecordFilter,
-    RecordState, Scope, Timestamp,
+    RecordGlance, RecordState, Scope, Timestamp,
 };
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
@@ -239,6 +239,26 @@ pub fn count(conn: &Connection, now: Timestamp) -> Result<(u64, u64), Error> {
         })
         .map(|(total, expired)| (total.unsigned_abs(), expired.unsigned_abs()))
         .map_err(|e| map_err("count records", e))
+}
+
+/// The gauges' figures: an exact count (SQLite keeps no estimate; the
+/// sweeper reads it once per pass, not per scrape) and the creation time of
+/// the record that expires first, from the expiry index.
+pub fn glance(conn: &Connection, now: Timestamp) -> Result<RecordGlance, Error> {
+    conn.prepare_cached(
+        "SELECT (SELECT count(*) FROM idem_records), \
+                (SELECT created_at FROM idem_records ORDER BY expires_at LIMIT 1)",
+    )
+    .and_then(|mut stmt| {
+        stmt.query_row([], |row| {
+            Ok((row.get::<_, i64>(0)?, row.get::<_, Option<i64>>(1)?))
+        })
+    })
+    .map(|(records, oldest)| RecordGlance {
+        records: records.unsigned_abs(),
+        oldest_age: oldest.map(|created| Timestamp(created).until(now)),
+    })
+    .map_err(|e| map_err("glance at the records", e))
 }
 
 /// Deletes at most `limit` records past retention, oldest first.

@@ -14,8 +14,8 @@ use std::sync::Arc;
 use idem_core::{
     Applied, ApplyError, AtomicEffect, AtomicStore, BatchApplied, Claim, Claimed, Decision, Error,
     FencingToken, Fingerprint, IdempotencyKey, LeaseStore, Operation, Outcome, Plan, Record,
-    RecordCount, RecordFilter, RecordState, RecordStore, Scope, Settings, SharedClock, SystemClock,
-    Timestamp, TxCall, decide, observe, protocol,
+    RecordCount, RecordFilter, RecordGlance, RecordState, RecordStore, Scope, Settings,
+    SharedClock, SystemClock, Timestamp, TxCall, decide, observe, protocol,
 };
 use rusqlite::Connection;
 
@@ -620,5 +620,13 @@ impl RecordStore for SqliteStore {
             .connections
             .write(move |conn| records::sweep_batch(conn, now, limit))
             .await?
+    }
+
+    async fn glance(&self) -> Result<RecordGlance, Error> {
+        let now = self.inner.clock.now();
+        self.inner
+            .connections
+            .read(move |conn| records::glance(conn, now))
+            .await
     }
 }

@@ -430,6 +430,68 @@ pub async fn retention_is_enforced_by_bounded_sweeps<H: Harness>(h: H) {
     assert_eq!(again, Applied::Fresh(counter_outcome(2)));
 }
 
+/// Retention runs itself: under a steady stream of new keys, with the clock
+/// moving a twentieth of the retention per tick, a spawned [`idem::Sweeper`]
+/// keeps the table near the twenty ticks' worth the window holds (without it
+/// the table would hold every key ever applied), its gauges say how old the
+/// oldest record is, and once the load stops and the window passes the table
+/// empties.
+pub async fn the_sweeper_keeps_the_table_bounded_under_steady_load<H: Harness>(h: H) {
+    let retention = h.store().settings().retention;
+    let step = retention / 20;
+    let (ticks, per_tick): (i64, i64) = (100, 10);
+    let sweeper = idem::Sweeper::new(h.store().clone())
+        .interval(Duration::from_millis(10))
+        .batch(7)
+        .spawn();
+    let mut most = 0;
+    for tick in 0..ticks {
+        for i in 0..per_tick {
+            let key = format!("t{tick}-{i}");
+            h.apply_add(&op("steady", &key, "x"), "steady", 1, Effect::Succeed)
+                .await
+                .unwrap();
+        }
+        h.clock().advance(step);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        most = most.max(h.store().count().await.unwrap().total);
+    }
+    assert_eq!(h.counter("steady").await, ticks * per_tick);
+    assert!(
+        most <= 20 * per_tick as u64 + 8 * per_tick as u64,
+        "the table held {most} records; the window holds {}",
+        20 * per_tick
+    );
+
+    let glance = idem::Sweeper::new(h.store().clone())
+        .pass()
+        .await
+        .unwrap()
+        .glance;
+    let oldest = glance.oldest_age.expect("records in the window");
+    assert!(
+        oldest <= retention + step,
+        "the oldest record is {oldest:?} old, past the {retention:?} window"
+    );
+
+    h.clock().advance(retention);
+    let mut left = u64::MAX;
+    for _ in 0..500 {
+        left = h.store().count().await.unwrap().total;
+        if left == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        left, 0,
+        "the sweeper empties the table once the window passes"
+    );
+    sweeper.stop().await;
+    let empty = h.store().glance().await.unwrap();
+    assert_eq!((empty.records, empty.oldest_age), (0, None));
+}
+
 /// The record of `op`, which must exist.
 async fn record_of<H: Harness>(h: &H, op: &Operation) -> Record {
     h.store()

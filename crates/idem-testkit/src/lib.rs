@@ -46,6 +46,7 @@ macro_rules! conformance_suite {
             renewal_extends_the_lease,
             release_lets_the_next_retry_run_at_once,
             retention_is_enforced_by_bounded_sweeps,
+            the_sweeper_keeps_the_table_bounded_under_steady_load,
             expired_records_are_replaced_with_a_greater_token,
             the_window_counts_from_the_first_claim,
             batch_apply_dedupes_and_commits_once,

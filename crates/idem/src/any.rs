@@ -35,8 +35,8 @@ use std::time::Duration;
 use idem_core::{
     Applied, ApplyError, AtomicEffect, AtomicStore, BatchApplied, Claim, Claimed, Error,
     FenceStore, Fingerprint, IdempotencyKey, Lease, LeaseStore, Operation, Outcome, Record,
-    RecordCount, RecordFilter, RecordStore, Resource, Scope, Settings, SharedClock, SystemClock,
-    TxCall,
+    RecordCount, RecordFilter, RecordGlance, RecordStore, Resource, Scope, Settings, SharedClock,
+    SystemClock, TxCall,
 };
 
 use crate::StoreLocation;
@@ -150,6 +150,14 @@ impl RecordStore for AnyStore {
 
     async fn sweep_batch(&self, limit: usize) -> Result<u64, Error> {
         each_store!(self, s => s.sweep_batch(limit).await)
+    }
+
+    async fn sweep_batch_alone(&self, limit: usize) -> Result<Option<u64>, Error> {
+        each_store!(self, s => s.sweep_batch_alone(limit).await)
+    }
+
+    async fn glance(&self) -> Result<RecordGlance, Error> {
+        each_store!(self, s => s.glance().await)
     }
 }
 

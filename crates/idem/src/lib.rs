@@ -10,7 +10,8 @@
 //! - [`StoreLocation`]: `sqlite://PATH` / `postgres://URL` parsing;
 //! - [`AnyStore`]: a store chosen at run time, behind the shared traits, and
 //!   [`AnyTx`], the connection its atomic effects get;
-//! - [`redact_url`]: a URL with its password and query removed, for logs and errors.
+//! - [`redact_url`]: a URL with its password and query removed, for logs and errors;
+//! - [`Sweeper`]: retention that runs itself, a task deleting expired records.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -33,11 +34,13 @@
 mod any;
 mod location;
 mod redact;
+pub mod sweeper;
 
 pub use any::{AnyConnection, AnyStore, AnyTx};
 pub use idem_core::*;
 pub use location::{LocationError, StoreLocation};
 pub use redact::redact_url;
+pub use sweeper::{SweepPass, Sweeper, SweeperTask};
 
 #[cfg(feature = "sqlite")]
 pub use idem_sqlite::{self as sqlite, SqliteStore, rusqlite};

@@ -13,6 +13,8 @@ use idem::{AnyStore, Scope};
 use idem_broker::consume::{ConsumerConfig, KeyRule, KeySource, MissingKey, Source, SourceOptions};
 use idem_broker::forward::{self, ForwardConfig};
 
+use super::upkeep::{Upkeep, UpkeepArgs};
+
 /// `idem forward`
 #[derive(Debug, Args)]
 pub struct ForwardArgs {
@@ -59,6 +61,8 @@ pub struct ForwardArgs {
     /// Ack terminal 4xx answers without recording them as dead letters.
     #[arg(long)]
     pub ack_rejected: bool,
+    #[command(flatten)]
+    pub upkeep: UpkeepArgs,
 }
 
 pub async fn run(store: AnyStore, args: &ForwardArgs) -> anyhow::Result<()> {
@@ -89,9 +93,16 @@ pub async fn run(store: AnyStore, args: &ForwardArgs) -> anyhow::Result<()> {
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;
     };
-    let stats = forward::run(&args.from, options, store, forward, consumer, shutdown)
-        .await
-        .with_context(|| format!("forwarding from {} stopped", args.from))?;
+    let upkeep = Upkeep::start(
+        "idem forward",
+        &store,
+        args.upkeep.admin_listen,
+        args.upkeep.sweep_every.0,
+    )
+    .await?;
+    let forwarded = forward::run(&args.from, options, store, forward, consumer, shutdown).await;
+    upkeep.stop().await;
+    let stats = forwarded.with_context(|| format!("forwarding from {} stopped", args.from))?;
     eprintln!(
         "stopped: {} applied, {} duplicates answered by the endpoint, {} dead-lettered, {} given back for redelivery",
         stats.applied, stats.replayed, stats.dead_lettered, stats.requeued

@@ -10,6 +10,7 @@ mod keys;
 mod migrate;
 pub(crate) mod relay;
 mod serve;
+mod upkeep;
 
 use anyhow::Context;
 use idem::{AnyStore, StoreLocation};

@@ -14,6 +14,8 @@ use idem_broker::outbox::{self, OutboxStore};
 use idem_broker::publish::Destination;
 use idem_broker::relay::{Pass, Relay, RelayConfig};
 
+use super::upkeep::{Upkeep, UpkeepArgs};
+
 /// `idem relay`
 #[derive(Debug, Args)]
 pub struct RelayArgs {
@@ -46,6 +48,8 @@ pub struct RelayArgs {
     /// How long sent rows and dead letters are kept.
     #[arg(long, default_value = "7d")]
     pub retention: humantime::Duration,
+    #[command(flatten)]
+    pub upkeep: UpkeepArgs,
 }
 
 pub async fn run(store: AnyStore, args: &RelayArgs) -> anyhow::Result<()> {
@@ -62,6 +66,18 @@ pub async fn run(store: AnyStore, args: &RelayArgs) -> anyhow::Result<()> {
     outbox::migrate(&store)
         .await
         .context("cannot create the outbox tables")?;
+    let upkeep = match args.once {
+        true => None,
+        false => Some(
+            Upkeep::start(
+                "idem relay",
+                &store,
+                args.upkeep.admin_listen,
+                args.upkeep.sweep_every.0,
+            )
+            .await?,
+        ),
+    };
     let relay = Relay::new(store, config);
     let to = args
         .to
@@ -86,10 +102,11 @@ pub async fn run(store: AnyStore, args: &RelayArgs) -> anyhow::Result<()> {
         "a message may be published again up to {} after its first publish: consumers need a dedupe window at least that long",
         humantime::format_duration(relay.config().retry_horizon())
     );
-    relay
-        .run(shutdown())
-        .await
-        .context("the relay stopped on an error")?;
+    let stopped = relay.run(shutdown()).await;
+    if let Some(upkeep) = upkeep {
+        upkeep.stop().await;
+    }
+    stopped.context("the relay stopped on an error")?;
     eprintln!("relay stopped");
     Ok(())
 }

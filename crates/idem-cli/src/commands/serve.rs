@@ -12,30 +12,29 @@ use idem_http::gateway::{self, Gateway};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use super::upkeep::Upkeep;
 use crate::cli::ServeArgs;
 use settings::ServeSettings;
 
 pub async fn run(store: Option<&str>, args: &ServeArgs) -> anyhow::Result<()> {
     let settings = ServeSettings::resolve(store, args)?;
     // Before the store opens, so no count is lost.
-    let metrics = match settings.admin_listen {
-        Some(_) => Some(gateway::metrics_recorder()?),
-        None => None,
-    };
+    if settings.admin_listen.is_some() {
+        idem_http::admin::metrics_recorder()?;
+    }
     let layer = IdempotencyLayer::open(&settings.store, settings.idempotency())
         .await
         .with_context(|| format!("cannot open the store at {} (--store)", settings.store))?;
     let listener = TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("cannot listen on {} (--listen)", settings.listen))?;
-    let admin = match settings.admin_listen {
-        Some(addr) => Some(
-            TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("cannot listen on {addr} (--admin-listen)"))?,
-        ),
-        None => None,
-    };
+    let upkeep = Upkeep::start(
+        "idem serve",
+        layer.store(),
+        settings.admin_listen,
+        settings.sweep_every,
+    )
+    .await?;
 
     let mut out = std::io::stdout().lock();
     writeln!(
@@ -44,8 +43,7 @@ pub async fn run(store: Option<&str>, args: &ServeArgs) -> anyhow::Result<()> {
         listener.local_addr()?,
         settings.upstream
     )?;
-    if let Some(admin) = &admin {
-        let addr = admin.local_addr()?;
+    if let Some(addr) = upkeep.admin_addr() {
         writeln!(
             out,
             "idem serve: admin on http://{addr} (/metrics, /healthz)"
@@ -61,20 +59,10 @@ pub async fn run(store: Option<&str>, args: &ServeArgs) -> anyhow::Result<()> {
         eprintln!("idem serve: shutting down; letting the requests in flight finish");
         stop.send(true).ok();
     });
-    let admin = match (admin, metrics) {
-        (Some(listener), Some(metrics)) => Some(tokio::spawn(gateway::serve_admin(
-            listener,
-            layer.clone(),
-            metrics,
-            stopped(stopping.clone()),
-        ))),
-        _ => None,
-    };
     let gateway = Gateway::new(layer, settings.gateway());
-    gateway::run(listener, gateway, stopped(stopping)).await?;
-    if let Some(admin) = admin {
-        admin.await.context("the admin listener failed")??;
-    }
+    let served = gateway::run(listener, gateway, stopped(stopping)).await;
+    upkeep.stop().await;
+    served?;
     eprintln!("idem serve: stopped");
     Ok(())
 }

@@ -23,8 +23,9 @@
 //!   forwarding headers, timeout, and the outcome-unknown marker);
 //! - `hop`: the hop-by-hop headers;
 //! - [`run`] (here): the accept loop and graceful shutdown;
-//! - `admin`: [`serve_admin`], `/metrics` and `/healthz`;
-//! - `observe`: requests by outcome and the record gauges.
+//! - `observe`: requests by outcome.
+//!
+//! Its `/metrics` and `/healthz` are [`crate::admin`]'s.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -41,7 +42,6 @@
 //! # Ok(()) }
 //! ```
 
-mod admin;
 mod config;
 mod hop;
 mod observe;
@@ -63,9 +63,8 @@ use idem::LeaseStore;
 use tokio::net::TcpListener;
 use tower::ServiceExt;
 
-pub use admin::{RecorderError, metrics_recorder, serve_admin};
 pub use config::{DEFAULT_UPSTREAM_TIMEOUT, GatewayConfig, Upstream, UpstreamError};
-pub use observe::{DEDUPE_RECORDS, DEDUPE_RECORDS_EXPIRED, REQUESTS_TOTAL};
+pub use observe::REQUESTS_TOTAL;
 
 use crate::{IdempotencyConfig, IdempotencyLayer, IdempotencyService};
 use proxy::{ClientAddr, Proxy};

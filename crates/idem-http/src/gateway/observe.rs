@@ -1,4 +1,4 @@
-//! The gateway's own metrics: requests by outcome, and the stored records.
+//! The gateway's own metrics: requests by outcome.
 //! The protocol's counters (`duplicates_suppressed_total`,
 //! `idempotency_key_conflicts_total`, `idempotency_key_reuse_total`,
 //! `lease_takeovers_total`) come from the store, through `idem-core`'s
@@ -10,7 +10,6 @@
 
 use axum::response::Response;
 use http::Request;
-use idem::RecordCount;
 
 use super::proxy::FromUpstream;
 use crate::IdempotencyConfig;
@@ -19,10 +18,6 @@ use crate::key_header::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 
 /// Requests answered by the gateway, labelled `outcome`.
 pub const REQUESTS_TOTAL: &str = "gateway_requests_total";
-/// Idempotency records in the store (a gauge, refreshed on every scrape).
-pub const DEDUPE_RECORDS: &str = "dedupe_records";
-/// Records past retention, waiting for a sweep (a gauge, refreshed on every scrape).
-pub const DEDUPE_RECORDS_EXPIRED: &str = "dedupe_records_expired";
 
 /// Whether the layer treats `request` as keyed (a malformed key counts: the
 /// layer refuses it).
@@ -66,10 +61,4 @@ pub(crate) fn outcome(
 /// Counts one answered request.
 pub(crate) fn answered(outcome: &'static str) {
     metrics::counter!(REQUESTS_TOTAL, "outcome" => outcome).increment(1);
-}
-
-/// Publishes the store's record counts.
-pub(crate) fn records(count: RecordCount) {
-    metrics::gauge!(DEDUPE_RECORDS).set(count.total as f64);
-    metrics::gauge!(DEDUPE_RECORDS_EXPIRED).set(count.expired as f64);
 }

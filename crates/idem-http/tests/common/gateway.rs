@@ -274,12 +274,12 @@ impl Gateway {
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
         let (admin, admin_task) = if options.admin {
-            let metrics = gateway::metrics_recorder().expect("metrics recorder");
+            let metrics = idem_http::admin::metrics_recorder().expect("metrics recorder");
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let admin = listener.local_addr().unwrap();
-            let task = tokio::spawn(gateway::serve_admin(
+            let task = tokio::spawn(idem_http::admin::serve_admin(
                 listener,
-                layer.clone(),
+                layer.store().clone(),
                 metrics,
                 std::future::pending(),
             ));

@@ -7,8 +7,8 @@
 //! [`store_error`](crate::error::store_error).
 
 use idem_core::{
-    Claim, FencingToken, IdempotencyKey, Outcome, Record, RecordCount, RecordFilter, RecordState,
-    Scope, Timestamp,
+    Claim, FencingToken, IdempotencyKey, Outcome, Record, RecordCount, RecordFilter, RecordGlance,
+    RecordState, Scope, Timestamp,
 };
 use sqlx::Row;
 use sqlx::migrate::Migrator;
@@ -267,6 +267,58 @@ pub(crate) async fn count<'e>(
     Ok(RecordCount {
         total: total.unsigned_abs(),
         expired: expired.unsigned_abs(),
+    })
+}
+
+/// The advisory lock a sweeper holds for one batch, so the sweepers of many
+/// processes on one database take turns instead of deleting side by side.
+/// The number is the text `idem_records sweep` hashed once; it only has to
+/// differ from the per-key locks, which are drawn from a 64-bit hash too.
+pub const SWEEP_LOCK: i64 = 0x1de3_5eef_0000_0001;
+
+/// One sweep batch under [`SWEEP_LOCK`], in a transaction of its own; `None`
+/// when another sweeper holds the lock.
+pub(crate) async fn sweep_alone(
+    pool: &sqlx::PgPool,
+    now: Timestamp,
+    limit: usize,
+) -> sqlx::Result<Option<u64>> {
+    let mut tx = pool.begin().await?;
+    let held: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
+        .bind(SWEEP_LOCK)
+        .fetch_one(&mut *tx)
+        .await?;
+    if !held {
+        tx.rollback().await?;
+        return Ok(None);
+    }
+    let deleted = sweep(&mut *tx, now, limit).await?;
+    tx.commit().await?;
+    Ok(Some(deleted))
+}
+
+/// The gauges' figures without a scan: the planner's row estimate (an exact
+/// count while the table has never been analysed) and the creation time of
+/// the record that expires first, read from the expiry index.
+pub(crate) async fn glance(pool: &sqlx::PgPool, now: Timestamp) -> sqlx::Result<RecordGlance> {
+    let row = sqlx::query(
+        "SELECT (SELECT reltuples::BIGINT FROM pg_class WHERE oid = 'idem_records'::regclass) AS estimate, \
+                (SELECT created_at FROM idem_records ORDER BY expires_at LIMIT 1) AS oldest",
+    )
+    .fetch_one(pool)
+    .await?;
+    let estimate: Option<i64> = row.try_get("estimate")?;
+    let oldest: Option<i64> = row.try_get("oldest")?;
+    let records = match estimate {
+        Some(n) if n >= 0 => n.unsigned_abs(),
+        _ => sqlx::query_scalar::<_, i64>("SELECT count(*) FROM idem_records")
+            .fetch_one(pool)
+            .await?
+            .unsigned_abs(),
+    };
+    Ok(RecordGlance {
+        records,
+        oldest_age: oldest.map(|created| Timestamp(created).until(now)),
     })
 }
 

@@ -14,10 +14,12 @@
 //! loop can make another.
 //!
 //! What is retried: only requests it is safe to send twice. A request with a
-//! key (the receiver dedupes) or with an idempotent method (GET, HEAD, PUT,
-//! DELETE, OPTIONS, TRACE). A POST without a key is sent once: after a reset
-//! nobody knows whether it was applied, and a second copy could apply it
-//! twice. Bodies must be cloneable (`http_body_util::Full<Bytes>`, `String`).
+//! key (the receiver dedupes), with a safe method (GET, HEAD, OPTIONS, TRACE),
+//! or on a route the caller named with
+//! [`HttpRetryPolicy::resend_without_key`]. A POST, PUT, PATCH or DELETE
+//! without a key is otherwise sent once: the handler is idempotent or not,
+//! whatever the verb says, and after a reset nobody knows whether it was
+//! applied. Bodies must be cloneable (`http_body_util::Full<Bytes>`, `String`).
 //!
 //! How it ends: when the outcome needs no retry or the attempts run out, the
 //! caller gets the last answer as it is (a 422, the last 503). When the budget
@@ -28,6 +30,7 @@ mod attempt;
 mod error;
 mod key_header;
 mod layer;
+mod resend;
 
 pub use attempt::{AttemptFuture, AttemptService};
 pub use error::{BoxError, HttpRetryError};
@@ -37,7 +40,9 @@ pub use layer::{HttpRetryLayer, RetryingClient};
 use std::sync::Arc;
 use std::time::Instant;
 
-use http::{Method, Request, Response};
+use http::{Request, Response};
+
+use resend::{PromisedRoutes, resend_reason};
 
 use crate::{
     Classify, FullJitter, HttpPolicy, RetryBudget, RetryConfig, Sleep, StopReason, Timer,
@@ -88,6 +93,8 @@ pub struct HttpRetryPolicy<C = HttpPolicy, T = TokioTimer> {
     budget: Arc<RetryBudget>,
     classify: C,
     timer: T,
+    /// Routes resent without a key on the caller's word.
+    promised: Arc<PromisedRoutes>,
     /// The call in progress. Tower clones the policy for every request, right
     /// after `clone_request`, so each call's clone carries its own state.
     call: Option<CallState>,
@@ -110,6 +117,7 @@ impl HttpRetryPolicy {
             budget,
             classify: HttpPolicy::new(),
             timer: TokioTimer,
+            promised: Arc::default(),
             call: None,
         }
     }
@@ -123,6 +131,7 @@ impl<C, T> HttpRetryPolicy<C, T> {
             budget: self.budget,
             classify,
             timer: self.timer,
+            promised: self.promised,
             call: None,
         }
     }
@@ -134,8 +143,19 @@ impl<C, T> HttpRetryPolicy<C, T> {
             budget: self.budget,
             classify: self.classify,
             timer,
+            promised: self.promised,
             call: None,
         }
+    }
+
+    /// Resends requests to `route` with `method` even without a key — the
+    /// caller's promise that this handler tolerates a second copy (a PUT that
+    /// overwrites a whole resource, a DELETE by id). `route` is a path whose
+    /// `{name}` segments match any one segment: `"/users/{id}/avatar"`.
+    /// Without a promise, only keyed requests and safe methods are resent.
+    pub fn resend_without_key(mut self, method: http::Method, route: &str) -> Self {
+        Arc::make_mut(&mut self.promised).add(method, route);
+        self
     }
 
     /// A layer applying this policy.
@@ -155,21 +175,6 @@ impl<C, T: Timer> HttpRetryPolicy<C, T> {
         self.budget.record_request();
         observe::request_started();
     }
-}
-
-/// Whether sending the request twice is safe: it carries a key for the
-/// receiver to dedupe on, or its method is idempotent.
-fn safe_to_resend<B>(request: &Request<B>) -> bool {
-    key_header::has_key(request)
-        || matches!(
-            *request.method(),
-            Method::GET
-                | Method::HEAD
-                | Method::PUT
-                | Method::DELETE
-                | Method::OPTIONS
-                | Method::TRACE
-        )
 }
 
 /// Replaces a retryable outcome with the typed error saying why retrying
@@ -250,10 +255,11 @@ where
             Some(call) if call.resending => call.resending = false,
             _ => {
                 self.start_call();
-                if !safe_to_resend(request) {
+                if resend_reason(request, &self.promised).is_none() {
                     tracing::debug!(
                         method = %request.method(),
-                        "not retrying: the request has no idempotency key and its method is not idempotent"
+                        path = request.uri().path(),
+                        "not retrying: the request has no idempotency key, its method is not safe and its route was not named idempotent"
                     );
                     return None;
                 }

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use http::HeaderName;
+use http::{HeaderName, Method};
 use idem::StoreLocation;
 use idem_http::gateway::{DEFAULT_UPSTREAM_TIMEOUT, GatewayConfig, Upstream};
 use idem_http::{DEFAULT_BODY_LIMIT, IdempotencyConfig, KeyRequirement, Mode};
@@ -35,6 +35,25 @@ struct FileSettings {
     admin_listen: Option<String>,
     upstream_timeout: Option<String>,
     principal_header: Option<String>,
+    methods: Option<Methods>,
+    sweep_every: Option<String>,
+}
+
+/// The method list in the file: `"POST,PUT"` or `["POST", "PUT"]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+enum Methods {
+    Text(String),
+    List(Vec<String>),
+}
+
+impl Methods {
+    fn text(&self) -> String {
+        match self {
+            Self::Text(text) => text.clone(),
+            Self::List(list) => list.join(","),
+        }
+    }
 }
 
 /// A size in the file: `"1MiB"`, or a number of bytes.
@@ -83,6 +102,11 @@ pub struct ServeSettings {
     pub upstream_timeout: Duration,
     /// `None`: one key space for every caller.
     pub principal_header: Option<HeaderName>,
+    /// The methods whose requests are deduplicated by their key.
+    pub methods: Vec<Method>,
+    /// How often expired records are swept; `None`: never (a cron job runs
+    /// `idem gc`).
+    pub sweep_every: Option<Duration>,
 }
 
 /// One setting's value and where it came from, for error messages.
@@ -264,6 +288,29 @@ impl ServeSettings {
             })?),
         };
 
+        let methods = match sources.pick("methods", "IDEM_METHODS", args.methods.clone(), |f| {
+            f.methods.as_ref().map(Methods::text)
+        }) {
+            None => vec![Method::POST, Method::PATCH],
+            Some(found) => {
+                parse_methods(&found.value).with_context(|| format!("invalid {}", found.origin))?
+            }
+        };
+
+        let sweep_every = match sources.pick(
+            "sweep-every",
+            "IDEM_SWEEP_EVERY",
+            args.sweep_every.clone(),
+            |f| f.sweep_every.clone(),
+        ) {
+            None => Some(idem::sweeper::DEFAULT_SWEEP_INTERVAL),
+            Some(found) if found.value.trim().eq_ignore_ascii_case("off") => None,
+            Some(found) => Some(
+                parse_duration(&found.value)
+                    .with_context(|| format!("invalid {}", found.origin))?,
+            ),
+        };
+
         Ok(Self {
             upstream,
             listen,
@@ -276,6 +323,8 @@ impl ServeSettings {
             admin_listen,
             upstream_timeout,
             principal_header,
+            methods,
+            sweep_every,
         })
     }
 
@@ -286,6 +335,7 @@ impl ServeSettings {
             .body_limit(self.max_body)
             .lease(self.lease)
             .retention(self.retention)
+            .methods(self.methods.iter().cloned())
             .require_key(if self.require_key {
                 KeyRequirement::Always
             } else {
@@ -325,6 +375,32 @@ fn parse_duration(text: &str) -> anyhow::Result<Duration> {
 }
 
 /// A size such as `65536`, `64KiB`, `1MiB`, `1MB` (KB, MB, GB are powers of
+/// A comma-separated method list such as `POST,PATCH,PUT,DELETE`. Safe methods
+/// are refused: a GET changes nothing, so there is nothing to deduplicate.
+fn parse_methods(text: &str) -> anyhow::Result<Vec<Method>> {
+    let mut methods = Vec::new();
+    for name in text
+        .split(',')
+        .map(str::trim)
+        .filter(|name| !name.is_empty())
+    {
+        let method = Method::from_bytes(name.to_ascii_uppercase().as_bytes())
+            .map_err(|_| anyhow::anyhow!("{name:?} is not an HTTP method"))?;
+        if method.is_safe() {
+            bail!(
+                "{method} changes nothing on the upstream, so a key on it protects nothing; list methods with effects, such as POST,PATCH,PUT,DELETE"
+            );
+        }
+        if !methods.contains(&method) {
+            methods.push(method);
+        }
+    }
+    if methods.is_empty() {
+        bail!("no method given; write a list such as POST,PATCH,PUT,DELETE");
+    }
+    Ok(methods)
+}
+
 /// 1000; KiB, MiB, GiB of 1024); more than zero.
 fn parse_size(text: &str) -> anyhow::Result<usize> {
     let trimmed = text.trim();
@@ -360,7 +436,7 @@ impl std::fmt::Display for ServeSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "store {}; mode {}; key {}; max body {} bytes; lease {}; retention {}; upstream timeout {}; principal {}",
+            "store {}; mode {}; key {} on {}; max body {} bytes; lease {}; retention {}; upstream timeout {}; principal {}",
             self.store,
             match self.mode {
                 Mode::Ietf => "ietf",
@@ -371,6 +447,11 @@ impl std::fmt::Display for ServeSettings {
             } else {
                 "optional"
             },
+            self.methods
+                .iter()
+                .map(Method::as_str)
+                .collect::<Vec<_>>()
+                .join(","),
             self.max_body,
             humantime::format_duration(self.lease),
             humantime::format_duration(self.retention),
@@ -400,6 +481,8 @@ mod tests {
             admin_listen: None,
             upstream_timeout: None,
             principal_header: None,
+            methods: None,
+            sweep_every: None,
             config: None,
         }
     }
@@ -450,6 +533,42 @@ mod tests {
         assert_eq!(settings.upstream_timeout, Duration::from_secs(30));
         assert_eq!(settings.admin_listen, None);
         assert_eq!(settings.principal_header, Some(http::header::AUTHORIZATION));
+        assert_eq!(settings.methods, [Method::POST, Method::PATCH]);
+        assert_eq!(settings.sweep_every, Some(Duration::from_secs(60)));
+    }
+
+    #[test]
+    fn put_and_delete_are_protected_when_listed() {
+        let (_dir, path) = file(
+            "upstream = \"http://127.0.0.1:9000\"\nmethods = [\"post\", \"PUT\", \"DELETE\"]\n",
+        );
+        let mut given = args();
+        given.config = Some(path);
+        let settings = ServeSettings::resolve(None, &given).unwrap();
+        assert_eq!(
+            settings.methods,
+            [Method::POST, Method::PUT, Method::DELETE]
+        );
+        let config = settings.idempotency();
+        assert!(config.accepts_key(&Method::PUT) && config.accepts_key(&Method::DELETE));
+        assert!(!config.accepts_key(&Method::PATCH));
+
+        given.methods = Some("POST, PATCH,PUT".into());
+        let flagged = ServeSettings::resolve(None, &given).unwrap();
+        assert_eq!(flagged.methods, [Method::POST, Method::PATCH, Method::PUT]);
+
+        for (bad, says) in [
+            ("GET,POST", "changes nothing"),
+            ("", "no method given"),
+            ("PO ST", "not an HTTP method"),
+        ] {
+            given.methods = Some(bad.into());
+            let error = format!("{:#}", ServeSettings::resolve(None, &given).unwrap_err());
+            assert!(
+                error.contains("--methods (or IDEM_METHODS)") && error.contains(says),
+                "{bad}: {error}"
+            );
+        }
     }
 
     #[test]
@@ -467,6 +586,7 @@ mod tests {
             admin_listen = "127.0.0.1:9090"
             upstream_timeout = "5s"
             principal_header = "x-tenant-id"
+            sweep_every = "off"
             "#,
         );
         let mut given = args();
@@ -489,6 +609,7 @@ mod tests {
         );
         assert_eq!(from_file.upstream_timeout, Duration::from_secs(5));
         assert_eq!(from_file.principal_header.unwrap().as_str(), "x-tenant-id");
+        assert_eq!(from_file.sweep_every, None);
 
         given.upstream = Some("http://10.1.2.3:80".into());
         given.mode = Some("ietf".into());

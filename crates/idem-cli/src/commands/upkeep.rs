@@ -1,0 +1,117 @@
+//! What every long-running command runs beside its work: the admin listener
+//! (`--admin-listen`: `/metrics` and `/healthz`) and the retention sweeper
+//! (`--sweep-every`), so a dedupe table never grows past its window because
+//! nobody set up a cron job.
+
+use std::net::SocketAddr;
+use std::str::FromStr;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use idem::{AnyStore, Sweeper, SweeperTask};
+use idem_http::admin::{self, AdminServer};
+
+/// The flags `idem relay` and `idem forward` share (`idem serve` has the same
+/// two among its settings).
+#[derive(Debug, Clone, Args)]
+pub struct UpkeepArgs {
+    /// Serve /metrics (Prometheus) and /healthz on this address [default: off].
+    #[arg(long, env = "IDEM_ADMIN_LISTEN", value_name = "ADDR")]
+    pub admin_listen: Option<SocketAddr>,
+    /// How often expired idempotency records are swept, ±50 % jitter, such as
+    /// 60s or 10m; `off` when a cron job runs `idem gc` instead.
+    #[arg(
+        long,
+        env = "IDEM_SWEEP_EVERY",
+        value_name = "DURATION",
+        default_value = "60s"
+    )]
+    pub sweep_every: SweepEvery,
+}
+
+/// `--sweep-every`: a duration, or `off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SweepEvery(pub Option<Duration>);
+
+impl FromStr for SweepEvery {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        if text.trim().eq_ignore_ascii_case("off") {
+            return Ok(Self(None));
+        }
+        match humantime::parse_duration(text.trim()) {
+            Ok(every) if !every.is_zero() => Ok(Self(Some(every))),
+            _ => Err(format!(
+                "{text:?} is not a sweep interval; write a duration such as 60s or 10m, or off"
+            )),
+        }
+    }
+}
+
+/// The admin listener and the sweeper of one process, stopped together.
+pub struct Upkeep {
+    admin: Option<AdminServer>,
+    sweeper: Option<SweeperTask>,
+}
+
+impl Upkeep {
+    /// Starts what is asked for; announces the admin address on stderr.
+    pub async fn start(
+        command: &str,
+        store: &AnyStore,
+        admin_listen: Option<SocketAddr>,
+        sweep_every: Option<Duration>,
+    ) -> anyhow::Result<Self> {
+        let admin = match admin_listen {
+            Some(addr) => {
+                let server = admin::start_admin(addr, store.clone())
+                    .await
+                    .context("--admin-listen")?;
+                eprintln!(
+                    "{command}: admin on http://{} (/metrics, /healthz)",
+                    server.local_addr()
+                );
+                Some(server)
+            }
+            None => None,
+        };
+        idem::sweeper::publish_retention(idem::RecordStore::settings(store).retention);
+        let sweeper = sweep_every.map(|every| Sweeper::new(store.clone()).interval(every).spawn());
+        Ok(Self { admin, sweeper })
+    }
+
+    /// The admin listener's address, if there is one.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin.as_ref().map(AdminServer::local_addr)
+    }
+
+    /// Stops the sweeper between two batches and the admin listener.
+    pub async fn stop(self) {
+        if let Some(sweeper) = self.sweeper {
+            sweeper.stop().await;
+        }
+        if let Some(admin) = self.admin {
+            admin.stop().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sweep_every_takes_a_duration_or_off() {
+        assert_eq!(
+            "90s".parse::<SweepEvery>().unwrap(),
+            SweepEvery(Some(Duration::from_secs(90)))
+        );
+        assert_eq!("OFF".parse::<SweepEvery>().unwrap(), SweepEvery(None));
+        for bad in ["0s", "soon", ""] {
+            let error = bad.parse::<SweepEvery>().unwrap_err();
+            assert!(error.contains("60s or 10m, or off"), "{bad}: {error}");
+        }
+    }
+}

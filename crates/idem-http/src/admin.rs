@@ -1,0 +1,203 @@
+//! The admin listener of a long-running process: `/metrics` in the
+//! Prometheus text format and `/healthz`, on an address of its own so neither
+//! is reachable through the traffic it serves. `idem serve`, `idem relay` and
+//! `idem forward` run it with `--admin-listen`; an application starts it with
+//! one call, [`start_admin`]:
+//!
+//! ```no_run
+//! # async fn demo(store: idem::AnyStore) -> Result<(), Box<dyn std::error::Error>> {
+//! let admin = idem_http::admin::start_admin("127.0.0.1:9090".parse()?, store).await?;
+//! println!("metrics on http://{}/metrics", admin.local_addr());
+//! // ... run consumers, the relay, handlers: their metrics show up there ...
+//! admin.stop().await;
+//! # Ok(()) }
+//! ```
+//!
+//! Metrics go through the `metrics` facade; [`metrics_recorder`] installs the
+//! Prometheus recorder once per process and hands out its handle. The record
+//! gauges (`dedupe_records`, `dedupe_oldest_record_age_seconds`) are read from
+//! [`RecordStore::glance`] — the planner's estimate and one index lookup — at
+//! most once every [`GLANCE_EVERY`] however often Prometheus scrapes; the
+//! [`Sweeper`](idem::Sweeper) refreshes them after each pass too.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use idem::{IdempotencyKey, RecordStore, Scope, sweeper};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+/// How stale the record gauges may get between two scrapes.
+pub const GLANCE_EVERY: Duration = Duration::from_secs(5);
+
+/// The Prometheus recorder could not be installed.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "cannot install the Prometheus metrics recorder (is another metrics recorder installed in this process?): {0}"
+)]
+pub struct RecorderError(String);
+
+/// The admin listener could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    /// See [`RecorderError`].
+    #[error(transparent)]
+    Recorder(#[from] RecorderError),
+    /// The address could not be bound.
+    #[error("cannot listen on {addr} for /metrics and /healthz: {source}")]
+    Bind {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+static HANDLE: Mutex<Option<PrometheusHandle>> = Mutex::new(None);
+
+/// Installs the Prometheus recorder as the process's global `metrics`
+/// recorder the first time it is called, and returns its handle (the same one
+/// on every call). Call it before the work starts, so no count is lost.
+pub fn metrics_recorder() -> Result<PrometheusHandle, RecorderError> {
+    let mut handle = HANDLE
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(handle) = handle.as_ref() {
+        return Ok(handle.clone());
+    }
+    let installed = PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| RecorderError(e.to_string()))?;
+    *handle = Some(installed.clone());
+    Ok(installed)
+}
+
+/// A running admin listener, from [`start_admin`].
+#[derive(Debug)]
+pub struct AdminServer {
+    addr: SocketAddr,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: JoinHandle<std::io::Result<()>>,
+}
+
+impl AdminServer {
+    /// Where it listens (the port, when `:0` was asked for).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops listening and waits for the scrapes in progress.
+    pub async fn stop(self) {
+        let _ = self.stop.send(());
+        match self.task.await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => tracing::warn!(%error, "the admin listener failed"),
+            Err(error) => tracing::warn!(%error, "the admin listener panicked"),
+        }
+    }
+}
+
+/// The one call: installs the Prometheus recorder, binds `addr` and serves
+/// `/metrics` and `/healthz` (a point lookup in `store`) in a task of its own.
+pub async fn start_admin<St>(addr: SocketAddr, store: St) -> Result<AdminServer, AdminError>
+where
+    St: RecordStore + 'static,
+{
+    let metrics = metrics_recorder()?;
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| AdminError::Bind { addr, source })?;
+    let addr = listener
+        .local_addr()
+        .map_err(|source| AdminError::Bind { addr, source })?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(serve_admin(listener, store, metrics, async move {
+        let _ = stopped.await;
+    }));
+    Ok(AdminServer { addr, stop, task })
+}
+
+struct Admin<St> {
+    store: St,
+    metrics: PrometheusHandle,
+    last_glance: Mutex<Option<Instant>>,
+}
+
+/// Serves `/metrics` and `/healthz` on `listener` until `shutdown` completes.
+///
+/// `/healthz` answers `200 ok` while the store answers a point lookup, `503`
+/// with the store's error otherwise.
+pub async fn serve_admin<St>(
+    listener: TcpListener,
+    store: St,
+    metrics: PrometheusHandle,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()>
+where
+    St: RecordStore + 'static,
+{
+    let admin = Arc::new(Admin {
+        store,
+        metrics,
+        last_glance: Mutex::new(None),
+    });
+    let app = Router::new()
+        .route("/metrics", get(scrape::<St>))
+        .route("/healthz", get(health::<St>))
+        .with_state(admin);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+async fn scrape<St: RecordStore>(State(admin): State<Arc<Admin<St>>>) -> impl IntoResponse {
+    if admin.glance_due() {
+        match admin.store.glance().await {
+            Ok(glance) => sweeper::publish(glance),
+            Err(error) => {
+                tracing::warn!(%error, "could not read the record gauges for /metrics");
+            }
+        }
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        admin.metrics.render(),
+    )
+}
+
+impl<St> Admin<St> {
+    fn glance_due(&self) -> bool {
+        let mut last = self
+            .last_glance
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let due = last.is_none_or(|at| at.elapsed() >= GLANCE_EVERY);
+        if due {
+            *last = Some(Instant::now());
+        }
+        due
+    }
+}
+
+async fn health<St: RecordStore>(State(admin): State<Arc<Admin<St>>>) -> impl IntoResponse {
+    let scope = Scope::new("healthz").expect("a valid scope");
+    let key = IdempotencyKey::new("healthz").expect("a valid key");
+    match admin.store.get(&scope, &key).await {
+        Ok(_) => (StatusCode::OK, "ok\n".to_owned()),
+        Err(error) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the idempotency store does not answer: {error}\n"),
+        ),
+    }
+}
