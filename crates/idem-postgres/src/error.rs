@@ -302,10 +302,26 @@ mod tests {
         assert_eq!(error.kind(), ErrorKind::Corrupt);
     }
 
+    /// An application's error that carries the driver's as its source.
+    #[derive(Debug)]
+    struct Wrapped<E>(E);
+
+    impl<E: std::error::Error + 'static> std::fmt::Display for Wrapped<E> {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("the handler failed")
+        }
+    }
+
+    impl<E: std::error::Error + 'static> std::error::Error for Wrapped<E> {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
     #[test]
     fn an_effects_error_is_classified_through_its_causes() {
         let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
-        let wrapped = std::io::Error::other(sqlx::Error::Io(refused));
+        let wrapped = Wrapped(sqlx::Error::Io(refused));
         assert_eq!(
             kind_of_cause(&wrapped, &endpoint()),
             Some(ErrorKind::Unavailable)

@@ -61,14 +61,29 @@ pub fn corrupt(message: String) -> Error {
 mod tests {
     use super::*;
 
+    /// An application's error that carries the driver's as its source.
+    #[derive(Debug)]
+    struct Wrapped<E>(E);
+
+    impl<E: std::error::Error + 'static> std::fmt::Display for Wrapped<E> {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("the handler failed")
+        }
+    }
+
+    impl<E: std::error::Error + 'static> std::error::Error for Wrapped<E> {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
     #[test]
     fn an_effects_error_is_classified_through_its_causes() {
         let busy = rusqlite::Error::SqliteFailure(
             rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_BUSY),
             None,
         );
-        let wrapped = std::io::Error::other(busy);
-        assert_eq!(kind_of_cause(&wrapped), Some(ErrorKind::Busy));
+        assert_eq!(kind_of_cause(&Wrapped(busy)), Some(ErrorKind::Busy));
         assert_eq!(
             kind_of_cause(&std::io::Error::other("no driver here")),
             None
