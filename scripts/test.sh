@@ -2,7 +2,8 @@
 # The whole test suite, as CI runs it: services checked (and started or
 # installed when missing), every crate's tests against the real servers, doc
 # tests (the README's and the book's examples among them), the book's build,
-# and the test runner's summary line at the end.
+# the alert rules in ops/ and their unit tests, and the test runner's summary
+# line at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,6 +16,25 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   echo "[test] cargo-nextest not found; installing it from crates.io" >&2
   cargo install --locked cargo-nextest >&2
 fi
+
+# The alert rules shipped in ops/prometheus: checked, and their unit tests
+# run. promtool comes with Debian's prometheus package, installed (as root,
+# or with sudo) when missing.
+if ! command -v promtool >/dev/null 2>&1; then
+  echo "[test] promtool not found; installing Debian's prometheus package" >&2
+  as_root=()
+  if [ "$(id -u)" != 0 ]; then
+    as_root=(sudo)
+  fi
+  if ! { "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2 \
+    && "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >&2 \
+    && command -v promtool >/dev/null; }; then
+    echo "[test] could not install promtool (Debian's prometheus package); install it and run again" >&2
+    exit 1
+  fi
+fi
+promtool check rules ops/prometheus/idem-alerts.yml
+promtool test rules ops/prometheus/idem-alerts.test.yml
 
 cargo test --workspace --doc
 

@@ -38,7 +38,8 @@
 use std::future::Future;
 
 use crate::{
-    Applied, ApplyError, Claim, Error, Fingerprint, IdempotencyKey, Operation, Outcome, Scope,
+    Applied, ApplyError, Claim, Error, ErrorKind, Fingerprint, IdempotencyKey, Operation, Outcome,
+    Scope,
 };
 
 /// One call of an effect on a connection borrowed for `'c`: the closure
@@ -191,4 +192,15 @@ pub trait AtomicStore: Send + Sync {
         F: AtomicEffect<Self::Tx, T, E>,
         T: Send + 'static,
         E: Send + 'static;
+
+    /// The kind of store failure behind an effect's error, when that error
+    /// (or one of its causes) is this store's driver error: how code above
+    /// the store tells an effect whose SQL failed because the database went
+    /// away ([`ErrorKind::Unavailable`]) from one that failed on its own
+    /// terms. `None` when no cause is a driver error, or for stores that do
+    /// not say.
+    fn effect_error_kind(&self, error: &(dyn std::error::Error + 'static)) -> Option<ErrorKind> {
+        let _ = error;
+        None
+    }
 }

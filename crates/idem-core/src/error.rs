@@ -116,6 +116,11 @@ pub enum ErrorKind {
     Busy,
     /// The database cannot be reached or went away.
     Unavailable,
+    /// The connection broke while a commit was on its way, so whether the
+    /// transaction committed is unknown. Under an idempotency key, running
+    /// the operation again is safe and tells: a committed outcome is
+    /// replayed, otherwise the operation runs.
+    CommitUnknown,
     /// The stored data or schema is not what this version expects.
     Corrupt,
     /// The store was configured wrongly (bad URL, unknown option).
@@ -125,11 +130,13 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
-    /// Whether a retry of the whole operation may succeed.
+    /// Whether a retry of the whole operation may succeed. For
+    /// [`CommitUnknown`](Self::CommitUnknown) that holds under an idempotency
+    /// key only: without one, a retry may apply the operation twice.
     pub fn is_transient(self) -> bool {
         matches!(
             self,
-            Self::SerializationFailure | Self::Busy | Self::Unavailable
+            Self::SerializationFailure | Self::Busy | Self::Unavailable | Self::CommitUnknown
         )
     }
 
@@ -139,6 +146,7 @@ impl ErrorKind {
             Self::SerializationFailure => "serialization failure",
             Self::Busy => "database busy",
             Self::Unavailable => "database unavailable",
+            Self::CommitUnknown => "commit outcome unknown",
             Self::Corrupt => "stored data not understood",
             Self::Config => "store configuration error",
             Self::Other => "store error",

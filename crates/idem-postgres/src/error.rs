@@ -93,6 +93,31 @@ pub(crate) fn store_error(error: sqlx::Error, at: &Endpoint) -> StoreError {
     StoreError::with_source(kind, message, error)
 }
 
+/// The mapping of a failed commit. A connection that broke while the commit
+/// was on its way leaves the transaction's fate unknown: the server may have
+/// committed before the connection went.
+pub(crate) fn commit_error(error: sqlx::Error, at: &Endpoint) -> StoreError {
+    let (kind, message) = classify(&error, at);
+    if kind != ErrorKind::Unavailable {
+        return StoreError::with_source(kind, message, error);
+    }
+    let message = format!(
+        "the connection to PostgreSQL at {at} broke while the transaction was being committed, so whether it committed is unknown; run the operation again with the same idempotency key: its outcome is replayed if it committed, and it runs if not"
+    );
+    StoreError::with_source(ErrorKind::CommitUnknown, message, error)
+}
+
+/// The kind of the first sqlx error among `error` and its causes: how an
+/// effect's failure is told apart when the database, not the effect, failed.
+pub(crate) fn kind_of_cause(
+    error: &(dyn std::error::Error + 'static),
+    at: &Endpoint,
+) -> Option<ErrorKind> {
+    std::iter::successors(Some(error), |e| e.source())
+        .find_map(|e| e.downcast_ref::<sqlx::Error>())
+        .map(|e| classify(e, at).0)
+}
+
 /// Maps a sqlx error met on `pool` (the store's, [`PgStore::pool`](crate::PgStore::pool))
 /// the way the store maps its own: for code outside this crate that runs its
 /// own SQL next to the store's and decides on the [`ErrorKind`].
@@ -264,6 +289,50 @@ mod tests {
             store_error(sqlx::Error::PoolClosed, &endpoint()).kind(),
             ErrorKind::Unavailable
         );
+    }
+
+    #[test]
+    fn a_connection_lost_while_committing_leaves_the_outcome_unknown() {
+        let reset = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
+        let error = commit_error(sqlx::Error::Io(reset), &endpoint());
+        assert_eq!(error.kind(), ErrorKind::CommitUnknown);
+        assert!(error.kind().is_transient());
+        assert!(error.to_string().contains("unknown"), "{error}");
+        let error = commit_error(BadRow::into_sqlx("odd"), &endpoint());
+        assert_eq!(error.kind(), ErrorKind::Corrupt);
+    }
+
+    /// An application's error that carries the driver's as its source.
+    #[derive(Debug)]
+    struct Wrapped<E>(E);
+
+    impl<E: std::error::Error + 'static> std::fmt::Display for Wrapped<E> {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("the handler failed")
+        }
+    }
+
+    impl<E: std::error::Error + 'static> std::error::Error for Wrapped<E> {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn an_effects_error_is_classified_through_its_causes() {
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let wrapped = Wrapped(sqlx::Error::Io(refused));
+        assert_eq!(
+            kind_of_cause(&wrapped, &endpoint()),
+            Some(ErrorKind::Unavailable)
+        );
+        let pool = sqlx::Error::PoolTimedOut;
+        assert_eq!(
+            kind_of_cause(&pool, &endpoint()),
+            Some(ErrorKind::Unavailable)
+        );
+        let other = std::io::Error::other("not the database");
+        assert_eq!(kind_of_cause(&other, &endpoint()), None);
     }
 
     #[test]

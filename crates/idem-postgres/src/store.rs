@@ -13,7 +13,7 @@ use idem_core::{
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, Postgres};
 use sqlx::{ConnectOptions, Connection, Transaction};
 
-use crate::error::{Endpoint, store_error};
+use crate::error::{Endpoint, commit_error, kind_of_cause, store_error};
 use crate::{lock, records};
 
 /// The default size of the connection pool.
@@ -126,7 +126,21 @@ impl PgStore {
 
     /// Commits.
     pub(crate) async fn commit(&self, tx: Transaction<'static, Postgres>) -> Result<(), Error> {
-        tx.commit().await.map_err(|e| self.fail(e))
+        tx.commit().await.map_err(|e| self.fail_commit(e))
+    }
+
+    /// Maps an error met while committing: a broken connection leaves the
+    /// commit's fate unknown ([`ErrorKind::CommitUnknown`](idem_core::ErrorKind::CommitUnknown)).
+    pub(crate) fn fail_commit(&self, error: sqlx::Error) -> Error {
+        Error::Store(commit_error(error, &self.inner.endpoint))
+    }
+
+    /// The kind of the sqlx error behind an effect's error, if there is one.
+    pub(crate) fn kind_of_cause(
+        &self,
+        error: &(dyn std::error::Error + 'static),
+    ) -> Option<idem_core::ErrorKind> {
+        kind_of_cause(error, &self.inner.endpoint)
     }
 
     /// Rolls back now rather than when the connection is next used, so the key's

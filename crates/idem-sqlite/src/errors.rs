@@ -17,6 +17,14 @@ pub fn map_err(doing: &str, error: rusqlite::Error) -> Error {
     StoreError::with_source(kind, format!("could not {doing}: {error}{hint}"), error).into()
 }
 
+/// The kind of the first rusqlite error among `error` and its causes: how an
+/// effect's failure is told apart when the database, not the effect, failed.
+pub(crate) fn kind_of_cause(error: &(dyn std::error::Error + 'static)) -> Option<ErrorKind> {
+    std::iter::successors(Some(error), |e| e.source())
+        .find_map(|e| e.downcast_ref::<rusqlite::Error>())
+        .map(kind_of)
+}
+
 fn kind_of(error: &rusqlite::Error) -> ErrorKind {
     match error {
         rusqlite::Error::SqliteFailure(native, _) => match native.code {
@@ -47,4 +55,38 @@ fn kind_of(error: &rusqlite::Error) -> ErrorKind {
 /// A stored value that this version cannot read back.
 pub fn corrupt(message: String) -> Error {
     StoreError::new(ErrorKind::Corrupt, message).into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An application's error that carries the driver's as its source.
+    #[derive(Debug)]
+    struct Wrapped<E>(E);
+
+    impl<E: std::error::Error + 'static> std::fmt::Display for Wrapped<E> {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("the handler failed")
+        }
+    }
+
+    impl<E: std::error::Error + 'static> std::error::Error for Wrapped<E> {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn an_effects_error_is_classified_through_its_causes() {
+        let busy = rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_BUSY),
+            None,
+        );
+        assert_eq!(kind_of_cause(&Wrapped(busy)), Some(ErrorKind::Busy));
+        assert_eq!(
+            kind_of_cause(&std::io::Error::other("no driver here")),
+            None
+        );
+    }
 }

@@ -13,8 +13,8 @@ use std::sync::Arc;
 
 use idem_core::{
     Applied, ApplyError, AtomicEffect, AtomicStore, BatchApplied, Claim, Claimed, Decision, Error,
-    FencingToken, Fingerprint, IdempotencyKey, LeaseStore, Operation, Outcome, Plan, Record,
-    RecordCount, RecordFilter, RecordGlance, RecordState, RecordStore, Scope, Settings,
+    ErrorKind, FencingToken, Fingerprint, IdempotencyKey, LeaseStore, Operation, Outcome, Plan,
+    Record, RecordCount, RecordFilter, RecordGlance, RecordState, RecordStore, Scope, Settings,
     SharedClock, SystemClock, Timestamp, TxCall, decide, observe, protocol,
 };
 use rusqlite::Connection;
@@ -510,6 +510,10 @@ impl AtomicStore for SqliteStore {
                 Ok(done)
             })
             .await?
+    }
+
+    fn effect_error_kind(&self, error: &(dyn std::error::Error + 'static)) -> Option<ErrorKind> {
+        crate::errors::kind_of_cause(error)
     }
 }
 

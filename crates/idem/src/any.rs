@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::{
-    Applied, ApplyError, AtomicEffect, AtomicStore, BatchApplied, Claim, Claimed, Error,
+    Applied, ApplyError, AtomicEffect, AtomicStore, BatchApplied, Claim, Claimed, Error, ErrorKind,
     FenceStore, Fingerprint, IdempotencyKey, Lease, LeaseStore, Operation, Outcome, Record,
     RecordCount, RecordFilter, RecordGlance, RecordStore, Resource, Scope, Settings, SharedClock,
     SystemClock, TxCall,
@@ -262,6 +262,10 @@ impl AtomicStore for AnyStore {
         E: Send + 'static,
     {
         each_store!(self, s => s.transaction(on(effect)).await)
+    }
+
+    fn effect_error_kind(&self, error: &(dyn std::error::Error + 'static)) -> Option<ErrorKind> {
+        each_store!(self, s => s.effect_error_kind(error))
     }
 }
 

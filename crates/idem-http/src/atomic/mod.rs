@@ -32,6 +32,14 @@
 //! fresh response and every replay are built from the same stored outcome, so
 //! they are identical apart from `Idempotent-Replayed`.
 //!
+//! When the database goes away under a request — the store cannot be
+//! reached, or the handler's SQL fails because the connection broke — nothing
+//! was kept, and the answer is 503 `store-unavailable` with `Retry-After`. When
+//! the connection breaks while the commit itself is on its way, nobody knows
+//! whether it committed: the answer is 503 `commit-outcome-unknown`, and a
+//! retry with the same key tells (the stored response if it committed, a fresh
+//! run if not).
+//!
 //! Requests without a key on a route that does not require one run the effect
 //! each time in a plain transaction of the store
 //! ([`AtomicStore::transaction`](idem::AtomicStore::transaction)), committed or
@@ -95,7 +103,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::request::Parts;
 use http::{Extensions, HeaderMap, Method, Request, Uri};
-use idem::{Applied, ApplyError, Fingerprint, IdempotencyKey, Outcome, Scope};
+use idem::{Applied, ApplyError, AtomicStore, Fingerprint, IdempotencyKey, Outcome, Scope};
 use serde::de::DeserializeOwned;
 
 pub use route::{AtomicRoute, route};
@@ -164,13 +172,23 @@ impl AtomicRequest {
 /// wrote is rolled back, the key is released, and the client gets a 500 that
 /// says a retry is safe. The error itself is logged, not sent.
 ///
-/// Any error converts into it, so handlers can use `?` on driver calls.
+/// Any error converts into it, so handlers can use `?` on driver calls. When
+/// the error (or one of its causes) is the store's driver error saying the
+/// database went away or was busy, the client gets a 503 with `Retry-After`
+/// instead: the failure was the database's, not the request's.
 pub struct Failure(BoxError);
 
 impl Failure {
     /// Wraps an error.
     pub fn new(error: impl Into<BoxError>) -> Self {
         Self(error.into())
+    }
+}
+
+impl Failure {
+    /// The error, for the store to classify.
+    fn cause(&self) -> &(dyn std::error::Error + 'static) {
+        &*self.0
     }
 }
 
@@ -254,8 +272,14 @@ where
     })
 }
 
-/// The response for what an atomic `apply` (or a keyless transaction) returned.
-pub(crate) fn answer(applied: Result<Applied, ApplyError<Rollback>>, mode: Mode) -> Response {
+/// The response for what an atomic `apply` (or a keyless transaction) on
+/// `store` returned, for a request with a key or without.
+pub(crate) fn answer<S: AtomicStore>(
+    store: &S,
+    applied: Result<Applied, ApplyError<Rollback>>,
+    keyed: bool,
+    mode: Mode,
+) -> Response {
     match applied {
         Ok(Applied::Fresh(outcome)) => match StoredResponse::from_outcome(outcome) {
             Ok(stored) => stored.into_response(),
@@ -267,9 +291,17 @@ pub(crate) fn answer(applied: Result<Applied, ApplyError<Rollback>>, mode: Mode)
         },
         Err(ApplyError::Effect(Rollback::NotStored(response))) => response.into_response(),
         Err(ApplyError::Effect(Rollback::Failed(failure))) => {
-            tracing::warn!(error = %failure, "atomic handler failed; its writes were rolled back and the key released");
-            Refusal::HandlerFailed.to_response(mode)
+            match store.effect_error_kind(failure.cause()) {
+                Some(kind) if kind.is_transient() => {
+                    tracing::warn!(error = %failure, "atomic handler failed on the store's connection ({kind}); its writes were rolled back and the key released");
+                    Refusal::StoreUnavailable { keyed }.to_response(mode)
+                }
+                _ => {
+                    tracing::warn!(error = %failure, "atomic handler failed; its writes were rolled back and the key released");
+                    Refusal::HandlerFailed.to_response(mode)
+                }
+            }
         }
-        Err(ApplyError::Protocol(refusal)) => Refusal::Protocol(refusal).to_response(mode),
+        Err(ApplyError::Protocol(error)) => Refusal::from_store(error, keyed).to_response(mode),
     }
 }

@@ -112,6 +112,7 @@ where
             admitted.request,
             self.config.stored.clone(),
         );
+        let keyed = admitted.keyed.is_some();
         let applied = match admitted.keyed {
             Some((scope, key, fingerprint)) => {
                 self.store.apply(&scope, &key, fingerprint, effect).await
@@ -120,7 +121,7 @@ where
             // each time, committed or rolled back by the same rule.
             None => self.store.transaction(effect).await.map(Applied::Fresh),
         };
-        answer(applied, mode)
+        answer(&self.store, applied, keyed, mode)
     }
 }
 

@@ -36,7 +36,7 @@ pub(crate) fn is_keyed<B>(config: &IdempotencyConfig, request: &Request<B>) -> b
 ///   `idempotency-key-reused`, `missing-idempotency-key`,
 ///   `malformed-idempotency-key`, `request-too-large`,
 ///   `upstream-timeout-outcome-unknown`, `upstream-broke-outcome-unknown`,
-///   `upstream-unreachable`, `idempotency-store-failure`, ...
+///   `upstream-unreachable`, `store-unavailable`, `idempotency-store-failure`, ...
 pub(crate) fn outcome(
     config: &IdempotencyConfig,
     keyed: bool,

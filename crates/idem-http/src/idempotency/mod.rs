@@ -188,7 +188,7 @@ where
                 Err(damaged) => Refusal::Corrupt(damaged.to_string()).to_response(mode),
             });
         }
-        Err(refusal) => return Ok(Refusal::from(refusal).to_response(mode)),
+        Err(refused) => return Ok(Refusal::from_store(refused, true).to_response(mode)),
     };
 
     // From here on the work finishes even if the client goes away: a claim

@@ -14,7 +14,8 @@
 //! | gateway: upstream broke off after the request was sent | 502 (+ `Retry-After` when keyed) | problem+json | `api_error` |
 //! | gateway: upstream unreachable, nothing sent | 502 + `Retry-After` | problem+json | `api_error`     |
 //! | atomic handler failed (rolled back) | 500  | problem+json        | `api_error`              |
-//! | store busy or unreachable         | 503 + `Retry-After` | problem+json | `api_error`          |
+//! | store busy or unreachable, or its connection lost before the commit (nothing kept) | 503 + `Retry-After` | problem+json | `api_error` |
+//! | store's connection lost during the commit (outcome unknown) | 503 (+ `Retry-After` when keyed) | problem+json | `api_error` |
 //! | store failed otherwise            | 500    | problem+json        | `api_error`              |
 //!
 //! Statuses are decided in one function, [`Refusal::status`]; everything else
@@ -26,7 +27,7 @@ use axum::body::Body;
 use axum::response::Response;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, StatusCode};
-use idem::Error;
+use idem::{Error, ErrorKind};
 use serde_json::json;
 
 use super::config::Mode;
@@ -70,6 +71,21 @@ pub enum Refusal {
         "the request failed and nothing it wrote was kept; the key was released, so a retry with the same key runs it again"
     )]
     HandlerFailed,
+    /// The store could not be reached, went away or was too busy before
+    /// anything was committed (on the claim, or under an atomic handler whose
+    /// SQL failed on the lost connection): nothing was kept.
+    #[error("{}", if *keyed { STORE_UNAVAILABLE_KEYED } else { STORE_UNAVAILABLE })]
+    StoreUnavailable {
+        /// Whether the request carried an idempotency key.
+        keyed: bool,
+    },
+    /// The store's connection broke while an atomic request's writes were
+    /// being committed: whether they were kept is unknown.
+    #[error("{}", if *keyed { COMMIT_UNKNOWN_KEYED } else { COMMIT_UNKNOWN })]
+    CommitUnknown {
+        /// Whether the request carried an idempotency key.
+        keyed: bool,
+    },
     /// The stored outcome could not be turned back into a response.
     #[error("the stored response for this key cannot be replayed: {0}")]
     Corrupt(String),
@@ -103,6 +119,11 @@ pub enum Refusal {
         cause: String,
     },
 }
+
+const STORE_UNAVAILABLE_KEYED: &str = "the database could not be reached, went away or was too busy before this request's writes were committed, so nothing was kept. Retrying with the same Idempotency-Key after the Retry-After delay is safe: the stored response is replayed if an earlier attempt took effect, otherwise the request runs";
+const STORE_UNAVAILABLE: &str = "the database could not be reached, went away or was too busy before this request's writes were committed, so nothing was kept; the request can be sent again after the Retry-After delay";
+const COMMIT_UNKNOWN_KEYED: &str = "the connection to the database broke while this request's writes were being committed, so whether they were kept is unknown. Retrying with the same Idempotency-Key after the Retry-After delay is safe and tells: if the writes were kept, the stored response is replayed; if not, the request runs";
+const COMMIT_UNKNOWN: &str = "the connection to the database broke while this request's writes were being committed, so whether they were kept is unknown. The request carried no Idempotency-Key: retrying it may apply it twice";
 
 /// The detail of an outcome-unknown answer: what happened, and what a retry
 /// does.
@@ -145,6 +166,9 @@ impl Refusal {
             | Self::UpstreamUnreachable { .. } => StatusCode::BAD_GATEWAY,
             Self::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::HandlerFailed | Self::Corrupt(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::StoreUnavailable { .. } | Self::CommitUnknown { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Self::Protocol(error) => match error {
                 Error::KeyReuse { .. } => match mode {
                     Mode::Ietf => StatusCode::UNPROCESSABLE_ENTITY,
@@ -170,7 +194,9 @@ impl Refusal {
             }
             Self::UpstreamTimeout { reserved_for, .. }
             | Self::UpstreamBroke { reserved_for, .. } => (*reserved_for)?,
-            Self::UpstreamUnreachable { .. } => Duration::from_secs(1),
+            Self::UpstreamUnreachable { .. }
+            | Self::StoreUnavailable { .. }
+            | Self::CommitUnknown { keyed: true } => Duration::from_secs(1),
             _ => return None,
         };
         Some(wait.as_millis().div_ceil(1000).max(1) as u64)
@@ -186,6 +212,8 @@ impl Refusal {
             Self::BodyUnreadable(_) => "request-unreadable",
             Self::OutcomeUnknown => "outcome-unknown",
             Self::HandlerFailed => "handler-failed",
+            Self::StoreUnavailable { .. } => "store-unavailable",
+            Self::CommitUnknown { .. } => "commit-outcome-unknown",
             Self::Corrupt(_) | Self::Protocol(_) => "idempotency-store-failure",
             Self::UpstreamTimeout { .. } => "upstream-timeout-outcome-unknown",
             Self::UpstreamBroke { .. } => "upstream-broke-outcome-unknown",
@@ -209,6 +237,10 @@ impl Refusal {
             Self::BodyUnreadable(_) => "Request body unreadable",
             Self::OutcomeUnknown => "Outcome unknown",
             Self::HandlerFailed => "Request failed; nothing was kept",
+            Self::StoreUnavailable { .. } => "Database unavailable; nothing was kept",
+            Self::CommitUnknown { .. } => {
+                "Database connection broke during the commit; outcome unknown"
+            }
             Self::Corrupt(_) | Self::Protocol(_) => "Idempotency store failure",
             Self::UpstreamTimeout { .. } => "Upstream timed out; outcome unknown",
             Self::UpstreamBroke { .. } => "Upstream connection broke; outcome unknown",
@@ -225,11 +257,34 @@ impl Refusal {
             Self::BodyTooLarge { .. } | Self::BodyUnreadable(_) => "invalid_request_error",
             Self::OutcomeUnknown
             | Self::HandlerFailed
+            | Self::StoreUnavailable { .. }
+            | Self::CommitUnknown { .. }
             | Self::Corrupt(_)
             | Self::Protocol(_)
             | Self::UpstreamTimeout { .. }
             | Self::UpstreamBroke { .. }
             | Self::UpstreamUnreachable { .. } => "api_error",
+        }
+    }
+
+    /// The refusal for `error`, met by the store on a request with or without
+    /// a key: a store that is unreachable, gone or busy, and a commit whose
+    /// fate is unknown, are answered as such (503, with what a retry does);
+    /// anything else as the protocol's refusal. The store's own message,
+    /// which names the server, is logged here and not sent.
+    pub(crate) fn from_store(error: Error, keyed: bool) -> Self {
+        let kind = match &error {
+            Error::Store(store) => store.kind(),
+            _ => return Self::Protocol(error),
+        };
+        if kind == ErrorKind::CommitUnknown {
+            tracing::warn!(%error, "the store's connection broke during the commit");
+            Self::CommitUnknown { keyed }
+        } else if kind.is_transient() {
+            tracing::warn!(%error, "the store is unavailable");
+            Self::StoreUnavailable { keyed }
+        } else {
+            Self::Protocol(error)
         }
     }
 
@@ -302,6 +357,31 @@ mod tests {
             let busy = Refusal::Protocol(Error::Store(StoreError::new(ErrorKind::Busy, "busy")));
             assert_eq!(busy.status(mode), StatusCode::SERVICE_UNAVAILABLE);
         }
+    }
+
+    #[test]
+    fn a_lost_store_is_503_and_says_what_a_retry_does() {
+        let lost = |kind| Error::Store(StoreError::new(kind, "gone"));
+        for (kind, problem) in [
+            (ErrorKind::Unavailable, "store-unavailable"),
+            (ErrorKind::Busy, "store-unavailable"),
+            (ErrorKind::CommitUnknown, "commit-outcome-unknown"),
+        ] {
+            let refusal = Refusal::from_store(lost(kind), true);
+            assert_eq!(refusal.problem_type(), problem);
+            assert_eq!(refusal.status(Mode::Ietf), StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(refusal.retry_after(), Some(1));
+            assert!(refusal.to_string().contains("same Idempotency-Key"));
+        }
+        let keyless = Refusal::from_store(lost(ErrorKind::CommitUnknown), false);
+        assert_eq!(keyless.retry_after(), None);
+        assert!(keyless.to_string().contains("may apply it twice"));
+        let corrupt = Refusal::from_store(lost(ErrorKind::Corrupt), true);
+        assert_eq!(corrupt.problem_type(), "idempotency-store-failure");
+        assert_eq!(
+            corrupt.status(Mode::Ietf),
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
     }
 
     #[test]

@@ -84,8 +84,8 @@ use std::panic::AssertUnwindSafe;
 
 use futures::FutureExt;
 use idem_core::{
-    Applied, ApplyError, AtomicEffect, AtomicStore, BatchApplied, Claim, Error, FencingToken,
-    Fingerprint, IdempotencyKey, Operation, Outcome, Plan, Scope, TxCall,
+    Applied, ApplyError, AtomicEffect, AtomicStore, BatchApplied, Claim, Error, ErrorKind,
+    FencingToken, Fingerprint, IdempotencyKey, Operation, Outcome, Plan, Scope, TxCall,
 };
 use sqlx::pool::PoolConnection;
 use sqlx::{PgConnection, Postgres, Transaction};
@@ -179,6 +179,10 @@ impl AtomicStore for PgStore {
                 std::panic::resume_unwind(panic);
             }
         }
+    }
+
+    fn effect_error_kind(&self, error: &(dyn std::error::Error + 'static)) -> Option<ErrorKind> {
+        self.kind_of_cause(error)
     }
 }
 
@@ -322,7 +326,7 @@ impl PgStore {
             }
             Err(NotCommitted::Failed(error)) => {
                 self.roll_back(tx).await;
-                return Err(self.fail(error).into());
+                return Err(self.fail_commit(error).into());
             }
         }
         Ok(Applied::Fresh(outcome))
