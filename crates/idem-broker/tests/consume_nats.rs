@@ -45,3 +45,51 @@ async fn nats_msg_id_is_the_default_key() {
         panic!("JetStream delivered a second copy: {:?}", extra.message);
     }
 }
+
+/// A stream that keeps messages forever (JetStream's default max age) can
+/// hand a new durable consumer every message ever published: longer than the
+/// dedupe window, so the consumer refuses to start and names the stream, until
+/// the caller promises no such replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_kept_forever_stops_the_start_unless_replays_are_promised_away() {
+    use std::time::Duration;
+
+    use consumer_support::{Bank, Broker, Running, SqliteBank, config};
+    use idem_broker::consume::{ConsumeError, Consumer};
+
+    let Some(forever) = Jet::with_max_age(Duration::ZERO).await else {
+        return;
+    };
+    let bank = SqliteBank::start().await.expect("sqlite");
+    forever.publish(Some("order-1"), br#"{"amount": 1}"#).await;
+    let refused = Consumer::new(
+        forever.transport().await,
+        bank.apply(false),
+        config(forever.key_rule()),
+    )
+    .run(std::future::pending())
+    .await;
+    match refused {
+        Err(error @ ConsumeError::ReplayBeyondWindow { .. }) => {
+            let message = error.to_string();
+            assert!(
+                message.contains(&format!("stream {}", forever.stream))
+                    && message.contains("keeps messages (forever)")
+                    && message.contains("duplicate window 2m"),
+                "{message}"
+            );
+        }
+        other => panic!("expected ReplayBeyondWindow, got {other:?}"),
+    }
+    assert!(bank.ledger().await.is_empty());
+
+    let promised = Consumer::new(
+        forever.transport().await,
+        bank.apply(false),
+        config(forever.key_rule()).allow_replays_beyond_window(true),
+    );
+    let running = Running::start(promised.stats(), |stop| promised.run(stop));
+    running.until("applied", |s| s.applied >= 1).await;
+    running.stop().await;
+    assert_eq!(bank.ledger().await, ["order-1"]);
+}

@@ -95,6 +95,8 @@ impl BenchBroker {
                 js.create_stream(async_nats::jetstream::stream::Config {
                     name: name.clone(),
                     subjects: vec![format!("idem-bench.{run:08x}.{tag}")],
+                    // Inside the dedupe window: the consumer's start-up check.
+                    max_age: std::time::Duration::from_secs(24 * 3600),
                     ..Default::default()
                 })
                 .await

@@ -61,6 +61,7 @@ pub struct ConsumerConfig {
     pub(crate) checkpoint: Option<CheckpointHook>,
     pub(crate) producer_horizon: Option<Duration>,
     pub(crate) replays_beyond_window: bool,
+    pub(crate) manual_replay_allowance: Option<Duration>,
 }
 
 impl fmt::Debug for ConsumerConfig {
@@ -83,6 +84,7 @@ impl fmt::Debug for ConsumerConfig {
             .field("checkpoint", &self.checkpoint.is_some())
             .field("producer_horizon", &self.producer_horizon)
             .field("replays_beyond_window", &self.replays_beyond_window)
+            .field("manual_replay_allowance", &self.manual_replay_allowance)
             .finish()
     }
 }
@@ -109,6 +111,7 @@ impl ConsumerConfig {
             checkpoint: None,
             producer_horizon: None,
             replays_beyond_window: false,
+            manual_replay_allowance: None,
         }
     }
 
@@ -207,6 +210,17 @@ impl ConsumerConfig {
     /// start ([`ConsumeError::ReplayBeyondWindow`](super::ConsumeError::ReplayBeyondWindow)).
     pub fn allow_replays_beyond_window(mut self, allow: bool) -> Self {
         self.replays_beyond_window = allow;
+        self
+    }
+
+    /// How far back an operator may re-publish or rewind messages during an
+    /// incident (a replay from a backup, an offset reset by a few days). The
+    /// dedupe window must cover it, like the producer's horizon: at start-up
+    /// the consumer refuses to run
+    /// ([`ConsumeError::WindowTooShort`](super::ConsumeError::WindowTooShort))
+    /// if the store's retention is shorter. Not checked unless given.
+    pub fn manual_replay_allowance(mut self, allowance: Duration) -> Self {
+        self.manual_replay_allowance = Some(allowance);
         self
     }
 

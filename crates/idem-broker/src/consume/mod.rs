@@ -50,6 +50,7 @@ mod source;
 mod stats;
 mod store;
 mod transport;
+mod window;
 
 #[cfg(feature = "amqp")]
 pub use amqp::{AmqpSettle, AmqpTransport};
@@ -71,3 +72,4 @@ pub use source::{AnySettle, AnyTransport, InvalidSource, Source, SourceOptions};
 pub use stats::{Stats, StatsSnapshot};
 pub use store::ConsumerStore;
 pub use transport::{Delivery, Route, Settle, Transport, TransportError};
+pub use window::{BrokerHorizon, WindowTerms};

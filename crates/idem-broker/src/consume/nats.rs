@@ -17,6 +17,7 @@ use async_nats::jetstream::{self, AckKind, consumer::AckPolicy, consumer::pull};
 use futures::StreamExt;
 use idem::redact_url;
 
+use super::BrokerHorizon;
 use super::message::Message;
 use super::transport::{Delivery, Route, Settle, Transport, TransportError};
 
@@ -44,6 +45,7 @@ impl Default for NatsOptions {
 pub struct NatsTransport {
     messages: pull::Stream,
     route: Route,
+    horizon: Option<BrokerHorizon>,
 }
 
 impl fmt::Debug for NatsTransport {
@@ -77,10 +79,20 @@ impl NatsTransport {
             .await
             .map_err(|e| TransportError::new("connect to NATS", e))?;
         let js = jetstream::new(client);
-        let found = js
+        let mut found = js
             .get_stream(stream)
             .await
             .map_err(|e| TransportError::new(format!("find JetStream stream {stream:?}"), e))?;
+        let horizon = stream_horizon(
+            stream,
+            &found
+                .info()
+                .await
+                .map_err(|e| {
+                    TransportError::new(format!("read JetStream stream {stream:?}'s settings"), e)
+                })?
+                .config,
+        );
         let config = pull::Config {
             durable_name: Some(consumer.to_owned()),
             ack_policy: AckPolicy::Explicit,
@@ -110,6 +122,7 @@ impl NatsTransport {
         Ok(Self {
             messages,
             route: Route::subject(origin, url),
+            horizon,
         })
     }
 }
@@ -154,6 +167,27 @@ impl Transport for NatsTransport {
     fn route(&self) -> Route {
         self.route.clone()
     }
+
+    fn replay_horizon(&self) -> Option<BrokerHorizon> {
+        self.horizon.clone()
+    }
+}
+
+/// How long a stream keeps messages a consumer could be handed again: its
+/// max age (zero: forever) under the limits retention policy. A work-queue
+/// or interest stream deletes a message once it is acked, so only unacked
+/// ones come back, within the ack-wait and redelivery limits.
+fn stream_horizon(name: &str, config: &jetstream::stream::Config) -> Option<BrokerHorizon> {
+    if config.retention != jetstream::stream::RetentionPolicy::Limits {
+        return None;
+    }
+    Some(BrokerHorizon {
+        keeps: (!config.max_age.is_zero()).then_some(config.max_age),
+        origin: format!(
+            "stream {name} (duplicate window {})",
+            humantime::format_duration(config.duplicate_window)
+        ),
+    })
 }
 
 fn convert(message: jetstream::Message) -> Delivery<NatsSettle> {

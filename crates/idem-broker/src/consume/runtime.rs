@@ -37,6 +37,7 @@ use super::config::{Checkpoint, ConsumerConfig};
 use super::message::{KeyedMessage, Message};
 use super::stats::{Settled, Stats, StatsSnapshot};
 use super::transport::{Delivery, Route, Settle, Transport, TransportError};
+use super::window::{BrokerHorizon, Uncovered, WindowTerms};
 
 /// Why a consumer stopped.
 #[derive(Debug, thiserror::Error)]
@@ -53,34 +54,43 @@ pub enum ConsumeError {
     #[error("an effect panicked: {0}")]
     Panicked(String),
     /// The dedupe window is shorter than the producer's retry horizon
-    /// ([`ConsumerConfig::producer_horizon`]); the consumer did not start.
+    /// ([`ConsumerConfig::producer_horizon`]) or the allowance for manual
+    /// replays ([`ConsumerConfig::manual_replay_allowance`]); the consumer did
+    /// not start. The message names every term.
     #[error(
-        "the dedupe window ({}, the store's retention) is shorter than the producer's retry horizon ({}): a copy the producer sends after the window closed would be applied twice; raise the retention to at least the horizon, or shorten the producer's retries",
+        "the dedupe window ({}, the store's retention) is shorter than {}, the longest a copy of a message may still arrive; {}. A copy arriving after the window closed would be applied twice: raise the store's retention to at least {}, or shorten the term marked longer",
         humantime::format_duration(*.window),
+        humantime::format_duration(*.horizon),
+        .terms,
         humantime::format_duration(*.horizon)
     )]
     WindowTooShort {
         /// The store's retention.
         window: Duration,
-        /// The producer's retry horizon.
+        /// The longest term the window falls short of.
         horizon: Duration,
+        /// Every term, as found at start-up.
+        terms: Box<WindowTerms>,
     },
-    /// The broker keeps records longer than the dedupe window (a Kafka
-    /// topic's retention), so a replay of old records would apply them
-    /// again; the consumer did not start.
+    /// The broker keeps messages longer than the dedupe window (a Kafka
+    /// topic's retention, a JetStream stream's max age), so a replay of old
+    /// messages would apply them again; the consumer did not start.
     #[error(
-        "the dedupe window ({}, the store's retention) is shorter than how long {origin} keeps records ({}): records replayed after the window closed (an offset reset to the earliest, a new consumer group) would be applied twice; raise the store's retention to at least {}, shorten the topic's retention.ms, or promise no such replays with ConsumerConfig::allow_replays_beyond_window",
+        "the dedupe window ({}, the store's retention) is shorter than how long {origin} keeps messages ({}): messages replayed after the window closed (an offset reset to the earliest, a new consumer group or durable consumer) would be applied twice; {}. Raise the store's retention to at least {}, shorten the broker's retention (a topic's retention.ms, a stream's max age), or promise no such replays with ConsumerConfig::allow_replays_beyond_window",
         humantime::format_duration(*.window),
         horizon.map_or_else(|| "forever".to_owned(), |h| humantime::format_duration(h).to_string()),
+        .terms,
         horizon.map_or_else(|| "forever".to_owned(), |h| humantime::format_duration(h).to_string())
     )]
     ReplayBeyondWindow {
         /// The store's retention.
         window: Duration,
-        /// How long the broker keeps records; `None`: forever.
+        /// How long the broker keeps messages; `None`: forever.
         horizon: Option<Duration>,
         /// The source, as printed.
         origin: String,
+        /// Every term, as found at start-up.
+        terms: Box<WindowTerms>,
     },
 }
 
@@ -204,22 +214,32 @@ impl<T: Transport, A: Apply> Consumer<T, A> {
 pub(crate) async fn prepare<A: Apply>(
     apply: &A,
     config: &ConsumerConfig,
-    replay: Option<(Option<Duration>, String)>,
+    replay: Option<BrokerHorizon>,
 ) -> Result<(), ConsumeError> {
-    if let (Some(window), Some(horizon)) = (apply.dedupe_window(), config.producer_horizon)
-        && window < horizon
-    {
-        return Err(ConsumeError::WindowTooShort { window, horizon });
-    }
-    if let (Some(window), Some((horizon, source))) = (apply.dedupe_window(), replay)
-        && horizon.is_none_or(|h| window < h)
-        && !config.replays_beyond_window
-    {
-        return Err(ConsumeError::ReplayBeyondWindow {
-            window,
-            horizon,
-            origin: source,
-        });
+    if let Some(window) = apply.dedupe_window() {
+        let origin = replay
+            .as_ref()
+            .map(|b| b.origin.clone())
+            .unwrap_or_default();
+        let terms = Box::new(WindowTerms::new(window, config, replay));
+        match terms.uncovered() {
+            None => tracing::debug!(%terms, "the dedupe window covers every term"),
+            Some(Uncovered::Term(horizon)) => {
+                return Err(ConsumeError::WindowTooShort {
+                    window,
+                    horizon,
+                    terms,
+                });
+            }
+            Some(Uncovered::Broker(horizon)) => {
+                return Err(ConsumeError::ReplayBeyondWindow {
+                    window,
+                    horizon,
+                    origin,
+                    terms,
+                });
+            }
+        }
     }
     let store = apply.store();
     let before = Timestamp(
@@ -249,6 +269,14 @@ impl<A: Apply> Shared<A> {
     /// The message with its scope, key and fingerprint, or the reason it has
     /// no key.
     pub(crate) fn keyed(&self, message: Message) -> Result<KeyedMessage, Box<(Message, String)>> {
+        if message.delivery_count.is_some_and(|n| n > 1) {
+            // The redelivery ratio: redeliveries over `consumer_messages_total`.
+            metrics::counter!(
+                "consumer_redeliveries_total",
+                "scope" => self.config.scope.family().to_owned()
+            )
+            .increment(1);
+        }
         match self.config.key.extract(&message) {
             Ok(key) => Ok(KeyedMessage {
                 scope: self.config.scope.clone(),

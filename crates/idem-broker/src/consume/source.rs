@@ -386,10 +386,12 @@ impl Transport for AnyTransport {
         }
     }
 
-    fn replay_horizon(&self) -> Option<(Option<Duration>, String)> {
+    fn replay_horizon(&self) -> Option<super::BrokerHorizon> {
         match self {
             #[cfg(feature = "kafka")]
             Self::Kafka(t) => t.replay_horizon(),
+            #[cfg(feature = "nats")]
+            Self::Nats(t) => t.replay_horizon(),
             #[allow(unreachable_patterns)]
             _ => None,
         }

@@ -219,11 +219,12 @@ pub trait Transport: Send + 'static {
     /// Where messages come from and where a redrive sends them back.
     fn route(&self) -> Route;
 
-    /// How long the broker keeps records a consumer may be handed again by
-    /// a replay (a Kafka topic's `retention.ms`; `Some(None)`: forever), with
-    /// the source's name; `None` where the broker has no such horizon or does
-    /// not say. The runtime refuses to start when it exceeds the dedupe window.
-    fn replay_horizon(&self) -> Option<(Option<Duration>, String)> {
+    /// How long the broker keeps messages a consumer may be handed again by
+    /// a replay (a Kafka topic's `retention.ms`, a JetStream stream's max
+    /// age), with the source's name; `None` where the broker has no such
+    /// horizon or does not say. The runtime refuses to start when it exceeds
+    /// the dedupe window (see [`WindowTerms`](super::WindowTerms)).
+    fn replay_horizon(&self) -> Option<super::BrokerHorizon> {
         None
     }
 

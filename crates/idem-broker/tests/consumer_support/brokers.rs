@@ -220,6 +220,29 @@ impl Jet {
         }
     }
 
+    /// A stream of its own keeping messages for `max_age` (zero: forever).
+    pub async fn with_max_age(max_age: Duration) -> Option<Self> {
+        let js = Self::connect().await?;
+        let name = suffix();
+        let stream = format!("IDEM_T_{}", name.to_uppercase());
+        let subject = format!("idem-t.{name}");
+        js.create_stream(jetstream::stream::Config {
+            name: stream.clone(),
+            subjects: vec![subject.clone()],
+            max_age,
+            ..jetstream::stream::Config::default()
+        })
+        .await
+        .expect("create the test stream");
+        Some(Self {
+            url: nats_url(),
+            stream,
+            subject,
+            js,
+            owner: true,
+        })
+    }
+
     /// Publishes with `Nats-Msg-Id` set (JetStream dedupes a repeat of it).
     pub async fn publish_with_msg_id(&self, id: &str, payload: &[u8]) {
         let mut headers = HeaderMap::new();
@@ -238,24 +261,8 @@ impl Broker for Jet {
     const NAME: &'static str = "nats";
 
     async fn start() -> Option<Self> {
-        let js = Self::connect().await?;
-        let name = suffix();
-        let stream = format!("IDEM_T_{}", name.to_uppercase());
-        let subject = format!("idem-t.{name}");
-        js.create_stream(jetstream::stream::Config {
-            name: stream.clone(),
-            subjects: vec![subject.clone()],
-            ..jetstream::stream::Config::default()
-        })
-        .await
-        .expect("create the test stream");
-        Some(Self {
-            url: nats_url(),
-            stream,
-            subject,
-            js,
-            owner: true,
-        })
+        // Inside the dedupe window, so a consumer's start-up check passes.
+        Self::with_max_age(Duration::from_secs(24 * 3600)).await
     }
 
     async fn from_env() -> Self {

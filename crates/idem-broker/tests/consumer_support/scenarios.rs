@@ -97,6 +97,23 @@ pub async fn window_shorter_than_the_producer_horizon<B: Broker, K: Bank>() {
         }
         other => panic!("expected WindowTooShort, got {other:?}"),
     }
+    let replays_too_far = Consumer::new(
+        broker.transport().await,
+        bank.apply(false),
+        config(broker.key_rule()).manual_replay_allowance(horizon),
+    );
+    match replays_too_far.run(std::future::pending()).await {
+        Err(error @ ConsumeError::WindowTooShort { .. }) => {
+            let message = error.to_string();
+            assert!(
+                message
+                    .contains("the allowance for manual replays: 8days (longer than the window)")
+                    && message.contains("the producer's retry horizon: not given"),
+                "{message}"
+            );
+        }
+        other => panic!("expected WindowTooShort, got {other:?}"),
+    }
     assert!(bank.ledger().await.is_empty());
 
     let relay_horizon = RelayConfig::default().retry_horizon();

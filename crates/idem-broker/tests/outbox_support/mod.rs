@@ -223,6 +223,7 @@ impl Nats {
             .create_stream(jetstream::stream::Config {
                 name: name.clone(),
                 subjects: vec![subject.clone()],
+                max_age: std::time::Duration::from_secs(24 * 3600),
                 ..Default::default()
             })
             .await

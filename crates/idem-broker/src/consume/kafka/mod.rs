@@ -41,6 +41,7 @@ use rdkafka::message::{BorrowedMessage, Headers, Message as _};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use self::lanes::{Lanes, Partition, Take, Ticket};
+use super::BrokerHorizon;
 use super::message::Message;
 use super::transport::{Delivery, Route, Settle, Transport, TransportError};
 use crate::kafka::{KEY_HEADER, Settings};
@@ -459,9 +460,11 @@ impl Transport for KafkaTransport {
         self.lanes.end_batch();
     }
 
-    fn replay_horizon(&self) -> Option<(Option<Duration>, String)> {
-        self.retention
-            .map(|retention| (retention, format!("topic {}", self.topic)))
+    fn replay_horizon(&self) -> Option<BrokerHorizon> {
+        self.retention.map(|keeps| BrokerHorizon {
+            keeps,
+            origin: format!("topic {}", self.topic),
+        })
     }
 
     async fn close(mut self) {
