@@ -142,6 +142,14 @@ pub trait LeaseStore: Send + Sync {
     /// run, then complete (success or terminal failure) or release (retryable
     /// failure). Called like [`AtomicStore::apply`](crate::AtomicStore::apply).
     ///
+    /// The record comes *after* the effect: at-least-once. A crash between
+    /// the effect and the record leaves the key claimed; once the lease ends,
+    /// the retry runs the effect again. Nothing is lost, a repeat is possible,
+    /// which is right for effects a downstream dedupes (a payment API taking
+    /// the claim's key) or that can be repeated harmlessly. For an effect
+    /// where a repeat is worse than a loss, see
+    /// [`apply_at_most_once`](Self::apply_at_most_once).
+    ///
     /// The effect receives the claim so it can forward the token downstream
     /// as a fencing token, or renew the lease while it works.
     fn apply_leased<F, Fut, E>(
@@ -172,6 +180,44 @@ pub trait LeaseStore: Send + Sync {
                     Err(crate::ApplyError::Effect(error))
                 }
             }
+        }
+    }
+
+    /// Runs an effect outside the database at most once: claims the key,
+    /// records it completed with `recorded`, and only then runs the effect.
+    ///
+    /// A crash between the record and the effect loses the effect — a retry
+    /// finds the key recorded and replays `recorded` — but nothing can run it
+    /// twice. Choose it where a second copy is worse than none: an SMS, an
+    /// e-mail, a door opened, a parcel shipped. The effect's failure is
+    /// returned as [`ApplyError::Effect`](crate::ApplyError::Effect) and the
+    /// key stays recorded: retrying with the same key does not run it again
+    /// (use a new key to try again on purpose).
+    ///
+    /// A claim taken over from a worker that died *before* recording never
+    /// ran its effect, so the takeover runs it.
+    fn apply_at_most_once<F, Fut, E>(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: Fingerprint,
+        recorded: Outcome,
+        effect: F,
+    ) -> impl Future<Output = Result<Applied, crate::ApplyError<E>>> + Send
+    where
+        Self: Sized,
+        F: FnOnce(Claim) -> Fut + Send,
+        Fut: Future<Output = Result<(), E>> + Send,
+        E: Send,
+    {
+        async move {
+            let claim = match self.claim(scope, key, fingerprint).await? {
+                Claimed::Replayed(outcome) => return Ok(Applied::Replayed(outcome)),
+                Claimed::Fresh(claim) => claim,
+            };
+            self.complete(&claim, &recorded).await?;
+            effect(claim).await.map_err(crate::ApplyError::Effect)?;
+            Ok(Applied::Fresh(recorded))
         }
     }
 }

@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use idem_core::{ApplyError, Claimed, Error, LeaseStore, ManualClock, Operation};
+use idem_core::{Applied, ApplyError, Claimed, Error, LeaseStore, ManualClock, Operation, Outcome};
 
 use crate::crash_point::MARKER;
 pub use crate::crash_point::{CrashPoint, reach};
@@ -41,6 +41,34 @@ pub async fn child<H: Harness>() {
             let claimed = h.store().claim(&pay.scope, &pay.key, pay.fingerprint).await;
             assert!(matches!(claimed, Ok(Claimed::Fresh(_))), "{claimed:?}");
             reach(point)
+        }
+        CrashPoint::LeasedEffectBeforeRecord => {
+            let _ = h
+                .store()
+                .apply_leased(
+                    &pay.scope,
+                    &pay.key,
+                    pay.fingerprint,
+                    async |_claim| -> Result<Outcome, String> {
+                        h.add_outside(COUNTER, AMOUNT).await;
+                        reach(point)
+                    },
+                )
+                .await;
+            unreachable!("the child stops at {point:?}")
+        }
+        CrashPoint::LeasedRecordBeforeEffect => {
+            let _ = h
+                .store()
+                .apply_at_most_once(
+                    &pay.scope,
+                    &pay.key,
+                    pay.fingerprint,
+                    sent_outcome(),
+                    async |_claim| -> Result<(), String> { reach(point) },
+                )
+                .await;
+            unreachable!("the child stops at {point:?}")
         }
         CrashPoint::AfterCommit => {
             h.apply_add(&pay, COUNTER, AMOUNT, Effect::Succeed)
@@ -94,36 +122,105 @@ pub async fn crash_and_recover<H: Harness>(h: H, point: CrashPoint, child_test: 
     assert_eq!(status.signal(), Some(9), "the child died by SIGKILL");
 
     let pay = crash_op();
-    if point == CrashPoint::LeasedAfterClaim {
-        assert_eq!(h.counter(COUNTER).await, 0);
-        let held = h.store().claim(&pay.scope, &pay.key, pay.fingerprint).await;
-        assert!(matches!(held, Err(Error::InFlight { .. })), "{held:?}");
-        h.clock()
-            .advance(idem_core::DEFAULT_LEASE + Duration::from_secs(5));
-        let Ok(Claimed::Fresh(claim)) =
-            h.store().claim(&pay.scope, &pay.key, pay.fingerprint).await
-        else {
-            panic!("the dead worker's claim must be taken over once its lease ended")
-        };
-        assert!(claim.took_over);
-        h.complete_add(&claim, COUNTER, AMOUNT)
-            .await
-            .expect("complete");
-    } else {
-        let expected_before = if point == CrashPoint::AfterCommit {
-            AMOUNT
-        } else {
-            0
-        };
-        assert_eq!(h.counter(COUNTER).await, expected_before);
-        let applied = retry_while_in_flight(&h, &pay).await;
-        assert_eq!(applied.outcome(), &counter_outcome(AMOUNT));
-        assert_eq!(applied.is_replay(), point == CrashPoint::AfterCommit);
+    match point {
+        CrashPoint::LeasedAfterClaim => {
+            assert_eq!(h.counter(COUNTER).await, 0);
+            let held = h.store().claim(&pay.scope, &pay.key, pay.fingerprint).await;
+            assert!(matches!(held, Err(Error::InFlight { .. })), "{held:?}");
+            h.clock()
+                .advance(idem_core::DEFAULT_LEASE + Duration::from_secs(5));
+            let Ok(Claimed::Fresh(claim)) =
+                h.store().claim(&pay.scope, &pay.key, pay.fingerprint).await
+            else {
+                panic!("the dead worker's claim must be taken over once its lease ended")
+            };
+            assert!(claim.took_over);
+            h.complete_add(&claim, COUNTER, AMOUNT)
+                .await
+                .expect("complete");
+        }
+        CrashPoint::LeasedEffectBeforeRecord => {
+            // Record after the effect: at least once. The effect happened, the
+            // key is still claimed; after the lease the retry runs it again.
+            assert_eq!(h.counter(COUNTER).await, AMOUNT);
+            h.clock()
+                .advance(idem_core::DEFAULT_LEASE + Duration::from_secs(5));
+            let retried = h
+                .store()
+                .apply_leased(&pay.scope, &pay.key, pay.fingerprint, async |_claim| {
+                    h.add_outside(COUNTER, AMOUNT).await;
+                    Ok::<_, String>(sent_outcome())
+                })
+                .await
+                .expect("the retry");
+            assert!(!retried.is_replay());
+            assert_eq!(
+                h.counter(COUNTER).await,
+                2 * AMOUNT,
+                "repeated, never lost: the order's known cost"
+            );
+            let again = h
+                .store()
+                .apply_leased(&pay.scope, &pay.key, pay.fingerprint, async |_claim| {
+                    h.add_outside(COUNTER, AMOUNT).await;
+                    Ok::<_, String>(sent_outcome())
+                })
+                .await
+                .expect("a later duplicate");
+            assert!(again.is_replay());
+            assert_eq!(h.counter(COUNTER).await, 2 * AMOUNT);
+            return;
+        }
+        CrashPoint::LeasedRecordBeforeEffect => {
+            // Record before the effect: at most once. The key is recorded, the
+            // effect never ran; every retry replays and none runs it.
+            for _ in 0..2 {
+                h.clock()
+                    .advance(idem_core::DEFAULT_LEASE + Duration::from_secs(5));
+                let retried = h
+                    .store()
+                    .apply_at_most_once(
+                        &pay.scope,
+                        &pay.key,
+                        pay.fingerprint,
+                        sent_outcome(),
+                        async |_claim| {
+                            h.add_outside(COUNTER, AMOUNT).await;
+                            Ok::<_, String>(())
+                        },
+                    )
+                    .await
+                    .expect("the retry");
+                assert_eq!(retried, Applied::Replayed(sent_outcome()));
+            }
+            assert_eq!(
+                h.counter(COUNTER).await,
+                0,
+                "lost, never repeated: the order's known cost"
+            );
+            return;
+        }
+        _ => {
+            let expected_before = if point == CrashPoint::AfterCommit {
+                AMOUNT
+            } else {
+                0
+            };
+            assert_eq!(h.counter(COUNTER).await, expected_before);
+            let applied = retry_while_in_flight(&h, &pay).await;
+            assert_eq!(applied.outcome(), &counter_outcome(AMOUNT));
+            assert_eq!(applied.is_replay(), point == CrashPoint::AfterCommit);
+        }
     }
     assert_eq!(h.counter(COUNTER).await, AMOUNT, "applied exactly once");
     let again = retry_while_in_flight(&h, &pay).await;
     assert!(again.is_replay());
     assert_eq!(h.counter(COUNTER).await, AMOUNT);
+}
+
+/// What the leased crash cases record: "the message was sent".
+fn sent_outcome() -> Outcome {
+    Outcome::success("sent")
 }
 
 /// Redelivers until the store stops answering `InFlight` (a killed client's

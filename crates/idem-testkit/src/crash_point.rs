@@ -18,15 +18,23 @@ pub enum CrashPoint {
     AfterCommit,
     /// Leased mode: the claim is committed, the effect never completes.
     LeasedAfterClaim,
+    /// Leased mode, record after the effect: the effect outside the database
+    /// happened, its record did not.
+    LeasedEffectBeforeRecord,
+    /// Leased mode, record before the effect (at most once): the record is
+    /// committed, the effect never ran.
+    LeasedRecordBeforeEffect,
 }
 
 impl CrashPoint {
     /// Every point.
-    pub const ALL: [CrashPoint; 4] = [
+    pub const ALL: [CrashPoint; 6] = [
         Self::AfterClaim,
         Self::InsideEffect,
         Self::AfterCommit,
         Self::LeasedAfterClaim,
+        Self::LeasedEffectBeforeRecord,
+        Self::LeasedRecordBeforeEffect,
     ];
 
     /// The point's name.
@@ -36,6 +44,8 @@ impl CrashPoint {
             Self::InsideEffect => "inside-effect",
             Self::AfterCommit => "after-commit",
             Self::LeasedAfterClaim => "leased-after-claim",
+            Self::LeasedEffectBeforeRecord => "leased-effect-before-record",
+            Self::LeasedRecordBeforeEffect => "leased-record-before-effect",
         }
     }
 

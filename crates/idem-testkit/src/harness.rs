@@ -236,6 +236,18 @@ pub trait Harness: Sized + Send + Sync + 'static {
         })
     }
 
+    /// An effect outside the protocol: adds `amount` to `counter` in a
+    /// transaction of its own, as a call to another system would.
+    fn add_outside(&self, counter: &str, amount: i64) -> impl Future<Output = i64> + Send {
+        let counter = counter.to_owned();
+        async move {
+            self.store()
+                .transaction(async move |tx: &mut TxOf<Self>| Self::add(tx, &counter, amount).await)
+                .await
+                .expect("the outside effect")
+        }
+    }
+
     /// Leased completion whose effect adds `amount` to `counter` in the same
     /// transaction as the fenced completion.
     fn complete_add(

@@ -63,6 +63,8 @@ macro_rules! conformance_suite {
             crash_inside_effect => InsideEffect,
             crash_after_commit => AfterCommit,
             crash_after_leased_claim => LeasedAfterClaim,
+            crash_between_effect_and_record_repeats_the_effect => LeasedEffectBeforeRecord,
+            crash_between_record_and_effect_loses_the_effect => LeasedRecordBeforeEffect,
         );
 
         #[test]
