@@ -223,3 +223,92 @@ async fn dlq_lists_shows_and_redrives_with_the_original_key() {
         text(&out.stderr)
     );
 }
+
+/// `idem relay --admin-listen` exports what the relay records: the outbox
+/// and dead-letter gauges, the publish counters and the record gauges, with
+/// `/healthz` beside them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_serves_its_metrics_and_health() {
+    use std::io::{BufRead, BufReader};
+
+    let (hook, addr) = start_hook(200).await;
+    let to: Destination = format!("http://{addr}/hook").parse().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with(&dir, &to, &["order-7/receipt"]).await;
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args([
+            "--store",
+            &store,
+            "relay",
+            "--poll",
+            "100ms",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .env_remove("IDEM_STORE")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start idem relay");
+    let stderr = child.stderr.take().unwrap();
+    let (found, admin) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(rest) = line.strip_prefix("idem relay: admin on http://") {
+                let addr = rest.split_whitespace().next().unwrap().to_owned();
+                let _ = found.send(addr);
+            }
+        }
+    });
+    let admin = admin
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the relay announces its admin address");
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while hook.lock().unwrap().effects == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the relay never called"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let get = |path: &str| {
+        let url = format!("http://{admin}{path}");
+        async move {
+            let client =
+                hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                    .build_http::<http_body_util::Empty<bytes::Bytes>>();
+            let response = client.get(url.parse().unwrap()).await.unwrap();
+            let status = response.status();
+            let body = http_body_util::BodyExt::collect(response.into_body())
+                .await
+                .unwrap()
+                .to_bytes();
+            (status, text(&body))
+        }
+    };
+    let (status, _) = get("/healthz").await;
+    assert_eq!(status, StatusCode::OK);
+    let mut scraped = String::new();
+    for _ in 0..100 {
+        scraped = get("/metrics").await.1;
+        if scraped.contains("outbox_sent_total 1") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    child.kill().ok();
+    child.wait().ok();
+    for line in [
+        "outbox_sent_total 1",
+        "outbox_pending ",
+        "outbox_lag_seconds ",
+        "dead_letters 0",
+        "messages_published_total{",
+        "dedupe_retention_seconds ",
+        "dedupe_records ",
+    ] {
+        assert!(scraped.contains(line), "no {line} in:\n{scraped}");
+    }
+}

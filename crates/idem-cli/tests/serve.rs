@@ -510,3 +510,76 @@ fn bench_http_measures_direct_and_gateway_in_one_run() {
     }
     assert!(stdout.contains("gateway ÷ direct"), "{stdout}");
 }
+
+/// Retention runs itself: with a one-second window and a sweep every 200 ms,
+/// a gateway taking a steady stream of new keys keeps its table near the
+/// keys of the last second or so — without the sweeper it would hold every
+/// key it ever saw — and reports the sweep on /metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_short_retention_under_steady_load_keeps_the_table_bounded() {
+    use idem::RecordStore;
+
+    let upstream = Upstream::new();
+    upstream.gate.add_permits(1 << 20);
+    let up = upstream.start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_in(&dir);
+    let upstream_url = format!("http://{up}");
+    let serve = Serve::start(
+        &[
+            "--store",
+            &store,
+            "serve",
+            "--upstream",
+            &upstream_url,
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--lease",
+            "500ms",
+            "--retention",
+            "1s",
+            "--sweep-every",
+            "200ms",
+        ],
+        &[],
+    );
+    let records = idem::SqliteStore::open(dir.path().join("idem.db"))
+        .await
+        .unwrap();
+
+    let started = std::time::Instant::now();
+    let (mut sent, mut most) = (0, 0);
+    while started.elapsed() < Duration::from_secs(4) {
+        for _ in 0..10 {
+            let reply = send(serve.addr, "POST", "/pay", Some(&format!("k-{sent}")))
+                .await
+                .unwrap();
+            assert_eq!(reply.status, StatusCode::CREATED);
+            sent += 1;
+        }
+        most = most.max(records.count().await.unwrap().total);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let per_second = sent as f64 / started.elapsed().as_secs_f64();
+    assert_eq!(upstream.effects(), sent);
+    assert!(
+        (most as f64) < 2.5 * per_second + 20.0 && most < sent as u64 / 2,
+        "the table held up to {most} records of {sent} sent at {per_second:.0}/s with a 1 s window"
+    );
+
+    let metrics = send(serve.admin.unwrap(), "GET", "/metrics", None)
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&metrics.body);
+    let swept: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("dedupe_records_swept_total "))
+        .unwrap_or_else(|| panic!("no dedupe_records_swept_total in:\n{text}"))
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(swept > 0.0, "{text}");
+    assert!(text.contains("dedupe_retention_seconds 1"), "{text}");
+}

@@ -93,13 +93,8 @@ pub async fn run(store: AnyStore, args: &ForwardArgs) -> anyhow::Result<()> {
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;
     };
-    let upkeep = Upkeep::start(
-        "idem forward",
-        &store,
-        args.upkeep.admin_listen,
-        args.upkeep.sweep_every.0,
-    )
-    .await?;
+    let upkeep = Upkeep::start(&store, args.upkeep.admin_listen, args.upkeep.sweep_every.0).await?;
+    upkeep.announce("idem forward");
     let forwarded = forward::run(&args.from, options, store, forward, consumer, shutdown).await;
     upkeep.stop().await;
     let stats = forwarded.with_context(|| format!("forwarding from {} stopped", args.from))?;

@@ -68,15 +68,9 @@ pub async fn run(store: AnyStore, args: &RelayArgs) -> anyhow::Result<()> {
         .context("cannot create the outbox tables")?;
     let upkeep = match args.once {
         true => None,
-        false => Some(
-            Upkeep::start(
-                "idem relay",
-                &store,
-                args.upkeep.admin_listen,
-                args.upkeep.sweep_every.0,
-            )
-            .await?,
-        ),
+        false => {
+            Some(Upkeep::start(&store, args.upkeep.admin_listen, args.upkeep.sweep_every.0).await?)
+        }
     };
     let relay = Relay::new(store, config);
     let to = args
@@ -98,6 +92,9 @@ pub async fn run(store: AnyStore, args: &RelayArgs) -> anyhow::Result<()> {
         "relay {} publishing the outbox (default destination: {to}); Ctrl-C stops",
         relay.owner()
     );
+    if let Some(upkeep) = &upkeep {
+        upkeep.announce("idem relay");
+    }
     eprintln!(
         "a message may be published again up to {} after its first publish: consumers need a dedupe window at least that long",
         humantime::format_duration(relay.config().retry_horizon())

@@ -28,13 +28,7 @@ pub async fn run(store: Option<&str>, args: &ServeArgs) -> anyhow::Result<()> {
     let listener = TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("cannot listen on {} (--listen)", settings.listen))?;
-    let upkeep = Upkeep::start(
-        "idem serve",
-        layer.store(),
-        settings.admin_listen,
-        settings.sweep_every,
-    )
-    .await?;
+    let upkeep = Upkeep::start(layer.store(), settings.admin_listen, settings.sweep_every).await?;
 
     let mut out = std::io::stdout().lock();
     writeln!(

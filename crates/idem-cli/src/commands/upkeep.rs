@@ -57,9 +57,8 @@ pub struct Upkeep {
 }
 
 impl Upkeep {
-    /// Starts what is asked for; announces the admin address on stderr.
+    /// Starts what is asked for.
     pub async fn start(
-        command: &str,
         store: &AnyStore,
         admin_listen: Option<SocketAddr>,
         sweep_every: Option<Duration>,
@@ -69,10 +68,6 @@ impl Upkeep {
                 let server = admin::start_admin(addr, store.clone())
                     .await
                     .context("--admin-listen")?;
-                eprintln!(
-                    "{command}: admin on http://{} (/metrics, /healthz)",
-                    server.local_addr()
-                );
                 Some(server)
             }
             None => None,
@@ -85,6 +80,13 @@ impl Upkeep {
     /// The admin listener's address, if there is one.
     pub fn admin_addr(&self) -> Option<SocketAddr> {
         self.admin.as_ref().map(AdminServer::local_addr)
+    }
+
+    /// Says where the admin listener is, on stderr.
+    pub fn announce(&self, command: &str) {
+        if let Some(addr) = self.admin_addr() {
+            eprintln!("{command}: admin on http://{addr} (/metrics, /healthz)");
+        }
     }
 
     /// Stops the sweeper between two batches and the admin listener.
