@@ -84,6 +84,21 @@ pub fn inject_current(carrier: &mut dyn Injector) -> bool {
     true
 }
 
+/// Passes the trace on from what came in to what goes out: the current
+/// span's context when it has one (see [`inject_current`]), else the
+/// `traceparent` and `tracestate` of `from` as they are, so a hop without an
+/// OpenTelemetry layer does not break the trace it is part of.
+pub fn pass_on(from: &dyn Extractor, to: &mut dyn Injector) {
+    if inject_current(to) {
+        return;
+    }
+    for name in [TRACEPARENT, TRACESTATE] {
+        if let Some(value) = from.get(name) {
+            to.set(name, value.to_owned());
+        }
+    }
+}
+
 /// [`inject_current`] into `headers` unless they already carry a
 /// `traceparent` (in any case): the caller's own context wins. Returns
 /// whether a context was written.
@@ -161,7 +176,10 @@ mod tests {
             let mut outgoing = BTreeMap::new();
             assert!(inject_current(&mut HeadersMut(&mut outgoing)));
             assert_eq!(trace_id(&outgoing), "4bf92f3577b34da6a3ce929d0e0e4736");
-            assert_ne!(outgoing[TRACEPARENT], INCOMING, "a new span id: this span's");
+            assert_ne!(
+                outgoing[TRACEPARENT], INCOMING,
+                "a new span id: this span's"
+            );
         });
     }
 

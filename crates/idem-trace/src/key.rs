@@ -61,7 +61,11 @@ pub struct InvalidKeyInSpans(String);
 
 impl fmt::Display for InvalidKeyInSpans {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:?} is not a way to show keys in spans; write raw or hashed", self.0)
+        write!(
+            f,
+            "{:?} is not a way to show keys in spans; write raw or hashed",
+            self.0
+        )
     }
 }
 

@@ -22,7 +22,7 @@
 //!
 //! Modules:
 //! - `key`: [`KeyInSpans`], the key as it appears in spans;
-//! - `context`: [`continue_trace`] and [`inject_current`], and the carriers
+//! - `context`: [`continue_trace`], [`inject_current`] and [`pass_on`], and the carriers
 //!   for header maps ([`Headers`], [`HeadersMut`], [`HttpHeaders`],
 //!   [`HttpHeadersMut`]).
 #![forbid(unsafe_code)]
@@ -33,6 +33,6 @@ mod key;
 
 pub use context::{
     Headers, HeadersMut, HttpHeaders, HttpHeadersMut, TRACEPARENT, TRACESTATE, continue_trace,
-    inject_current, inject_current_if_absent,
+    inject_current, inject_current_if_absent, pass_on,
 };
 pub use key::{InvalidKeyInSpans, KeyInSpans};

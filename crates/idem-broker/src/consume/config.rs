@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use idem_core::Scope;
 use idem_retry::{Backoff, RetryBudget};
+use idem_trace::KeyInSpans;
 
 use super::key::KeyRule;
 
@@ -61,6 +62,7 @@ pub struct ConsumerConfig {
     pub(crate) checkpoint: Option<CheckpointHook>,
     pub(crate) producer_horizon: Option<Duration>,
     pub(crate) replays_beyond_window: bool,
+    pub(crate) key_in_spans: KeyInSpans,
 }
 
 impl fmt::Debug for ConsumerConfig {
@@ -83,6 +85,7 @@ impl fmt::Debug for ConsumerConfig {
             .field("checkpoint", &self.checkpoint.is_some())
             .field("producer_horizon", &self.producer_horizon)
             .field("replays_beyond_window", &self.replays_beyond_window)
+            .field("key_in_spans", &self.key_in_spans)
             .finish()
     }
 }
@@ -109,6 +112,7 @@ impl ConsumerConfig {
             checkpoint: None,
             producer_horizon: None,
             replays_beyond_window: false,
+            key_in_spans: KeyInSpans::Raw,
         }
     }
 
@@ -207,6 +211,13 @@ impl ConsumerConfig {
     /// start ([`ConsumeError::ReplayBeyondWindow`](super::ConsumeError::ReplayBeyondWindow)).
     pub fn allow_replays_beyond_window(mut self, allow: bool) -> Self {
         self.replays_beyond_window = allow;
+        self
+    }
+
+    /// How the key appears in the `consume` span: as it is (the default) or
+    /// hashed.
+    pub fn key_in_spans(mut self, shown: KeyInSpans) -> Self {
+        self.key_in_spans = shown;
         self
     }
 
