@@ -40,4 +40,5 @@ doctests! {
     RetriesDoctests => "../../../docs/src/retries.md",
     OrderingDoctests => "../../../docs/src/ordering.md",
     DefaultsDoctests => "../../../docs/src/defaults.md",
+    TracingDoctests => "../../../docs/src/tracing.md",
 }
