@@ -32,6 +32,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use idem_core::{Applied, ApplyError, Error, Outcome, error_chain};
 use idem_retry::{HttpPolicy, IDEMPOTENCY_KEY, Verdict, key_header_value};
+use idem_trace::{Headers, HttpHeadersMut, KeyInSpans};
+use tracing::Instrument;
 
 use crate::consume::{
     Apply, ConsumeError, Consumer, ConsumerConfig, ConsumerStore, KeyedMessage, Source,
@@ -52,6 +54,8 @@ pub struct ForwardConfig {
     /// How long one request may take before it counts as a failed attempt
     /// whose outcome is unknown (default 30 s).
     pub timeout: Duration,
+    /// How the key appears in the `forward` span (default as it is).
+    pub key_in_spans: KeyInSpans,
 }
 
 impl ForwardConfig {
@@ -60,6 +64,7 @@ impl ForwardConfig {
         Self {
             to,
             timeout: Duration::from_secs(30),
+            key_in_spans: KeyInSpans::Raw,
         }
     }
 }
@@ -115,17 +120,34 @@ impl<S: ConsumerStore> HttpForward<S> {
         }
     }
 
+    /// One delivery attempt, in a `forward` span (a child of the consumer's
+    /// span, so of the message's trace).
     async fn send(&self, message: &KeyedMessage) -> Result<Applied, ApplyError<ForwardError>> {
+        let span = tracing::info_span!(
+            "forward",
+            scope = message.scope.as_str(),
+            idempotency_key = self.config.key_in_spans.show(&message.key),
+            to = %self.config.to,
+        );
+        self.attempt(message).instrument(span).await
+    }
+
+    async fn attempt(&self, message: &KeyedMessage) -> Result<Applied, ApplyError<ForwardError>> {
         let content_type = message
             .message
             .content_type
             .as_deref()
             .unwrap_or("application/octet-stream");
-        let request = Request::post(self.config.to.clone())
+        let mut request = Request::post(self.config.to.clone())
             .header(IDEMPOTENCY_KEY, key_header_value(&message.key))
             .header(CONTENT_TYPE, content_type)
             .body(Full::new(message.message.payload.clone()))
             .map_err(|e| ApplyError::Effect(ForwardError::Unreachable(e.to_string())))?;
+        // The endpoint joins the message's trace.
+        idem_trace::pass_on(
+            &Headers(&message.message.headers),
+            &mut HttpHeadersMut(request.headers_mut()),
+        );
         let response =
             match tokio::time::timeout(self.config.timeout, self.client.request(request)).await {
                 Err(_elapsed) => {

@@ -26,6 +26,12 @@
 //! The destination is chosen per message at enqueue time ([`Route::To`]), or
 //! left to the relay's default ([`Route::Default`], the `--to` of `idem relay`).
 //!
+//! The enqueue also stores the trace context of the span it runs in
+//! (`traceparent`, `tracestate`) among the message's headers, unless the
+//! message has one already; the relay publishes it as a message header, and
+//! the consumer's span continues it, so the operation that enqueued, the
+//! publish and every delivery of the message are one trace.
+//!
 //! The table is the store's: created by the store's own migrations (when a
 //! `SqliteStore` opens, when a `PgStore` connects with `migrate(true)`, or by
 //! [`migrate`]), and its statements are in the store crates.
@@ -99,13 +105,17 @@ pub fn derive_key(parent: &IdempotencyKey, purpose: &str) -> Result<IdempotencyK
     IdempotencyKey::new(format!("{}~{hash}", &whole[..keep]))
 }
 
-/// The message as the outbox stores it.
+/// The message as the outbox stores it, with the current span's trace
+/// context (`traceparent`, `tracestate`) among its headers unless the caller
+/// put one there: the relay's publish and the consumer continue that trace.
 fn as_stored(route: Route<'_>, message: &Message) -> OutboxMessage {
+    let mut headers = message.headers.clone();
+    idem_trace::inject_current_if_absent(&mut headers);
     OutboxMessage {
         destination: route.stored(),
         key: message.key.clone(),
         payload: message.payload.clone(),
-        headers: message.headers.clone(),
+        headers,
     }
 }
 

@@ -13,6 +13,9 @@ pub struct Cli {
     #[arg(long, env = "IDEM_STORE", global = true)]
     pub store: Option<String>,
 
+    #[command(flatten)]
+    pub telemetry: crate::telemetry::TelemetryArgs,
+
     #[command(subcommand)]
     pub command: Command,
 }

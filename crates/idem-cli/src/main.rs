@@ -1,19 +1,15 @@
-//! The `idem` command. Parses arguments and hands over to [`commands`].
+//! The `idem` command. Parses arguments, sets up logging, and hands over to
+//! [`commands`].
 
 mod cli;
 mod commands;
+mod telemetry;
 
 use clap::Parser;
 
 fn main() -> std::process::ExitCode {
     let cli = cli::Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("IDEM_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let _telemetry = telemetry::install(&cli.telemetry);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

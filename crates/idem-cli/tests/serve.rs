@@ -583,3 +583,55 @@ async fn a_short_retention_under_steady_load_keeps_the_table_bounded() {
     assert!(swept > 0.0, "{text}");
     assert!(text.contains("dedupe_retention_seconds 1"), "{text}");
 }
+
+/// What `idem serve` wrote on stderr (a pipe here) from start to a SIGTERM,
+/// logging at info with `extra` flags.
+fn logs_until_stopped(extra: &[&str]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_in(&dir);
+    let mut args = vec!["--store", &store];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&[
+        "serve",
+        "--upstream",
+        "http://127.0.0.1:9",
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    let mut serve = Serve::start(&args, &[("IDEM_LOG", "info")]);
+    serve.terminate();
+    assert!(serve.wait().success());
+    // The reader thread has the last lines once the pipe closed.
+    std::thread::sleep(Duration::from_millis(100));
+    let logged = serve.stderr.lock().unwrap().clone();
+    assert!(
+        logged.contains("stopped accepting"),
+        "the shutdown is logged at info:\n{logged}"
+    );
+    logged
+}
+
+#[test]
+fn logs_written_to_a_pipe_carry_no_colour_codes() {
+    let logged = logs_until_stopped(&[]);
+    assert!(!logged.contains("\x1b["), "ANSI escapes in:\n{logged}");
+    assert!(logged.contains(" INFO "), "{logged}");
+}
+
+#[test]
+fn log_format_json_writes_one_object_per_event() {
+    let logged = logs_until_stopped(&["--log-format", "json"]);
+    let events: Vec<serde_json::Value> = logged
+        .lines()
+        .filter(|line| line.starts_with('{'))
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect();
+    assert!(
+        events.iter().any(|event| event["level"] == "INFO"
+            && event["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("stopped accepting"))),
+        "{logged}"
+    );
+    assert!(!logged.contains(" INFO "), "no text lines: {logged}");
+}

@@ -41,4 +41,5 @@ doctests! {
     OrderingDoctests => "../../../docs/src/ordering.md",
     DefaultsDoctests => "../../../docs/src/defaults.md",
     ObservabilityDoctests => "../../../docs/src/observability.md",
+    TracingDoctests => "../../../docs/src/tracing.md",
 }

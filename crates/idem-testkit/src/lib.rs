@@ -8,7 +8,9 @@
 //! - [`fencing`]: fencing-token and guarded-write cases (pauses, reordering);
 //! - [`deliveries`]: at-least-once delivery simulated (duplicates, shuffles);
 //! - [`postgres`]: a fresh PostgreSQL database per test;
-//! - [`services`]: whether a missing database fails or skips a test.
+//! - [`services`]: whether a missing database fails or skips a test;
+//! - `spans` (feature `spans`): the spans a test process finished, collected
+//!   in memory, to check trace context across hops.
 //!
 //! A store's test file implements [`Harness`] and invokes
 //! [`conformance_suite!`] once; that expands to one test per case.
@@ -23,6 +25,8 @@ pub mod fencing;
 pub mod harness;
 pub mod postgres;
 pub mod services;
+#[cfg(feature = "spans")]
+pub mod spans;
 
 pub use harness::{Effect, Gate, GateControl, Harness, TxOf};
 

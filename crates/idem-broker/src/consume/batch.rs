@@ -158,6 +158,8 @@ async fn batch_in_turn<A: ApplyBatch, S: Settle>(
         .count();
     if replayed > 0 {
         tracing::info!(
+            scope = shared.config.scope.as_str(),
+            origin = shared.route.origin.as_str(),
             replayed,
             "duplicate deliveries in the batch answered from the store and acked; their effects did not run again"
         );
@@ -199,7 +201,7 @@ async fn apply_batch<A: ApplyBatch, S: Settle>(
         }
         Err(ApplyError::Effect((index, error))) => {
             tracing::info!(
-                failed = keyed[index].key.as_str(),
+                failed = shared.config.key_in_spans.show(&keyed[index].key),
                 %error,
                 "an effect failed and the batch was rolled back; applying its messages one by one"
             );

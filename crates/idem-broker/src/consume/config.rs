@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use idem_core::Scope;
 use idem_retry::{Backoff, RetryBudget};
+use idem_trace::KeyInSpans;
 
 use super::key::KeyRule;
 
@@ -62,6 +63,7 @@ pub struct ConsumerConfig {
     pub(crate) producer_horizon: Option<Duration>,
     pub(crate) replays_beyond_window: bool,
     pub(crate) manual_replay_allowance: Option<Duration>,
+    pub(crate) key_in_spans: KeyInSpans,
 }
 
 impl fmt::Debug for ConsumerConfig {
@@ -85,6 +87,7 @@ impl fmt::Debug for ConsumerConfig {
             .field("producer_horizon", &self.producer_horizon)
             .field("replays_beyond_window", &self.replays_beyond_window)
             .field("manual_replay_allowance", &self.manual_replay_allowance)
+            .field("key_in_spans", &self.key_in_spans)
             .finish()
     }
 }
@@ -112,6 +115,7 @@ impl ConsumerConfig {
             producer_horizon: None,
             replays_beyond_window: false,
             manual_replay_allowance: None,
+            key_in_spans: KeyInSpans::Raw,
         }
     }
 
@@ -221,6 +225,13 @@ impl ConsumerConfig {
     /// if the store's retention is shorter. Not checked unless given.
     pub fn manual_replay_allowance(mut self, allowance: Duration) -> Self {
         self.manual_replay_allowance = Some(allowance);
+        self
+    }
+
+    /// How the key appears in the `consume` span: as it is (the default) or
+    /// hashed.
+    pub fn key_in_spans(mut self, shown: KeyInSpans) -> Self {
+        self.key_in_spans = shown;
         self
     }
 

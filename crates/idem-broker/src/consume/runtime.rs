@@ -312,8 +312,13 @@ impl<A: Apply> Shared<A> {
         let span = tracing::info_span!(
             "consume",
             scope = keyed.scope.as_str(),
-            idempotency_key = keyed.key.as_str()
+            idempotency_key = self.config.key_in_spans.show(&keyed.key),
+            subject = keyed.message.subject.as_str(),
+            delivery = keyed.message.delivery_count,
         );
+        // Every delivery of one message continues the trace it was published
+        // in: a redelivery shows as one more child of the same publish.
+        idem_trace::continue_trace(&span, &idem_trace::Headers(&keyed.message.headers));
         async {
             self.count_request(&keyed.message);
             let answer = self.apply_patiently(&keyed).await;
@@ -397,9 +402,7 @@ impl<A: Apply> Shared<A> {
                 }
                 settle.ack().await?;
                 if applied.is_replay() {
-                    tracing::info!(
-                        "duplicate delivery: answered from the store and acked; the effect did not run again"
-                    );
+                    self.replayed(&keyed.message);
                     self.settled(Settled::Replayed);
                 } else {
                     tracing::debug!("applied, committed and acked");
@@ -557,6 +560,26 @@ impl<A: Apply> Shared<A> {
                 self.requeue(settle, delay).await
             }
         }
+    }
+
+    /// Logs a duplicate at info, never higher: it is the consumer doing its
+    /// job. It names where the copy came from (source, subject, position in
+    /// the log, delivery count) and how long ago the broker first had the
+    /// message, so a burst of redeliveries can be told from a producer that
+    /// publishes twice; the key is in the span, not here.
+    pub(crate) fn replayed(&self, message: &Message) {
+        let age_ms = message
+            .published_at
+            .map(|at| at.until(self.apply.store().now()).as_millis());
+        tracing::info!(
+            scope = self.config.scope.as_str(),
+            origin = self.route.origin.as_str(),
+            subject = message.subject.as_str(),
+            position = message.coordinates.as_deref(),
+            delivery = message.delivery_count,
+            age_ms,
+            "duplicate delivery: answered from the store and acked; the effect did not run again"
+        );
     }
 
     pub(crate) fn reached(&self, point: Checkpoint) {

@@ -148,18 +148,18 @@ mod tests {
     const DAY: Duration = Duration::from_secs(86_400);
 
     fn terms(
-        producer: Option<u64>,
-        broker: Option<Option<u64>>,
-        manual: Option<u64>,
+        producer: Option<u32>,
+        broker: Option<Option<u32>>,
+        manual: Option<u32>,
     ) -> WindowTerms {
         WindowTerms {
             window: 7 * DAY,
-            producer: producer.map(|d| d * DAY),
+            producer: producer.map(|d| DAY * d),
             broker: broker.map(|keeps| BrokerHorizon {
-                keeps: keeps.map(|d| d * DAY),
+                keeps: keeps.map(|d| DAY * d),
                 origin: "topic orders".to_owned(),
             }),
-            manual_replays: manual.map(|d| d * DAY),
+            manual_replays: manual.map(|d| DAY * d),
             broker_waived: false,
         }
     }

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use idem_retry::Backoff;
+use idem_trace::KeyInSpans;
 
 use crate::publish::Destination;
 
@@ -50,6 +51,8 @@ pub struct RelayConfig {
     pub upkeep_interval: Duration,
     /// Rows deleted per sweep transaction (default 1000).
     pub sweep_batch: usize,
+    /// How a row's key appears in its `publish` span (default as it is).
+    pub key_in_spans: KeyInSpans,
 }
 
 impl Default for RelayConfig {
@@ -66,6 +69,7 @@ impl Default for RelayConfig {
             retention: DEFAULT_RETENTION,
             upkeep_interval: Duration::from_secs(60),
             sweep_batch: 1000,
+            key_in_spans: KeyInSpans::Raw,
         }
     }
 }

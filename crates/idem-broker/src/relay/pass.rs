@@ -13,6 +13,7 @@ use idem_core::{
     DeadLetterStore, Error, NewDeadLetter, OutboxStore, Pending, SharedClock, Timestamp,
 };
 use idem_retry::{RetryBudget, next_delay};
+use tracing::Instrument;
 
 use super::config::{FailPoint, RelayConfig};
 use super::publishers::Publishers;
@@ -222,22 +223,36 @@ async fn attempt<S: OutboxStore + DeadLetterStore>(
 
 /// Connects if needed and publishes, within the publish timeout — and within
 /// half the lease, so the row is marked before another relay may claim it.
+///
+/// Each publish runs in a `publish` span that continues the trace context
+/// stored with the row, and the message carries this span's context on (or
+/// the stored one, when spans have no OpenTelemetry context here).
 async fn publish<S>(
     relay: &Relaying<'_, S>,
     destination: &Destination,
     row: &Pending,
 ) -> Result<(), PublishError> {
+    let span = tracing::info_span!(
+        "publish",
+        destination = %destination.redacted(),
+        idempotency_key = relay.config.key_in_spans.show(&row.message.key),
+        outbox_id = row.id,
+        attempt = row.attempts,
+    );
+    idem_trace::continue_trace(&span, &idem_trace::Headers(&row.message.headers));
     let timeout = relay.config.publish_timeout.min(relay.config.lease / 2);
-    let message = Message {
-        key: row.message.key.clone(),
-        payload: row.message.payload.clone(),
-        headers: row.message.headers.clone(),
-    };
     let publishing = async {
+        let mut headers = row.message.headers.clone();
+        idem_trace::inject_current(&mut idem_trace::HeadersMut(&mut headers));
+        let message = Message {
+            key: row.message.key.clone(),
+            payload: row.message.payload.clone(),
+            headers,
+        };
         let publisher = relay.publishers.get(destination).await?;
         publisher.publish(&message).await
     };
-    match tokio::time::timeout(timeout, publishing).await {
+    match tokio::time::timeout(timeout, publishing.instrument(span)).await {
         Ok(result) => result,
         Err(_) => Err(PublishError::new(
             PublishErrorKind::Unavailable,

@@ -12,6 +12,7 @@ use clap::Args;
 use idem::{AnyStore, Scope};
 use idem_broker::consume::{ConsumerConfig, KeyRule, KeySource, MissingKey, Source, SourceOptions};
 use idem_broker::forward::{self, ForwardConfig};
+use idem_trace::KeyInSpans;
 
 use super::upkeep::{Upkeep, UpkeepArgs};
 
@@ -65,7 +66,11 @@ pub struct ForwardArgs {
     pub upkeep: UpkeepArgs,
 }
 
-pub async fn run(store: AnyStore, args: &ForwardArgs) -> anyhow::Result<()> {
+pub async fn run(
+    store: AnyStore,
+    args: &ForwardArgs,
+    key_in_spans: KeyInSpans,
+) -> anyhow::Result<()> {
     let scope = Scope::new(args.scope.clone()).context("invalid --scope")?;
     let missing = if args.key_from_position {
         MissingKey::Coordinates
@@ -76,9 +81,11 @@ pub async fn run(store: AnyStore, args: &ForwardArgs) -> anyhow::Result<()> {
         .key(KeyRule::new(args.key.clone()).or_else(missing))
         .max_attempts(args.max_attempts)
         .concurrency(args.concurrency)
-        .dead_letter_terminal_failures(!args.ack_rejected);
+        .dead_letter_terminal_failures(!args.ack_rejected)
+        .key_in_spans(key_in_spans);
     let mut forward = ForwardConfig::new(args.to.clone());
     forward.timeout = Duration::from(args.timeout);
+    forward.key_in_spans = key_in_spans;
     let options = SourceOptions {
         prefetch: args
             .prefetch

@@ -23,6 +23,7 @@ pub const DEFAULT_STORE: &str = "sqlite://idem.db";
 /// Runs the command.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let store = cli.store.as_deref();
+    let key_in_spans = cli.telemetry.key_in_spans;
     match cli.command {
         Command::Migrate => migrate::run(&location(store)?).await,
         Command::Keys(KeysCommand::Ls(args)) => keys::list(&open(store).await?, &args).await,
@@ -30,9 +31,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Gc(args) => gc::run(&open(store).await?, &args).await,
         Command::Demo(args) => demo::run(store.map(parse).transpose()?, &args).await,
         Command::Bench(command) => idem_bench::run(store.map(parse).transpose()?, &command).await,
-        Command::Serve(args) => serve::run(store, &args).await,
-        Command::Forward(args) => forward::run(open(store).await?, &args).await,
-        Command::Relay(args) => relay::run(open(store).await?, &args).await,
+        Command::Serve(args) => serve::run(store, &args, key_in_spans).await,
+        Command::Forward(args) => forward::run(open(store).await?, &args, key_in_spans).await,
+        Command::Relay(args) => relay::run(open(store).await?, &args, key_in_spans).await,
         Command::Dlq(command) => dlq::run(open(store).await?, command).await,
     }
 }

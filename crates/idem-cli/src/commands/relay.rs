@@ -13,6 +13,7 @@ use idem::AnyStore;
 use idem_broker::outbox::{self, OutboxStore};
 use idem_broker::publish::Destination;
 use idem_broker::relay::{Pass, Relay, RelayConfig};
+use idem_trace::KeyInSpans;
 
 use super::upkeep::{Upkeep, UpkeepArgs};
 
@@ -52,7 +53,11 @@ pub struct RelayArgs {
     pub upkeep: UpkeepArgs,
 }
 
-pub async fn run(store: AnyStore, args: &RelayArgs) -> anyhow::Result<()> {
+pub async fn run(
+    store: AnyStore,
+    args: &RelayArgs,
+    key_in_spans: KeyInSpans,
+) -> anyhow::Result<()> {
     let config = RelayConfig {
         default_destination: args.to.clone(),
         batch: args.batch.max(1),
@@ -61,6 +66,7 @@ pub async fn run(store: AnyStore, args: &RelayArgs) -> anyhow::Result<()> {
         lease: args.lease.into(),
         poll_interval: args.poll.into(),
         retention: args.retention.into(),
+        key_in_spans,
         ..RelayConfig::default()
     };
     outbox::migrate(&store)

@@ -14,15 +14,21 @@ use tokio::sync::watch;
 
 use super::upkeep::Upkeep;
 use crate::cli::ServeArgs;
+use idem_trace::KeyInSpans;
 use settings::ServeSettings;
 
-pub async fn run(store: Option<&str>, args: &ServeArgs) -> anyhow::Result<()> {
+pub async fn run(
+    store: Option<&str>,
+    args: &ServeArgs,
+    key_in_spans: KeyInSpans,
+) -> anyhow::Result<()> {
     let settings = ServeSettings::resolve(store, args)?;
     // Before the store opens, so no count is lost.
     if settings.admin_listen.is_some() {
         idem_http::admin::metrics_recorder()?;
     }
-    let layer = IdempotencyLayer::open(&settings.store, settings.idempotency())
+    let idempotency = settings.idempotency().key_in_spans(key_in_spans);
+    let layer = IdempotencyLayer::open(&settings.store, idempotency)
         .await
         .with_context(|| format!("cannot open the store at {} (--store)", settings.store))?;
     let listener = TcpListener::bind(settings.listen)

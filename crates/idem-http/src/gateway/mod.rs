@@ -22,7 +22,8 @@
 //! - `proxy`: the reverse proxy on hyper-util's client (hop-by-hop headers,
 //!   forwarding headers, timeout, and the outcome-unknown marker);
 //! - `hop`: the hop-by-hop headers;
-//! - [`run`] (here): the accept loop and graceful shutdown;
+//! - [`run`] (here): the accept loop, a `gateway` span per request (continuing
+//!   the request's `traceparent`), and graceful shutdown;
 //! - `observe`: requests by outcome.
 //!
 //! Its `/metrics` and `/healthz` are [`crate::admin`]'s.
@@ -62,6 +63,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use idem::LeaseStore;
 use tokio::net::TcpListener;
 use tower::ServiceExt;
+use tracing::Instrument;
 
 pub use config::{DEFAULT_UPSTREAM_TIMEOUT, GatewayConfig, Upstream, UpstreamError};
 pub use observe::REQUESTS_TOTAL;
@@ -176,7 +178,13 @@ where
 {
     request.extensions_mut().insert(ClientAddr(peer));
     let keyed = observe::is_keyed(&idempotency, &request);
-    let response: Response<Body> = service.oneshot(request).await?;
+    let span = tracing::info_span!(
+        "gateway",
+        method = %request.method(),
+        path = request.uri().path(),
+    );
+    idem_trace::continue_trace(&span, &idem_trace::HttpHeaders(request.headers()));
+    let response: Response<Body> = service.oneshot(request).instrument(span).await?;
     observe::answered(observe::outcome(&idempotency, keyed, &response));
     Ok(response)
 }

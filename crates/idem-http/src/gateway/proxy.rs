@@ -9,7 +9,9 @@
 //! - the target is rewritten onto the upstream (its base path in front), the
 //!   `Host` becomes the upstream's, and `X-Forwarded-For`, `X-Forwarded-Host`
 //!   and `X-Forwarded-Proto` say where the request came from;
-//! - `Idempotency-Key` is forwarded as it came, so the upstream can dedupe too.
+//! - `Idempotency-Key` is forwarded as it came, so the upstream can dedupe too;
+//! - `traceparent` (and `tracestate`) name the gateway's span, so the
+//!   upstream's spans join the request's trace under it.
 //!
 //! Requests without a key, and their responses, stream through untouched. For
 //! a keyed request the response body is read whole before it is handed back
@@ -227,6 +229,10 @@ impl Shared {
         headers
             .entry(X_FORWARDED_PROTO)
             .or_insert(HeaderValue::from_static("http"));
+        // The upstream joins the request's trace as a child of the gateway's
+        // span; without OpenTelemetry here, the incoming traceparent goes on
+        // unchanged.
+        idem_trace::inject_current(&mut idem_trace::HttpHeadersMut(&mut headers));
 
         let mut outgoing = Request::new(body);
         *outgoing.method_mut() = parts.method;

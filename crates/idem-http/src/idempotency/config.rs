@@ -9,6 +9,7 @@ use std::time::Duration;
 use http::header::AUTHORIZATION;
 use http::{HeaderName, Method, StatusCode};
 use idem::{DEFAULT_LEASE, DEFAULT_RETENTION, Settings};
+use idem_trace::KeyInSpans;
 
 /// Which vocabulary refusals are written in.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -123,6 +124,7 @@ pub struct IdempotencyConfig {
     pub(crate) stored: StoredStatuses,
     pub(crate) lease: Duration,
     pub(crate) retention: Duration,
+    pub(crate) key_in_spans: KeyInSpans,
 }
 
 impl Default for IdempotencyConfig {
@@ -136,6 +138,7 @@ impl Default for IdempotencyConfig {
             stored: StoredStatuses::standard(),
             lease: DEFAULT_LEASE,
             retention: DEFAULT_RETENTION,
+            key_in_spans: KeyInSpans::Raw,
         }
     }
 }
@@ -209,6 +212,13 @@ impl IdempotencyConfig {
     /// the store that [`IdempotencyLayer::open`](crate::IdempotencyLayer::open) opens.
     pub fn retention(mut self, retention: Duration) -> Self {
         self.retention = retention;
+        self
+    }
+
+    /// How the key appears in the layer's `idempotency` span: as it is (the
+    /// default) or hashed.
+    pub fn key_in_spans(mut self, shown: KeyInSpans) -> Self {
+        self.key_in_spans = shown;
         self
     }
 

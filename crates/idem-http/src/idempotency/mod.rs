@@ -31,6 +31,13 @@
 //! database should use [`atomic`](crate::atomic) handlers instead, where there
 //! is no gap at all.
 //!
+//! # Tracing
+//!
+//! A keyed request runs in an `idempotency` span with its scope and key (or
+//! the key's hash: [`IdempotencyConfig::key_in_spans`]). The span continues the
+//! `traceparent` the client sent, so a request and its retries are children
+//! of the client's span in one trace.
+//!
 //! # Layout
 //!
 //! - [`config`](IdempotencyConfig): what is keyed, required, stored, and how long;
@@ -54,6 +61,7 @@ use http::Request;
 use http_body_util::BodyExt;
 use idem::{Claim, Claimed, LeaseStore};
 use tower::Service;
+use tracing::Instrument;
 
 pub use config::{DEFAULT_BODY_LIMIT, IdempotencyConfig, KeyRequirement, Mode, StoredStatuses};
 pub use future::ResponseFuture;
@@ -180,6 +188,40 @@ where
     let scope = scope_of(&principal, &parts.method, &route);
     let fingerprint = fingerprint_of(&parts.method, &route, &parts, &body);
 
+    let span = tracing::info_span!(
+        "idempotency",
+        scope = scope.as_str(),
+        idempotency_key = config.key_in_spans.show(&key),
+        method = %parts.method,
+        route = route.as_str(),
+    );
+    // A retry of the request continues the trace its client sent.
+    idem_trace::continue_trace(&span, &idem_trace::HttpHeaders(&parts.headers));
+    keyed(shared, inner, parts, body, scope, key, fingerprint)
+        .instrument(span)
+        .await
+}
+
+/// A keyed request, read: claim its key, then replay the stored answer or run
+/// the service.
+async fn keyed<S, St, ResBody>(
+    shared: Arc<Shared<St>>,
+    inner: S,
+    parts: http::request::Parts,
+    body: Bytes,
+    scope: idem::Scope,
+    key: idem::IdempotencyKey,
+    fingerprint: idem::Fingerprint,
+) -> Result<Response, S::Error>
+where
+    S: Service<Request<Body>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    St: LeaseStore + 'static,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let mode = shared.config.mode;
     let claim = match shared.store.claim(&scope, &key, fingerprint).await {
         Ok(Claimed::Fresh(claim)) => claim,
         Ok(Claimed::Replayed(outcome)) => {
@@ -194,7 +236,8 @@ where
     // From here on the work finishes even if the client goes away: a claim
     // abandoned half-way would answer every retry 409 until its lease ended.
     let request = Request::from_parts(parts, Body::from(body));
-    let settle = tokio::spawn(run_claimed(Arc::clone(&shared), inner, request, claim));
+    let settle =
+        tokio::spawn(run_claimed(Arc::clone(&shared), inner, request, claim).in_current_span());
     match settle.await {
         Ok(answer) => answer,
         Err(failed) => {
