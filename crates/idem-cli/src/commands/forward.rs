@@ -100,7 +100,9 @@ pub async fn run(
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;
     };
-    let upkeep = Upkeep::start(&store, args.upkeep.admin_listen, args.upkeep.sweep_every.0).await?;
+    let upkeep = Upkeep::start(&store, args.upkeep.admin_listen, args.upkeep.sweep_every.0)
+        .await?
+        .with_dead_letter_gauges(&store);
     upkeep.announce("idem forward");
     let forwarded = forward::run(&args.from, options, store, forward, consumer, shutdown).await;
     upkeep.stop().await;

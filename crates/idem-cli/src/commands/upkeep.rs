@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use idem::{AnyStore, Sweeper, SweeperTask};
+use idem::{AnyStore, AttemptStore, DeadLetterStore, Sweeper, SweeperTask};
 use idem_http::admin::{self, AdminServer};
 
 /// The flags `idem relay` and `idem forward` share (`idem serve` has the same
@@ -50,10 +50,15 @@ impl FromStr for SweepEvery {
     }
 }
 
-/// The admin listener and the sweeper of one process, stopped together.
+/// How often a consumer process refreshes the dead-letter gauges.
+const DEAD_LETTER_GAUGES_EVERY: Duration = Duration::from_secs(30);
+
+/// The admin listener, the sweeper and the gauge refresher of one process,
+/// stopped together.
 pub struct Upkeep {
     admin: Option<AdminServer>,
     sweeper: Option<SweeperTask>,
+    gauges: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Upkeep {
@@ -74,7 +79,33 @@ impl Upkeep {
         };
         idem::sweeper::publish_retention(idem::RecordStore::settings(store).retention);
         let sweeper = sweep_every.map(|every| Sweeper::new(store.clone()).interval(every).spawn());
-        Ok(Self { admin, sweeper })
+        Ok(Self {
+            admin,
+            sweeper,
+            gauges: None,
+        })
+    }
+
+    /// Also refreshes `dead_letters` and `dead_letter_oldest_age_seconds`
+    /// every 30 s, for a process that writes dead letters but runs no relay
+    /// (whose upkeep publishes them otherwise). Only with an admin listener:
+    /// without one nothing would read them.
+    pub fn with_dead_letter_gauges(mut self, store: &AnyStore) -> Self {
+        if self.admin.is_some() {
+            let store = store.clone();
+            self.gauges = Some(tokio::spawn(async move {
+                loop {
+                    match store.dead_letter_stats().await {
+                        Ok(stats) => idem_broker::dead_letter::observe_stats(&stats, store.now()),
+                        Err(error) => {
+                            tracing::warn!(%error, "could not read the dead-letter gauges");
+                        }
+                    }
+                    tokio::time::sleep(DEAD_LETTER_GAUGES_EVERY).await;
+                }
+            }));
+        }
+        self
     }
 
     /// The admin listener's address, if there is one.
@@ -91,6 +122,9 @@ impl Upkeep {
 
     /// Stops the sweeper between two batches and the admin listener.
     pub async fn stop(self) {
+        if let Some(gauges) = self.gauges {
+            gauges.abort();
+        }
         if let Some(sweeper) = self.sweeper {
             sweeper.stop().await;
         }
