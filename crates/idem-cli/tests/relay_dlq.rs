@@ -312,3 +312,51 @@ async fn the_relay_serves_its_metrics_and_health() {
         assert!(scraped.contains(line), "no {line} in:\n{scraped}");
     }
 }
+
+/// The relay's crash point: aborted after the publish was confirmed and
+/// before the row was marked sent, the next relay publishes it again with
+/// the same key, and the receiver keeps one effect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_aborted_after_publish_republishes_with_the_same_key() {
+    use std::os::unix::process::ExitStatusExt;
+
+    let (hook, addr) = start_hook(200).await;
+    let to: Destination = format!("http://{addr}/hook").parse().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with(&dir, &to, &["order-8/receipt"]).await;
+
+    let store_arg = store.clone();
+    let aborted = tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args([
+                "--store", &store_arg, "relay", "--poll", "100ms", "--lease", "1s",
+            ])
+            .env_remove("IDEM_STORE")
+            .env("IDEM_CRASH", "relay.after-publish")
+            .output()
+            .expect("run idem relay")
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        aborted.status.signal(),
+        Some(6),
+        "{}",
+        text(&aborted.stderr)
+    );
+    assert!(text(&aborted.stderr).contains("crash point relay.after-publish reached"));
+    assert_eq!(hook.lock().unwrap().effects, 1);
+
+    // The dead relay's claim on the row runs out; the next relay takes it.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let out = idem_async(&store, &["relay", "--once"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("sent 1"),
+        "{}",
+        text(&out.stdout)
+    );
+    let hook = hook.lock().unwrap();
+    assert_eq!(hook.calls.get("order-8/receipt"), Some(&2));
+    assert_eq!(hook.effects, 1, "one effect across both publishes");
+}

@@ -635,3 +635,65 @@ fn log_format_json_writes_one_object_per_event() {
     );
     assert!(!logged.contains(" INFO "), "no text lines: {logged}");
 }
+
+/// A crash point shipped in the binary: `IDEM_CRASH=http.before-answer`
+/// makes the gateway abort after storing the answer and before sending it.
+/// The client loses its answer; a gateway started again on the same file
+/// replays it, and the upstream's effect happened once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_crash_point_between_the_stored_answer_and_the_response_loses_nothing() {
+    use std::os::unix::process::ExitStatusExt;
+
+    let upstream = Upstream::new();
+    upstream.gate.add_permits(16);
+    let up = upstream.start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_in(&dir);
+    let upstream_url = format!("http://{up}");
+    let args = [
+        "--store",
+        &store,
+        "serve",
+        "--upstream",
+        &upstream_url,
+        "--listen",
+        "127.0.0.1:0",
+    ];
+    let mut armed = Serve::start(&args, &[("IDEM_CRASH", "http.before-answer")]);
+    let lost = send(armed.addr, "POST", "/pay", Some("order-9")).await;
+    assert!(lost.is_err(), "the answer never left");
+    let status = armed.wait();
+    assert_eq!(status.signal(), Some(6), "aborted (SIGABRT)");
+    assert!(
+        armed
+            .stderr
+            .lock()
+            .unwrap()
+            .contains("crash point http.before-answer reached"),
+        "the point names itself"
+    );
+
+    let again = Serve::start(&args, &[]);
+    let replay = send(again.addr, "POST", "/pay", Some("order-9"))
+        .await
+        .unwrap();
+    assert_eq!(replay.headers["idempotent-replayed"], "true");
+    assert_eq!(upstream.effects(), 1);
+    assert_eq!(upstream.calls(), 1);
+}
+
+#[test]
+fn an_unreadable_crash_setting_is_refused_at_start() {
+    let output = idem()
+        .args(["serve", "--upstream", "http://127.0.0.1:9"])
+        .env("IDEM_CRASH", "apply.after-comit")
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("\"apply.after-comit\" is not a crash point")
+            && stderr.contains("apply.after-commit"),
+        "{stderr}"
+    );
+}

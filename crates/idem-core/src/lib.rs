@@ -24,13 +24,15 @@
 //! - [`attempts`](crate::AttemptStore): failed attempts per message, for consumers;
 //! - [`error`](crate::Error): refusals and store failures;
 //! - [`error_chain`]: an error and its causes on one line, for messages and logs;
-//! - [`observe`]: metrics and logs for protocol events.
+//! - [`observe`]: metrics and logs for protocol events;
+//! - [`crash`]: named crash points a process can be made to abort at (`IDEM_CRASH`).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod atomic;
 mod attempts;
 mod clock;
+pub mod crash;
 mod dead_letter;
 mod error;
 mod error_chain;

@@ -170,9 +170,12 @@ pub trait LeaseStore: Send + Sync {
                 Claimed::Replayed(outcome) => return Ok(Applied::Replayed(outcome)),
                 Claimed::Fresh(claim) => claim,
             };
+            crate::crash::point(crate::crash::AFTER_CLAIM);
             match effect(claim.clone()).await {
                 Ok(outcome) => {
+                    crate::crash::point(crate::crash::INSIDE_EFFECT);
                     self.complete(&claim, &outcome).await?;
+                    crate::crash::point(crate::crash::AFTER_COMMIT);
                     Ok(Applied::Fresh(outcome))
                 }
                 Err(error) => {

@@ -15,7 +15,7 @@ use idem_core::{
     Applied, ApplyError, AtomicEffect, AtomicStore, BatchApplied, Claim, Claimed, Decision, Error,
     ErrorKind, FencingToken, Fingerprint, IdempotencyKey, LeaseStore, Operation, Outcome, Plan,
     Record, RecordCount, RecordFilter, RecordGlance, RecordState, RecordStore, Scope, Settings,
-    SharedClock, SystemClock, Timestamp, TxCall, decide, observe, protocol,
+    SharedClock, SystemClock, Timestamp, TxCall, crash, decide, observe, protocol,
 };
 use rusqlite::Connection;
 
@@ -385,12 +385,19 @@ impl AtomicStore for SqliteStore {
         E: Send + 'static,
     {
         let op = Operation::new(scope.clone(), key.clone(), fingerprint);
-        self.decide_then(op, Applied::Replayed, move |tx, protocol, op, plan| {
-            let outcome = run_effect(effect, tx).map_err(ApplyError::Effect)?;
-            records::write(tx, &plan.settled(op, outcome.clone(), protocol.now))?;
-            Ok(Applied::Fresh(outcome))
-        })
-        .await
+        let applied = self
+            .decide_then(op, Applied::Replayed, move |tx, protocol, op, plan| {
+                crash::point(crash::AFTER_CLAIM);
+                let outcome = run_effect(effect, tx).map_err(ApplyError::Effect)?;
+                crash::point(crash::INSIDE_EFFECT);
+                records::write(tx, &plan.settled(op, outcome.clone(), protocol.now))?;
+                Ok(Applied::Fresh(outcome))
+            })
+            .await;
+        if let Ok(Applied::Fresh(_)) = &applied {
+            crash::point(crash::AFTER_COMMIT);
+        }
+        applied
     }
 
     async fn apply_batch<G, F, E>(&self, ops: &[Operation], mut effect_for: G) -> BatchApplied<E>

@@ -144,6 +144,7 @@ async fn batch_in_turn<A: ApplyBatch, S: Settle>(
         None => true,
         Some(earlier) => earlier.await.unwrap_or(false),
     };
+    idem_core::crash::point(idem_core::crash::BEFORE_ACK);
     if clean {
         S::ack_all(ready.acks).await?;
     } else {

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use idem_core::{
     Applied, ApplyError, AttemptStore, DEFAULT_RETENTION, DeadLetterStore, Error, Fingerprint,
-    IdempotencyKey, NewDeadLetter, Timestamp,
+    IdempotencyKey, NewDeadLetter, Timestamp, crash,
 };
 use rand::Rng;
 use tokio::task::JoinSet;
@@ -400,6 +400,7 @@ impl<A: Apply> Shared<A> {
                         )
                         .await;
                 }
+                crash::point(crash::BEFORE_ACK);
                 settle.ack().await?;
                 if applied.is_replay() {
                     self.replayed(&keyed.message);

@@ -110,6 +110,12 @@ async fn run<S: OutboxStore + DeadLetterStore>(relay: &Relaying<'_, S>) -> Resul
         .collect()
         .await;
 
+    if fates
+        .iter()
+        .any(|(_, _, fate)| matches!(fate, Fate::Published))
+    {
+        idem_core::crash::point(idem_core::crash::AFTER_PUBLISH);
+    }
     if relay.fail_point == Some(FailPoint::AfterPublish) {
         return Err(idem_core::StoreError::new(
             idem_core::ErrorKind::Other,

@@ -22,6 +22,7 @@ pub const DEFAULT_STORE: &str = "sqlite://idem.db";
 
 /// Runs the command.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    idem::crash::arm_from_env()?;
     let store = cli.store.as_deref();
     let key_in_spans = cli.telemetry.key_in_spans;
     match cli.command {

@@ -121,6 +121,9 @@ where
             // each time, committed or rolled back by the same rule.
             None => self.store.transaction(effect).await.map(Applied::Fresh),
         };
+        if keyed && applied.is_ok() {
+            idem::crash::point(idem::crash::BEFORE_ANSWER);
+        }
         answer(&self.store, applied, keyed, mode)
     }
 }

@@ -233,6 +233,7 @@ where
         Err(refused) => return Ok(Refusal::from_store(refused, true).to_response(mode)),
     };
 
+    idem::crash::point(idem::crash::AFTER_CLAIM);
     // From here on the work finishes even if the client goes away: a claim
     // abandoned half-way would answer every retry 409 until its lease ended.
     let request = Request::from_parts(parts, Body::from(body));
@@ -317,11 +318,13 @@ where
         }
     };
     let stored = StoredResponse::from_parts(parts.status, parts.headers.clone(), body.clone());
+    idem::crash::point(idem::crash::INSIDE_EFFECT);
     if let Err(error) = shared.store.complete(&claim, &stored.to_outcome()).await {
         // The effect happened and this is its answer; only the record is
         // missing, so a retry after the lease would run the request again.
         tracing::warn!(scope, %error, "could not store the response; the client gets it, but a retry after the lease may run again");
     }
+    idem::crash::point(idem::crash::BEFORE_ANSWER);
     Ok(Response::from_parts(parts, Body::from(body)).into_response())
 }
 

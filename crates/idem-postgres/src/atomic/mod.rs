@@ -85,7 +85,7 @@ use std::panic::AssertUnwindSafe;
 use futures::FutureExt;
 use idem_core::{
     Applied, ApplyError, AtomicEffect, AtomicStore, BatchApplied, Claim, Error, ErrorKind,
-    FencingToken, Fingerprint, IdempotencyKey, Operation, Outcome, Plan, Scope, TxCall,
+    FencingToken, Fingerprint, IdempotencyKey, Operation, Outcome, Plan, Scope, TxCall, crash,
 };
 use sqlx::pool::PoolConnection;
 use sqlx::{PgConnection, Postgres, Transaction};
@@ -298,6 +298,7 @@ impl PgStore {
         F: AtomicEffect<PgConnection, Outcome, E>,
         E: Send + 'static,
     {
+        crash::point(crash::AFTER_CLAIM);
         // A panicking effect is caught only to roll back before the panic goes
         // on: the key's lock is then free by the time the caller sees it.
         let ran = AssertUnwindSafe(TxCall::call(effect, &mut *tx))
@@ -314,6 +315,7 @@ impl PgStore {
                 std::panic::resume_unwind(panic);
             }
         };
+        crash::point(crash::INSIDE_EFFECT);
         let op = Operation::new(scope.clone(), key.clone(), fingerprint);
         let record = plan.settled(&op, outcome.clone(), self.clock().now());
         match locked::write_and_commit(&mut tx, &record, replaces).await {
@@ -329,6 +331,7 @@ impl PgStore {
                 return Err(self.fail_commit(error).into());
             }
         }
+        crash::point(crash::AFTER_COMMIT);
         Ok(Applied::Fresh(outcome))
     }
 
