@@ -68,7 +68,7 @@ pub async fn run(
 }
 
 /// Completes on SIGTERM or Ctrl-C (SIGINT).
-async fn terminated() {
+pub(crate) async fn terminated() {
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
         Ok(term) => term,
         Err(error) => {
