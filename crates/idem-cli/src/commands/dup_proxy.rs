@@ -107,6 +107,7 @@ pub async fn run(args: &DupProxyArgs) -> anyhow::Result<()> {
         None => None,
     };
 
+    let terminate = terminated();
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
@@ -131,7 +132,7 @@ pub async fn run(args: &DupProxyArgs) -> anyhow::Result<()> {
 
     let (stop, stopping) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
-        terminated().await;
+        terminate.await;
         eprintln!(
             "idem dup-proxy: shutting down; letting the requests and copies in flight finish"
         );
