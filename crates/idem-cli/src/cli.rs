@@ -49,6 +49,9 @@ pub enum Command {
     /// List, show and redrive dead letters; a redrive keeps the original key.
     #[command(subcommand)]
     Dlq(crate::commands::dlq::DlqCommand),
+    /// For staging: a reverse proxy that sends a share of the requests twice
+    /// and reports the routes that answer the copy as a new request.
+    DupProxy(crate::commands::dup_proxy::DupProxyArgs),
 }
 
 /// `idem keys ...`

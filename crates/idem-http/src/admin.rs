@@ -30,6 +30,7 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
+use futures::future::BoxFuture;
 use idem::{IdempotencyKey, RecordStore, Scope, sweeper};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
@@ -112,6 +113,45 @@ where
     St: RecordStore + 'static,
 {
     let metrics = metrics_recorder()?;
+    spawn(addr, move |listener, shutdown| {
+        serve_admin(listener, store, metrics, shutdown)
+    })
+    .await
+}
+
+/// The admin listener of a process without a store (`idem dup-proxy`):
+/// installs the Prometheus recorder, binds `addr` and serves `/metrics`, a
+/// `/healthz` that answers `200 ok` while the process runs, and `routes`
+/// (a report, say) in a task of its own.
+pub async fn start_admin_without_store(
+    addr: SocketAddr,
+    routes: Router,
+) -> Result<AdminServer, AdminError> {
+    let metrics = metrics_recorder()?;
+    let app = routes
+        .route(
+            "/metrics",
+            get(move || {
+                let metrics = metrics.clone();
+                async move { prometheus_text(&metrics) }
+            }),
+        )
+        .route("/healthz", get(|| async { "ok\n" }));
+    spawn(addr, move |listener, shutdown| async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown)
+            .await
+    })
+    .await
+}
+
+/// Binds `addr` and runs `serve` on it in a task of its own, until
+/// [`AdminServer::stop`].
+async fn spawn<S, Fut>(addr: SocketAddr, serve: S) -> Result<AdminServer, AdminError>
+where
+    S: FnOnce(TcpListener, BoxFuture<'static, ()>) -> Fut,
+    Fut: Future<Output = std::io::Result<()>> + Send + 'static,
+{
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|source| AdminError::Bind { addr, source })?;
@@ -119,9 +159,12 @@ where
         .local_addr()
         .map_err(|source| AdminError::Bind { addr, source })?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(serve_admin(listener, store, metrics, async move {
-        let _ = stopped.await;
-    }));
+    let task = tokio::spawn(serve(
+        listener,
+        Box::pin(async move {
+            let _ = stopped.await;
+        }),
+    ));
     Ok(AdminServer { addr, stop, task })
 }
 
@@ -167,12 +210,17 @@ async fn scrape<St: RecordStore>(State(admin): State<Arc<Admin<St>>>) -> impl In
             }
         }
     }
+    prometheus_text(&admin.metrics)
+}
+
+/// The metrics in the Prometheus text format.
+fn prometheus_text(metrics: &PrometheusHandle) -> impl IntoResponse + use<> {
     (
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        admin.metrics.render(),
+        metrics.render(),
     )
 }
 

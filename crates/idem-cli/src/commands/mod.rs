@@ -4,12 +4,14 @@
 
 mod demo;
 pub(crate) mod dlq;
+pub(crate) mod dup_proxy;
 pub(crate) mod forward;
 mod gc;
 mod keys;
 mod migrate;
 pub(crate) mod relay;
 mod serve;
+mod units;
 mod upkeep;
 
 use anyhow::Context;
@@ -36,6 +38,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Forward(args) => forward::run(open(store).await?, &args, key_in_spans).await,
         Command::Relay(args) => relay::run(open(store).await?, &args, key_in_spans).await,
         Command::Dlq(command) => dlq::run(open(store).await?, command).await,
+        Command::DupProxy(args) => dup_proxy::run(&args).await,
     }
 }
 

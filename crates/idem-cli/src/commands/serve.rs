@@ -4,6 +4,7 @@
 
 mod settings;
 
+use std::future::Future;
 use std::io::Write;
 
 use anyhow::Context;
@@ -36,6 +37,7 @@ pub async fn run(
         .with_context(|| format!("cannot listen on {} (--listen)", settings.listen))?;
     let upkeep = Upkeep::start(layer.store(), settings.admin_listen, settings.sweep_every).await?;
 
+    let terminate = terminated();
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
@@ -55,7 +57,7 @@ pub async fn run(
 
     let (stop, stopping) = watch::channel(false);
     tokio::spawn(async move {
-        terminated().await;
+        terminate.await;
         eprintln!("idem serve: shutting down; letting the requests in flight finish");
         stop.send(true).ok();
     });
@@ -67,19 +69,25 @@ pub async fn run(
     Ok(())
 }
 
-/// Completes on SIGTERM or Ctrl-C (SIGINT).
-async fn terminated() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(term) => term,
-        Err(error) => {
-            tracing::warn!(%error, "cannot listen for SIGTERM; only Ctrl-C stops the gateway gracefully");
-            tokio::signal::ctrl_c().await.ok();
-            return;
+/// Completes on SIGTERM or Ctrl-C (SIGINT). SIGTERM is caught from the call
+/// on, not from the first poll: call it before announcing the listener, so a
+/// SIGTERM sent as soon as the announcement is read stops the process
+/// gracefully instead of killing it.
+pub(crate) fn terminated() -> impl Future<Output = ()> + Send + 'static {
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate());
+    async move {
+        let mut term = match term {
+            Ok(term) => term,
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for SIGTERM; only Ctrl-C stops the process gracefully");
+                tokio::signal::ctrl_c().await.ok();
+                return;
+            }
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
         }
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
     }
 }
 

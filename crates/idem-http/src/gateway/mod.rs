@@ -22,6 +22,7 @@
 //! - `proxy`: the reverse proxy on hyper-util's client (hop-by-hop headers,
 //!   forwarding headers, timeout, and the outcome-unknown marker);
 //! - `hop`: the hop-by-hop headers;
+//! - `accept`: the accept loop and its graceful shutdown;
 //! - [`run`] (here): the accept loop, a `gateway` span per request (continuing
 //!   the request's `traceparent`), and graceful shutdown;
 //! - `observe`: requests by outcome.
@@ -43,8 +44,9 @@
 //! # Ok(()) }
 //! ```
 
+mod accept;
 mod config;
-mod hop;
+pub(crate) mod hop;
 mod observe;
 mod proxy;
 
@@ -56,10 +58,6 @@ use axum::body::Body;
 use axum::response::Response;
 use http::Request;
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use idem::LeaseStore;
 use tokio::net::TcpListener;
 use tower::ServiceExt;
@@ -69,7 +67,9 @@ pub use config::{DEFAULT_UPSTREAM_TIMEOUT, GatewayConfig, Upstream, UpstreamErro
 pub use observe::REQUESTS_TOTAL;
 
 use crate::{IdempotencyConfig, IdempotencyLayer, IdempotencyService};
-use proxy::{ClientAddr, Proxy};
+pub(crate) use accept::serve_connections;
+use proxy::Proxy;
+pub(crate) use proxy::{ClientAddr, rewrite_for, upstream_client};
 
 /// The idempotency layer over the reverse proxy, ready to [`run`].
 #[derive(Debug)]
@@ -116,48 +116,11 @@ where
     let idempotency = gateway.layer.config().clone();
     let proxy = Proxy::new(&gateway.config, idempotency.clone());
     let service = tower::Layer::layer(&gateway.layer, proxy);
-    let mut http = http1::Builder::new();
-    http.timer(TokioTimer::new());
-    let graceful = GracefulShutdown::new();
-    tokio::pin!(shutdown);
-    loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    // Out of file descriptors and the like: wait, do not spin or die.
-                    tracing::warn!(%error, "could not accept a connection");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            () = &mut shutdown => break,
-        };
-        if let Err(error) = stream.set_nodelay(true) {
-            tracing::debug!(%error, "could not set TCP_NODELAY");
-        }
-        let service = service.clone();
-        let idempotency = idempotency.clone();
-        let per_request = service_fn(move |request: Request<Incoming>| {
-            answer(service.clone(), idempotency.clone(), peer, request)
-        });
-        let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), per_request));
-        tokio::spawn(async move {
-            if let Err(error) = connection.await {
-                tracing::debug!(%error, %peer, "connection ended with an error");
-            }
-        });
-    }
-    drop(listener);
     let grace = gateway.config.shutdown_grace_period();
-    tracing::info!(
-        ?grace,
-        "stopped accepting; letting the requests in flight finish"
-    );
-    if tokio::time::timeout(grace, graceful.shutdown())
-        .await
-        .is_err()
-    {
+    let per_request = move |request: Request<Incoming>, peer: SocketAddr| {
+        answer(service.clone(), idempotency.clone(), peer, request)
+    };
+    if !accept::serve_connections(listener, shutdown, grace, per_request).await {
         tracing::warn!(
             ?grace,
             "requests still running after the grace period were abandoned; their keys stay reserved until their leases end"

@@ -129,7 +129,7 @@ impl Shared {
         let keyed = self.idempotency.accepts_key(request.method())
             && request.headers().contains_key(IDEMPOTENCY_KEY);
         let reserved_for = keyed.then_some(self.idempotency.lease);
-        let outgoing = match self.outgoing(request) {
+        let outgoing = match rewrite_for(&self.upstream, request) {
             Ok(outgoing) => outgoing,
             Err(error) => {
                 return Refusal::UpstreamUnreachable {
@@ -200,47 +200,65 @@ impl Shared {
             }
         }
     }
+}
 
-    /// The request as the upstream gets it.
-    fn outgoing(&self, request: Request<Body>) -> Result<Request<Body>, http::Error> {
-        let (parts, body) = request.into_parts();
-        let uri = self.upstream.uri_for(parts.uri.path_and_query())?;
-        let mut headers = parts.headers;
-        hop::strip(&mut headers);
-        let host = headers
-            .remove(HOST)
-            .or_else(|| parts.uri.authority().and_then(|a| a.as_str().parse().ok()));
-        if let Some(ClientAddr(peer)) = parts.extensions.get::<ClientAddr>() {
-            let mut forwarded_for = headers
-                .get_all(&X_FORWARDED_FOR)
-                .iter()
-                .filter_map(|v| v.to_str().ok())
-                .collect::<Vec<_>>()
-                .join(", ");
-            if !forwarded_for.is_empty() {
-                forwarded_for.push_str(", ");
-            }
-            forwarded_for.push_str(&peer.ip().to_string());
-            headers.insert(X_FORWARDED_FOR, HeaderValue::try_from(forwarded_for)?);
+/// The request as the upstream gets it: its target on the upstream, the
+/// hop-by-hop headers removed, the `X-Forwarded-*` headers set, and the
+/// current span named in `traceparent`.
+pub(crate) fn rewrite_for<B>(
+    upstream: &Upstream,
+    request: Request<B>,
+) -> Result<Request<B>, http::Error> {
+    let (parts, body) = request.into_parts();
+    let uri = upstream.uri_for(parts.uri.path_and_query())?;
+    let mut headers = parts.headers;
+    hop::strip(&mut headers);
+    let host = headers
+        .remove(HOST)
+        .or_else(|| parts.uri.authority().and_then(|a| a.as_str().parse().ok()));
+    if let Some(ClientAddr(peer)) = parts.extensions.get::<ClientAddr>() {
+        let mut forwarded_for = headers
+            .get_all(&X_FORWARDED_FOR)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect::<Vec<_>>()
+            .join(", ");
+        if !forwarded_for.is_empty() {
+            forwarded_for.push_str(", ");
         }
-        if let Some(host) = host {
-            headers.entry(X_FORWARDED_HOST).or_insert(host);
-        }
-        headers
-            .entry(X_FORWARDED_PROTO)
-            .or_insert(HeaderValue::from_static("http"));
-        // The upstream joins the request's trace as a child of the gateway's
-        // span; without OpenTelemetry here, the incoming traceparent goes on
-        // unchanged.
-        idem_trace::inject_current(&mut idem_trace::HttpHeadersMut(&mut headers));
-
-        let mut outgoing = Request::new(body);
-        *outgoing.method_mut() = parts.method;
-        *outgoing.uri_mut() = uri;
-        *outgoing.version_mut() = Version::HTTP_11;
-        *outgoing.headers_mut() = headers;
-        Ok(outgoing)
+        forwarded_for.push_str(&peer.ip().to_string());
+        headers.insert(X_FORWARDED_FOR, HeaderValue::try_from(forwarded_for)?);
     }
+    if let Some(host) = host {
+        headers.entry(X_FORWARDED_HOST).or_insert(host);
+    }
+    headers
+        .entry(X_FORWARDED_PROTO)
+        .or_insert(HeaderValue::from_static("http"));
+    // The upstream joins the request's trace as a child of the gateway's
+    // span; without OpenTelemetry here, the incoming traceparent goes on
+    // unchanged.
+    idem_trace::inject_current(&mut idem_trace::HttpHeadersMut(&mut headers));
+
+    let mut outgoing = Request::new(body);
+    *outgoing.method_mut() = parts.method;
+    *outgoing.uri_mut() = uri;
+    *outgoing.version_mut() = Version::HTTP_11;
+    *outgoing.headers_mut() = headers;
+    Ok(outgoing)
+}
+
+/// The pooled HTTP/1 client a proxy forwards on; opening a connection may
+/// take at most `connect_timeout`.
+pub(crate) fn upstream_client(connect_timeout: Duration) -> Client<HttpConnector, Body> {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(connect_timeout));
+    Client::builder(TokioExecutor::new())
+        .timer(TokioTimer::new())
+        .pool_timer(TokioTimer::new())
+        .pool_idle_timeout(Duration::from_secs(60))
+        .build(connector)
 }
 
 /// An outcome-unknown answer: the refusal's response (logged as a warning by
