@@ -396,8 +396,7 @@ fn replays(answers: &[Replayable], out: &mut Vec<Violation>) {
 
 /// Two answers differ in status, or in body when both hashes are known.
 fn differs(a: &Answer, b: &Answer) -> bool {
-    a.status != b.status
-        || matches!((&a.body_hash, &b.body_hash), (Some(x), Some(y)) if x != y)
+    a.status != b.status || matches!((&a.body_hash, &b.body_hash), (Some(x), Some(y)) if x != y)
 }
 
 fn describe(answer: &Answer) -> String {

@@ -7,6 +7,13 @@
 //! {"key":"order-42","scope":"payments"}
 //! {"key":"order-43","resource":"account-7","fence":12}
 //! ```
+//!
+//! With the `sqlite` or `postgres` feature, [`query`] reads the same
+//! effects as the rows of a query: a column `key`, and optionally `scope`,
+//! `resource` and `fence`, in commit order.
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub mod query;
 
 use serde::{Deserialize, Serialize};
 

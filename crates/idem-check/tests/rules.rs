@@ -14,11 +14,15 @@ fn kinds(report: &Report) -> Vec<ViolationKind> {
 }
 
 const INVOKE_A: &str = r#"{"type":"invoke","op":1,"process":"c1","at_ms":1,"scope":"pay","key":"a","fingerprint":"f1"}"#;
-const OK_A: &str = r#"{"type":"ok","op":1,"process":"c1","at_ms":2,"answer":{"status":201,"body_hash":"b1"}}"#;
+const OK_A: &str =
+    r#"{"type":"ok","op":1,"process":"c1","at_ms":2,"answer":{"status":201,"body_hash":"b1"}}"#;
 
 #[test]
 fn an_acknowledged_key_applied_once_is_clean() {
-    let report = run(&format!("{INVOKE_A}\n{OK_A}\n"), r#"{"key":"a","scope":"pay"}"#);
+    let report = run(
+        &format!("{INVOKE_A}\n{OK_A}\n"),
+        r#"{"key":"a","scope":"pay"}"#,
+    );
     assert!(report.is_clean(), "{report}");
     assert_eq!(report.counts.operations, 1);
     assert_eq!(report.counts.ok, 1);
@@ -29,7 +33,10 @@ fn an_acknowledged_key_applied_once_is_clean() {
 #[test]
 fn an_acknowledged_key_applied_twice_or_never_is_reported() {
     let history = format!("{INVOKE_A}\n{OK_A}\n");
-    let twice = run(&history, "{\"key\":\"a\"}\n{\"key\":\"a\",\"scope\":\"pay\"}\n");
+    let twice = run(
+        &history,
+        "{\"key\":\"a\"}\n{\"key\":\"a\",\"scope\":\"pay\"}\n",
+    );
     assert_eq!(kinds(&twice), [ViolationKind::DoubleEffect]);
     assert_eq!(twice.violations[0].keys, ["a"]);
     assert_eq!(twice.violations[0].ops, [1]);
@@ -39,7 +46,10 @@ fn an_acknowledged_key_applied_twice_or_never_is_reported() {
 
 #[test]
 fn an_effect_of_another_scope_does_not_count() {
-    let report = run(&format!("{INVOKE_A}\n{OK_A}\n"), r#"{"key":"a","scope":"other"}"#);
+    let report = run(
+        &format!("{INVOKE_A}\n{OK_A}\n"),
+        r#"{"key":"a","scope":"other"}"#,
+    );
     assert_eq!(kinds(&report), [ViolationKind::AckedNotApplied]);
     assert_eq!(report.counts.effects_without_operation, 1);
 }
@@ -175,7 +185,10 @@ fn the_report_lists_the_first_keys_and_counts_the_rest() {
     assert_eq!(report.violations.len(), 13);
     let text = report.to_string();
     assert!(text.contains("acknowledged, never applied (13)"), "{text}");
-    assert!(text.contains("\"k1\": answered ok but never applied (ops 1)"), "{text}");
+    assert!(
+        text.contains("\"k1\": answered ok but never applied (ops 1)"),
+        "{text}"
+    );
     assert!(text.contains("and 3 more"), "{text}");
     let json = serde_json::to_value(&report).unwrap();
     assert_eq!(json["counts"]["operations"], 13);
@@ -184,7 +197,10 @@ fn the_report_lists_the_first_keys_and_counts_the_rest() {
 
 #[test]
 fn an_answer_without_an_invoke_is_refused() {
-    let events = history::read(r#"{"type":"ok","op":4,"process":"c","at_ms":2,"answer":{"status":200}}"#.as_bytes()).unwrap();
+    let events = history::read(
+        r#"{"type":"ok","op":4,"process":"c","at_ms":2,"answer":{"status":200}}"#.as_bytes(),
+    )
+    .unwrap();
     let error = history::validate(&events).unwrap_err().to_string();
     assert!(error.contains("op 4"), "{error}");
 }
