@@ -143,23 +143,32 @@ impl fmt::Display for Report {
         let c = &self.counts;
         writeln!(
             f,
-            "{} operations on {} keys: {} ok, {} fail, {} unknown ({} never answered)",
-            c.operations, c.keys, c.ok, c.fail, c.unknown, c.unanswered
+            "{} on {}: {} ok, {} fail, {} unknown ({} never answered)",
+            count(c.operations, "operation"),
+            count(c.keys, "key"),
+            c.ok,
+            c.fail,
+            c.unknown,
+            c.unanswered
         )?;
         writeln!(
             f,
-            "{} retries, {} duplicates sent, {} replays seen, {} without a key (not checked for dedupe)",
-            c.retries, c.duplicates_sent, c.replays_seen, c.without_key
+            "{}, {} sent, {} seen, {} without a key (not checked for dedupe)",
+            count(c.retries, "retry"),
+            count(c.duplicates_sent, "duplicate"),
+            count(c.replays_seen, "replay"),
+            c.without_key
         )?;
         writeln!(
             f,
-            "{} effects, {} of them for no operation in the history",
-            c.effects, c.effects_without_operation
+            "{}, {} for no operation in the history",
+            count(c.effects, "effect"),
+            c.effects_without_operation
         )?;
         if self.is_clean() {
             return writeln!(f, "no violations");
         }
-        writeln!(f, "{} violations", self.violations.len())?;
+        writeln!(f, "{}", count(self.violations.len(), "violation"))?;
         let mut kinds: Vec<ViolationKind> = self.violations.iter().map(|v| v.kind).collect();
         kinds.sort_unstable();
         kinds.dedup();
@@ -177,6 +186,15 @@ impl fmt::Display for Report {
     }
 }
 
+/// `1 key`, `2 keys`, `1 retry`, `3 retries`.
+fn count(n: usize, noun: &str) -> String {
+    match (n, noun) {
+        (1, _) => format!("1 {noun}"),
+        (_, "retry") => format!("{n} retries"),
+        _ => format!("{n} {noun}s"),
+    }
+}
+
 impl fmt::Display for Violation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let keys = self
@@ -189,5 +207,18 @@ impl fmt::Display for Violation {
             Some(scope) => write!(f, "{keys} (scope {scope:?}): {}", self.message),
             None => write!(f, "{keys}: {}", self.message),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::count;
+
+    #[test]
+    fn counts_read_as_english() {
+        assert_eq!(count(1, "key"), "1 key");
+        assert_eq!(count(2, "key"), "2 keys");
+        assert_eq!(count(0, "retry"), "0 retries");
+        assert_eq!(count(1, "retry"), "1 retry");
     }
 }

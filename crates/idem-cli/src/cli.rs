@@ -49,6 +49,9 @@ pub enum Command {
     /// List, show and redrive dead letters; a redrive keeps the original key.
     #[command(subcommand)]
     Dlq(crate::commands::dlq::DlqCommand),
+    /// Check a history of requests and answers against the effects they
+    /// caused: exit 0 when clean, 1 on a violation, 2 on unreadable input.
+    Check(crate::commands::check::CheckArgs),
 }
 
 /// `idem keys ...`
