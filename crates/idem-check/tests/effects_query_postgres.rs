@@ -71,4 +71,15 @@ async fn rows_become_effects_in_the_order_of_the_query() {
     .await
     .unwrap();
     assert!(empty.is_empty());
+    let empty_without_key = query::postgres(
+        db.url(),
+        "test database",
+        "SELECT id FROM ledger WHERE false",
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        empty_without_key.to_string().contains("no column \"key\""),
+        "{empty_without_key}"
+    );
 }

@@ -1,7 +1,7 @@
 //! The effects query on PostgreSQL, on one connection of its own.
 
 use sqlx::postgres::PgRow;
-use sqlx::{AssertSqlSafe, Column, Connection, PgConnection, Row};
+use sqlx::{AssertSqlSafe, Column, Connection, Executor, PgConnection, Row, SqlSafeStr};
 
 use super::{Columns, QueryError};
 use crate::effects::Effect;
@@ -16,16 +16,24 @@ pub async fn postgres(url: &str, location: &str, sql: &str) -> Result<Vec<Effect
             location: location.to_owned(),
             source: source.into(),
         })?;
-    let rows = sqlx::query(AssertSqlSafe(sql.to_owned()))
-        .fetch_all(&mut conn)
-        .await
-        .map_err(|source| QueryError::Failed(source.into()));
+    let effects = read(&mut conn, sql).await;
     conn.close().await.ok();
-    let rows = rows?;
-    let Some(first) = rows.first() else {
-        return Ok(Vec::new());
-    };
-    let columns = Columns::find(first.columns().iter().map(|c| c.name()))?;
+    effects
+}
+
+/// Names the columns first, so that a query without `key` is refused even
+/// when it returns no rows, then reads the rows.
+async fn read(conn: &mut PgConnection, sql: &str) -> Result<Vec<Effect>, QueryError> {
+    let failed = |source: sqlx::Error| QueryError::Failed(source.into());
+    let described = (&mut *conn)
+        .describe(AssertSqlSafe(sql.to_owned()).into_sql_str())
+        .await
+        .map_err(failed)?;
+    let columns = Columns::find(described.columns().iter().map(|c| c.name()))?;
+    let rows = sqlx::query(AssertSqlSafe(sql.to_owned()))
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(failed)?;
     rows.iter()
         .enumerate()
         .map(|(index, row)| columns.effect(index + 1, |i| text(row, i), |i| fence(row, i)))
