@@ -7,6 +7,13 @@
 //! {"key":"order-42","scope":"payments"}
 //! {"key":"order-43","resource":"account-7","fence":12}
 //! ```
+//!
+//! With the `sqlite` or `postgres` feature, [`query`] reads the same
+//! effects as the rows of a query: a column `key`, and optionally `scope`,
+//! `resource` and `fence`, in commit order.
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub mod query;
 
 use serde::{Deserialize, Serialize};
 
@@ -25,4 +32,56 @@ pub struct Effect {
     /// must only increase in the log's order.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fence: Option<i64>,
+}
+
+/// A line of an effect log that is not an [`Effect`].
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// The file could not be read.
+    #[error("cannot read the effect log: {0}")]
+    Io(#[from] std::io::Error),
+    /// A line is not an effect.
+    #[error(
+        "line {line} of the effect log is not an effect ({error}); each line is one JSON object with a \"key\" and optionally \"scope\", \"resource\" and an integer \"fence\""
+    )]
+    Line {
+        /// 1-based.
+        line: usize,
+        /// What the parser said.
+        error: serde_json::Error,
+    },
+}
+
+/// Reads every effect of a JSON Lines effect log; blank lines are skipped.
+pub fn read(input: impl std::io::BufRead) -> Result<Vec<Effect>, ReadError> {
+    let mut effects = Vec::new();
+    for (index, line) in input.lines().enumerate() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let effect = serde_json::from_str(&line).map_err(|error| ReadError::Line {
+            line: index + 1,
+            error,
+        })?;
+        effects.push(effect);
+    }
+    Ok(effects)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn effects_read_and_a_bad_line_is_named() {
+        let text = "{\"key\":\"a\"}\n\n{\"key\":\"b\",\"resource\":\"r\",\"fence\":3}\n";
+        let effects = read(text.as_bytes()).unwrap();
+        assert_eq!(effects.len(), 2);
+        assert_eq!(effects[1].fence, Some(3));
+        let error = read("{\"key\":\"a\"}\n{\"scope\":\"s\"}\n".as_bytes())
+            .unwrap_err()
+            .to_string();
+        assert!(error.starts_with("line 2 of the effect log"), "{error}");
+    }
 }

@@ -158,6 +158,41 @@ pub fn read(input: impl BufRead) -> Result<Vec<Event>, ReadError> {
     Ok(events)
 }
 
+/// A history whose events do not fit together.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ShapeError {
+    /// An answer for an operation with no `invoke` before it.
+    #[error(
+        "event {event} of the history answers op {op}, which was never invoked before it; every operation starts with an \"invoke\""
+    )]
+    NotInvoked {
+        /// 1-based, counting events (blank lines are not events).
+        event: usize,
+        /// The operation.
+        op: u64,
+    },
+}
+
+/// Checks that every answer follows an `invoke` of its operation.
+pub fn validate(events: &[Event]) -> Result<(), ShapeError> {
+    let mut invoked = std::collections::HashSet::new();
+    for (index, event) in events.iter().enumerate() {
+        match event {
+            Event::Invoke { op, .. } => {
+                invoked.insert(*op);
+            }
+            other if !invoked.contains(&other.op()) => {
+                return Err(ShapeError::NotInvoked {
+                    event: index + 1,
+                    op: other.op(),
+                });
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// Writes events as JSON Lines, one per line, flushing after each so a
 /// history survives its writer being killed.
 #[derive(Debug)]

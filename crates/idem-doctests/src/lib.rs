@@ -42,4 +42,5 @@ doctests! {
     DefaultsDoctests => "../../../docs/src/defaults.md",
     ObservabilityDoctests => "../../../docs/src/observability.md",
     TracingDoctests => "../../../docs/src/tracing.md",
+    CheckDoctests => "../../../docs/src/check.md",
 }

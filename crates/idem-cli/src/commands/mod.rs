@@ -2,6 +2,7 @@
 //! benchmarks (`idem bench …`) are the `idem-bench` crate's, apart from the
 //! product.
 
+pub(crate) mod check;
 mod demo;
 pub(crate) mod dlq;
 pub(crate) mod dup_proxy;
@@ -39,6 +40,17 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Relay(args) => relay::run(open(store).await?, &args, key_in_spans).await,
         Command::Dlq(command) => dlq::run(open(store).await?, command).await,
         Command::DupProxy(args) => dup_proxy::run(&args).await,
+        Command::Check(args) => check::run(store, &args).await,
+    }
+}
+
+/// The exit status of a command that failed: 2 for input `idem check` could
+/// not read, 1 for everything else.
+pub fn exit_code(error: &anyhow::Error) -> std::process::ExitCode {
+    if error.is::<check::BadInput>() {
+        std::process::ExitCode::from(2)
+    } else {
+        std::process::ExitCode::FAILURE
     }
 }
 
