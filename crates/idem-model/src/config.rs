@@ -53,15 +53,15 @@ pub struct Config {
 }
 
 impl Default for Config {
-    /// Three workers, a clock of five ticks, a lease of two ticks and a
+    /// Three workers, a clock of six ticks, a lease of two ticks, five claims and a
     /// window far longer than the run.
     fn default() -> Self {
         Self {
             workers: 3,
-            horizon: 5,
+            horizon: 6,
             lease: 2,
             retention: 1_000,
-            max_claims: 4,
+            max_claims: 5,
             order: Order::EffectFirst,
             sweeps: true,
             bug: None,

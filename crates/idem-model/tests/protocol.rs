@@ -51,40 +51,47 @@ fn record_first_writes_the_effect_at_most_once() {
 
 #[test]
 fn a_complete_that_ignores_the_token_is_caught() {
+    // The shortest counterexample: a worker stalls past its lease, another
+    // takes over, and the stalled one completes.
     let bug = Config::default().with_bug(Bug::CompleteIgnoresToken);
-    let report = run("complete ignores the token", bug.clone());
-    assert!(report.counterexample(STALE_NEVER_COMPLETES).is_some());
-    assert!(report.counterexample(RESOURCE_MATCHES).is_some());
-    // The shortest: a worker stalls past its lease, another takes over, and
-    // the stalled one completes.
-    let first = show("its first counterexample", first_counterexample(bug));
-    let (_, steps) = &first.counterexamples[0];
+    let report = show("complete ignores the token", first_counterexample(bug));
+    let steps = report.counterexample(STALE_NEVER_COMPLETES).unwrap();
     assert!(
         matches!(steps.last(), Some(Action::Complete(_))),
         "{steps:?}"
     );
+    assert!(report.counterexample(RESOURCE_MATCHES).is_some());
 }
 
 #[test]
 fn a_takeover_that_reuses_the_token_is_caught() {
     let bug = Config::default().with_bug(Bug::TakeoverReusesToken);
-    let report = run("a takeover reuses the token", bug.clone());
-    assert!(report.counterexample(STALE_NEVER_COMPLETES).is_some());
-    let first = show("its first counterexample", first_counterexample(bug));
-    let steps = first.counterexample(STALE_NEVER_COMPLETES).unwrap();
+    let report = show("a takeover reuses the token", first_counterexample(bug));
+    let steps = report.counterexample(STALE_NEVER_COMPLETES).unwrap();
     assert!(
         matches!(steps.last(), Some(Action::Complete(_))),
         "{steps:?}"
     );
 }
 
+/// A window of three ticks inside a run of five (four claims at most, to
+/// keep the larger state space quick).
+fn short_window() -> Config {
+    Config {
+        horizon: 5,
+        max_claims: 4,
+        ..Config::default()
+    }
+    .with_retention(3)
+}
+
 #[test]
 fn past_the_window_the_key_runs_again_and_tokens_still_grow() {
-    // A window of three ticks inside a run of five, and no sweeper: expired
-    // records are replaced by the next claim, with the next token.
+    // No sweeper: expired records are replaced by the next claim, with the
+    // next token.
     let report = run(
         "a window of 3 ticks, no sweeper",
-        Config::default().with_retention(3).with_sweeps(false),
+        short_window().with_sweeps(false),
     );
     assert!(report.counterexamples.is_empty(), "{report:#?}");
     assert!(report.reached(SECOND_WINDOW) && report.reached(SETTLED_TWICE));
@@ -96,20 +103,25 @@ fn a_sweep_counts_the_tokens_again_from_one() {
     // its token with it, and the next claim starts again at token 1. A worker
     // that held a claim across the end of the window (a lease taken over
     // just before it ended) then shares a token with the new owner.
-    let report = run(
-        "a window of 3 ticks, swept",
-        Config::default().with_retention(3),
-    );
+    let report = run("a window of 3 ticks, swept", short_window());
     assert!(report.reached(SETTLED_TWICE));
     assert!(report.counterexample(AT_MOST_ONCE).is_none());
     assert!(report.counterexample(NOT_CLAIMED_AGAIN).is_none());
     assert!(report.counterexample(STALE_NEVER_COMPLETES).is_some());
     assert!(report.counterexample(NEWEST_WRITES).is_some());
+    let first = show(
+        "its first counterexample",
+        first_counterexample(short_window()),
+    );
+    assert!(
+        first
+            .counterexamples
+            .iter()
+            .any(|(_, steps)| steps.contains(&Action::Sweep))
+    );
     let record_first = run(
         "a window of 3 ticks, swept, record first",
-        Config::default()
-            .with_retention(3)
-            .with_order(Order::RecordFirst),
+        short_window().with_order(Order::RecordFirst),
     );
     assert!(record_first.counterexample(WRITTEN_ONCE).is_none());
     assert!(record_first.counterexample(STALE_NEVER_COMPLETES).is_some());
