@@ -48,4 +48,7 @@ if ! "$mdbook" --version >/dev/null 2>&1; then
 fi
 "$mdbook" build docs
 
+# The fuzz targets in fuzz/: each replays its seeds and fuzzes for a few seconds.
+bash scripts/fuzz-smoke.sh
+
 cargo nextest run --workspace --all-targets --no-fail-fast

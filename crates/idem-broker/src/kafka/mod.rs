@@ -50,6 +50,9 @@ impl KafkaUrl {
             .split('/')
             .filter(|s| !s.is_empty())
             .map(|s| {
+                // Decoded as a form value, the way `Display` encodes it; a
+                // literal `&` is part of the segment, not a pair separator.
+                let s = s.replace('&', "%26");
                 url::form_urlencoded::parse(format!("x={s}").as_bytes())
                     .next()
                     .map(|(_, v)| v.into_owned())

@@ -310,7 +310,12 @@ impl FromStr for Destination {
                 if parsed.query().is_some() || parsed.fragment().is_some() {
                     return Err(invalid("a NATS destination takes no query or fragment"));
                 }
-                let url = text[..text.len() - parsed.path().len()].to_owned();
+                // The server is the URL without its path, as parsed: the
+                // parser escapes what the text left raw, so the parsed path
+                // need not be a suffix of the text.
+                let mut server = parsed.clone();
+                server.set_path("");
+                let url = server.as_str().trim_end_matches('/').to_owned();
                 Ok(Self::Nats {
                     url,
                     subject: subject.to_owned(),
@@ -430,6 +435,34 @@ mod tests {
             let again = parse(&destination.to_string());
             assert_eq!(destination, again, "{text}");
         }
+    }
+
+    #[test]
+    fn a_kafka_topic_keeps_its_ampersand() {
+        // Found by the destination_url fuzz target: the topic was cut at a
+        // literal `&`, and `kafka://h:9092/&x` parsed with an empty topic
+        // whose canonical form did not parse back.
+        for (text, topic) in [("kafka://h:9092/a&b", "a&b"), ("kafka://h:9092/&x", "&x")] {
+            let destination = parse(text);
+            assert!(
+                matches!(&destination, Destination::Kafka { topic: found, .. } if found == topic),
+                "{destination:?}"
+            );
+            assert_eq!(parse(&destination.to_string()), destination, "{text}");
+        }
+    }
+
+    #[test]
+    fn a_nats_subject_the_parser_escapes_is_no_crash() {
+        // Found by the destination_url fuzz target: a control character in
+        // the subject made the parsed path longer than the text's, and the
+        // server URL was cut at a negative length.
+        let destination = parse("nats://127.0.0.1:4222/a\u{1}b");
+        assert!(
+            matches!(&destination, Destination::Nats { url, subject } if url == "nats://127.0.0.1:4222" && subject == "a%01b"),
+            "{destination:?}"
+        );
+        assert_eq!(parse(&destination.to_string()), destination);
     }
 
     #[test]

@@ -1,0 +1,130 @@
+//! The exhaustive checks: the protocol as the stores run it holds every
+//! property for three workers on one key, reaches the paths it is meant to
+//! reach, and a store with a planted bug is caught with a counterexample.
+
+use idem_model::model::{
+    AT_MOST_ONCE, COMPLETES, LOST, NEWEST_WRITES, NOT_CLAIMED_AGAIN, REPEATED, RESOURCE_FENCES,
+    RESOURCE_MATCHES, SECOND_WINDOW, SETTLED_TWICE, STALE_NEVER_COMPLETES, STORE_FENCES, TAKEOVER,
+    WRITTEN_ONCE,
+};
+use idem_model::{Action, Bug, Config, Order, Report, check, first_counterexample};
+
+fn run(label: &str, config: Config) -> Report {
+    show(label, check(config))
+}
+
+fn show(label: &str, report: Report) -> Report {
+    println!(
+        "{label}: {} distinct states ({} generated, depth {}) in {:.1?}",
+        report.unique_states, report.states, report.max_depth, report.elapsed
+    );
+    for (property, steps) in &report.counterexamples {
+        println!("  counterexample to {property:?}: {steps:?}");
+    }
+    report
+}
+
+#[test]
+fn effect_first_holds_every_property_and_reaches_takeovers_and_fencing() {
+    let report = run("apply_leased, 3 workers", Config::default());
+    assert!(report.counterexamples.is_empty(), "{report:#?}");
+    for path in [TAKEOVER, STORE_FENCES, RESOURCE_FENCES, COMPLETES, REPEATED] {
+        assert!(report.reached(path), "never reached {path:?}: {report:#?}");
+    }
+    // Inside one window: no second claim, and a completion always wrote.
+    assert!(!report.reached(SECOND_WINDOW) && !report.reached(SETTLED_TWICE));
+    assert!(!report.reached(LOST));
+}
+
+#[test]
+fn record_first_writes_the_effect_at_most_once() {
+    let report = run(
+        "apply_at_most_once, 3 workers",
+        Config::default().with_order(Order::RecordFirst),
+    );
+    assert!(report.counterexamples.is_empty(), "{report:#?}");
+    for path in [TAKEOVER, STORE_FENCES, COMPLETES, LOST] {
+        assert!(report.reached(path), "never reached {path:?}: {report:#?}");
+    }
+    // Nobody writes but the worker that recorded the key.
+    assert!(!report.reached(REPEATED) && !report.reached(RESOURCE_FENCES));
+    assert!(!report.reached(SECOND_WINDOW));
+}
+
+#[test]
+fn a_complete_that_ignores_the_token_is_caught() {
+    // The shortest counterexample: a worker stalls past its lease, another
+    // takes over, and the stalled one completes.
+    let bug = Config::default().with_bug(Bug::CompleteIgnoresToken);
+    let report = show("complete ignores the token", first_counterexample(bug));
+    let steps = report.counterexample(STALE_NEVER_COMPLETES).unwrap();
+    assert!(
+        matches!(steps.last(), Some(Action::Complete(_))),
+        "{steps:?}"
+    );
+    assert!(report.counterexample(RESOURCE_MATCHES).is_some());
+}
+
+#[test]
+fn a_takeover_that_reuses_the_token_is_caught() {
+    let bug = Config::default().with_bug(Bug::TakeoverReusesToken);
+    let report = show("a takeover reuses the token", first_counterexample(bug));
+    let steps = report.counterexample(STALE_NEVER_COMPLETES).unwrap();
+    assert!(
+        matches!(steps.last(), Some(Action::Complete(_))),
+        "{steps:?}"
+    );
+}
+
+/// A window of three ticks inside a run of five (four claims at most, to
+/// keep the larger state space quick).
+fn short_window() -> Config {
+    Config {
+        horizon: 5,
+        max_claims: 4,
+        ..Config::default()
+    }
+    .with_retention(3)
+}
+
+#[test]
+fn past_the_window_the_key_runs_again_and_tokens_still_grow() {
+    // No sweeper: expired records are replaced by the next claim, with the
+    // next token.
+    let report = run(
+        "a window of 3 ticks, no sweeper",
+        short_window().with_sweeps(false),
+    );
+    assert!(report.counterexamples.is_empty(), "{report:#?}");
+    assert!(report.reached(SECOND_WINDOW) && report.reached(SETTLED_TWICE));
+}
+
+#[test]
+fn a_sweep_counts_the_tokens_again_from_one() {
+    // The same window with a sweeper: a record deleted past retention takes
+    // its token with it, and the next claim starts again at token 1. A worker
+    // that held a claim across the end of the window (a lease taken over
+    // just before it ended) then shares a token with the new owner.
+    let report = run("a window of 3 ticks, swept", short_window());
+    assert!(report.reached(SETTLED_TWICE));
+    assert!(report.counterexample(AT_MOST_ONCE).is_none());
+    assert!(report.counterexample(NOT_CLAIMED_AGAIN).is_none());
+    assert!(report.counterexample(STALE_NEVER_COMPLETES).is_some());
+    assert!(report.counterexample(NEWEST_WRITES).is_some());
+    let first = show(
+        "its first counterexample",
+        first_counterexample(short_window()),
+    );
+    assert!(
+        first
+            .counterexamples
+            .iter()
+            .any(|(_, steps)| steps.contains(&Action::Sweep))
+    );
+    let record_first = run(
+        "a window of 3 ticks, swept, record first",
+        short_window().with_order(Order::RecordFirst),
+    );
+    assert!(record_first.counterexample(WRITTEN_ONCE).is_none());
+    assert!(record_first.counterexample(STALE_NEVER_COMPLETES).is_some());
+}
