@@ -1,0 +1,310 @@
+//! The scenarios and one trial of each: the upstream, the gateway on its
+//! store, the clients, the fault injected mid-load, and the check at the end.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::ValueEnum;
+use idem_check::history::Event;
+use idem_check::{Report, ViolationKind};
+use rand::Rng;
+
+use super::client::{Load, Sample};
+use super::faultproxy::{FaultProxy, Mode};
+use super::gateway::{Exit, Gateway};
+use super::now_ms;
+use super::upstream::{EFFECTS_QUERY, Upstream};
+
+/// Concurrent clients per trial.
+const CLIENTS: usize = 4;
+
+/// A fault campaign's scenario.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Scenario {
+    /// The gateway on the embedded store, killed (SIGKILL) or crashed at a
+    /// crash point mid-load, restarted on the same file.
+    GatewaySqliteKill,
+    /// The same, the gateway's store on PostgreSQL.
+    GatewayPostgresKill,
+    /// The gateway's PostgreSQL connection through the fault proxy: dropped,
+    /// blackholed or delayed mid-load, then healed.
+    GatewayPostgresPartition,
+}
+
+impl Scenario {
+    /// The scenario's name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::GatewaySqliteKill => "gateway-sqlite-kill",
+            Self::GatewayPostgresKill => "gateway-postgres-kill",
+            Self::GatewayPostgresPartition => "gateway-postgres-partition",
+        }
+    }
+
+    /// Whether the scenario needs PostgreSQL.
+    pub fn needs_postgres(self) -> bool {
+        !matches!(self, Self::GatewaySqliteKill)
+    }
+}
+
+/// A fault, as injected.
+#[derive(Debug, Clone)]
+pub struct Fault {
+    /// What: `sigkill`, `crash apply.after-claim`, `drop`, …
+    pub what: String,
+    /// When it started, ms since the Unix epoch.
+    pub at_ms: i64,
+    /// When it ended (the process was back, the proxy passed again).
+    pub until_ms: i64,
+}
+
+/// Where a trial runs.
+pub struct Setting<'a> {
+    /// The scenario.
+    pub scenario: Scenario,
+    /// The trial's number, from 1.
+    pub index: usize,
+    /// Operations per trial.
+    pub ops: u64,
+    /// A directory of its own.
+    pub dir: &'a Path,
+    /// The PostgreSQL database for the gateway's store, with its server's
+    /// address, for the PostgreSQL scenarios.
+    pub postgres: Option<(&'a str, SocketAddr)>,
+    /// A prefix for the keys, unique to the campaign.
+    pub run_id: &'a str,
+}
+
+/// What one trial found.
+#[derive(Debug)]
+pub struct TrialResult {
+    /// The trial's number.
+    pub index: usize,
+    /// The faults injected (a crash point counts once it fired).
+    pub faults: Vec<Fault>,
+    /// The checker's report on the history and the upstream's effects.
+    pub report: Report,
+    /// Keys applied more than once where each extra effect follows an
+    /// attempt of the key whose outcome was unknown: the leased gateway's
+    /// at-least-once cost, counted in effects beyond the first.
+    pub expected_repeats: usize,
+    /// Extra effects not explained that way: violations.
+    pub double_effects: usize,
+    /// Acknowledged operations with no effect.
+    pub lost_acked: usize,
+    /// Violations: the checker's, less the explained repeats.
+    pub violations: Vec<String>,
+    /// Every attempt, for the plots.
+    pub samples: Vec<Sample>,
+    /// The history file.
+    pub history: PathBuf,
+}
+
+/// Runs one trial.
+pub async fn trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> {
+    let Setting { scenario, index, ops, dir, postgres, run_id } = *setting;
+    std::fs::create_dir_all(dir)?;
+    let upstream = Upstream::start(&dir.join("upstream.db")).await?;
+    let proxy = match (scenario, postgres) {
+        (Scenario::GatewayPostgresPartition, Some((_, server))) => Some(FaultProxy::start(server).await?),
+        _ => None,
+    };
+    let store = match (scenario, postgres) {
+        (Scenario::GatewaySqliteKill, _) => format!("sqlite://{}", dir.join("gateway.db").display()),
+        (_, Some((database, server))) => {
+            let addr = proxy.as_ref().map_or(server, FaultProxy::addr);
+            format!("postgres://postgres@{addr}/{database}")
+        }
+        (_, None) => anyhow::bail!("{} needs PostgreSQL", scenario.name()),
+    };
+    // Half the kill trials arm a crash point instead of a SIGKILL.
+    let crash = match (scenario, index % 4) {
+        (Scenario::GatewayPostgresPartition, _) | (_, 0) => None,
+        (_, variant) => {
+            let point = [
+                idem::crash::AFTER_CLAIM,
+                idem::crash::INSIDE_EFFECT,
+                idem::crash::BEFORE_ANSWER,
+            ][variant - 1];
+            let nth = rand::rng().random_range(2..=(ops / 3).max(2));
+            Some((point, format!("{point}:#{nth}")))
+        }
+    };
+    let log = dir.join("gateway.log");
+    let mut gateway = Gateway::start(store, upstream.url(), &log, crash.as_ref().map(|c| c.1.as_str())).await?;
+
+    let history_path = dir.join("history.jsonl");
+    let history = std::fs::File::create(&history_path)?;
+    let budget = Duration::from_secs(60) + Duration::from_millis(100 * ops);
+    let started = Instant::now();
+    let load = Load::new(format!("{run_id}-{}-t{index}", scenario.name()), ops, gateway.addr(), history, started + budget);
+    let clients: Vec<_> = (1..=CLIENTS)
+        .map(|n| tokio::spawn(Arc::clone(&load).client(format!("client-{n}"))))
+        .collect();
+
+    // The fault: at a random point of the load.
+    let mut faults = Vec::new();
+    let fault_at = (ops as f64 * rand::rng().random_range(0.2..0.5)) as usize;
+    let mut injected = false;
+    let mut down_since: Option<(String, i64)> = None;
+    let mut partition: Option<(Mode, Instant, i64)> = None;
+    let finished = || clients.iter().all(|client| client.is_finished());
+    while !finished() && started.elapsed() < budget + Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // A gateway that ended (a crash point, a kill) is restarted unarmed.
+        if let Some(exit) = gateway.exited() {
+            let what = match (exit, &crash) {
+                (Exit::Crashed, Some((point, _))) => format!("crash {point}"),
+                _ => "exit".to_owned(),
+            };
+            down_since.get_or_insert((what, now_ms()));
+        }
+        if let Some((what, at_ms)) = down_since.take() {
+            tokio::time::sleep(Duration::from_millis(rand::rng().random_range(50..300))).await;
+            gateway.restart(None).await.context("restarting the gateway")?;
+            faults.push(Fault { what, at_ms, until_ms: now_ms() });
+            continue;
+        }
+        if let Some((mode, until, at_ms)) = partition {
+            if Instant::now() >= until {
+                if let Some(proxy) = &proxy {
+                    proxy.set(Mode::Pass);
+                }
+                faults.push(Fault { what: mode.name().to_owned(), at_ms, until_ms: now_ms() });
+                partition = None;
+            }
+            continue;
+        }
+        if injected || load.done.load(Ordering::SeqCst) < fault_at {
+            continue;
+        }
+        injected = true;
+        match (&proxy, &crash) {
+            (Some(proxy), _) => {
+                let mode = match index % 3 {
+                    0 => Mode::Drop,
+                    1 => Mode::Blackhole,
+                    _ => Mode::Delay(Duration::from_millis(40)),
+                };
+                let lasts = Duration::from_millis(rand::rng().random_range(500..1500));
+                proxy.set(mode);
+                partition = Some((mode, Instant::now() + lasts, now_ms()));
+            }
+            (None, None) => {
+                gateway.kill().await;
+                down_since = Some(("sigkill".to_owned(), now_ms()));
+            }
+            // The crash point fires by itself.
+            (None, Some(_)) => {}
+        }
+    }
+    if let (Some(proxy), Some((mode, _, at_ms))) = (&proxy, partition) {
+        proxy.set(Mode::Pass);
+        faults.push(Fault { what: mode.name().to_owned(), at_ms, until_ms: now_ms() });
+    }
+    for client in &clients {
+        client.abort();
+    }
+    gateway.kill().await;
+    drop(proxy);
+
+    let events = idem_check::history::read(std::io::BufReader::new(std::fs::File::open(&history_path)?))?;
+    let effects = idem_check::effects::query::sqlite(upstream.path(), EFFECTS_QUERY)?;
+    let report = idem_check::check(&events, &effects);
+    Ok(judge(index, faults, report, &events, &effects, load.samples(), history_path))
+}
+
+/// Splits the checker's double effects into the leased gateway's known cost
+/// and violations, and counts the rest.
+fn judge(
+    index: usize,
+    faults: Vec<Fault>,
+    report: Report,
+    events: &[Event],
+    effects: &[idem_check::Effect],
+    samples: Vec<Sample>,
+    history: PathBuf,
+) -> TrialResult {
+    let unknown = unknown_attempts(events);
+    let mut applied: HashMap<&str, usize> = HashMap::new();
+    for effect in effects {
+        *applied.entry(effect.key.as_str()).or_default() += 1;
+    }
+    let (mut expected_repeats, mut double_effects, mut lost_acked) = (0, 0, 0);
+    let mut violations = Vec::new();
+    for violation in &report.violations {
+        match violation.kind {
+            ViolationKind::DoubleEffect => {
+                let mut explained = true;
+                for key in &violation.keys {
+                    let extra = applied.get(key.as_str()).copied().unwrap_or(1).saturating_sub(1);
+                    if extra <= unknown.get(key.as_str()).copied().unwrap_or(0) {
+                        expected_repeats += extra;
+                    } else {
+                        double_effects += extra;
+                        explained = false;
+                    }
+                }
+                if explained {
+                    continue;
+                }
+            }
+            ViolationKind::AckedNotApplied => lost_acked += violation.keys.len(),
+            _ => {}
+        }
+        violations.push(format!("{}: {:?} {}", violation.kind.describe(), violation.keys, violation.message));
+    }
+    TrialResult {
+        index,
+        faults,
+        report,
+        expected_repeats,
+        double_effects,
+        lost_acked,
+        violations,
+        samples,
+        history,
+    }
+}
+
+/// Per key, the attempts whose outcome was unknown: answered `unknown`, or
+/// not answered before the next attempt or the end of the history. Each may
+/// have reached the upstream while the gateway could not store its answer.
+fn unknown_attempts(events: &[Event]) -> HashMap<&str, usize> {
+    let mut key_of: HashMap<u64, &str> = HashMap::new();
+    let mut pending: HashMap<u64, bool> = HashMap::new();
+    let mut unknown: HashMap<&str, usize> = HashMap::new();
+    for event in events {
+        match event {
+            Event::Invoke { op, key: Some(key), .. } => {
+                if pending.insert(*op, true) == Some(true)
+                    && let Some(key) = key_of.get(op)
+                {
+                    *unknown.entry(key).or_default() += 1;
+                }
+                key_of.insert(*op, key.as_str());
+            }
+            Event::Unknown { op, .. } => {
+                if pending.insert(*op, false) == Some(true)
+                    && let Some(key) = key_of.get(op)
+                {
+                    *unknown.entry(key).or_default() += 1;
+                }
+            }
+            other => {
+                pending.insert(other.op(), false);
+            }
+        }
+    }
+    for (op, open) in pending {
+        if open && let Some(key) = key_of.get(&op) {
+            *unknown.entry(key).or_default() += 1;
+        }
+    }
+    unknown
+}
