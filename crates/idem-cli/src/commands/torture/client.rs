@@ -74,7 +74,13 @@ pub struct Load {
 impl Load {
     /// A load of `ops` operations writing its history to `history`, that
     /// starts no operation after `deadline`.
-    pub fn new(tag: String, ops: u64, addr: Address, history: File, deadline: Instant) -> Arc<Self> {
+    pub fn new(
+        tag: String,
+        ops: u64,
+        addr: Address,
+        history: File,
+        deadline: Instant,
+    ) -> Arc<Self> {
         // No pooled connections: each attempt connects anew, so a gateway
         // that is down refuses the connection (nothing sent) instead of a
         // stale connection failing after the request was written.
@@ -97,7 +103,10 @@ impl Load {
 
     /// The attempts made so far.
     pub fn samples(&self) -> Vec<Sample> {
-        self.samples.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.samples
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     fn record(&self, event: &Event) {
@@ -124,7 +133,13 @@ impl Load {
 
     /// Sends operation `op` (the payload of operation `payload`) until it is
     /// settled; whether it was acknowledged.
-    async fn operation(&self, process: &str, op: u64, payload: u64, duplicate_of: Option<u64>) -> bool {
+    async fn operation(
+        &self,
+        process: &str,
+        op: u64,
+        payload: u64,
+        duplicate_of: Option<u64>,
+    ) -> bool {
         let key = format!("{}-{payload}", self.tag);
         let body = Bytes::from(format!("{{\"amount\":{payload}}}"));
         let fingerprint = Fingerprint::of_bytes(&body).to_hex();
@@ -157,7 +172,10 @@ impl Load {
             let settled = match &event {
                 Event::Ok { .. } => return true,
                 // A 409 means the key is in flight or leased: try again.
-                Event::Fail { answer: Some(answer), .. } => answer.status != 409,
+                Event::Fail {
+                    answer: Some(answer),
+                    ..
+                } => answer.status != 409,
                 _ => false,
             };
             if settled || started.elapsed() > OPERATION_DEADLINE {
@@ -165,7 +183,10 @@ impl Load {
             }
             let backoff = Duration::from_millis(50 * 2u64.pow(attempt.min(4)));
             let jitter = rand::rng().random_range(0.5..1.5);
-            let pause = wait.unwrap_or(backoff).min(Duration::from_secs(1)).mul_f64(jitter);
+            let pause = wait
+                .unwrap_or(backoff)
+                .min(Duration::from_secs(1))
+                .mul_f64(jitter);
             tokio::time::sleep(pause).await;
         }
         false
@@ -173,7 +194,13 @@ impl Load {
 
     /// One attempt: the event that records its outcome, the outcome, and the
     /// pause the answer asked for (`Retry-After`).
-    async fn attempt(&self, process: &str, op: u64, key: &str, body: Bytes) -> (Event, Outcome, Option<Duration>) {
+    async fn attempt(
+        &self,
+        process: &str,
+        op: u64,
+        key: &str,
+        body: Bytes,
+    ) -> (Event, Outcome, Option<Duration>) {
         let addr = *self.addr.lock().unwrap_or_else(|p| p.into_inner());
         let request = http::Request::post(format!("http://{addr}/pay"))
             .header("idempotency-key", format!("\"{key}\""))
@@ -192,7 +219,16 @@ impl Load {
         let (parts, body) = match sent {
             Err(_) => {
                 let error = "timed out".to_owned();
-                return (Event::Unknown { op, process, at_ms, error }, Outcome::Unknown, None);
+                return (
+                    Event::Unknown {
+                        op,
+                        process,
+                        at_ms,
+                        error,
+                    },
+                    Outcome::Unknown,
+                    None,
+                );
             }
             Ok(Err(error)) => {
                 let connect = error
@@ -200,11 +236,26 @@ impl Load {
                     .is_some_and(|error| error.is_connect());
                 return if connect {
                     let error = "connection refused: nothing sent".to_owned();
-                    let event = Event::Fail { op, process, at_ms, answer: None, error };
+                    let event = Event::Fail {
+                        op,
+                        process,
+                        at_ms,
+                        answer: None,
+                        error,
+                    };
                     (event, Outcome::Fail, None)
                 } else {
                     let error = format!("no answer: {error:#}");
-                    (Event::Unknown { op, process, at_ms, error }, Outcome::Unknown, None)
+                    (
+                        Event::Unknown {
+                            op,
+                            process,
+                            at_ms,
+                            error,
+                        },
+                        Outcome::Unknown,
+                        None,
+                    )
                 };
             }
             Ok(Ok(answer)) => answer,
@@ -224,15 +275,39 @@ impl Load {
             .and_then(|value| value.to_str().ok()?.parse::<u64>().ok())
             .map(Duration::from_secs);
         match status {
-            200..=299 => (Event::Ok { op, process, at_ms, answer }, Outcome::Ok, None),
+            200..=299 => (
+                Event::Ok {
+                    op,
+                    process,
+                    at_ms,
+                    answer,
+                },
+                Outcome::Ok,
+                None,
+            ),
             400..=499 => {
                 let error = format!("answered {status}");
-                let event = Event::Fail { op, process, at_ms, answer: Some(answer), error };
+                let event = Event::Fail {
+                    op,
+                    process,
+                    at_ms,
+                    answer: Some(answer),
+                    error,
+                };
                 (event, Outcome::Fail, retry_after)
             }
             _ => {
                 let error = format!("answered {status}");
-                (Event::Unknown { op, process, at_ms, error }, Outcome::Unknown, retry_after)
+                (
+                    Event::Unknown {
+                        op,
+                        process,
+                        at_ms,
+                        error,
+                    },
+                    Outcome::Unknown,
+                    retry_after,
+                )
             }
         }
     }

@@ -189,12 +189,17 @@ mod tests {
         proxy.set(Mode::Drop);
         assert!(round_trip(&mut stream).await.is_err());
         let mut fresh = TcpStream::connect(proxy.addr()).await.unwrap();
-        assert!(round_trip(&mut fresh).await.is_err(), "new connections are closed");
+        assert!(
+            round_trip(&mut fresh).await.is_err(),
+            "new connections are closed"
+        );
     }
 
     #[tokio::test]
     async fn refuses_a_target_off_loopback() {
-        let error = FaultProxy::start("192.0.2.1:5432".parse().unwrap()).await.unwrap_err();
+        let error = FaultProxy::start("192.0.2.1:5432".parse().unwrap())
+            .await
+            .unwrap_err();
         assert!(error.to_string().contains("loopback"));
     }
 }

@@ -87,7 +87,13 @@ impl Gateway {
         }
         let lease = format!("{}s", LEASE.as_secs());
         command
-            .args(["--store", &self.store, "serve", "--upstream", &self.upstream])
+            .args([
+                "--store",
+                &self.store,
+                "serve",
+                "--upstream",
+                &self.upstream,
+            ])
             .args(["--listen", "127.0.0.1:0", "--lease", &lease])
             .args(["--upstream-timeout", UPSTREAM_TIMEOUT])
             .args(["--sweep-every", "off", "--principal-header", "none"])
@@ -140,10 +146,5 @@ impl Gateway {
         } else {
             Exit::Other
         })
-    }
-
-    /// Whether a process is running.
-    pub fn is_running(&self) -> bool {
-        self.child.is_some()
     }
 }

@@ -16,6 +16,7 @@ mod faultproxy;
 mod gateway;
 mod report;
 mod scenario;
+mod upstream;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -23,7 +24,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Args;
-use idem::sqlx::{self, Connection, Executor};
+use idem::sqlx::{self, AssertSqlSafe, Connection};
 use rand::Rng;
 
 use report::Summary;
@@ -58,12 +59,17 @@ pub struct TortureArgs {
 pub(crate) fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |elapsed| i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX))
+        .map_or(0, |elapsed| {
+            i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX)
+        })
 }
 
 pub async fn run(args: &TortureArgs) -> anyhow::Result<()> {
     if !args.postgres.ip().is_loopback() {
-        bail!("--postgres must be a loopback address, not {}", args.postgres);
+        bail!(
+            "--postgres must be a loopback address, not {}",
+            args.postgres
+        );
     }
     if args.trials == 0 || args.ops == 0 {
         bail!("--trials and --ops must be at least 1");
@@ -91,13 +97,18 @@ pub async fn run(args: &TortureArgs) -> anyhow::Result<()> {
         for &scenario in &scenarios {
             let mut summary = Summary::new(scenario.name());
             for index in 1..=args.trials {
-                let dir = work.path().join(scenario.name()).join(format!("trial-{index}"));
+                let dir = work
+                    .path()
+                    .join(scenario.name())
+                    .join(format!("trial-{index}"));
                 let setting = Setting {
                     scenario,
                     index,
                     ops: args.ops,
                     dir: &dir,
-                    postgres: postgres.as_ref().map(|db| (db.name.as_str(), args.postgres)),
+                    postgres: postgres
+                        .as_ref()
+                        .map(|db| (db.name.as_str(), args.postgres)),
                     run_id: &run_id,
                 };
                 let result = scenario::trial(&setting)
@@ -126,7 +137,10 @@ pub async fn run(args: &TortureArgs) -> anyhow::Result<()> {
     outcome?;
 
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report::json(&summaries))?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report::json(&summaries))?
+        );
     } else {
         println!("{}", report::table(&summaries));
     }
@@ -151,10 +165,13 @@ struct Database {
 
 impl Database {
     async fn create(server: SocketAddr, name: &str) -> anyhow::Result<Self> {
-        let mut admin = sqlx::PgConnection::connect(&format!("postgres://postgres@{server}/postgres"))
-            .await
-            .with_context(|| format!("cannot reach PostgreSQL at {server} (--postgres)"))?;
-        admin.execute(format!("CREATE DATABASE {name}").as_str()).await?;
+        let mut admin =
+            sqlx::PgConnection::connect(&format!("postgres://postgres@{server}/postgres"))
+                .await
+                .with_context(|| format!("cannot reach PostgreSQL at {server} (--postgres)"))?;
+        sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&mut admin)
+            .await?;
         Ok(Self {
             server,
             name: name.to_owned(),
@@ -168,7 +185,9 @@ impl Database {
             // Gateways killed mid-trial may leave sessions behind for a moment.
             tokio::time::sleep(Duration::from_millis(200)).await;
             let sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
-            admin.execute(sql.as_str()).await?;
+            sqlx::raw_sql(AssertSqlSafe(sql))
+                .execute(&mut admin)
+                .await?;
             anyhow::Ok(())
         };
         if let Err(error) = dropped.await {

@@ -31,6 +31,7 @@ pub struct Summary {
     expected_repeats: usize,
     lost_acked: usize,
     unknown: usize,
+    unknown_attempts: usize,
     /// Violations over all trials.
     pub violations: usize,
     /// Per fault: samples relative to it (start, latency, outcome) and how long it lasted.
@@ -51,6 +52,7 @@ impl Summary {
             expected_repeats: 0,
             lost_acked: 0,
             unknown: 0,
+            unknown_attempts: 0,
             violations: 0,
             around: Vec::new(),
             trial_lines: Vec::new(),
@@ -67,6 +69,11 @@ impl Summary {
         self.expected_repeats += trial.expected_repeats;
         self.lost_acked += trial.lost_acked;
         self.unknown += counts.unknown + counts.unanswered;
+        self.unknown_attempts += trial
+            .samples
+            .iter()
+            .filter(|s| s.outcome == Outcome::Unknown)
+            .count();
         self.violations += trial.violations.len();
         for fault in &trial.faults {
             *self.fault_kinds.entry(fault.what.clone()).or_default() += 1;
@@ -115,7 +122,7 @@ const HEADER: [&str; 10] = [
     "double effects",
     "repeats after unknown (at-least-once)",
     "lost acked",
-    "unknown outcomes",
+    "unknown answers (attempts / final)",
     "violations",
 ];
 
@@ -134,23 +141,18 @@ pub fn table(summaries: &[Summary]) -> String {
 }
 
 fn row(s: &Summary) -> Vec<String> {
-    [
-        s.trials,
-        s.operations,
-        s.faults,
-        s.replays,
-        s.double_effects,
-        s.expected_repeats,
-        s.lost_acked,
-        s.unknown,
-        s.violations,
+    vec![
+        s.scenario.to_owned(),
+        s.trials.to_string(),
+        s.operations.to_string(),
+        s.faults.to_string(),
+        s.replays.to_string(),
+        s.double_effects.to_string(),
+        s.expected_repeats.to_string(),
+        s.lost_acked.to_string(),
+        format!("{} / {}", s.unknown_attempts, s.unknown),
+        s.violations.to_string(),
     ]
-    .iter()
-    .map(ToString::to_string)
-    .fold(vec![s.scenario.to_owned()], |mut row, cell| {
-        row.push(cell);
-        row
-    })
 }
 
 /// The table as JSON.
@@ -168,6 +170,7 @@ pub fn json(summaries: &[Summary]) -> serde_json::Value {
                 "double_effects": s.double_effects,
                 "repeats_after_unknown": s.expected_repeats,
                 "lost_acked": s.lost_acked,
+                "unknown_attempts": s.unknown_attempts,
                 "unknown": s.unknown,
                 "violations": s.violations,
             })
@@ -196,7 +199,12 @@ pub fn html(summaries: &[Summary], ops: u64) -> String {
     }
     page.push_str("</table>");
     for s in summaries {
-        let _ = write!(page, "<h2>{}</h2><p>Faults: {}</p>", s.scenario, escape(&s.kinds()));
+        let _ = write!(
+            page,
+            "<h2>{}</h2><p>Faults: {}</p>",
+            s.scenario,
+            escape(&s.kinds())
+        );
         let _ = write!(
             page,
             "<p>Every attempt in the {before} s before and {after} s after each fault starts (time 0), all faults of the scenario overlaid; the shaded band is the median fault's length. Green: ok, orange: refused or nothing sent, red: unknown.</p>",
@@ -211,7 +219,9 @@ pub fn html(summaries: &[Summary], ops: u64) -> String {
 }
 
 fn escape(text: &str) -> String {
-    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 const WIDTH: f64 = 720.0;

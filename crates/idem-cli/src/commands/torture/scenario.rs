@@ -107,15 +107,26 @@ pub struct TrialResult {
 
 /// Runs one trial.
 pub async fn trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> {
-    let Setting { scenario, index, ops, dir, postgres, run_id } = *setting;
+    let Setting {
+        scenario,
+        index,
+        ops,
+        dir,
+        postgres,
+        run_id,
+    } = *setting;
     std::fs::create_dir_all(dir)?;
     let upstream = Upstream::start(&dir.join("upstream.db")).await?;
     let proxy = match (scenario, postgres) {
-        (Scenario::GatewayPostgresPartition, Some((_, server))) => Some(FaultProxy::start(server).await?),
+        (Scenario::GatewayPostgresPartition, Some((_, server))) => {
+            Some(FaultProxy::start(server).await?)
+        }
         _ => None,
     };
     let store = match (scenario, postgres) {
-        (Scenario::GatewaySqliteKill, _) => format!("sqlite://{}", dir.join("gateway.db").display()),
+        (Scenario::GatewaySqliteKill, _) => {
+            format!("sqlite://{}", dir.join("gateway.db").display())
+        }
         (_, Some((database, server))) => {
             let addr = proxy.as_ref().map_or(server, FaultProxy::addr);
             format!("postgres://postgres@{addr}/{database}")
@@ -136,13 +147,25 @@ pub async fn trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> {
         }
     };
     let log = dir.join("gateway.log");
-    let mut gateway = Gateway::start(store, upstream.url(), &log, crash.as_ref().map(|c| c.1.as_str())).await?;
+    let mut gateway = Gateway::start(
+        store,
+        upstream.url(),
+        &log,
+        crash.as_ref().map(|c| c.1.as_str()),
+    )
+    .await?;
 
     let history_path = dir.join("history.jsonl");
     let history = std::fs::File::create(&history_path)?;
     let budget = Duration::from_secs(60) + Duration::from_millis(100 * ops);
     let started = Instant::now();
-    let load = Load::new(format!("{run_id}-{}-t{index}", scenario.name()), ops, gateway.addr(), history, started + budget);
+    let load = Load::new(
+        format!("{run_id}-{}-t{index}", scenario.name()),
+        ops,
+        gateway.addr(),
+        history,
+        started + budget,
+    );
     let clients: Vec<_> = (1..=CLIENTS)
         .map(|n| tokio::spawn(Arc::clone(&load).client(format!("client-{n}"))))
         .collect();
@@ -166,8 +189,15 @@ pub async fn trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> {
         }
         if let Some((what, at_ms)) = down_since.take() {
             tokio::time::sleep(Duration::from_millis(rand::rng().random_range(50..300))).await;
-            gateway.restart(None).await.context("restarting the gateway")?;
-            faults.push(Fault { what, at_ms, until_ms: now_ms() });
+            gateway
+                .restart(None)
+                .await
+                .context("restarting the gateway")?;
+            faults.push(Fault {
+                what,
+                at_ms,
+                until_ms: now_ms(),
+            });
             continue;
         }
         if let Some((mode, until, at_ms)) = partition {
@@ -175,7 +205,11 @@ pub async fn trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> {
                 if let Some(proxy) = &proxy {
                     proxy.set(Mode::Pass);
                 }
-                faults.push(Fault { what: mode.name().to_owned(), at_ms, until_ms: now_ms() });
+                faults.push(Fault {
+                    what: mode.name().to_owned(),
+                    at_ms,
+                    until_ms: now_ms(),
+                });
                 partition = None;
             }
             continue;
@@ -191,7 +225,7 @@ pub async fn trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> {
                     1 => Mode::Blackhole,
                     _ => Mode::Delay(Duration::from_millis(40)),
                 };
-                let lasts = Duration::from_millis(rand::rng().random_range(500..1500));
+                let lasts = Duration::from_millis(rand::rng().random_range(500..3500));
                 proxy.set(mode);
                 partition = Some((mode, Instant::now() + lasts, now_ms()));
             }
@@ -205,7 +239,11 @@ pub async fn trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> {
     }
     if let (Some(proxy), Some((mode, _, at_ms))) = (&proxy, partition) {
         proxy.set(Mode::Pass);
-        faults.push(Fault { what: mode.name().to_owned(), at_ms, until_ms: now_ms() });
+        faults.push(Fault {
+            what: mode.name().to_owned(),
+            at_ms,
+            until_ms: now_ms(),
+        });
     }
     for client in &clients {
         client.abort();
@@ -213,10 +251,19 @@ pub async fn trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> {
     gateway.kill().await;
     drop(proxy);
 
-    let events = idem_check::history::read(std::io::BufReader::new(std::fs::File::open(&history_path)?))?;
+    let events =
+        idem_check::history::read(std::io::BufReader::new(std::fs::File::open(&history_path)?))?;
     let effects = idem_check::effects::query::sqlite(upstream.path(), EFFECTS_QUERY)?;
     let report = idem_check::check(&events, &effects);
-    Ok(judge(index, faults, report, &events, &effects, load.samples(), history_path))
+    Ok(judge(
+        index,
+        faults,
+        report,
+        &events,
+        &effects,
+        load.samples(),
+        history_path,
+    ))
 }
 
 /// Splits the checker's double effects into the leased gateway's known cost
@@ -242,7 +289,11 @@ fn judge(
             ViolationKind::DoubleEffect => {
                 let mut explained = true;
                 for key in &violation.keys {
-                    let extra = applied.get(key.as_str()).copied().unwrap_or(1).saturating_sub(1);
+                    let extra = applied
+                        .get(key.as_str())
+                        .copied()
+                        .unwrap_or(1)
+                        .saturating_sub(1);
                     if extra <= unknown.get(key.as_str()).copied().unwrap_or(0) {
                         expected_repeats += extra;
                     } else {
@@ -257,7 +308,12 @@ fn judge(
             ViolationKind::AckedNotApplied => lost_acked += violation.keys.len(),
             _ => {}
         }
-        violations.push(format!("{}: {:?} {}", violation.kind.describe(), violation.keys, violation.message));
+        violations.push(format!(
+            "{}: {:?} {}",
+            violation.kind.describe(),
+            violation.keys,
+            violation.message
+        ));
     }
     TrialResult {
         index,
@@ -281,7 +337,9 @@ fn unknown_attempts(events: &[Event]) -> HashMap<&str, usize> {
     let mut unknown: HashMap<&str, usize> = HashMap::new();
     for event in events {
         match event {
-            Event::Invoke { op, key: Some(key), .. } => {
+            Event::Invoke {
+                op, key: Some(key), ..
+            } => {
                 if pending.insert(*op, true) == Some(true)
                     && let Some(key) = key_of.get(op)
                 {

@@ -93,6 +93,9 @@ async fn pay(State(db): State<Arc<Mutex<Connection>>>, headers: HeaderMap) -> (S
     .await;
     match applied {
         Ok(Ok(())) => (StatusCode::CREATED, answer),
-        _ => (StatusCode::INTERNAL_SERVER_ERROR, "effect not applied".into()),
+        _ => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "effect not applied".into(),
+        ),
     }
 }
