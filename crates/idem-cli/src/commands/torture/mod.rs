@@ -76,9 +76,9 @@ pub async fn run(args: &TortureArgs) -> anyhow::Result<()> {
     }
     let scenarios = if args.scenario.is_empty() {
         vec![
-            Scenario::GatewaySqliteKill,
-            Scenario::GatewayPostgresKill,
-            Scenario::GatewayPostgresPartition,
+            Scenario::SqliteKill,
+            Scenario::PostgresKill,
+            Scenario::PostgresPartition,
         ]
     } else {
         args.scenario.clone()

@@ -18,6 +18,22 @@ const AFTER_MS: i64 = 9_000;
 /// Throughput buckets.
 const BUCKET_MS: i64 = 250;
 
+/// One attempt, in time relative to a fault.
+#[derive(Debug, Clone, Copy)]
+struct Point {
+    /// When it was sent, ms after the fault started.
+    at: i64,
+    latency: i64,
+    outcome: Outcome,
+}
+
+/// The attempts around one fault, and how long the fault lasted.
+#[derive(Debug)]
+struct Window {
+    points: Vec<Point>,
+    length_ms: i64,
+}
+
 /// One scenario's totals.
 #[derive(Debug)]
 pub struct Summary {
@@ -34,8 +50,8 @@ pub struct Summary {
     unknown_attempts: usize,
     /// Violations over all trials.
     pub violations: usize,
-    /// Per fault: samples relative to it (start, latency, outcome) and how long it lasted.
-    around: Vec<(Vec<(i64, i64, Outcome)>, i64)>,
+    /// The attempts around each fault.
+    around: Vec<Window>,
     trial_lines: Vec<String>,
 }
 
@@ -77,13 +93,20 @@ impl Summary {
         self.violations += trial.violations.len();
         for fault in &trial.faults {
             *self.fault_kinds.entry(fault.what.clone()).or_default() += 1;
-            let window = trial
+            let points = trial
                 .samples
                 .iter()
                 .filter(|s| (fault.at_ms - BEFORE_MS..fault.at_ms + AFTER_MS).contains(&s.start_ms))
-                .map(|s| (s.start_ms - fault.at_ms, s.end_ms - s.start_ms, s.outcome))
+                .map(|s| Point {
+                    at: s.start_ms - fault.at_ms,
+                    latency: s.end_ms - s.start_ms,
+                    outcome: s.outcome,
+                })
                 .collect();
-            self.around.push((window, fault.until_ms - fault.at_ms));
+            self.around.push(Window {
+                points,
+                length_ms: fault.until_ms - fault.at_ms,
+            });
         }
         let faults: Vec<_> = trial
             .faults
@@ -235,12 +258,12 @@ fn x_of(t: i64) -> f64 {
 }
 
 /// The frame of a plot: axes, the fault band, time ticks and a y label.
-fn frame(svg: &mut String, around: &[(Vec<(i64, i64, Outcome)>, i64)], y_label: &str, y_max: f64) {
+fn frame(svg: &mut String, around: &[Window], y_label: &str, y_max: f64) {
     let _ = write!(
         svg,
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{WIDTH}\" height=\"{HEIGHT}\" font-size=\"11\">"
     );
-    let mut lengths: Vec<i64> = around.iter().map(|(_, length)| *length).collect();
+    let mut lengths: Vec<i64> = around.iter().map(|window| window.length_ms).collect();
     lengths.sort_unstable();
     let median = lengths.get(lengths.len() / 2).copied().unwrap_or(0);
     let (x0, x1) = (x_of(0), x_of(median.min(AFTER_MS)));
@@ -279,18 +302,18 @@ fn y_of(value: f64, max: f64) -> f64 {
 }
 
 /// Each attempt's latency against when it was sent.
-fn latency_plot(around: &[(Vec<(i64, i64, Outcome)>, i64)]) -> String {
+fn latency_plot(around: &[Window]) -> String {
     let max = around
         .iter()
-        .flat_map(|(samples, _)| samples.iter().map(|s| s.1))
+        .flat_map(|window| window.points.iter().map(|point| point.latency))
         .max()
         .unwrap_or(1)
         .max(10) as f64;
     let mut svg = String::new();
     frame(&mut svg, around, "ms", max);
-    for (samples, _) in around {
-        for &(t, latency, outcome) in samples {
-            let color = match outcome {
+    for window in around {
+        for point in &window.points {
+            let color = match point.outcome {
                 Outcome::Ok => "#2a2",
                 Outcome::Fail => "#e90",
                 Outcome::Unknown => "#d22",
@@ -298,8 +321,8 @@ fn latency_plot(around: &[(Vec<(i64, i64, Outcome)>, i64)]) -> String {
             let _ = write!(
                 svg,
                 "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"1.8\" fill=\"{color}\" fill-opacity=\"0.6\"/>",
-                x_of(t),
-                y_of(latency as f64, max)
+                x_of(point.at),
+                y_of(point.latency as f64, max)
             );
         }
     }
@@ -308,13 +331,13 @@ fn latency_plot(around: &[(Vec<(i64, i64, Outcome)>, i64)]) -> String {
 }
 
 /// Acknowledged attempts per second, averaged over the faults.
-fn throughput_plot(around: &[(Vec<(i64, i64, Outcome)>, i64)]) -> String {
+fn throughput_plot(around: &[Window]) -> String {
     let buckets = ((BEFORE_MS + AFTER_MS) / BUCKET_MS) as usize;
     let mut ok = vec![0usize; buckets];
-    for (samples, _) in around {
-        for &(t, latency, outcome) in samples {
-            let end = t + latency + BEFORE_MS;
-            if outcome == Outcome::Ok && (0..BEFORE_MS + AFTER_MS).contains(&end) {
+    for window in around {
+        for point in &window.points {
+            let end = point.at + point.latency + BEFORE_MS;
+            if point.outcome == Outcome::Ok && (0..BEFORE_MS + AFTER_MS).contains(&end) {
                 ok[(end / BUCKET_MS) as usize] += 1;
             }
         }

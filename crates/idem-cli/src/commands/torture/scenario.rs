@@ -28,27 +28,30 @@ const CLIENTS: usize = 4;
 pub enum Scenario {
     /// The gateway on the embedded store, killed (SIGKILL) or crashed at a
     /// crash point mid-load, restarted on the same file.
-    GatewaySqliteKill,
+    #[value(name = "gateway-sqlite-kill")]
+    SqliteKill,
     /// The same, the gateway's store on PostgreSQL.
-    GatewayPostgresKill,
+    #[value(name = "gateway-postgres-kill")]
+    PostgresKill,
     /// The gateway's PostgreSQL connection through the fault proxy: dropped,
     /// blackholed or delayed mid-load, then healed.
-    GatewayPostgresPartition,
+    #[value(name = "gateway-postgres-partition")]
+    PostgresPartition,
 }
 
 impl Scenario {
     /// The scenario's name on the command line.
     pub fn name(self) -> &'static str {
         match self {
-            Self::GatewaySqliteKill => "gateway-sqlite-kill",
-            Self::GatewayPostgresKill => "gateway-postgres-kill",
-            Self::GatewayPostgresPartition => "gateway-postgres-partition",
+            Self::SqliteKill => "gateway-sqlite-kill",
+            Self::PostgresKill => "gateway-postgres-kill",
+            Self::PostgresPartition => "gateway-postgres-partition",
         }
     }
 
     /// Whether the scenario needs PostgreSQL.
     pub fn needs_postgres(self) -> bool {
-        !matches!(self, Self::GatewaySqliteKill)
+        !matches!(self, Self::SqliteKill)
     }
 }
 
@@ -118,13 +121,11 @@ pub async fn trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> {
     std::fs::create_dir_all(dir)?;
     let upstream = Upstream::start(&dir.join("upstream.db")).await?;
     let proxy = match (scenario, postgres) {
-        (Scenario::GatewayPostgresPartition, Some((_, server))) => {
-            Some(FaultProxy::start(server).await?)
-        }
+        (Scenario::PostgresPartition, Some((_, server))) => Some(FaultProxy::start(server).await?),
         _ => None,
     };
     let store = match (scenario, postgres) {
-        (Scenario::GatewaySqliteKill, _) => {
+        (Scenario::SqliteKill, _) => {
             format!("sqlite://{}", dir.join("gateway.db").display())
         }
         (_, Some((database, server))) => {
@@ -135,7 +136,7 @@ pub async fn trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> {
     };
     // Half the kill trials arm a crash point instead of a SIGKILL.
     let crash = match (scenario, index % 4) {
-        (Scenario::GatewayPostgresPartition, _) | (_, 0) => None,
+        (Scenario::PostgresPartition, _) | (_, 0) => None,
         (_, variant) => {
             let point = [
                 idem::crash::AFTER_CLAIM,
