@@ -23,7 +23,7 @@ fn postgres_up() -> bool {
 #[test]
 fn a_short_campaign_injects_faults_and_finds_no_violation() {
     let report = tempfile::tempdir().unwrap();
-    let mut scenarios = vec!["gateway-sqlite-kill"];
+    let mut scenarios = vec!["gateway-sqlite-kill", "relay-kill"];
     if postgres_up() {
         scenarios.push("gateway-postgres-partition");
     }

@@ -14,6 +14,7 @@
 mod client;
 mod faultproxy;
 mod gateway;
+mod relay;
 mod report;
 mod scenario;
 mod upstream;
@@ -79,6 +80,7 @@ pub async fn run(args: &TortureArgs) -> anyhow::Result<()> {
             Scenario::SqliteKill,
             Scenario::PostgresKill,
             Scenario::PostgresPartition,
+            Scenario::RelayKill,
         ]
     } else {
         args.scenario.clone()

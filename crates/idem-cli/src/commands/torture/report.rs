@@ -80,7 +80,7 @@ impl Summary {
         self.trials += 1;
         self.operations += counts.operations;
         self.faults += trial.faults.len();
-        self.replays += counts.replays_seen;
+        self.replays += counts.replays_seen + trial.suppressed_downstream;
         self.double_effects += trial.double_effects;
         self.expected_repeats += trial.expected_repeats;
         self.lost_acked += trial.lost_acked;

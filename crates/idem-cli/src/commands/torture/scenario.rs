@@ -5,11 +5,12 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::ValueEnum;
+use idem::SqliteStore;
 use idem_check::history::Event;
 use idem_check::{Report, ViolationKind};
 use rand::Rng;
@@ -18,6 +19,7 @@ use super::client::{Load, Sample};
 use super::faultproxy::{FaultProxy, Mode};
 use super::gateway::{Exit, Gateway};
 use super::now_ms;
+use super::relay::{self, Relay};
 use super::upstream::{EFFECTS_QUERY, Upstream};
 
 /// Concurrent clients per trial.
@@ -37,6 +39,10 @@ pub enum Scenario {
     /// blackholed or delayed mid-load, then healed.
     #[value(name = "gateway-postgres-partition")]
     PostgresPartition,
+    /// `idem relay`, publishing an outbox to a webhook that dedupes, killed
+    /// (SIGKILL) or crashed after a publish mid-load, restarted.
+    #[value(name = "relay-kill")]
+    RelayKill,
 }
 
 impl Scenario {
@@ -46,12 +52,13 @@ impl Scenario {
             Self::SqliteKill => "gateway-sqlite-kill",
             Self::PostgresKill => "gateway-postgres-kill",
             Self::PostgresPartition => "gateway-postgres-partition",
+            Self::RelayKill => "relay-kill",
         }
     }
 
     /// Whether the scenario needs PostgreSQL.
     pub fn needs_postgres(self) -> bool {
-        !matches!(self, Self::SqliteKill)
+        matches!(self, Self::PostgresKill | Self::PostgresPartition)
     }
 }
 
@@ -98,6 +105,9 @@ pub struct TrialResult {
     pub expected_repeats: usize,
     /// Extra effects not explained that way: violations.
     pub double_effects: usize,
+    /// Copies the downstream received and answered from its records (the
+    /// relay scenario's redeliveries).
+    pub suppressed_downstream: usize,
     /// Acknowledged operations with no effect.
     pub lost_acked: usize,
     /// Violations: the checker's, less the explained repeats.
@@ -110,6 +120,119 @@ pub struct TrialResult {
 
 /// Runs one trial.
 pub async fn trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> {
+    match setting.scenario {
+        Scenario::RelayKill => relay_trial(setting).await,
+        _ => gateway_trial(setting).await,
+    }
+}
+
+/// A trial of the relay scenario.
+async fn relay_trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> {
+    let Setting {
+        scenario,
+        index,
+        ops,
+        dir,
+        run_id,
+        ..
+    } = *setting;
+    std::fs::create_dir_all(dir)?;
+    let app_path = dir.join("app.db");
+    let app_store = SqliteStore::open(&app_path).await?;
+    let down_path = dir.join("downstream.db");
+    let down_store = SqliteStore::open(&down_path).await?;
+    let deliveries = Arc::new(AtomicUsize::new(0));
+    let down = relay::downstream(&down_store, Arc::clone(&deliveries)).await?;
+    let app = relay::application(&app_store).await?;
+    // Odd trials arm the crash point after a publish instead of a SIGKILL.
+    // It is reached once per pass that published, and a short load may be
+    // published in one pass: it fires on the first.
+    let crash = (index % 2 == 1).then(|| format!("{}:#1", idem::crash::AFTER_PUBLISH));
+    let mut relay = Relay::new(
+        &app_path,
+        format!("http://{}/deliver", down.addr),
+        &dir.join("relay.log"),
+    );
+    relay.start(crash.as_deref())?;
+
+    let history_path = dir.join("history.jsonl");
+    let history = std::fs::File::create(&history_path)?;
+    let budget = Duration::from_secs(60) + Duration::from_millis(100 * ops);
+    let started = Instant::now();
+    let addr = Arc::new(std::sync::Mutex::new(app.addr));
+    let load = Load::new(
+        format!("{run_id}-{}-t{index}", scenario.name()),
+        ops,
+        addr,
+        history,
+        started + budget,
+    );
+    let clients: Vec<_> = (1..=CLIENTS)
+        .map(|n| tokio::spawn(Arc::clone(&load).client(format!("client-{n}"))))
+        .collect();
+    let fault_at = (ops as f64 * rand::rng().random_range(0.2..0.5)) as usize;
+    let mut injected = false;
+    let mut faults = Vec::new();
+    let mut drained_by: Option<Instant> = None;
+    while started.elapsed() < budget + Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let mut down_since = None;
+        if let Some(exit) = relay.exited() {
+            let what = match (exit, &crash) {
+                (Exit::Crashed, Some(_)) => format!("crash {}", idem::crash::AFTER_PUBLISH),
+                _ => "exit".to_owned(),
+            };
+            down_since = Some((what, now_ms()));
+        } else if !injected && crash.is_none() && load.done.load(Ordering::SeqCst) >= fault_at {
+            injected = true;
+            relay.kill().await;
+            down_since = Some(("sigkill".to_owned(), now_ms()));
+        }
+        if let Some((what, at_ms)) = down_since {
+            tokio::time::sleep(Duration::from_millis(rand::rng().random_range(50..300))).await;
+            relay.start(None)?;
+            faults.push(Fault {
+                what,
+                at_ms,
+                until_ms: now_ms(),
+            });
+            continue;
+        }
+        // Once the clients are done, wait for the outbox to drain.
+        if clients.iter().all(|client| client.is_finished()) {
+            let deadline =
+                *drained_by.get_or_insert_with(|| Instant::now() + Duration::from_secs(20));
+            if relay::pending(&app_store).await? == 0 || Instant::now() > deadline {
+                break;
+            }
+        }
+    }
+    for client in &clients {
+        client.abort();
+    }
+    relay.kill().await;
+
+    let events =
+        idem_check::history::read(std::io::BufReader::new(std::fs::File::open(&history_path)?))?;
+    let effects = idem_check::effects::query::sqlite(&down_path, relay::EFFECTS_QUERY)?;
+    let report = idem_check::check(&events, &effects);
+    let mut result = judge(
+        index,
+        faults,
+        report,
+        &events,
+        &effects,
+        load.samples(),
+        history_path,
+    );
+    result.suppressed_downstream = deliveries
+        .load(Ordering::SeqCst)
+        .saturating_sub(effects.len());
+    Ok(result)
+}
+
+/// A trial of a gateway scenario.
+async fn gateway_trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> {
     let Setting {
         scenario,
         index,
@@ -322,6 +445,7 @@ fn judge(
         report,
         expected_repeats,
         double_effects,
+        suppressed_downstream: 0,
         lost_acked,
         violations,
         samples,
