@@ -1,5 +1,5 @@
 //! `idem torture` run as a user runs it: a short campaign over the embedded
-//! store and PostgreSQL, with faults injected and no violation found.
+//! store, PostgreSQL and the relay, with faults injected and no violation found.
 
 use std::net::{SocketAddr, TcpStream};
 use std::process::Command;
