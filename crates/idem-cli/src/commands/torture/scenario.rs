@@ -257,7 +257,7 @@ async fn gateway_trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> {
         }
         (_, None) => anyhow::bail!("{} needs PostgreSQL", scenario.name()),
     };
-    // Half the kill trials arm a crash point instead of a SIGKILL.
+    // Three kill trials in four arm a crash point instead of a SIGKILL.
     let crash = match (scenario, index % 4) {
         (Scenario::PostgresPartition, _) | (_, 0) => None,
         (_, variant) => {
@@ -490,4 +490,102 @@ fn unknown_attempts(events: &[Event]) -> HashMap<&str, usize> {
         }
     }
     unknown
+}
+
+#[cfg(test)]
+mod tests {
+    use idem_check::Effect;
+    use idem_check::history::Answer;
+
+    use super::*;
+
+    fn invoke(op: u64, key: &str) -> Event {
+        Event::Invoke {
+            op,
+            process: "client-1".into(),
+            at_ms: 0,
+            scope: None,
+            key: Some(key.into()),
+            fingerprint: None,
+            request: None,
+            duplicate_of: None,
+        }
+    }
+
+    fn ok(op: u64) -> Event {
+        Event::Ok {
+            op,
+            process: "client-1".into(),
+            at_ms: 1,
+            answer: Answer {
+                status: 201,
+                body_hash: None,
+                replayed: false,
+            },
+        }
+    }
+
+    fn unknown(op: u64) -> Event {
+        Event::Unknown {
+            op,
+            process: "client-1".into(),
+            at_ms: 1,
+            error: "reset".into(),
+        }
+    }
+
+    fn effect(key: &str) -> Effect {
+        Effect {
+            key: key.into(),
+            scope: None,
+            resource: None,
+            fence: None,
+        }
+    }
+
+    fn judged(events: &[Event], effects: &[Effect]) -> TrialResult {
+        let report = idem_check::check(events, effects);
+        judge(
+            1,
+            Vec::new(),
+            report,
+            events,
+            effects,
+            Vec::new(),
+            PathBuf::new(),
+        )
+    }
+
+    #[test]
+    fn a_repeat_after_an_unknown_outcome_is_the_leases_cost() {
+        let events = [invoke(1, "a"), unknown(1), invoke(1, "a"), ok(1)];
+        let result = judged(&events, &[effect("a"), effect("a")]);
+        assert_eq!((result.expected_repeats, result.double_effects), (1, 0));
+        assert!(result.violations.is_empty(), "{:?}", result.violations);
+    }
+
+    #[test]
+    fn a_repeat_no_unknown_outcome_explains_is_a_violation() {
+        // One attempt never answered explains one extra effect, not two.
+        let events = [invoke(1, "a"), invoke(1, "a"), ok(1), invoke(2, "b"), ok(2)];
+        let result = judged(
+            &events,
+            &[
+                effect("a"),
+                effect("a"),
+                effect("a"),
+                effect("b"),
+                effect("b"),
+            ],
+        );
+        assert_eq!((result.expected_repeats, result.double_effects), (0, 3));
+        assert_eq!(result.violations.len(), 2, "{:?}", result.violations);
+    }
+
+    #[test]
+    fn an_acknowledged_key_without_effect_is_lost() {
+        let result = judged(&[invoke(1, "a"), ok(1)], &[]);
+        assert_eq!(result.lost_acked, 1);
+        assert_eq!(result.violations.len(), 1);
+    }
 }
