@@ -12,11 +12,11 @@ use super::client::Outcome;
 use super::scenario::TrialResult;
 
 /// The plots show this long before each fault, in ms.
-const BEFORE_MS: i64 = 3_000;
+const BEFORE_MS: i64 = 1_000;
 /// And this long after it starts.
-const AFTER_MS: i64 = 9_000;
+const AFTER_MS: i64 = 6_000;
 /// Throughput buckets.
-const BUCKET_MS: i64 = 250;
+const BUCKET_MS: i64 = 100;
 
 /// One attempt, in time relative to a fault.
 #[derive(Debug, Clone, Copy)]
