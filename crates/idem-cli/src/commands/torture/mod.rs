@@ -34,7 +34,7 @@ use scenario::{Scenario, Setting};
 /// `idem torture`
 #[derive(Debug, Args)]
 pub struct TortureArgs {
-    /// Only this scenario [default: all of them].
+    /// Run only this scenario; repeat it for several [default: all of them].
     #[arg(long, value_enum)]
     pub scenario: Vec<Scenario>,
     /// Trials per scenario.
