@@ -1,21 +1,21 @@
 //! `idem torture` run as a user runs it: a short campaign over the embedded
-//! store, PostgreSQL and the relay, with faults injected and no violation found.
+//! store, PostgreSQL, the relay and RabbitMQ, with faults injected and no violation found.
 
 use std::net::{SocketAddr, TcpStream};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-/// The PostgreSQL server the campaign uses, when it is up; a test without it
-/// runs the embedded scenario only, unless `IDEM_REQUIRE_SERVICES` is set.
-fn postgres_up() -> bool {
-    let addr: SocketAddr = "127.0.0.1:5432".parse().unwrap();
+/// Whether a service the campaign uses is up; a test without it skips its
+/// scenario, unless `IDEM_REQUIRE_SERVICES` is set.
+fn up(service: &str, addr: &str) -> bool {
+    let addr: SocketAddr = addr.parse().unwrap();
     let up = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_ok();
     if !up {
         assert!(
             std::env::var_os("IDEM_REQUIRE_SERVICES").is_none(),
-            "PostgreSQL is required at {addr}"
+            "{service} is required at {addr}"
         );
-        eprintln!("PostgreSQL is not reachable at {addr}: the PostgreSQL scenario is skipped");
+        eprintln!("{service} is not reachable at {addr}: its scenario is skipped");
     }
     up
 }
@@ -24,8 +24,11 @@ fn postgres_up() -> bool {
 fn a_short_campaign_injects_faults_and_finds_no_violation() {
     let report = tempfile::tempdir().unwrap();
     let mut scenarios = vec!["gateway-sqlite-kill", "relay-kill"];
-    if postgres_up() {
+    if up("PostgreSQL", "127.0.0.1:5432") {
         scenarios.push("gateway-postgres-partition");
+    }
+    if up("RabbitMQ", "127.0.0.1:5672") {
+        scenarios.push("relay-rabbitmq-kill");
     }
     let mut command = Command::new(env!("CARGO_BIN_EXE_idem"));
     for (name, _) in std::env::vars() {

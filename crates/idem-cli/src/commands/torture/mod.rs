@@ -48,6 +48,14 @@ pub struct TortureArgs {
     /// of its own and drops it at the end.
     #[arg(long, default_value = "127.0.0.1:5432", value_name = "ADDR")]
     pub postgres: SocketAddr,
+    /// The RabbitMQ broker, on loopback, for the RabbitMQ scenario: each
+    /// trial declares a queue of its own and deletes it at the end.
+    #[arg(
+        long,
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f",
+        value_name = "URL"
+    )]
+    pub amqp: String,
     /// Write an HTML report with plots, and each trial's history, here.
     #[arg(long, value_name = "DIR")]
     pub report: Option<PathBuf>,
@@ -72,6 +80,12 @@ pub async fn run(args: &TortureArgs) -> anyhow::Result<()> {
             args.postgres
         );
     }
+    if !on_loopback(&args.amqp) {
+        bail!(
+            "--amqp must name a loopback host (127.0.0.1, localhost or [::1]), not {}",
+            idem::redact_url(&args.amqp)
+        );
+    }
     if args.trials == 0 || args.ops == 0 {
         bail!("--trials and --ops must be at least 1");
     }
@@ -81,6 +95,7 @@ pub async fn run(args: &TortureArgs) -> anyhow::Result<()> {
             Scenario::PostgresKill,
             Scenario::PostgresPartition,
             Scenario::RelayKill,
+            Scenario::RelayRabbitmqKill,
         ]
     } else {
         args.scenario.clone()
@@ -112,6 +127,7 @@ pub async fn run(args: &TortureArgs) -> anyhow::Result<()> {
                         .as_ref()
                         .map(|db| (db.name.as_str(), args.postgres)),
                     run_id: &run_id,
+                    amqp: &args.amqp,
                 };
                 let result = scenario::trial(&setting)
                     .await
@@ -159,6 +175,23 @@ pub async fn run(args: &TortureArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Whether a URL's host is the loopback interface.
+fn on_loopback(url: &str) -> bool {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = rest.split('/').next().unwrap_or_default();
+    let host_port = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host);
+    let host = match host_port.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => host_port.split(':').next().unwrap_or_default(),
+    };
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 /// The campaign's own PostgreSQL database.
 struct Database {
     server: SocketAddr,
@@ -195,5 +228,19 @@ impl Database {
         if let Err(error) = dropped.await {
             eprintln!("warning: cannot drop the database {}: {error:#}", self.name);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_loopback_brokers() {
+        assert!(super::on_loopback("amqp://guest:guest@127.0.0.1:5672/%2f"));
+        assert!(super::on_loopback("amqp://localhost/%2f"));
+        assert!(super::on_loopback("amqp://[::1]:5672/%2f"));
+        assert!(!super::on_loopback(
+            "amqp://guest:guest@rabbit.example:5672/%2f"
+        ));
+        assert!(!super::on_loopback("amqp://10.0.0.1/%2f"));
     }
 }

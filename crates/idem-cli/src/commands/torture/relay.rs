@@ -177,6 +177,67 @@ impl Relay {
     }
 }
 
+/// `idem forward` from a RabbitMQ queue to the downstream, for the whole
+/// trial; killed when dropped.
+pub fn forward(from: &str, to: &str, store: &Path, log: &Path) -> anyhow::Result<Child> {
+    let exe = std::env::current_exe().context("cannot find the idem binary")?;
+    let log = File::options().create(true).append(true).open(log)?;
+    let mut command = Command::new(exe);
+    for (name, _) in std::env::vars() {
+        if name.starts_with("IDEM_") {
+            command.env_remove(name);
+        }
+    }
+    let store = format!("sqlite://{}", store.display());
+    command
+        .args(["--store", &store, "forward", "--from", from, "--to", to])
+        .args(["--key", "message-id", "--sweep-every", "off"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(log))
+        .kill_on_drop(true);
+    command.spawn().context("cannot start idem forward")
+}
+
+/// A RabbitMQ queue of the trial's own, deleted by [`Queue::delete`].
+pub struct Queue {
+    channel: lapin::Channel,
+    connection: lapin::Connection,
+    pub name: String,
+}
+
+impl Queue {
+    /// Declares `name` on the broker at `url` (`amqp://USER:PASS@HOST:PORT/%2f`).
+    pub async fn declare(url: &str, name: String) -> anyhow::Result<Self> {
+        let connection = lapin::Connection::connect(url, lapin::ConnectionProperties::default())
+            .await
+            .with_context(|| format!("cannot reach RabbitMQ at {}", idem::redact_url(url)))?;
+        let channel = connection.create_channel().await?;
+        channel
+            .queue_declare(
+                name.as_str().into(),
+                lapin::options::QueueDeclareOptions::default(),
+                lapin::types::FieldTable::default(),
+            )
+            .await?;
+        Ok(Self {
+            channel,
+            connection,
+            name,
+        })
+    }
+
+    /// Deletes the queue and closes the connection.
+    pub async fn delete(self) {
+        let options = lapin::options::QueueDeleteOptions::default();
+        let _ = self
+            .channel
+            .queue_delete(self.name.as_str().into(), options)
+            .await;
+        let _ = self.connection.close(200, "done".into()).await;
+    }
+}
+
 /// Rows not yet published.
 pub async fn pending(store: &SqliteStore) -> anyhow::Result<u64> {
     Ok(store.outbox_stats().await?.pending)

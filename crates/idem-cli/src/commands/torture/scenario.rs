@@ -1,7 +1,7 @@
 //! The scenarios and one trial of each: the upstream, the gateway on its
 //! store, the clients, the fault injected mid-load, and the check at the end.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -43,6 +43,10 @@ pub enum Scenario {
     /// (SIGKILL) or crashed after a publish mid-load, restarted.
     #[value(name = "relay-kill")]
     RelayKill,
+    /// The same, the relay publishing to a RabbitMQ queue that `idem forward`
+    /// delivers to the webhook.
+    #[value(name = "relay-rabbitmq-kill")]
+    RelayRabbitmqKill,
 }
 
 impl Scenario {
@@ -53,6 +57,7 @@ impl Scenario {
             Self::PostgresKill => "gateway-postgres-kill",
             Self::PostgresPartition => "gateway-postgres-partition",
             Self::RelayKill => "relay-kill",
+            Self::RelayRabbitmqKill => "relay-rabbitmq-kill",
         }
     }
 
@@ -88,6 +93,8 @@ pub struct Setting<'a> {
     pub postgres: Option<(&'a str, SocketAddr)>,
     /// A prefix for the keys, unique to the campaign.
     pub run_id: &'a str,
+    /// The RabbitMQ broker, with its vhost, for the RabbitMQ scenario.
+    pub amqp: &'a str,
 }
 
 /// What one trial found.
@@ -121,7 +128,7 @@ pub struct TrialResult {
 /// Runs one trial.
 pub async fn trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> {
     match setting.scenario {
-        Scenario::RelayKill => relay_trial(setting).await,
+        Scenario::RelayKill | Scenario::RelayRabbitmqKill => relay_trial(setting).await,
         _ => gateway_trial(setting).await,
     }
 }
@@ -134,6 +141,7 @@ async fn relay_trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> {
         ops,
         dir,
         run_id,
+        amqp,
         ..
     } = *setting;
     std::fs::create_dir_all(dir)?;
@@ -148,11 +156,25 @@ async fn relay_trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> {
     // It is reached once per pass that published, and a short load may be
     // published in one pass: it fires on the first.
     let crash = (index % 2 == 1).then(|| format!("{}:#1", idem::crash::AFTER_PUBLISH));
-    let mut relay = Relay::new(
-        &app_path,
-        format!("http://{}/deliver", down.addr),
-        &dir.join("relay.log"),
-    );
+    let deliver = format!("http://{}/deliver", down.addr);
+    let (to, queue, forward) = if scenario == Scenario::RelayRabbitmqKill {
+        let queue = relay::Queue::declare(amqp, format!("idem_torture_{run_id}_t{index}")).await?;
+        let from = format!("{}/{}", amqp.trim_end_matches("/%2f"), queue.name);
+        let forward = relay::forward(
+            &from,
+            &deliver,
+            &dir.join("forward.db"),
+            &dir.join("forward.log"),
+        )?;
+        (
+            format!("{amqp}?queue={}", queue.name),
+            Some(queue),
+            Some(forward),
+        )
+    } else {
+        (deliver, None, None)
+    };
+    let mut relay = Relay::new(&app_path, to, &dir.join("relay.log"));
     relay.start(crash.as_deref())?;
 
     let history_path = dir.join("history.jsonl");
@@ -198,12 +220,21 @@ async fn relay_trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> {
             });
             continue;
         }
-        // Once the clients are done, wait for the outbox to drain.
+        // Once the clients are done, wait for the outbox to drain and every
+        // acknowledged key to reach the downstream.
         if clients.iter().all(|client| client.is_finished()) {
             let deadline =
                 *drained_by.get_or_insert_with(|| Instant::now() + Duration::from_secs(20));
-            if relay::pending(&app_store).await? == 0 || Instant::now() > deadline {
+            if Instant::now() > deadline {
                 break;
+            }
+            if relay::pending(&app_store).await? == 0 {
+                let acked = acked_keys(&history_path)?;
+                let applied = idem_check::effects::query::sqlite(&down_path, relay::EFFECTS_QUERY)?;
+                let applied: HashSet<String> = applied.into_iter().map(|e| e.key).collect();
+                if acked.is_subset(&applied) {
+                    break;
+                }
             }
         }
     }
@@ -211,6 +242,10 @@ async fn relay_trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> {
         client.abort();
     }
     relay.kill().await;
+    drop(forward);
+    if let Some(queue) = queue {
+        queue.delete().await;
+    }
 
     let events =
         idem_check::history::read(std::io::BufReader::new(std::fs::File::open(&history_path)?))?;
@@ -240,6 +275,7 @@ async fn gateway_trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> {
         dir,
         postgres,
         run_id,
+        ..
     } = *setting;
     std::fs::create_dir_all(dir)?;
     let upstream = Upstream::start(&dir.join("upstream.db")).await?;
@@ -388,6 +424,29 @@ async fn gateway_trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> {
         load.samples(),
         history_path,
     ))
+}
+
+/// The keys of the operations answered `ok` in a history file.
+fn acked_keys(history: &Path) -> anyhow::Result<HashSet<String>> {
+    let events = idem_check::history::read(std::io::BufReader::new(std::fs::File::open(history)?))?;
+    let mut key_of = HashMap::new();
+    let mut acked = HashSet::new();
+    for event in events {
+        match event {
+            Event::Invoke {
+                op, key: Some(key), ..
+            } => {
+                key_of.insert(op, key);
+            }
+            Event::Ok { op, .. } => {
+                if let Some(key) = key_of.get(&op) {
+                    acked.insert(key.clone());
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(acked)
 }
 
 /// Splits the checker's double effects into the leased gateway's known cost
