@@ -10,6 +10,12 @@
 //! forwarded a request and could not store the answer — and its client then
 //! saw an unknown outcome. Extra effects that each follow such an attempt are
 //! that known cost and are counted apart; any other is a violation.
+//!
+//! The relay scenarios check the outbox path the same way: an application
+//! enqueues a message per request in its record's transaction, `idem relay`
+//! (killed, or crashed after a publish) publishes it to a service that
+//! dedupes — directly, or through RabbitMQ and `idem forward` — and every
+//! acknowledged request must be applied there exactly once.
 
 mod client;
 mod faultproxy;
