@@ -55,6 +55,9 @@ pub enum Command {
     /// Check a history of requests and answers against the effects they
     /// caused: exit 0 when clean, 1 on a violation, 2 on unreadable input.
     Check(crate::commands::check::CheckArgs),
+    /// Run a fault campaign on the local stack: kill the gateway, fire crash
+    /// points, cut it off its database, and check every trial's history.
+    Torture(crate::commands::torture::TortureArgs),
 }
 
 /// `idem keys ...`

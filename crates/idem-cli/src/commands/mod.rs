@@ -12,6 +12,7 @@ mod keys;
 mod migrate;
 pub(crate) mod relay;
 mod serve;
+pub(crate) mod torture;
 mod units;
 mod upkeep;
 
@@ -41,6 +42,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Dlq(command) => dlq::run(open(store).await?, command).await,
         Command::DupProxy(args) => dup_proxy::run(&args).await,
         Command::Check(args) => check::run(store, &args).await,
+        Command::Torture(args) => torture::run(&args).await,
     }
 }
 

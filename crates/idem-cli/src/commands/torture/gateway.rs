@@ -1,0 +1,150 @@
+//! `idem serve` as a child of the current binary: started, killed with
+//! SIGKILL, watched for a crash point firing, and restarted on the same store.
+
+use std::fs::File;
+use std::net::SocketAddr;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// The lease the gateway is started with: short, so a retry after an
+/// unknown outcome is forwarded again within a trial.
+pub const LEASE: Duration = Duration::from_secs(2);
+
+/// How long the gateway waits for the upstream.
+const UPSTREAM_TIMEOUT: &str = "3s";
+
+/// Where the clients find the gateway; changes on each restart.
+pub type Address = Arc<Mutex<SocketAddr>>;
+
+/// One gateway, across its restarts.
+#[derive(Debug)]
+pub struct Gateway {
+    store: String,
+    upstream: String,
+    log: PathBuf,
+    addr: Address,
+    child: Option<Child>,
+}
+
+/// How a gateway process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// A crash point fired (SIGABRT).
+    Crashed,
+    /// Any other way.
+    Other,
+}
+
+impl Gateway {
+    /// Starts `idem --store STORE serve --upstream UPSTREAM`, arming
+    /// `IDEM_CRASH=crash` when given, and waits for its "listening on" line.
+    /// Its stderr goes to `log`.
+    pub async fn start(
+        store: String,
+        upstream: String,
+        log: &Path,
+        crash: Option<&str>,
+    ) -> anyhow::Result<Self> {
+        let mut gateway = Self {
+            store,
+            upstream,
+            log: log.to_owned(),
+            addr: Arc::new(Mutex::new(SocketAddr::from(([127, 0, 0, 1], 9)))),
+            child: None,
+        };
+        gateway.restart(crash).await?;
+        Ok(gateway)
+    }
+
+    /// The address the clients send to.
+    pub fn addr(&self) -> Address {
+        Arc::clone(&self.addr)
+    }
+
+    /// Starts a new process on the same store (the old one must be gone).
+    pub async fn restart(&mut self, crash: Option<&str>) -> anyhow::Result<()> {
+        let exe = std::env::current_exe().context("cannot find the idem binary")?;
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .context("cannot open the gateway's log")?;
+        let mut command = Command::new(exe);
+        for (name, _) in std::env::vars() {
+            if name.starts_with("IDEM_") {
+                command.env_remove(name);
+            }
+        }
+        if let Some(crash) = crash {
+            command.env(idem::crash::ENV, crash);
+        }
+        let lease = format!("{}s", LEASE.as_secs());
+        command
+            .args([
+                "--store",
+                &self.store,
+                "serve",
+                "--upstream",
+                &self.upstream,
+            ])
+            .args(["--listen", "127.0.0.1:0", "--lease", &lease])
+            .args(["--upstream-timeout", UPSTREAM_TIMEOUT])
+            .args(["--sweep-every", "off", "--principal-header", "none"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log))
+            .kill_on_drop(true);
+        let mut child = command.spawn().context("cannot start idem serve")?;
+        let stdout = child.stdout.take().context("no stdout")?;
+        let mut lines = BufReader::new(stdout).lines();
+        let addr = tokio::time::timeout(Duration::from_secs(30), async {
+            while let Some(line) = lines.next_line().await? {
+                if let Some(rest) = line.strip_prefix("idem serve: listening on http://") {
+                    let addr = rest.split(',').next().unwrap_or_default();
+                    return Ok(Some(addr.parse::<SocketAddr>()?));
+                }
+            }
+            anyhow::Ok(None)
+        })
+        .await;
+        let addr = match addr {
+            Ok(Ok(Some(addr))) => addr,
+            _ => bail!(
+                "idem serve did not start on {}; see {}",
+                idem::redact_url(&self.store),
+                self.log.display()
+            ),
+        };
+        // Keep reading, so the child never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        *self.addr.lock().unwrap_or_else(|p| p.into_inner()) = addr;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// SIGKILL, then waits for the process to be gone.
+    pub async fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill().await;
+        }
+    }
+
+    /// Whether the process has ended, and how.
+    pub fn exited(&mut self) -> Option<Exit> {
+        let child = self.child.as_mut()?;
+        let status: ExitStatus = child.try_wait().ok()??;
+        self.child = None;
+        Some(if status.signal() == Some(6) {
+            Exit::Crashed
+        } else {
+            Exit::Other
+        })
+    }
+}

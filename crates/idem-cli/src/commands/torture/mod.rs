@@ -1,0 +1,252 @@
+//! `idem torture`: a fault campaign over the real local stack. Each trial
+//! starts an upstream that applies every request it receives, `idem serve`
+//! in front of it as a child process, and clients that retry under one key
+//! per operation while writing the history; mid-load it kills the gateway,
+//! fires a crash point or cuts the gateway off its database through a fault
+//! proxy; then it reads the upstream's effects and runs the checker.
+//!
+//! The upstream never dedupes, so every extra effect is one the gateway let
+//! through. The leased gateway lets one through in exactly one case — it
+//! forwarded a request and could not store the answer — and its client then
+//! saw an unknown outcome. Extra effects that each follow such an attempt are
+//! that known cost and are counted apart; any other is a violation.
+//!
+//! The relay scenarios check the outbox path the same way: an application
+//! enqueues a message per request in its record's transaction, `idem relay`
+//! (killed, or crashed after a publish) publishes it to a service that
+//! dedupes — directly, or through RabbitMQ and `idem forward` — and every
+//! acknowledged request must be applied there exactly once.
+
+mod client;
+mod faultproxy;
+mod gateway;
+mod relay;
+mod report;
+mod scenario;
+mod upstream;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use idem::sqlx::{self, AssertSqlSafe, Connection};
+use rand::Rng;
+
+use report::Summary;
+use scenario::{Scenario, Setting};
+
+/// `idem torture`
+#[derive(Debug, Args)]
+pub struct TortureArgs {
+    /// Run only this scenario; repeat it for several [default: all of them].
+    #[arg(long, value_enum)]
+    pub scenario: Vec<Scenario>,
+    /// Trials per scenario.
+    #[arg(long, default_value_t = 100)]
+    pub trials: usize,
+    /// Operations per trial.
+    #[arg(long, default_value_t = 100)]
+    pub ops: u64,
+    /// The PostgreSQL server, on loopback, for the PostgreSQL scenarios;
+    /// user `postgres` without a password. Each campaign creates a database
+    /// of its own and drops it at the end.
+    #[arg(long, default_value = "127.0.0.1:5432", value_name = "ADDR")]
+    pub postgres: SocketAddr,
+    /// The RabbitMQ broker, on loopback, for the RabbitMQ scenario: each
+    /// trial declares a queue of its own and deletes it at the end.
+    #[arg(
+        long,
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f",
+        value_name = "URL"
+    )]
+    pub amqp: String,
+    /// Write an HTML report with plots, and each trial's history, here.
+    #[arg(long, value_name = "DIR")]
+    pub report: Option<PathBuf>,
+    /// Print the table as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Milliseconds since the Unix epoch, the history's clock.
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| {
+            i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX)
+        })
+}
+
+pub async fn run(args: &TortureArgs) -> anyhow::Result<()> {
+    if !args.postgres.ip().is_loopback() {
+        bail!(
+            "--postgres must be a loopback address, not {}",
+            args.postgres
+        );
+    }
+    if !on_loopback(&args.amqp) {
+        bail!(
+            "--amqp must name a loopback host (127.0.0.1, localhost or [::1]), not {}",
+            idem::redact_url(&args.amqp)
+        );
+    }
+    if args.trials == 0 || args.ops == 0 {
+        bail!("--trials and --ops must be at least 1");
+    }
+    let scenarios = if args.scenario.is_empty() {
+        vec![
+            Scenario::SqliteKill,
+            Scenario::PostgresKill,
+            Scenario::PostgresPartition,
+            Scenario::RelayKill,
+            Scenario::RelayRabbitmqKill,
+        ]
+    } else {
+        args.scenario.clone()
+    };
+    let work = tempfile::tempdir().context("cannot create a working directory")?;
+    let run_id = format!("{:08x}", rand::rng().random::<u32>());
+    let database = format!("idem_torture_{run_id}");
+    let postgres = if scenarios.iter().any(|s| s.needs_postgres()) {
+        Some(Database::create(args.postgres, &database).await?)
+    } else {
+        None
+    };
+
+    let mut summaries = Vec::new();
+    let outcome = async {
+        for &scenario in &scenarios {
+            let mut summary = Summary::new(scenario.name());
+            for index in 1..=args.trials {
+                let dir = work
+                    .path()
+                    .join(scenario.name())
+                    .join(format!("trial-{index}"));
+                let setting = Setting {
+                    scenario,
+                    index,
+                    ops: args.ops,
+                    dir: &dir,
+                    postgres: postgres
+                        .as_ref()
+                        .map(|db| (db.name.as_str(), args.postgres)),
+                    run_id: &run_id,
+                    amqp: &args.amqp,
+                };
+                let result = scenario::trial(&setting)
+                    .await
+                    .with_context(|| format!("{} trial {index}", scenario.name()))?;
+                for violation in &result.violations {
+                    eprintln!("{} trial {index}: {violation}", scenario.name());
+                }
+                if let Some(dir) = &args.report {
+                    let to = dir.join(scenario.name());
+                    std::fs::create_dir_all(&to)?;
+                    std::fs::copy(&result.history, to.join(format!("trial-{index}.jsonl")))?;
+                }
+                summary.add(result);
+                // Trial directories are not needed once checked.
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+            summaries.push(summary);
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    if let Some(db) = postgres {
+        db.drop().await;
+    }
+    outcome?;
+
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report::json(&summaries))?
+        );
+    } else {
+        println!("{}", report::table(&summaries));
+    }
+    if let Some(dir) = &args.report {
+        let path = dir.join("index.html");
+        std::fs::write(&path, report::html(&summaries, args.ops))
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        eprintln!("report written to {}", path.display());
+    }
+    let violations: usize = summaries.iter().map(|s| s.violations).sum();
+    if violations > 0 {
+        bail!("{violations} violations found");
+    }
+    Ok(())
+}
+
+/// Whether a URL's host is the loopback interface.
+fn on_loopback(url: &str) -> bool {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = rest.split('/').next().unwrap_or_default();
+    let host_port = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host);
+    let host = match host_port.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => host_port.split(':').next().unwrap_or_default(),
+    };
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// The campaign's own PostgreSQL database.
+struct Database {
+    server: SocketAddr,
+    name: String,
+}
+
+impl Database {
+    async fn create(server: SocketAddr, name: &str) -> anyhow::Result<Self> {
+        let mut admin =
+            sqlx::PgConnection::connect(&format!("postgres://postgres@{server}/postgres"))
+                .await
+                .with_context(|| format!("cannot reach PostgreSQL at {server} (--postgres)"))?;
+        sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&mut admin)
+            .await?;
+        Ok(Self {
+            server,
+            name: name.to_owned(),
+        })
+    }
+
+    async fn drop(self) {
+        let dropped = async {
+            let url = format!("postgres://postgres@{}/postgres", self.server);
+            let mut admin = sqlx::PgConnection::connect(&url).await?;
+            // Gateways killed mid-trial may leave sessions behind for a moment.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
+            sqlx::raw_sql(AssertSqlSafe(sql))
+                .execute(&mut admin)
+                .await?;
+            anyhow::Ok(())
+        };
+        if let Err(error) = dropped.await {
+            eprintln!("warning: cannot drop the database {}: {error:#}", self.name);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_loopback_brokers() {
+        assert!(super::on_loopback("amqp://guest:guest@127.0.0.1:5672/%2f"));
+        assert!(super::on_loopback("amqp://localhost/%2f"));
+        assert!(super::on_loopback("amqp://[::1]:5672/%2f"));
+        assert!(!super::on_loopback(
+            "amqp://guest:guest@rabbit.example:5672/%2f"
+        ));
+        assert!(!super::on_loopback("amqp://10.0.0.1/%2f"));
+    }
+}

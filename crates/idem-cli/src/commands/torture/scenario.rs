@@ -1,0 +1,650 @@
+//! The scenarios and one trial of each: the upstream, the gateway on its
+//! store, the clients, the fault injected mid-load, and the check at the end.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::ValueEnum;
+use idem::SqliteStore;
+use idem_check::history::Event;
+use idem_check::{Report, ViolationKind};
+use rand::Rng;
+
+use super::client::{Load, Sample};
+use super::faultproxy::{FaultProxy, Mode};
+use super::gateway::{Exit, Gateway};
+use super::now_ms;
+use super::relay::{self, Relay};
+use super::upstream::{EFFECTS_QUERY, Upstream};
+
+/// Concurrent clients per trial.
+const CLIENTS: usize = 4;
+
+/// A fault campaign's scenario.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Scenario {
+    /// The gateway on the embedded store, killed (SIGKILL) or crashed at a
+    /// crash point mid-load, restarted on the same file.
+    #[value(name = "gateway-sqlite-kill")]
+    SqliteKill,
+    /// The same, the gateway's store on PostgreSQL.
+    #[value(name = "gateway-postgres-kill")]
+    PostgresKill,
+    /// The gateway's PostgreSQL connection through the fault proxy: dropped,
+    /// blackholed or delayed mid-load, then healed.
+    #[value(name = "gateway-postgres-partition")]
+    PostgresPartition,
+    /// `idem relay`, publishing an outbox to a webhook that dedupes, killed
+    /// (SIGKILL) or crashed after a publish mid-load, restarted.
+    #[value(name = "relay-kill")]
+    RelayKill,
+    /// The same, the relay publishing to a RabbitMQ queue that `idem forward`
+    /// delivers to the webhook.
+    #[value(name = "relay-rabbitmq-kill")]
+    RelayRabbitmqKill,
+}
+
+impl Scenario {
+    /// The scenario's name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::SqliteKill => "gateway-sqlite-kill",
+            Self::PostgresKill => "gateway-postgres-kill",
+            Self::PostgresPartition => "gateway-postgres-partition",
+            Self::RelayKill => "relay-kill",
+            Self::RelayRabbitmqKill => "relay-rabbitmq-kill",
+        }
+    }
+
+    /// Whether the scenario needs PostgreSQL.
+    pub fn needs_postgres(self) -> bool {
+        matches!(self, Self::PostgresKill | Self::PostgresPartition)
+    }
+}
+
+/// A fault, as injected.
+#[derive(Debug, Clone)]
+pub struct Fault {
+    /// What: `sigkill`, `crash apply.after-claim`, `drop`, …
+    pub what: String,
+    /// When it started, ms since the Unix epoch.
+    pub at_ms: i64,
+    /// When it ended (the process was back, the proxy passed again).
+    pub until_ms: i64,
+}
+
+/// Where a trial runs.
+pub struct Setting<'a> {
+    /// The scenario.
+    pub scenario: Scenario,
+    /// The trial's number, from 1.
+    pub index: usize,
+    /// Operations per trial.
+    pub ops: u64,
+    /// A directory of its own.
+    pub dir: &'a Path,
+    /// The PostgreSQL database for the gateway's store, with its server's
+    /// address, for the PostgreSQL scenarios.
+    pub postgres: Option<(&'a str, SocketAddr)>,
+    /// A prefix for the keys, unique to the campaign.
+    pub run_id: &'a str,
+    /// The RabbitMQ broker, with its vhost, for the RabbitMQ scenario.
+    pub amqp: &'a str,
+}
+
+/// What one trial found.
+#[derive(Debug)]
+pub struct TrialResult {
+    /// The trial's number.
+    pub index: usize,
+    /// The faults injected (a crash point counts once it fired).
+    pub faults: Vec<Fault>,
+    /// The checker's report on the history and the upstream's effects.
+    pub report: Report,
+    /// Keys applied more than once where each extra effect follows an
+    /// attempt of the key whose outcome was unknown: the leased gateway's
+    /// at-least-once cost, counted in effects beyond the first.
+    pub expected_repeats: usize,
+    /// Extra effects not explained that way: violations.
+    pub double_effects: usize,
+    /// Copies the downstream received and answered from its records (the
+    /// relay scenario's redeliveries).
+    pub suppressed_downstream: usize,
+    /// Acknowledged operations with no effect.
+    pub lost_acked: usize,
+    /// Violations: the checker's, less the explained repeats.
+    pub violations: Vec<String>,
+    /// Every attempt, for the plots.
+    pub samples: Vec<Sample>,
+    /// The history file.
+    pub history: PathBuf,
+}
+
+/// Runs one trial.
+pub async fn trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> {
+    match setting.scenario {
+        Scenario::RelayKill | Scenario::RelayRabbitmqKill => relay_trial(setting).await,
+        _ => gateway_trial(setting).await,
+    }
+}
+
+/// A trial of the relay scenario.
+async fn relay_trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> {
+    let Setting {
+        scenario,
+        index,
+        ops,
+        dir,
+        run_id,
+        amqp,
+        ..
+    } = *setting;
+    std::fs::create_dir_all(dir)?;
+    let app_path = dir.join("app.db");
+    let app_store = SqliteStore::open(&app_path).await?;
+    let down_path = dir.join("downstream.db");
+    let down_store = SqliteStore::open(&down_path).await?;
+    let deliveries = Arc::new(AtomicUsize::new(0));
+    let down = relay::downstream(&down_store, Arc::clone(&deliveries)).await?;
+    let app = relay::application(&app_store).await?;
+    // Odd trials arm the crash point after a publish instead of a SIGKILL.
+    // It is reached once per pass that published, and a short load may be
+    // published in one pass: it fires on the first.
+    let crash = (index % 2 == 1).then(|| format!("{}:#1", idem::crash::AFTER_PUBLISH));
+    let deliver = format!("http://{}/deliver", down.addr);
+    let (to, queue, forward) = if scenario == Scenario::RelayRabbitmqKill {
+        let queue = relay::Queue::declare(amqp, format!("idem_torture_{run_id}_t{index}")).await?;
+        let from = format!("{}/{}", amqp.trim_end_matches("/%2f"), queue.name);
+        let forward = relay::forward(
+            &from,
+            &deliver,
+            &dir.join("forward.db"),
+            &dir.join("forward.log"),
+        )?;
+        (
+            format!("{amqp}?queue={}", queue.name),
+            Some(queue),
+            Some(forward),
+        )
+    } else {
+        (deliver, None, None)
+    };
+    let mut relay = Relay::new(&app_path, to, &dir.join("relay.log"));
+    relay.start(crash.as_deref())?;
+
+    let history_path = dir.join("history.jsonl");
+    let history = std::fs::File::create(&history_path)?;
+    let budget = Duration::from_secs(60) + Duration::from_millis(100 * ops);
+    let started = Instant::now();
+    let addr = Arc::new(std::sync::Mutex::new(app.addr));
+    let load = Load::new(
+        format!("{run_id}-{}-t{index}", scenario.name()),
+        ops,
+        addr,
+        history,
+        started + budget,
+    );
+    let clients: Vec<_> = (1..=CLIENTS)
+        .map(|n| tokio::spawn(Arc::clone(&load).client(format!("client-{n}"))))
+        .collect();
+    let fault_at = (ops as f64 * rand::rng().random_range(0.2..0.5)) as usize;
+    let mut injected = false;
+    let mut faults = Vec::new();
+    let mut drained_by: Option<Instant> = None;
+    while started.elapsed() < budget + Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let mut down_since = None;
+        if let Some(exit) = relay.exited() {
+            let what = match (exit, &crash) {
+                (Exit::Crashed, Some(_)) => format!("crash {}", idem::crash::AFTER_PUBLISH),
+                _ => "exit".to_owned(),
+            };
+            down_since = Some((what, now_ms()));
+        } else if !injected && crash.is_none() && load.done.load(Ordering::SeqCst) >= fault_at {
+            injected = true;
+            relay.kill().await;
+            down_since = Some(("sigkill".to_owned(), now_ms()));
+        }
+        if let Some((what, at_ms)) = down_since {
+            tokio::time::sleep(Duration::from_millis(rand::rng().random_range(50..300))).await;
+            relay.start(None)?;
+            faults.push(Fault {
+                what,
+                at_ms,
+                until_ms: now_ms(),
+            });
+            continue;
+        }
+        // Once the clients are done, wait for the outbox to drain and every
+        // acknowledged key to reach the downstream.
+        if clients.iter().all(|client| client.is_finished()) {
+            let deadline =
+                *drained_by.get_or_insert_with(|| Instant::now() + Duration::from_secs(20));
+            if Instant::now() > deadline {
+                break;
+            }
+            if relay::pending(&app_store).await? == 0 {
+                let acked = acked_keys(&history_path)?;
+                let applied = idem_check::effects::query::sqlite(&down_path, relay::EFFECTS_QUERY)?;
+                let applied: HashSet<String> = applied.into_iter().map(|e| e.key).collect();
+                if acked.is_subset(&applied) {
+                    break;
+                }
+            }
+        }
+    }
+    for client in &clients {
+        client.abort();
+    }
+    relay.kill().await;
+    drop(forward);
+    if let Some(queue) = queue {
+        queue.delete().await;
+    }
+
+    let events =
+        idem_check::history::read(std::io::BufReader::new(std::fs::File::open(&history_path)?))?;
+    let effects = idem_check::effects::query::sqlite(&down_path, relay::EFFECTS_QUERY)?;
+    let report = idem_check::check(&events, &effects);
+    let mut result = judge(
+        index,
+        faults,
+        report,
+        &events,
+        &effects,
+        load.samples(),
+        history_path,
+    );
+    result.suppressed_downstream = deliveries
+        .load(Ordering::SeqCst)
+        .saturating_sub(effects.len());
+    Ok(result)
+}
+
+/// A trial of a gateway scenario.
+async fn gateway_trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> {
+    let Setting {
+        scenario,
+        index,
+        ops,
+        dir,
+        postgres,
+        run_id,
+        ..
+    } = *setting;
+    std::fs::create_dir_all(dir)?;
+    let upstream = Upstream::start(&dir.join("upstream.db")).await?;
+    let proxy = match (scenario, postgres) {
+        (Scenario::PostgresPartition, Some((_, server))) => Some(FaultProxy::start(server).await?),
+        _ => None,
+    };
+    let store = match (scenario, postgres) {
+        (Scenario::SqliteKill, _) => {
+            format!("sqlite://{}", dir.join("gateway.db").display())
+        }
+        (_, Some((database, server))) => {
+            let addr = proxy.as_ref().map_or(server, FaultProxy::addr);
+            format!("postgres://postgres@{addr}/{database}")
+        }
+        (_, None) => anyhow::bail!("{} needs PostgreSQL", scenario.name()),
+    };
+    // Three kill trials in four arm a crash point instead of a SIGKILL.
+    let crash = match (scenario, index % 4) {
+        (Scenario::PostgresPartition, _) | (_, 0) => None,
+        (_, variant) => {
+            let point = [
+                idem::crash::AFTER_CLAIM,
+                idem::crash::INSIDE_EFFECT,
+                idem::crash::BEFORE_ANSWER,
+            ][variant - 1];
+            let nth = rand::rng().random_range(2..=(ops / 3).max(2));
+            Some((point, format!("{point}:#{nth}")))
+        }
+    };
+    let log = dir.join("gateway.log");
+    let mut gateway = Gateway::start(
+        store,
+        upstream.url(),
+        &log,
+        crash.as_ref().map(|c| c.1.as_str()),
+    )
+    .await?;
+
+    let history_path = dir.join("history.jsonl");
+    let history = std::fs::File::create(&history_path)?;
+    let budget = Duration::from_secs(60) + Duration::from_millis(100 * ops);
+    let started = Instant::now();
+    let load = Load::new(
+        format!("{run_id}-{}-t{index}", scenario.name()),
+        ops,
+        gateway.addr(),
+        history,
+        started + budget,
+    );
+    let clients: Vec<_> = (1..=CLIENTS)
+        .map(|n| tokio::spawn(Arc::clone(&load).client(format!("client-{n}"))))
+        .collect();
+
+    // The fault: at a random point of the load.
+    let mut faults = Vec::new();
+    let fault_at = (ops as f64 * rand::rng().random_range(0.2..0.5)) as usize;
+    let mut injected = false;
+    let mut down_since: Option<(String, i64)> = None;
+    let mut partition: Option<(Mode, Instant, i64)> = None;
+    let finished = || clients.iter().all(|client| client.is_finished());
+    while !finished() && started.elapsed() < budget + Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // A gateway that ended (a crash point, a kill) is restarted unarmed.
+        if let Some(exit) = gateway.exited() {
+            let what = match (exit, &crash) {
+                (Exit::Crashed, Some((point, _))) => format!("crash {point}"),
+                _ => "exit".to_owned(),
+            };
+            down_since.get_or_insert((what, now_ms()));
+        }
+        if let Some((what, at_ms)) = down_since.take() {
+            tokio::time::sleep(Duration::from_millis(rand::rng().random_range(50..300))).await;
+            gateway
+                .restart(None)
+                .await
+                .context("restarting the gateway")?;
+            faults.push(Fault {
+                what,
+                at_ms,
+                until_ms: now_ms(),
+            });
+            continue;
+        }
+        if let Some((mode, until, at_ms)) = partition {
+            if Instant::now() >= until {
+                if let Some(proxy) = &proxy {
+                    proxy.set(Mode::Pass);
+                }
+                faults.push(Fault {
+                    what: mode.name().to_owned(),
+                    at_ms,
+                    until_ms: now_ms(),
+                });
+                partition = None;
+            }
+            continue;
+        }
+        if injected || load.done.load(Ordering::SeqCst) < fault_at {
+            continue;
+        }
+        injected = true;
+        match (&proxy, &crash) {
+            (Some(proxy), _) => {
+                let mode = match index % 3 {
+                    0 => Mode::Drop,
+                    1 => Mode::Blackhole,
+                    _ => Mode::Delay(Duration::from_millis(40)),
+                };
+                let lasts = Duration::from_millis(rand::rng().random_range(500..3500));
+                proxy.set(mode);
+                partition = Some((mode, Instant::now() + lasts, now_ms()));
+            }
+            (None, None) => {
+                gateway.kill().await;
+                down_since = Some(("sigkill".to_owned(), now_ms()));
+            }
+            // The crash point fires by itself.
+            (None, Some(_)) => {}
+        }
+    }
+    if let (Some(proxy), Some((mode, _, at_ms))) = (&proxy, partition) {
+        proxy.set(Mode::Pass);
+        faults.push(Fault {
+            what: mode.name().to_owned(),
+            at_ms,
+            until_ms: now_ms(),
+        });
+    }
+    for client in &clients {
+        client.abort();
+    }
+    gateway.kill().await;
+    drop(proxy);
+
+    let events =
+        idem_check::history::read(std::io::BufReader::new(std::fs::File::open(&history_path)?))?;
+    let effects = idem_check::effects::query::sqlite(upstream.path(), EFFECTS_QUERY)?;
+    let report = idem_check::check(&events, &effects);
+    Ok(judge(
+        index,
+        faults,
+        report,
+        &events,
+        &effects,
+        load.samples(),
+        history_path,
+    ))
+}
+
+/// The keys of the operations answered `ok` in a history file.
+fn acked_keys(history: &Path) -> anyhow::Result<HashSet<String>> {
+    let events = idem_check::history::read(std::io::BufReader::new(std::fs::File::open(history)?))?;
+    let mut key_of = HashMap::new();
+    let mut acked = HashSet::new();
+    for event in events {
+        match event {
+            Event::Invoke {
+                op, key: Some(key), ..
+            } => {
+                key_of.insert(op, key);
+            }
+            Event::Ok { op, .. } => {
+                if let Some(key) = key_of.get(&op) {
+                    acked.insert(key.clone());
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(acked)
+}
+
+/// Splits the checker's double effects into the leased gateway's known cost
+/// and violations, and counts the rest.
+fn judge(
+    index: usize,
+    faults: Vec<Fault>,
+    report: Report,
+    events: &[Event],
+    effects: &[idem_check::Effect],
+    samples: Vec<Sample>,
+    history: PathBuf,
+) -> TrialResult {
+    let unknown = unknown_attempts(events);
+    let mut applied: HashMap<&str, usize> = HashMap::new();
+    for effect in effects {
+        *applied.entry(effect.key.as_str()).or_default() += 1;
+    }
+    let (mut expected_repeats, mut double_effects, mut lost_acked) = (0, 0, 0);
+    let mut violations = Vec::new();
+    for violation in &report.violations {
+        match violation.kind {
+            ViolationKind::DoubleEffect => {
+                let mut explained = true;
+                for key in &violation.keys {
+                    let extra = applied
+                        .get(key.as_str())
+                        .copied()
+                        .unwrap_or(1)
+                        .saturating_sub(1);
+                    if extra <= unknown.get(key.as_str()).copied().unwrap_or(0) {
+                        expected_repeats += extra;
+                    } else {
+                        double_effects += extra;
+                        explained = false;
+                    }
+                }
+                if explained {
+                    continue;
+                }
+            }
+            ViolationKind::AckedNotApplied => lost_acked += violation.keys.len(),
+            _ => {}
+        }
+        violations.push(format!(
+            "{}: {:?} {}",
+            violation.kind.describe(),
+            violation.keys,
+            violation.message
+        ));
+    }
+    TrialResult {
+        index,
+        faults,
+        report,
+        expected_repeats,
+        double_effects,
+        suppressed_downstream: 0,
+        lost_acked,
+        violations,
+        samples,
+        history,
+    }
+}
+
+/// Per key, the attempts whose outcome was unknown: answered `unknown`, or
+/// not answered before the next attempt or the end of the history. Each may
+/// have reached the upstream while the gateway could not store its answer.
+fn unknown_attempts(events: &[Event]) -> HashMap<&str, usize> {
+    let mut key_of: HashMap<u64, &str> = HashMap::new();
+    let mut pending: HashMap<u64, bool> = HashMap::new();
+    let mut unknown: HashMap<&str, usize> = HashMap::new();
+    for event in events {
+        match event {
+            Event::Invoke {
+                op, key: Some(key), ..
+            } => {
+                if pending.insert(*op, true) == Some(true)
+                    && let Some(key) = key_of.get(op)
+                {
+                    *unknown.entry(key).or_default() += 1;
+                }
+                key_of.insert(*op, key.as_str());
+            }
+            Event::Unknown { op, .. } => {
+                if pending.insert(*op, false) == Some(true)
+                    && let Some(key) = key_of.get(op)
+                {
+                    *unknown.entry(key).or_default() += 1;
+                }
+            }
+            other => {
+                pending.insert(other.op(), false);
+            }
+        }
+    }
+    for (op, open) in pending {
+        if open && let Some(key) = key_of.get(&op) {
+            *unknown.entry(key).or_default() += 1;
+        }
+    }
+    unknown
+}
+
+#[cfg(test)]
+mod tests {
+    use idem_check::Effect;
+    use idem_check::history::Answer;
+
+    use super::*;
+
+    fn invoke(op: u64, key: &str) -> Event {
+        Event::Invoke {
+            op,
+            process: "client-1".into(),
+            at_ms: 0,
+            scope: None,
+            key: Some(key.into()),
+            fingerprint: None,
+            request: None,
+            duplicate_of: None,
+        }
+    }
+
+    fn ok(op: u64) -> Event {
+        Event::Ok {
+            op,
+            process: "client-1".into(),
+            at_ms: 1,
+            answer: Answer {
+                status: 201,
+                body_hash: None,
+                replayed: false,
+            },
+        }
+    }
+
+    fn unknown(op: u64) -> Event {
+        Event::Unknown {
+            op,
+            process: "client-1".into(),
+            at_ms: 1,
+            error: "reset".into(),
+        }
+    }
+
+    fn effect(key: &str) -> Effect {
+        Effect {
+            key: key.into(),
+            scope: None,
+            resource: None,
+            fence: None,
+        }
+    }
+
+    fn judged(events: &[Event], effects: &[Effect]) -> TrialResult {
+        let report = idem_check::check(events, effects);
+        judge(
+            1,
+            Vec::new(),
+            report,
+            events,
+            effects,
+            Vec::new(),
+            PathBuf::new(),
+        )
+    }
+
+    #[test]
+    fn a_repeat_after_an_unknown_outcome_is_the_leases_cost() {
+        let events = [invoke(1, "a"), unknown(1), invoke(1, "a"), ok(1)];
+        let result = judged(&events, &[effect("a"), effect("a")]);
+        assert_eq!((result.expected_repeats, result.double_effects), (1, 0));
+        assert!(result.violations.is_empty(), "{:?}", result.violations);
+    }
+
+    #[test]
+    fn a_repeat_no_unknown_outcome_explains_is_a_violation() {
+        // One attempt never answered explains one extra effect, not two.
+        let events = [invoke(1, "a"), invoke(1, "a"), ok(1), invoke(2, "b"), ok(2)];
+        let result = judged(
+            &events,
+            &[
+                effect("a"),
+                effect("a"),
+                effect("a"),
+                effect("b"),
+                effect("b"),
+            ],
+        );
+        assert_eq!((result.expected_repeats, result.double_effects), (0, 3));
+        assert_eq!(result.violations.len(), 2, "{:?}", result.violations);
+    }
+
+    #[test]
+    fn an_acknowledged_key_without_effect_is_lost() {
+        let result = judged(&[invoke(1, "a"), ok(1)], &[]);
+        assert_eq!(result.lost_acked, 1);
+        assert_eq!(result.violations.len(), 1);
+    }
+}

@@ -1,0 +1,101 @@
+//! The service behind the gateway: every request it receives applies its
+//! effect — a row of `effects`, committed in its own transaction — and is
+//! answered 201. It never dedupes, so every effect beyond the first for a key
+//! is one the gateway let through.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use anyhow::Context;
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use idem::rusqlite::{self, Connection};
+use tokio::task::JoinHandle;
+
+/// The effect log's query: one row per effect, in commit order.
+pub const EFFECTS_QUERY: &str = "SELECT key FROM effects ORDER BY seq";
+
+/// A running upstream; stops when dropped.
+#[derive(Debug)]
+pub struct Upstream {
+    addr: SocketAddr,
+    path: PathBuf,
+    server: JoinHandle<()>,
+}
+
+impl Upstream {
+    /// Creates the effects table in a new SQLite file at `path` and serves
+    /// `POST /pay` on a loopback port.
+    pub async fn start(path: &Path) -> anyhow::Result<Self> {
+        let db = Connection::open(path).context("cannot create the upstream's database")?;
+        db.execute_batch(
+            "PRAGMA journal_mode = WAL;
+             CREATE TABLE effects (seq INTEGER PRIMARY KEY, key TEXT NOT NULL, at_ms INTEGER NOT NULL);",
+        )?;
+        let app = Router::new()
+            .route("/pay", post(pay))
+            .with_state(Arc::new(Mutex::new(db)));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let server = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Ok(Self {
+            addr,
+            path: path.to_owned(),
+            server,
+        })
+    }
+
+    /// Where the gateway forwards.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The database file holding the effects.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+/// Applies the effect of every request, keyed by the forwarded
+/// `Idempotency-Key` (an RFC 8941 String, recorded unquoted), and answers
+/// with a body that depends on the key only, so a replay and a second
+/// forward answer the same.
+async fn pay(State(db): State<Arc<Mutex<Connection>>>, headers: HeaderMap) -> (StatusCode, String) {
+    let Some(key) = headers
+        .get("idempotency-key")
+        .and_then(|key| key.to_str().ok())
+        .map(|key| key.trim_matches('"').to_owned())
+    else {
+        return (StatusCode::BAD_REQUEST, "no Idempotency-Key".into());
+    };
+    let answer = format!("{{\"paid\":\"{key}\"}}");
+    let at_ms = super::now_ms();
+    let applied = tokio::task::spawn_blocking(move || -> rusqlite::Result<()> {
+        let mut db = db.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let tx = db.transaction()?;
+        tx.execute(
+            "INSERT INTO effects (key, at_ms) VALUES (?1, ?2)",
+            rusqlite::params![key, at_ms],
+        )?;
+        tx.commit()
+    })
+    .await;
+    match applied {
+        Ok(Ok(())) => (StatusCode::CREATED, answer),
+        _ => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "effect not applied".into(),
+        ),
+    }
+}
