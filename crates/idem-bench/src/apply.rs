@@ -1,8 +1,8 @@
 //! `idem bench apply`: what atomic apply costs next to the business
 //! transaction it wraps. In one run, on one database: the bare transaction (a
 //! balance update and a ledger row, no dedupe — the baseline), the same
-//! transaction through atomic apply (on PostgreSQL also claim-first, as
-//! consumers use it for first deliveries), replays of those keys, and batched
+//! transaction through atomic apply (on PostgreSQL also replay-first, as
+//! consumers use it for redeliveries), replays of those keys, and batched
 //! apply; ops/s and ratios to bare. Ratios, not absolute numbers, are what
 //! carry between machines.
 
@@ -146,16 +146,16 @@ pub async fn run(location: Option<StoreLocation>, args: &BenchApplyArgs) -> anyh
         .await?,
     };
 
-    let claim_first = if bank.store().claims_first() {
-        let fresh = payments("claim", args.ops);
+    let replay_first = if bank.store().replays_first() {
+        let fresh = payments("replay-first", args.ops);
         Some(Phase {
-            name: "atomic apply, claim first",
+            name: "atomic apply, replay first",
             ops: fresh.len(),
             elapsed: measure(args.concurrency, &fresh, |p| async {
                 let applied = bank
-                    .debit_claim_first(p)
+                    .debit_replay_first(p)
                     .await
-                    .context("claim-first apply needs PostgreSQL")?
+                    .context("replay-first apply needs PostgreSQL")?
                     .map_err(|e| anyhow::anyhow!(e))?;
                 anyhow::ensure!(!applied.is_replay(), "a new key was answered as a replay");
                 Ok(())
@@ -200,7 +200,7 @@ pub async fn run(location: Option<StoreLocation>, args: &BenchApplyArgs) -> anyh
     };
 
     let ledger = bank.totals().await?;
-    let expected = (warm.len() * 2 + args.ops * (3 + usize::from(claim_first.is_some()))) as i64;
+    let expected = (warm.len() * 2 + args.ops * (3 + usize::from(replay_first.is_some()))) as i64;
     anyhow::ensure!(
         ledger.entries == expected,
         "{} effects were applied where {expected} were expected",
@@ -215,7 +215,7 @@ pub async fn run(location: Option<StoreLocation>, args: &BenchApplyArgs) -> anyh
     for phase in [
         Some(&bare),
         Some(&atomic),
-        claim_first.as_ref(),
+        replay_first.as_ref(),
         Some(&replay),
         Some(&batch),
     ]

@@ -39,10 +39,10 @@ pub trait Ledger: AtomicStore + Clone + 'static {
     /// What the ledger holds.
     fn totals(tx: &mut Self::Tx) -> impl Future<Output = Result<Totals, DebitError>> + Send;
 
-    /// Whether [`AtomicStore::apply_claim_first`] is a path of its own on
+    /// Whether [`AtomicStore::apply_replay_first`] is a path of its own on
     /// this store (PostgreSQL), rather than `apply` under another name: the
     /// benchmark measures it only where it is.
-    fn claims_first(&self) -> bool;
+    fn replays_first(&self) -> bool;
 }
 
 const SQLITE_TABLES: &str = "
@@ -101,7 +101,7 @@ impl Ledger for SqliteStore {
         Ok(totals)
     }
 
-    fn claims_first(&self) -> bool {
+    fn replays_first(&self) -> bool {
         false
     }
 }
@@ -147,7 +147,7 @@ impl Ledger for PgStore {
         })
     }
 
-    fn claims_first(&self) -> bool {
+    fn replays_first(&self) -> bool {
         true
     }
 }
@@ -183,10 +183,10 @@ impl Ledger for AnyStore {
         }
     }
 
-    fn claims_first(&self) -> bool {
+    fn replays_first(&self) -> bool {
         match self {
-            AnyStore::Sqlite(s) => s.claims_first(),
-            AnyStore::Postgres(s) => s.claims_first(),
+            AnyStore::Sqlite(s) => s.replays_first(),
+            AnyStore::Postgres(s) => s.replays_first(),
             _ => false,
         }
     }

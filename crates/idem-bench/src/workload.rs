@@ -78,18 +78,18 @@ impl<S: Ledger> Bank<S> {
             .await
     }
 
-    /// The debit through the claim-first atomic apply, for keys most likely
-    /// new; `None` where the store has no such path of its own.
-    pub async fn debit_claim_first(
+    /// The debit through the replay-first atomic apply, for keys likely to
+    /// be duplicates; `None` where the store has no such path of its own.
+    pub async fn debit_replay_first(
         &self,
         p: &Payment,
     ) -> Option<Result<Applied, ApplyError<DebitError>>> {
-        if !self.store.claims_first() {
+        if !self.store.replays_first() {
             return None;
         }
         let applied = self
             .store
-            .apply_claim_first(&scope(), &p.id, p.fingerprint(), debit::<S>(p))
+            .apply_replay_first(&scope(), &p.id, p.fingerprint(), debit::<S>(p))
             .await;
         Some(applied)
     }
@@ -142,7 +142,7 @@ mod tests {
         let again = bank.debit_once(&a).await.unwrap();
         assert!(again.is_replay());
         assert_eq!(again.outcome().body, br#"{"balance":90}"#);
-        if let Some(first) = bank.debit_claim_first(&b).await {
+        if let Some(first) = bank.debit_replay_first(&b).await {
             assert!(!first.unwrap().is_replay());
         } else {
             assert!(!bank.debit_once(&b).await.unwrap().is_replay());
@@ -192,7 +192,7 @@ mod tests {
             unreachable!("a fresh database is a PostgreSQL one")
         };
         let store = PgStore::connect(&url).await.unwrap();
-        assert!(store.claims_first());
+        assert!(store.replays_first());
         debits_once_through_idem_and_every_time_bare(Bank::new(store.clone())).await;
         store.pool().close().await;
     }

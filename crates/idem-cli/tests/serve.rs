@@ -85,6 +85,9 @@ struct Serve {
     admin: Option<SocketAddr>,
     settings: String,
     stderr: Arc<Mutex<String>>,
+    /// The thread collecting stderr; it ends at end of file, once the
+    /// process has exited and everything it wrote has been read.
+    stderr_reader: Option<std::thread::JoinHandle<()>>,
 }
 
 fn idem() -> Command {
@@ -110,7 +113,7 @@ impl Serve {
         let stderr = Arc::new(Mutex::new(String::new()));
         let collected = Arc::clone(&stderr);
         let err = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
+        let stderr_reader = std::thread::spawn(move || {
             for line in BufReader::new(err).lines().map_while(Result::ok) {
                 let mut text = collected.lock().unwrap();
                 text.push_str(&line);
@@ -150,6 +153,7 @@ impl Serve {
             admin,
             settings,
             stderr,
+            stderr_reader: Some(stderr_reader),
         }
     }
 
@@ -164,6 +168,9 @@ impl Serve {
     fn wait(&mut self) -> std::process::ExitStatus {
         for _ in 0..300 {
             if let Some(status) = self.child.try_wait().unwrap() {
+                if let Some(reader) = self.stderr_reader.take() {
+                    reader.join().unwrap();
+                }
                 return status;
             }
             std::thread::sleep(Duration::from_millis(50));

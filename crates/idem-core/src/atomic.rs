@@ -119,8 +119,9 @@ pub trait AtomicStore: Send + Sync {
     type Tx: ?Sized + Send + 'static;
 
     /// Applies `effect` once for `(scope, key)`, or replays the stored outcome.
-    /// For operations that may well be duplicates (HTTP requests whose
-    /// clients retry): a stored outcome is looked for before the key is claimed.
+    /// Made for the common case, a key seen for the first time: the key is
+    /// claimed (and its record read) before anything else. A duplicate is an
+    /// answer, never an error, here or in the database's log.
     fn apply<F, E>(
         &self,
         scope: &Scope,
@@ -132,11 +133,12 @@ pub trait AtomicStore: Send + Sync {
         F: AtomicEffect<Self::Tx, Outcome, E>,
         E: Send + 'static;
 
-    /// [`apply`](Self::apply) for an operation that is most likely new (a
-    /// broker's first delivery): the key is claimed before a stored outcome is
-    /// looked for. Same answers and guarantees; a new key costs less, a
-    /// duplicate more. Stores where the two cost the same answer as `apply`.
-    fn apply_claim_first<F, E>(
+    /// [`apply`](Self::apply) for work where duplicates are common (a
+    /// redelivery, a client known to retry): a stored outcome is looked for
+    /// before the key is claimed. Same answers and guarantees; a replay costs
+    /// less, a new key more. Stores where the two cost the same answer as
+    /// `apply`.
+    fn apply_replay_first<F, E>(
         &self,
         scope: &Scope,
         key: &IdempotencyKey,

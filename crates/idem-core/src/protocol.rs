@@ -74,12 +74,12 @@ pub fn decide(
 ) -> Result<Decision, Error> {
     let Some(record) = found else {
         return Ok(Decision::Claim {
-            token: FencingToken::FIRST,
+            token: FencingToken::first_at(now),
         });
     };
     if record.expires_at <= now {
         return Ok(Decision::Claim {
-            token: record.token.next(),
+            token: record.token.next().max(FencingToken::first_at(now)),
         });
     }
     if record.fingerprint != *fingerprint {
@@ -270,7 +270,7 @@ mod tests {
         assert_eq!(
             run(None, b"a", 5).unwrap(),
             Decision::Claim {
-                token: FencingToken::FIRST
+                token: FencingToken::first_at(Timestamp(5))
             }
         );
         let done = record(RecordState::Completed, b"a", None);
@@ -363,8 +363,27 @@ mod tests {
         assert_eq!(
             run(Some(&done), b"other payload", 10_000).unwrap(),
             Decision::Claim {
-                token: FencingToken::new(4).unwrap()
+                token: FencingToken::first_at(Timestamp(10_000))
             }
         );
+        let mut busy = record(RecordState::Completed, b"a", None);
+        busy.token = FencingToken::new(i64::MAX / 2).unwrap();
+        assert_eq!(
+            run(Some(&busy), b"a", 10_000).unwrap(),
+            Decision::Claim {
+                token: busy.token.next()
+            }
+        );
+    }
+
+    #[test]
+    fn a_swept_key_claimed_again_outranks_its_stalled_holder() {
+        let mut stalled = record(RecordState::InFlight, b"a", Some(500));
+        stalled.token = FencingToken::first_at(stalled.created_at).next().next();
+        // The sweeper deleted the record once its window ended.
+        let Decision::Claim { token } = run(None, b"a", stalled.expires_at.0).unwrap() else {
+            panic!("a key without a record is claimed");
+        };
+        assert!(token > stalled.token);
     }
 }

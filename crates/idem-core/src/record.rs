@@ -68,14 +68,50 @@ impl FromStr for RecordState {
     }
 }
 
-/// A fencing token: grows with every claim or takeover of a record and is never
+/// A fencing token: grows with every claim or takeover of a key and is never
 /// reused. Completion is accepted only from the holder of the current token.
+///
+/// A key's tokens keep growing across its windows even when the sweeper
+/// deleted the record in between: a window's first token is derived from the
+/// time the window starts ([`first_at`](Self::first_at)), so it is greater
+/// than every token of an earlier window and a worker stalled past the whole
+/// window stays fenced. Treat tokens as opaque increasing numbers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct FencingToken(NonZeroU64);
 
 impl FencingToken {
-    /// The first token a record gets.
+    /// The smallest token: the first one of a window that starts at the epoch.
     pub const FIRST: FencingToken = FencingToken(NonZeroU64::MIN);
+
+    /// How many claims of one key each millisecond of its window leaves room
+    /// for before the tokens could reach the next window's first one.
+    pub const CLAIMS_PER_MS: u64 = 1 << 10;
+
+    /// The first token of a window that starts at `now`:
+    /// `now × CLAIMS_PER_MS + 1`, with `now` in milliseconds since the epoch.
+    ///
+    /// A window lasts its retention, and a claim within it takes the token
+    /// after the last; a key would need more than [`CLAIMS_PER_MS`](Self::CLAIMS_PER_MS)
+    /// claims per millisecond of retention (about 6×10¹¹ a week) to reach the
+    /// next window's first token. Tokens fit a signed 64-bit column until the
+    /// year 2262.
+    ///
+    /// ```
+    /// use idem_core::{FencingToken, Timestamp};
+    /// assert_eq!(FencingToken::first_at(Timestamp(0)), FencingToken::FIRST);
+    /// let week = 7 * 24 * 3600 * 1000;
+    /// let first = FencingToken::first_at(Timestamp(1_000));
+    /// assert!(FencingToken::first_at(Timestamp(1_000 + week)) > first);
+    /// ```
+    pub fn first_at(now: Timestamp) -> Self {
+        let ms = u64::try_from(now.0).unwrap_or(0);
+        let value = ms
+            .checked_mul(Self::CLAIMS_PER_MS)
+            .and_then(|v| v.checked_add(1))
+            .filter(|v| i64::try_from(*v).is_ok())
+            .expect("fencing tokens stay below i64::MAX until the year 2262");
+        Self(NonZeroU64::new(value).expect("one more than a product is not zero"))
+    }
 
     /// Wraps a stored value; `None` for zero or a negative number.
     pub fn new(value: i64) -> Option<Self> {
@@ -166,5 +202,18 @@ mod tests {
         assert_eq!(one.get(), 1);
         assert!(one.next() > one);
         assert_eq!(FencingToken::new(2), Some(one.next()));
+    }
+
+    #[test]
+    fn a_later_window_starts_above_every_token_of_an_earlier_one() {
+        let start = Timestamp(1_780_000_000_000);
+        let retention_ms = 3;
+        let mut last = FencingToken::first_at(start);
+        for _ in 1..FencingToken::CLAIMS_PER_MS * retention_ms {
+            last = last.next();
+        }
+        let next_window = FencingToken::first_at(Timestamp(start.0 + 3));
+        assert!(next_window > last);
+        assert_eq!(FencingToken::first_at(Timestamp(-5)), FencingToken::FIRST);
     }
 }

@@ -204,7 +204,7 @@ async fn the_locked_read_decodes_whole_records() {
     let fresh = apply_debit(&store, expired, 5).await.unwrap();
     assert_eq!(fresh, Applied::Fresh(Outcome::success("85")));
     let record = store.get(&scope(), &key(expired)).await.unwrap().unwrap();
-    assert_eq!(record.token.get(), 2);
+    assert_eq!(record.token, idem_core::FencingToken::first_at(clock.now()));
     assert_eq!(record.created_at, clock.now());
 }
 
@@ -368,14 +368,14 @@ async fn a_record_changed_behind_the_lock_commits_nothing() {
             &scope(),
             &key("old"),
             fp,
-            sneak_in("UPDATE idem_records SET token = 99 WHERE key = 'old'"),
+            sneak_in("UPDATE idem_records SET token = 9000000000000000000 WHERE key = 'old'"),
         )
         .await
         .unwrap_err();
     assert!(is_serialization_failure(&err), "{err:?}");
     assert_eq!(db.balance(&store, 1).await, 90);
     let old = store.get(&scope(), &key("old")).await.unwrap().unwrap();
-    assert_eq!(old.token.get(), 1);
+    assert_eq!(old.token, idem_core::FencingToken::first_at(old.created_at));
     until_no_leftovers(&db).await;
 }
 
@@ -408,23 +408,22 @@ async fn a_store_over_an_existing_pool_prepares_on_first_use() {
     assert!(!apply_debit(&store, "b", 10).await.unwrap().is_replay());
     assert_eq!(db.balance(&store, 1).await, 80);
 
-    // Claim-first on a session that lost them all: the refused claim falls
-    // back to the replay-first path, which prepares them and applies.
+    // Replay first on a session that lost them all: the read under the
+    // lock prepares them and applies.
     sqlx::raw_sql(
-        "DEALLOCATE idem_claim_v1; DEALLOCATE idem_fetch_v1; \
-         DEALLOCATE idem_insert_v1; DEALLOCATE idem_replace_v1",
+        "DEALLOCATE idem_fetch_v1; DEALLOCATE idem_insert_v1; DEALLOCATE idem_replace_v1",
     )
     .execute(&pool)
     .await
     .unwrap();
     let fp = Fingerprint::of_bytes(b"debit 10");
     let fresh = store
-        .apply_claim_first(&scope(), &key("c"), fp, debit(10))
+        .apply_replay_first(&scope(), &key("c"), fp, debit(10))
         .await
         .unwrap();
     assert!(!fresh.is_replay());
     let replay = store
-        .apply_claim_first(&scope(), &key("c"), fp, debit(10))
+        .apply_replay_first(&scope(), &key("c"), fp, debit(10))
         .await
         .unwrap();
     assert_eq!(replay, Applied::Replayed(fresh.outcome().clone()));
@@ -432,11 +431,11 @@ async fn a_store_over_an_existing_pool_prepares_on_first_use() {
     until_no_leftovers(&db).await;
 }
 
-/// Claim-first takes an idle connection without the pool's ping. One the
-/// server closed meanwhile fails the claim, which is then sent again on a
-/// checked connection: the caller sees a normal apply, applied once.
+/// `apply` takes an idle connection without the pool's ping. One the server
+/// closed meanwhile fails the `BEGIN`, which is then sent again on a checked
+/// connection: the caller sees a normal apply, applied once.
 #[tokio::test]
-async fn claim_first_on_a_connection_the_server_closed_applies_once() {
+async fn apply_on_a_connection_the_server_closed_applies_once() {
     let Some(db) = TestDb::new().await else {
         return;
     };
@@ -447,7 +446,7 @@ async fn claim_first_on_a_connection_the_server_closed_applies_once() {
         .unwrap();
     let fp = Fingerprint::of_bytes(b"debit 10");
     let first = store
-        .apply_claim_first(&scope(), &key("a"), fp, debit(10))
+        .apply(&scope(), &key("a"), fp, debit(10))
         .await
         .unwrap();
     assert!(!first.is_replay());
@@ -465,12 +464,12 @@ async fn claim_first_on_a_connection_the_server_closed_applies_once() {
     assert!(terminated);
 
     let second = store
-        .apply_claim_first(&scope(), &key("b"), fp, debit(10))
+        .apply(&scope(), &key("b"), fp, debit(10))
         .await
         .unwrap();
     assert!(!second.is_replay());
     let again = store
-        .apply_claim_first(&scope(), &key("b"), fp, debit(10))
+        .apply(&scope(), &key("b"), fp, debit(10))
         .await
         .unwrap();
     assert!(again.is_replay());
@@ -482,12 +481,11 @@ async fn claim_first_on_a_connection_the_server_closed_applies_once() {
     assert_ne!(new_pid, pid);
 }
 
-/// A claim-first apply given up while its claim is still running (here held
-/// up by a table lock) leaves no transaction behind: the connection is closed,
-/// not given back to the pool inside the claim's transaction, where it would
-/// keep the key's lock and swallow the next user's statements.
+/// An apply given up while its read under the lock is still running (here
+/// held up by a table lock) leaves no transaction behind: the key's lock is
+/// not kept, and the next user's statements do not run inside it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_first_apply_given_up_mid_claim_leaves_nothing_behind() {
+async fn an_apply_given_up_mid_claim_leaves_nothing_behind() {
     let Some(db) = TestDb::new().await else {
         return;
     };
@@ -498,7 +496,7 @@ async fn a_claim_first_apply_given_up_mid_claim_leaves_nothing_behind() {
         .unwrap();
     let fp = Fingerprint::of_bytes(b"debit 10");
     store
-        .apply_claim_first(&scope(), &key("warm"), fp, debit(10))
+        .apply(&scope(), &key("warm"), fp, debit(10))
         .await
         .unwrap();
 
@@ -509,11 +507,7 @@ async fn a_claim_first_apply_given_up_mid_claim_leaves_nothing_behind() {
         .unwrap();
     let stuck = tokio::spawn({
         let store = store.clone();
-        async move {
-            store
-                .apply_claim_first(&scope(), &key("k"), fp, debit(10))
-                .await
-        }
+        async move { store.apply(&scope(), &key("k"), fp, debit(10)).await }
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
     stuck.abort();
@@ -522,47 +516,11 @@ async fn a_claim_first_apply_given_up_mid_claim_leaves_nothing_behind() {
 
     until_no_leftovers(&db).await;
     let applied = store
-        .apply_claim_first(&scope(), &key("k"), fp, debit(10))
+        .apply(&scope(), &key("k"), fp, debit(10))
         .await
         .unwrap();
     assert!(!applied.is_replay());
     assert_eq!(db.balance(&store, 1).await, 80);
-}
-
-/// Against a schema without the claim function (migration 0003 not run),
-/// `apply` still works, and `apply_claim_first` fails saying to migrate.
-#[tokio::test]
-async fn without_the_claim_function_apply_works_and_claim_first_says_to_migrate() {
-    let Some(db) = TestDb::new().await else {
-        return;
-    };
-    db.store().await; // migrates
-    let mut admin = PgConnection::connect(&db.url).await.unwrap();
-    sqlx::raw_sql("DROP FUNCTION idem_claim_v1(text, text, bigint)")
-        .execute(&mut admin)
-        .await
-        .unwrap();
-    let store = PgStore::builder(&db.url)
-        .migrate(false)
-        .connect()
-        .await
-        .unwrap();
-
-    assert!(!apply_debit(&store, "a", 10).await.unwrap().is_replay());
-    assert!(apply_debit(&store, "a", 10).await.unwrap().is_replay());
-    let fp = Fingerprint::of_bytes(b"debit 10");
-    match store
-        .apply_claim_first(&scope(), &key("b"), fp, debit(10))
-        .await
-    {
-        Err(ApplyError::Protocol(Error::Store(error))) => {
-            assert_eq!(error.kind(), ErrorKind::Corrupt, "{error}");
-            assert!(error.to_string().contains("migrat"), "{error}");
-        }
-        other => panic!("expected a store error, got {other:?}"),
-    }
-    assert_eq!(db.balance(&store, 1).await, 90);
-    until_no_leftovers(&db).await;
 }
 
 /// Lease renewals given up right after their `BEGIN` was sent (a pool
@@ -602,4 +560,137 @@ async fn renewals_given_up_mid_begin_leave_no_transaction_behind() {
         .unwrap();
     let record = store.get(&scope(), &key("job")).await.unwrap().unwrap();
     assert_eq!(record.state, RecordState::Completed);
+}
+
+/// The server's log, where this machine keeps it: the file the logging
+/// collector writes, or the Debian cluster's log. `None` when neither can be
+/// read (then the check below says so and is not made).
+async fn server_log(conn: &mut PgConnection) -> Option<(std::path::PathBuf, u64)> {
+    let collected: Option<String> = sqlx::query_scalar("SELECT pg_current_logfile()")
+        .fetch_one(&mut *conn)
+        .await
+        .ok()
+        .flatten();
+    let data: String = sqlx::query_scalar("SHOW data_directory")
+        .fetch_one(&mut *conn)
+        .await
+        .ok()?;
+    let version: String = sqlx::query_scalar("SHOW server_version")
+        .fetch_one(&mut *conn)
+        .await
+        .ok()?;
+    let major = version.split('.').next().unwrap_or_default().to_owned();
+    let candidates = collected
+        .map(|file| std::path::Path::new(&data).join(file))
+        .into_iter()
+        .chain([std::path::PathBuf::from(format!(
+            "/var/log/postgresql/postgresql-{major}-main.log"
+        ))]);
+    for path in candidates {
+        if let Ok(meta) = std::fs::metadata(&path)
+            && std::fs::File::open(&path).is_ok()
+        {
+            return Some((path, meta.len()));
+        }
+    }
+    None
+}
+
+/// The `ERROR` lines the server logged for `database` after byte `from`.
+fn errors_logged(path: &std::path::Path, from: u64, database: &str) -> Vec<String> {
+    let text = std::fs::read(path).unwrap();
+    let start = usize::try_from(from).unwrap().min(text.len());
+    String::from_utf8_lossy(&text[start..])
+        .lines()
+        .filter(|line| line.contains(&format!("@{database} ")) && line.contains("ERROR:"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Duplicates are answers, not faults: a key held by a running apply, a
+/// recorded key replayed, a key reused with another payload — none of them
+/// raises an error on the server, so none writes an `ERROR` line into its
+/// log. (One deliberate error first shows the log is being read.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicates_write_no_error_into_the_server_log() {
+    let Some(db) = TestDb::new().await else {
+        return;
+    };
+    let store = db.store().await;
+    let mut conn = PgConnection::connect(&db.url).await.unwrap();
+    let database: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    let Some((log, from)) = server_log(&mut conn).await else {
+        println!("the server's log cannot be read here; its ERROR lines are not checked");
+        return;
+    };
+    assert!(
+        sqlx::raw_sql("SELECT 1 / 0")
+            .execute(&mut conn)
+            .await
+            .is_err(),
+        "the deliberate error"
+    );
+
+    assert!(!apply_debit(&store, "a", 10).await.unwrap().is_replay());
+    for _ in 0..3 {
+        assert!(apply_debit(&store, "a", 10).await.unwrap().is_replay());
+        let replayed = store
+            .apply_replay_first(
+                &scope(),
+                &key("a"),
+                Fingerprint::of_bytes(b"debit 10"),
+                debit(10),
+            )
+            .await
+            .unwrap();
+        assert!(replayed.is_replay());
+    }
+    assert!(matches!(
+        apply_debit(&store, "a", 99).await,
+        Err(ApplyError::Protocol(Error::KeyReuse { .. }))
+    ));
+
+    let (entered, inside) = oneshot::channel();
+    let (release, released) = oneshot::channel::<()>();
+    let holder = tokio::spawn({
+        let store = store.clone();
+        async move {
+            let fp = Fingerprint::of_bytes(b"debit 10");
+            store
+                .apply(
+                    &scope(),
+                    &key("held"),
+                    fp,
+                    async move |conn: &mut PgConnection| {
+                        entered.send(()).unwrap();
+                        released.await.unwrap();
+                        let balance: i64 = sqlx::query_scalar(
+                        "UPDATE accounts SET balance = balance - 10 WHERE id = 1 RETURNING balance",
+                    )
+                    .fetch_one(&mut *conn)
+                    .await?;
+                        Ok::<_, sqlx::Error>(Outcome::success(balance.to_string()))
+                    },
+                )
+                .await
+        }
+    });
+    inside.await.unwrap();
+    for _ in 0..3 {
+        assert!(matches!(
+            apply_debit(&store, "held", 10).await,
+            Err(ApplyError::Protocol(Error::InFlight { .. }))
+        ));
+    }
+    release.send(()).unwrap();
+    assert!(!holder.await.unwrap().unwrap().is_replay());
+    assert!(apply_debit(&store, "held", 10).await.unwrap().is_replay());
+    assert_eq!(db.balance(&store, 1).await, 80);
+
+    let errors = errors_logged(&log, from, &database);
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert!(errors[0].contains("division by zero"), "{errors:#?}");
 }

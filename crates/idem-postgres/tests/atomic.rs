@@ -62,7 +62,10 @@ async fn apply_runs_the_effect_once_and_replays_the_stored_outcome() {
 
     let record = store.get(&scope(), &key("order-1")).await.unwrap().unwrap();
     assert_eq!(record.state, RecordState::Completed);
-    assert_eq!(record.token.get(), 1);
+    assert_eq!(
+        record.token,
+        idem_core::FencingToken::first_at(record.created_at)
+    );
     assert_eq!(record.outcome.as_ref(), Some(first.outcome()));
     assert_eq!(record.lease_until, None);
 }

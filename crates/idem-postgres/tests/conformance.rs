@@ -1,7 +1,6 @@
 //! The shared conformance suite against PostgreSQL, one fresh database per test,
-//! run twice: atomic apply looking for a stored outcome first
-//! (`AtomicStore::apply`) and claiming the key first
-//! (`AtomicStore::apply_claim_first`).
+//! run twice: atomic apply claiming the key first (`AtomicStore::apply`) and
+//! looking for a stored outcome first (`AtomicStore::apply_replay_first`).
 
 mod common;
 
@@ -14,16 +13,16 @@ use sqlx::PgConnection;
 
 use common::TestDb;
 
-/// The store under test; `CLAIM_FIRST` picks which atomic apply the suite's
+/// The store under test; `REPLAY_FIRST` picks which atomic apply the suite's
 /// operations go through.
-struct Postgres<const CLAIM_FIRST: bool> {
+struct Postgres<const REPLAY_FIRST: bool> {
     store: PgStore,
     clock: ManualClock,
     url: String,
     _db: Option<Arc<TestDb>>,
 }
 
-impl<const CLAIM_FIRST: bool> Postgres<CLAIM_FIRST> {
+impl<const REPLAY_FIRST: bool> Postgres<REPLAY_FIRST> {
     async fn at(url: String, clock: ManualClock, db: Option<Arc<TestDb>>) -> Self {
         let store = PgStore::builder(url.clone())
             .clock(Arc::new(clock.clone()))
@@ -49,9 +48,9 @@ impl<const CLAIM_FIRST: bool> Postgres<CLAIM_FIRST> {
     }
 }
 
-impl<const CLAIM_FIRST: bool> Harness for Postgres<CLAIM_FIRST> {
+impl<const REPLAY_FIRST: bool> Harness for Postgres<REPLAY_FIRST> {
     type Store = PgStore;
-    const CLAIM_FIRST: bool = CLAIM_FIRST;
+    const REPLAY_FIRST: bool = REPLAY_FIRST;
 
     async fn fresh() -> Option<Self> {
         let db = Arc::new(TestDb::new().await?);
@@ -143,10 +142,10 @@ impl<const CLAIM_FIRST: bool> Harness for Postgres<CLAIM_FIRST> {
     }
 }
 
-mod replay_first {
+mod claim_first {
     idem_testkit::conformance_suite!(super::Postgres<false>);
 }
 
-mod claim_first {
+mod replay_first {
     idem_testkit::conformance_suite!(super::Postgres<true>);
 }

@@ -40,7 +40,7 @@ async fn claim_complete_then_replay() {
     let store = db.store_at(&clock).await;
 
     let claim = fresh(store.claim(&scope(), &key("user-7"), fp()).await.unwrap());
-    assert_eq!(claim.token.get(), 1);
+    assert_eq!(claim.token, idem_core::FencingToken::first_at(clock.now()));
     assert!(!claim.took_over);
     assert_eq!(claim.lease_until, clock.now().plus(Duration::from_secs(60)));
 
@@ -87,7 +87,7 @@ async fn expired_lease_is_taken_over_and_the_zombie_is_fenced() {
     let zombie = fresh(store.claim(&scope(), &key("user-7"), fp()).await.unwrap());
     clock.advance(Duration::from_secs(61));
     let heir = fresh(store.claim(&scope(), &key("user-7"), fp()).await.unwrap());
-    assert_eq!(heir.token.get(), 2);
+    assert_eq!(heir.token, zombie.token.next());
     assert!(heir.took_over);
 
     let err = store
@@ -96,8 +96,8 @@ async fn expired_lease_is_taken_over_and_the_zombie_is_fenced() {
         .unwrap_err();
     match err {
         Error::Fenced { held, current, .. } => {
-            assert_eq!(held.get(), 1);
-            assert_eq!(current.map(|t| t.get()), Some(2));
+            assert_eq!(held, zombie.token);
+            assert_eq!(current, Some(heir.token));
         }
         other => panic!("expected Fenced, got {other:?}"),
     }
@@ -115,7 +115,7 @@ async fn expired_lease_is_taken_over_and_the_zombie_is_fenced() {
         .await
         .unwrap();
     let record = store.get(&scope(), &key("user-7")).await.unwrap().unwrap();
-    assert_eq!(record.token.get(), 2);
+    assert_eq!(record.token, heir.token);
     assert_eq!(record.outcome, Some(Outcome::success("heir")));
     // A takeover keeps the window of the first claim.
     assert_eq!(record.created_at, claimed_at);
@@ -136,7 +136,7 @@ async fn release_then_claim_again_gets_the_next_token() {
     let first = fresh(store.claim(&scope(), &key("user-7"), fp()).await.unwrap());
     store.release(&first).await.unwrap();
     let second = fresh(store.claim(&scope(), &key("user-7"), fp()).await.unwrap());
-    assert_eq!(second.token.get(), 2);
+    assert_eq!(second.token, first.token.next());
     assert!(matches!(
         store.complete(&first, &Outcome::empty()).await,
         Err(Error::Fenced { .. })
@@ -222,7 +222,7 @@ async fn sixty_four_concurrent_claims_give_one_claim() {
     for result in futures::future::join_all(claims).await {
         match result.unwrap() {
             Ok(Claimed::Fresh(claim)) => {
-                assert_eq!(claim.token.get(), 1);
+                assert_eq!(claim.token, idem_core::FencingToken::first_at(clock.now()));
                 fresh += 1;
             }
             Err(Error::InFlight { .. }) => {}

@@ -117,7 +117,7 @@ async fn an_expired_record_is_replaced_with_a_greater_token() {
     clock.advance(Duration::from_secs(3600));
     apply_noop(&store, "k").await; // the window ended: applied again
     let record = store.get(&scope(), &key("k")).await.unwrap().unwrap();
-    assert_eq!(record.token.get(), 2);
+    assert_eq!(record.token, idem_core::FencingToken::first_at(clock.now()));
     assert_eq!(record.created_at, clock.now());
     assert_eq!(db.balance(&store, 1).await, 102);
 }
@@ -245,7 +245,7 @@ fn _public_futures_are_send(store: &PgStore, claim: &idem_core::Claim) {
     send(PgStore::connect(""));
     send(PgStore::builder("").connect());
     send(store.apply(&s, &k, fp, async |_| Ok::<_, String>(Outcome::empty())));
-    send(store.apply_claim_first(&s, &k, fp, async |_| Ok::<_, String>(Outcome::empty())));
+    send(store.apply_replay_first(&s, &k, fp, async |_| Ok::<_, String>(Outcome::empty())));
     send(store.apply_batch(&[], |_| {
         async |_: &mut PgConnection| Ok::<_, String>(Outcome::empty())
     }));

@@ -62,7 +62,7 @@ type Deliver = Box<dyn FnOnce(Option<&Error>) + Send>;
 
 /// A grouped job: runs its writes in the shared transaction (`None`: none could
 /// be started) and returns how to deliver its result once the commit is known.
-type GroupedJob = Box<dyn FnOnce(Option<&Connection>) -> Deliver + Send>;
+type GroupedJob = Box<dyn FnOnce(Option<&mut Connection>) -> Deliver + Send>;
 
 /// Work for the writer thread.
 enum Job {
@@ -106,7 +106,7 @@ fn serve(conn: &mut Connection, jobs: &mpsc::Receiver<Job>) {
     }
 }
 
-fn commit_group(conn: &Connection, group: Vec<GroupedJob>) {
+fn commit_group(conn: &mut Connection, group: Vec<GroupedJob>) {
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
         let error = map_err("begin a write transaction", e);
         for job in group {
@@ -114,7 +114,16 @@ fn commit_group(conn: &Connection, group: Vec<GroupedJob>) {
         }
         return;
     }
-    let delivers: Vec<Deliver> = group.into_iter().map(|job| job(Some(conn))).collect();
+    let mut delivers: Vec<Deliver> = Vec::with_capacity(group.len());
+    for job in group {
+        delivers.push(job(Some(&mut *conn)));
+        if conn.is_autocommit() {
+            // The job ended the shared transaction itself (an effect that
+            // ran COMMIT): what came before it is committed; the rest of the
+            // group gets a transaction of its own.
+            let _ = conn.execute_batch("BEGIN IMMEDIATE");
+        }
+    }
     let committed = conn
         .execute_batch("COMMIT")
         .map_err(|e| map_err("commit", e));
@@ -255,27 +264,31 @@ impl Connections {
     /// job undoes only its own changes), and answers once that transaction has
     /// committed. Under concurrency many claims and completions share one commit
     /// and one disk flush; alone, a job costs what a transaction of its own would.
-    pub async fn write_grouped<R: Send + 'static>(
+    pub async fn write_grouped<R, X>(
         &self,
-        job: impl FnOnce(&Connection) -> Result<R, Error> + Send + 'static,
-    ) -> Result<R, Error> {
-        let (done_tx, done_rx) = oneshot::channel::<Result<R, Error>>();
-        let grouped = Job::Grouped(Box::new(move |conn: Option<&Connection>| -> Deliver {
+        job: impl FnOnce(&mut Connection) -> Result<R, X> + Send + 'static,
+    ) -> Result<R, X>
+    where
+        R: Send + 'static,
+        X: From<Error> + Send + 'static,
+    {
+        let (done_tx, done_rx) = oneshot::channel::<Result<R, X>>();
+        let grouped = Job::Grouped(Box::new(move |conn: Option<&mut Connection>| -> Deliver {
             let Some(conn) = conn else {
                 return Box::new(move |error: Option<&Error>| {
-                    let _ = done_tx.send(Err(error.map_or_else(stopped, shared)));
+                    let _ = done_tx.send(Err(error.map_or_else(stopped, shared).into()));
                 });
             };
             let result = in_savepoint(conn, job);
             Box::new(move |commit_error: Option<&Error>| {
                 let _ = done_tx.send(match commit_error {
                     None => result,
-                    Some(error) => Err(shared(error)),
+                    Some(error) => Err(shared(error).into()),
                 });
             })
         }));
         self.writer.send(grouped).map_err(|_| stopped())?;
-        done_rx.await.map_err(|_| stopped())?
+        done_rx.await.map_err(|_| X::from(stopped()))?
     }
 
     /// Runs `job` on a read connection on the blocking pool.
@@ -309,13 +322,21 @@ impl Connections {
 
 /// Runs `job` in a savepoint of the open transaction: kept when it succeeds,
 /// rolled back (alone) when it fails or panics.
-fn in_savepoint<R>(
-    conn: &Connection,
-    job: impl FnOnce(&Connection) -> Result<R, Error>,
-) -> Result<R, Error> {
+fn in_savepoint<R, X: From<Error>>(
+    conn: &mut Connection,
+    job: impl FnOnce(&mut Connection) -> Result<R, X>,
+) -> Result<R, X> {
     conn.execute_batch("SAVEPOINT idem_job")
         .map_err(|e| map_err("open a savepoint", e))?;
     let outcome = catch_unwind(AssertUnwindSafe(|| job(conn)));
+    if conn.is_autocommit() {
+        return Err(Error::from(StoreError::new(
+            ErrorKind::Other,
+            "the effect ended the store's transaction itself (COMMIT or ROLLBACK), so the \
+             record could not commit with it; leave committing to the store",
+        ))
+        .into());
+    }
     let keep = matches!(outcome, Ok(Ok(_)));
     let close = if keep {
         "RELEASE idem_job"
@@ -326,10 +347,10 @@ fn in_savepoint<R>(
         .map_err(|e| map_err("close a savepoint", e))?;
     match outcome {
         Ok(result) => result,
-        Err(_) => Err(StoreError::new(
+        Err(_) => Err(Error::from(StoreError::new(
             ErrorKind::Other,
             "a write on the SQLite writer panicked; its changes were rolled back",
-        )
+        ))
         .into()),
     }
 }

@@ -292,16 +292,20 @@ impl SqliteStore {
         refusal
     }
 
-    /// What `apply` and `claim` share: answer from a reader when the record
-    /// settles the matter, take the in-process hold, then on the writer read the
-    /// record, decide, and — for a claim or takeover — let `carry_out` write
-    /// inside the same transaction, which is committed after it.
+    /// Atomic apply's steps: answer from a reader when the record settles the
+    /// matter, take the in-process hold, then on the writer read the record,
+    /// decide, and — for a claim or takeover — let `carry_out` run the effect
+    /// and write the record. All of it runs in a savepoint of a transaction
+    /// shared with the other writes queued at the same moment, and is answered
+    /// once that transaction has committed: concurrent applies share one
+    /// commit and one disk flush (group commit), while a failing effect undoes
+    /// only its own savepoint.
     async fn decide_then<R, E>(
         &self,
         op: Operation,
         replayed: fn(Outcome) -> R,
         carry_out: impl FnOnce(
-            &mut WriteTx<'_>,
+            &mut Connection,
             &Protocol<'_>,
             &Operation,
             Plan,
@@ -320,19 +324,16 @@ impl SqliteStore {
         let store = self.clone();
         self.inner
             .connections
-            .write(move |conn| {
+            .write_grouped(move |conn| {
                 let protocol = store.protocol();
-                let mut tx = WriteTx::begin(conn)?;
-                let (found, decision) = match decide_in(&tx, &protocol, &op)? {
+                let (found, decision) = match decide_in(conn, &protocol, &op)? {
                     Ok(claim) => claim,
                     Err(outcome) => return Ok(replayed(outcome)),
                 };
                 let plan = protocol.plan(found.as_ref(), &decision, &op.scope);
-                let done = carry_out(&mut tx, &protocol, &op, plan)?;
-                tx.commit()?;
-                Ok(done)
+                carry_out(conn, &protocol, &op, plan)
             })
-            .await?
+            .await
     }
 
     /// Lets a caller on to the writer: the stored outcome when a reader already

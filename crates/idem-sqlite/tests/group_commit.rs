@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use idem_core::{
-    Claimed, Error, Fingerprint, IdempotencyKey, LeaseStore, ManualClock, Outcome, RecordState,
-    RecordStore, Scope,
+    ApplyError, AtomicStore, Claimed, Error, Fingerprint, IdempotencyKey, LeaseStore, ManualClock,
+    Outcome, RecordState, RecordStore, Scope,
 };
 use idem_sqlite::SqliteStore;
 
@@ -84,4 +84,88 @@ async fn refused_writes_in_a_group_leave_the_others_committed() {
         .await
         .unwrap();
     assert_eq!(completed.len(), 100);
+}
+
+/// Atomic applies queued together share one transaction, each in its own
+/// savepoint: an effect that fails or panics undoes only its own writes and
+/// record, the others' effects and records commit, and each caller is
+/// answered after the commit (a reopened store sees every answered apply).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn failing_atomic_applies_in_a_group_undo_only_themselves() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("idem.db");
+    let store = SqliteStore::open(&path).await.unwrap();
+    store
+        .with_connection(|conn| conn.execute_batch("CREATE TABLE effects (key TEXT PRIMARY KEY)"))
+        .await
+        .unwrap()
+        .unwrap();
+    let scope = Scope::new("group").unwrap();
+
+    let tasks: Vec<_> = (0..240)
+        .map(|i: usize| {
+            let (store, scope) = (store.clone(), scope.clone());
+            tokio::spawn(async move {
+                let key = IdempotencyKey::new(format!("k{i}")).unwrap();
+                let answer = store
+                    .apply(
+                        &scope,
+                        &key,
+                        Fingerprint::of_bytes(b"x"),
+                        async move |conn: &mut rusqlite::Connection| {
+                            conn.execute(
+                                "INSERT INTO effects (key) VALUES (?1)",
+                                [format!("k{i}")],
+                            )
+                            .map_err(|e| e.to_string())?;
+                            match i % 3 {
+                                1 => Err(format!("effect {i} failed")),
+                                2 if i.is_multiple_of(2) => panic!("effect {i} panicked"),
+                                _ => Ok(Outcome::success(i.to_string())),
+                            }
+                        },
+                    )
+                    .await;
+                (i, answer)
+            })
+        })
+        .collect();
+    let mut applied = 0;
+    for task in futures::future::join_all(tasks).await {
+        let (i, answer) = task.unwrap();
+        match (i % 3, i % 2) {
+            (1, _) => assert!(
+                matches!(answer, Err(ApplyError::Effect(_))),
+                "{i}: {answer:?}"
+            ),
+            (2, 0) => assert!(answer.is_err(), "{i}: {answer:?}"),
+            _ => {
+                assert!(!answer.unwrap().is_replay(), "{i}");
+                applied += 1;
+            }
+        }
+    }
+    drop(store);
+
+    let reopened = SqliteStore::open(&path).await.unwrap();
+    let effects: Vec<String> = reopened
+        .with_connection(|conn| {
+            let mut stmt = conn
+                .prepare("SELECT key FROM effects ORDER BY key")
+                .unwrap();
+            stmt.query_map([], |row| row.get(0))
+                .unwrap()
+                .collect::<Result<Vec<String>, _>>()
+                .unwrap()
+        })
+        .await
+        .unwrap();
+    assert_eq!(effects.len(), applied);
+    for i in 0..240usize {
+        let key = IdempotencyKey::new(format!("k{i}")).unwrap();
+        let record = reopened.get(&scope, &key).await.unwrap();
+        let kept = i % 3 == 0 || (i % 3 == 2 && i % 2 == 1);
+        assert_eq!(record.is_some(), kept, "{i}");
+        assert_eq!(effects.contains(&format!("k{i}")), kept, "{i}");
+    }
 }

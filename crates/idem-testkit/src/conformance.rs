@@ -37,7 +37,7 @@ pub async fn fresh_key_applies_once_and_duplicates_replay<H: Harness>(h: H) {
     assert_eq!(h.counter("acc").await, 10);
     let record = h.store().get(&pay.scope, &pay.key).await.unwrap().unwrap();
     assert_eq!(record.state, RecordState::Completed);
-    assert_eq!(record.token, FencingToken::FIRST);
+    assert_eq!(record.token, FencingToken::first_at(record.created_at));
     assert_eq!(record.outcome, Some(counter_outcome(10)));
 }
 
@@ -211,7 +211,7 @@ pub async fn leased_claim_complete_replay<H: Harness>(h: H) {
     else {
         panic!("fresh key must be claimed")
     };
-    assert_eq!(claim.token, FencingToken::FIRST);
+    assert_eq!(claim.token, FencingToken::first_at(h.clock().now()));
     assert!(!claim.took_over);
     assert_eq!(claim.lease_until, h.clock().now().plus(lease(&h)));
     match s.claim(&mail.scope, &mail.key, mail.fingerprint).await {
@@ -629,6 +629,7 @@ pub async fn the_window_counts_from_the_first_claim<H: Harness>(h: H) {
 pub async fn expired_records_are_replaced_with_a_greater_token<H: Harness>(h: H) {
     let pay = op("payments", "p-8", "v1");
     h.apply_add(&pay, "acc", 1, Effect::Succeed).await.unwrap();
+    let old = h.store().get(&pay.scope, &pay.key).await.unwrap().unwrap();
     h.clock().advance(idem_core::DEFAULT_RETENTION);
     let fresh = op("payments", "p-8", "v2");
     assert!(
@@ -638,8 +639,46 @@ pub async fn expired_records_are_replaced_with_a_greater_token<H: Harness>(h: H)
             .is_replay()
     );
     let record = h.store().get(&pay.scope, &pay.key).await.unwrap().unwrap();
-    assert_eq!(record.token, FencingToken::FIRST.next());
+    assert!(record.token > old.token);
+    assert_eq!(record.token, FencingToken::first_at(record.created_at));
     assert_eq!(record.fingerprint, fresh.fingerprint);
+}
+
+/// A worker that stalls past its key's whole window, while the sweeper
+/// deletes the record and another worker claims the key anew, stays fenced:
+/// the new window's tokens start above every token of the old one.
+pub async fn a_worker_stalled_past_a_swept_window_stays_fenced<H: Harness>(h: H) {
+    let pay = op("payments", "p-swept", "v1");
+    let s = h.store();
+    let Claimed::Fresh(stalled) = s
+        .claim(&pay.scope, &pay.key, pay.fingerprint)
+        .await
+        .unwrap()
+    else {
+        panic!("fresh key must be claimed")
+    };
+    h.clock().advance(idem_core::DEFAULT_RETENTION);
+    assert_eq!(s.sweep(100).await.unwrap(), 1);
+    assert!(s.get(&pay.scope, &pay.key).await.unwrap().is_none());
+    let Claimed::Fresh(anew) = s
+        .claim(&pay.scope, &pay.key, pay.fingerprint)
+        .await
+        .unwrap()
+    else {
+        panic!("a swept key is claimed anew")
+    };
+    assert!(anew.token > stalled.token);
+    assert!(matches!(
+        s.complete(&stalled, &idem_core::Outcome::success("late"))
+            .await,
+        Err(Error::Fenced { .. })
+    ));
+    assert!(matches!(s.renew(&stalled).await, Err(Error::Fenced { .. })));
+    s.complete(&anew, &idem_core::Outcome::success("on time"))
+        .await
+        .unwrap();
+    let record = s.get(&pay.scope, &pay.key).await.unwrap().unwrap();
+    assert_eq!(record.outcome, Some(idem_core::Outcome::success("on time")));
 }
 
 /// Batch apply: new keys run once, known keys replay, keys repeated inside the

@@ -120,9 +120,9 @@ pub trait Harness: Sized + Send + Sync + 'static {
     /// The store.
     type Store: AtomicStore + LeaseStore + RecordStore + FenceStore + Clone + 'static;
 
-    /// Whether atomic applies go through [`AtomicStore::apply_claim_first`]
+    /// Whether atomic applies go through [`AtomicStore::apply_replay_first`]
     /// rather than [`AtomicStore::apply`]. Same answers; the suite runs both.
-    const CLAIM_FIRST: bool = false;
+    const REPLAY_FIRST: bool = false;
 
     /// A store on a fresh, empty database with a [`ManualClock`] and the test
     /// tables, or `None` (after printing why) when the database server is not
@@ -178,7 +178,7 @@ pub trait Harness: Sized + Send + Sync + 'static {
         register: &str,
     ) -> impl Future<Output = Result<(i64, i64, i64), String>> + Send;
 
-    /// Atomic apply (claim first or not, per [`Harness::CLAIM_FIRST`]).
+    /// Atomic apply (replay first or not, per [`Harness::REPLAY_FIRST`]).
     fn apply<F, E>(
         &self,
         op: &Operation,
@@ -190,9 +190,9 @@ pub trait Harness: Sized + Send + Sync + 'static {
     {
         async move {
             let store = self.store();
-            if Self::CLAIM_FIRST {
+            if Self::REPLAY_FIRST {
                 store
-                    .apply_claim_first(&op.scope, &op.key, op.fingerprint, effect)
+                    .apply_replay_first(&op.scope, &op.key, op.fingerprint, effect)
                     .await
             } else {
                 store

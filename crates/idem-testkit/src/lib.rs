@@ -52,6 +52,7 @@ macro_rules! conformance_suite {
             retention_is_enforced_by_bounded_sweeps,
             the_sweeper_keeps_the_table_bounded_under_steady_load,
             expired_records_are_replaced_with_a_greater_token,
+            a_worker_stalled_past_a_swept_window_stays_fenced,
             the_window_counts_from_the_first_claim,
             batch_apply_dedupes_and_commits_once,
             batch_answers_a_busy_key_in_flight,

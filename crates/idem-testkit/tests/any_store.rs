@@ -67,7 +67,7 @@ impl<const POSTGRES: bool> Any<POSTGRES> {
 
 impl<const POSTGRES: bool> Harness for Any<POSTGRES> {
     type Store = AnyStore;
-    const CLAIM_FIRST: bool = POSTGRES;
+    const REPLAY_FIRST: bool = POSTGRES;
 
     async fn fresh() -> Option<Self> {
         let clock = ManualClock::starting_now();

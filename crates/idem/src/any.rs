@@ -224,7 +224,7 @@ impl AtomicStore for AnyStore {
         each_store!(self, s => s.apply(scope, key, fingerprint, on(effect)).await)
     }
 
-    async fn apply_claim_first<F, E>(
+    async fn apply_replay_first<F, E>(
         &self,
         scope: &Scope,
         key: &IdempotencyKey,
@@ -235,7 +235,7 @@ impl AtomicStore for AnyStore {
         F: AtomicEffect<dyn AnyTx, Outcome, E>,
         E: Send + 'static,
     {
-        each_store!(self, s => s.apply_claim_first(scope, key, fingerprint, on(effect)).await)
+        each_store!(self, s => s.apply_replay_first(scope, key, fingerprint, on(effect)).await)
     }
 
     async fn apply_batch<G, F, E>(&self, ops: &[Operation], mut effect_for: G) -> BatchApplied<E>

@@ -146,18 +146,18 @@ where
     }
 
     /// A first delivery (the broker counts one) is most likely new, so its
-    /// key is claimed first ([`AtomicStore::apply_claim_first`]); a
-    /// redelivery looks for a stored outcome first ([`AtomicStore::apply`]).
-    /// Both answer a duplicate the same way.
+    /// key is claimed first ([`AtomicStore::apply`]); a redelivery looks for
+    /// a stored outcome first ([`AtomicStore::apply_replay_first`]). Both
+    /// answer a duplicate the same way.
     async fn apply(&self, message: Arc<KeyedMessage>) -> Result<Applied, ApplyError<E>> {
         let effect = (self.effect)(Arc::clone(&message));
         let (scope, key, fingerprint) = (&message.scope, &message.key, message.fingerprint);
         if message.message.delivery_count == Some(1) {
-            self.store
-                .apply_claim_first(scope, key, fingerprint, effect)
-                .await
-        } else {
             self.store.apply(scope, key, fingerprint, effect).await
+        } else {
+            self.store
+                .apply_replay_first(scope, key, fingerprint, effect)
+                .await
         }
     }
 }

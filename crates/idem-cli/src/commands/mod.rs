@@ -22,7 +22,7 @@ use idem::{AnyStore, StoreLocation};
 use crate::cli::{Cli, Command, KeysCommand};
 
 /// The store used when neither `--store` nor `IDEM_STORE` is given.
-pub const DEFAULT_STORE: &str = "sqlite://idem.db";
+pub use idem_http::gateway::DEFAULT_STORE;
 
 /// Runs the command.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {

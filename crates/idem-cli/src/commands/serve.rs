@@ -2,8 +2,6 @@
 //! the listeners, announces them on stdout, and serves until SIGTERM or
 //! Ctrl-C, then shuts down gracefully.
 
-mod settings;
-
 use std::future::Future;
 use std::io::Write;
 
@@ -15,15 +13,15 @@ use tokio::sync::watch;
 
 use super::upkeep::Upkeep;
 use crate::cli::ServeArgs;
+use idem_http::gateway::{GatewaySettings, GivenSettings, SettingsFile};
 use idem_trace::KeyInSpans;
-use settings::ServeSettings;
 
 pub async fn run(
     store: Option<&str>,
     args: &ServeArgs,
     key_in_spans: KeyInSpans,
 ) -> anyhow::Result<()> {
-    let settings = ServeSettings::resolve(store, args)?;
+    let settings = resolve(store, args)?;
     // Before the store opens, so no count is lost.
     if settings.admin_listen.is_some() {
         idem_http::admin::metrics_recorder()?;
@@ -95,4 +93,38 @@ pub(crate) fn terminated() -> impl Future<Output = ()> + Send + 'static {
 async fn stopped(mut stopping: watch::Receiver<bool>) {
     // An error means the sender is gone, which only happens on the way out.
     let _ = stopping.wait_for(|stop| *stop).await;
+}
+
+/// The gateway's settings from the flags (and their variables), the
+/// `--config` file and the defaults.
+fn resolve(store: Option<&str>, args: &ServeArgs) -> anyhow::Result<GatewaySettings> {
+    let given = GivenSettings {
+        upstream: args.upstream.clone(),
+        listen: args.listen.clone(),
+        store: store.map(str::to_owned),
+        mode: args.mode.clone(),
+        require_key: args.require_key,
+        max_body: args.max_body.clone(),
+        lease: args.lease.clone(),
+        retention: args.retention.clone(),
+        admin_listen: args.admin_listen.clone(),
+        upstream_timeout: args.upstream_timeout.clone(),
+        principal_header: args.principal_header.clone(),
+        methods: args.methods.clone(),
+        sweep_every: args.sweep_every.clone(),
+    };
+    let text = args
+        .config
+        .as_ref()
+        .map(|path| {
+            std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read the config file {}", path.display()))
+        })
+        .transpose()?;
+    let file = args
+        .config
+        .as_deref()
+        .zip(text.as_deref())
+        .map(|(path, text)| SettingsFile::new(path, text));
+    Ok(GatewaySettings::resolve(&given, file)?)
 }

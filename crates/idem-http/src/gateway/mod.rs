@@ -22,6 +22,8 @@
 //! - `proxy`: the reverse proxy on hyper-util's client (hop-by-hop headers,
 //!   forwarding headers, timeout, and the outcome-unknown marker);
 //! - `hop`: the hop-by-hop headers;
+//! - `settings`: [`GatewaySettings`], resolved from flags, a TOML file and
+//!   the defaults, with errors that name where a bad value came from;
 //! - `accept`: the accept loop and its graceful shutdown;
 //! - [`run`] (here): the accept loop, a `gateway` span per request (continuing
 //!   the request's `traceparent`), and graceful shutdown;
@@ -49,6 +51,7 @@ mod config;
 pub(crate) mod hop;
 mod observe;
 mod proxy;
+mod settings;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -65,6 +68,10 @@ use tracing::Instrument;
 
 pub use config::{DEFAULT_UPSTREAM_TIMEOUT, GatewayConfig, Upstream, UpstreamError};
 pub use observe::REQUESTS_TOTAL;
+pub use settings::{
+    DEFAULT_LISTEN, DEFAULT_STORE, GatewaySettings, GivenSettings, SettingsError, SettingsFile,
+    parse_duration, parse_methods, parse_size,
+};
 
 use crate::{IdempotencyConfig, IdempotencyLayer, IdempotencyService};
 pub(crate) use accept::serve_connections;

@@ -95,95 +95,46 @@ fn opened(rows: &[PgRow]) -> sqlx::Result<Opened> {
     })
 }
 
-/// The query that begins a claim-first apply's transaction and claims the key
-/// in the same round trip, for `begin_with`: it fails unless this
-/// transaction got the key's lock and the key has no record (see
-/// [`refused_claim`]).
+/// A pooled connection whose `BEGIN` is on its way.
 ///
-/// The values are literals escaped by `literal`.
-pub(crate) fn begin_and_claim(scope: &Scope, key: &IdempotencyKey) -> AssertSqlSafe<String> {
-    AssertSqlSafe(format!(
-        "{}; {}",
-        lock::BEGIN,
-        records::execute_claim(scope, key, lock::lock_key(scope, key))
-    ))
-}
-
-/// A pooled connection whose `BEGIN` query (with the claim, in
-/// [`begin_and_claim`]) is on its way.
-///
-/// If the apply is given up before that query is answered (its future
-/// dropped), the connection is closed instead of going back to the pool: sqlx
-/// counts no transaction on it yet, while the server may be inside one —
-/// holding the key's lock, after a claim — and would run the next user's
-/// statements in it. Closing the session ends that transaction.
+/// If the apply is given up before `BEGIN` is answered (its future dropped),
+/// the connection is closed instead of going back to the pool: sqlx counts no
+/// transaction on it yet, while the server may be inside one and would run
+/// the next user's statements in it. Closing the session ends that
+/// transaction.
 pub(crate) struct Beginning {
-    /// The connection; taken only by [`Beginning::answered`], which consumes
-    /// the guard.
-    conn: Option<PoolConnection<Postgres>>,
+    /// The connection.
+    conn: PoolConnection<Postgres>,
     /// Whether the connection is known to be in the state sqlx counts.
     settled: bool,
 }
-
-const HOLDS_ITS_CONNECTION: &str = "the guard holds its connection until `answered` consumes it";
 
 impl Beginning {
     /// `conn`, about to send a `BEGIN` query.
     pub(crate) fn new(conn: PoolConnection<Postgres>) -> Self {
         Self {
-            conn: Some(conn),
+            conn,
             settled: false,
         }
     }
 
     /// Sends `sql` with sqlx's `begin_with`. A transaction settles the guard;
-    /// a failure leaves it standing until [`Beginning::answered`], so the
-    /// caller can roll back under it.
+    /// after a failure, dropping the guard closes the connection.
     pub(crate) async fn begin(
         &mut self,
         sql: impl SqlSafeStr,
     ) -> sqlx::Result<Transaction<'_, Postgres>> {
-        let conn = self.conn.as_mut().expect(HOLDS_ITS_CONNECTION);
-        let began = conn.begin_with(sql).await;
+        let began = self.conn.begin_with(sql).await;
         self.settled = began.is_ok();
         began
-    }
-
-    /// The connection, for what follows a failed `BEGIN`.
-    pub(crate) fn connection(&mut self) -> &mut PoolConnection<Postgres> {
-        self.conn.as_mut().expect(HOLDS_ITS_CONNECTION)
-    }
-
-    /// The connection, in a state sqlx counts again.
-    pub(crate) fn answered(mut self) -> PoolConnection<Postgres> {
-        self.settled = true;
-        self.conn.take().expect(HOLDS_ITS_CONNECTION)
     }
 }
 
 impl Drop for Beginning {
     fn drop(&mut self) {
-        if let (false, Some(conn)) = (self.settled, self.conn.as_mut()) {
-            conn.close_on_drop();
+        if !self.settled {
+            self.conn.close_on_drop();
         }
-    }
-}
-
-/// After the query of [`begin_and_claim`] failed with `error`: rolls back the
-/// transaction the failure left aborted, which sqlx does not count as begun.
-///
-/// `Ok` when the replay-first path should take over: the key is held or has
-/// a record, or this session lacked the claim statement (now prepared, for
-/// the next time). Any other failure is the caller's.
-pub(crate) async fn refused_claim(conn: &mut PgConnection, error: sqlx::Error) -> sqlx::Result<()> {
-    let rolled_back = sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await;
-    if has_code(&error, records::CLAIM_HELD) || has_code(&error, records::CLAIM_RECORDED) {
-        rolled_back.map(drop)
-    } else if has_code(&error, records::STATEMENT_MISSING) {
-        rolled_back?;
-        records::prepare_session(conn).await
-    } else {
-        Err(error)
     }
 }
 

@@ -5,49 +5,40 @@
 //!
 //! One pooled connection serves the whole apply:
 //!
-//! 1. the fast path (`PgStore::peek`), a prepared `SELECT` outside any
-//!    transaction, answers a replay or a refusal on its own;
-//! 2. otherwise `BEGIN ISOLATION LEVEL READ COMMITTED`, through sqlx, so the
-//!    effect gets a transaction sqlx knows about;
-//! 3. one simple query tries the key's lock (taken → `InFlight` at once) and
-//!    reads the record in the next statement; then [`decide`](idem_core::decide);
-//! 4. on a claim or takeover, the effect runs in the transaction;
-//! 5. one simple query writes the record, settled with the decided token and
+//! 1. `BEGIN ISOLATION LEVEL READ COMMITTED`, through sqlx, so the effect
+//!    gets a transaction sqlx knows about;
+//! 2. one simple query tries the key's lock and reads the record in the next
+//!    statement; then [`decide`](idem_core::decide). A key held by another
+//!    transaction (the lock refused) or already recorded is read from the
+//!    rows and answered (`InFlight`, a replay, `KeyReuse`) after a rollback:
+//!    a duplicate never raises an error, so it never writes an `ERROR` line
+//!    into the server's log;
+//! 3. on a claim or takeover, the effect runs in the transaction;
+//! 4. one simple query writes the record, settled with the decided token and
 //!    the outcome, and commits.
 //!
-//! Round trips besides the effect's own statements, for a first apply: 4
-//! (peek, `BEGIN`, lock and read, write and commit) and one pool checkout. A
-//! replay: 1. Until this layout, a first apply took 6 (peek, `BEGIN`, lock,
-//! read, write, `COMMIT`) and two checkouts, the peek having its own; each
-//! checkout adds 2 more, as the pool pings a connection when it hands it out
-//! and again when it takes it back. In all, 10 became 6; the bare business
-//! transaction the benchmark compares with takes 4 (`BEGIN`, `COMMIT`, one
-//! checkout).
+//! `apply` takes an idle connection without the pool's ping: `BEGIN` is its
+//! first statement, and one that fails because the server had closed the
+//! connection is sent again on a connection the pool has checked. Round
+//! trips besides the effect's own statements, for a first apply: 3 (`BEGIN`,
+//! lock and read, write and commit) and the check when the connection goes
+//! back; a replay: 3 (`BEGIN`, lock and read, rollback). The bare business
+//! transaction the benchmark compares with takes 4 (`BEGIN`, `COMMIT`, and
+//! the pool's two pings).
 //!
-//! # Claim first
+//! # Replay first
 //!
-//! `apply_claim_first` is for operations that are most likely new,
-//! such as a broker's first delivery. It skips step 1, and folds steps 2 and 3
-//! into one query, `BEGIN ...; EXECUTE idem_claim_v1(..)`, sent with sqlx's
-//! `begin_with` so sqlx still knows about the transaction. sqlx discards a
-//! `BEGIN` query's rows, so the claim answers by failing instead: the function
-//! (`migrations/0003_idem_claim.sql`) raises unless this transaction got the
-//! key's lock and the key has no record, and the statement after the lock
-//! sees what the lock's previous holder committed. On success the key is new
-//! and locked: the effect runs and step 5 follows. On a refusal the aborted
-//! transaction is rolled back and steps 1–5 answer; no effect has run.
-//!
-//! It also takes an idle connection without the pool's ping. The claim is
-//! the first statement, and one that fails because the server had closed the
-//! connection is sent again on a connection the pool has checked. A new key
-//! costs 3 round trips besides the effect (claim, write and commit, and the
-//! check when the connection goes back), a duplicate 2 more than with `apply`.
+//! `apply_replay_first` is for work where duplicates are common. It starts
+//! with a prepared `SELECT` outside any transaction (`PgStore::peek`) on a
+//! checked connection, which answers a replay or a refusal in one round trip;
+//! otherwise it goes on with steps 1–4. A new key costs two round trips more
+//! than with `apply` (the ping and the look-up).
 //!
 //! # Which statements go as simple queries, and why
 //!
 //! sqlx sends each prepared statement in a round trip of its own; only a simple
 //! query carries several statements at once, and it cannot use the extended
-//! protocol's prepared statements. Steps 3 and 5 are simple queries
+//! protocol's prepared statements. Steps 2 and 4 are simple queries
 //! (`locked`): `SET LOCAL bytea_output = hex; SELECT pg_try_advisory_xact_lock(..);
 //! EXECUTE idem_fetch_v1(..)`, and `EXECUTE idem_insert_v1(..)` (or
 //! `idem_replace_v1` when a record was read) `; COMMIT; BEGIN`. The values are
@@ -60,11 +51,13 @@
 //! peek, the `BEGIN` and everything the effect runs stay as they were.
 //!
 //! `BEGIN` keeps a round trip of its own on purpose. Sent at the head of step
-//! 3's query it would save one, but sqlx would not know the connection is in
+//! 2's query it would save one, but sqlx would not know the connection is in
 //! a transaction: a `begin()` in the effect would send a second `BEGIN`
 //! instead of a savepoint, and committing it would commit the store's
-//! transaction, effect and lock, before the record is written. On the
-//! benchmark's machine that round trip is about a tenth of an apply's CPU.
+//! transaction, effect and lock, before the record is written. sqlx discards
+//! the rows of the query it begins a transaction with, so the lock and the
+//! read cannot travel with `BEGIN` either, unless they answered by raising an
+//! error, which would log every duplicate as a fault.
 //!
 //! # Failures
 //!
@@ -74,9 +67,8 @@
 //! apply leaves its sqlx transaction to roll back when the connection is next
 //! used, which the pool does at once when it takes the connection back. One
 //! given up while its `BEGIN` query is still unanswered has no sqlx
-//! transaction yet, though the server may be in one (holding the key's lock,
-//! after a claim): its connection is closed instead of given back
-//! (`locked::Beginning`).
+//! transaction yet, though the server may be in one: its connection is
+//! closed instead of given back (`locked::Beginning`).
 
 mod locked;
 
@@ -85,7 +77,7 @@ use std::panic::AssertUnwindSafe;
 use futures::FutureExt;
 use idem_core::{
     Applied, ApplyError, AtomicEffect, AtomicStore, BatchApplied, Claim, Error, ErrorKind,
-    FencingToken, Fingerprint, IdempotencyKey, Operation, Outcome, Plan, Scope, TxCall, crash,
+    Fingerprint, IdempotencyKey, Operation, Outcome, Plan, Scope, TxCall, crash,
 };
 use sqlx::pool::PoolConnection;
 use sqlx::{PgConnection, Postgres, Transaction};
@@ -101,8 +93,9 @@ use crate::store::PgStore;
 impl AtomicStore for PgStore {
     type Tx = PgConnection;
 
-    /// Looks for a stored outcome first (one round trip answers a replay),
-    /// then locks and claims the key.
+    /// Begins on an idle connection without the pool's ping (a `BEGIN` that
+    /// finds it closed is sent again on a checked one), then tries the key's
+    /// lock and reads its record in one round trip.
     async fn apply<F, E>(
         &self,
         scope: &Scope,
@@ -114,16 +107,14 @@ impl AtomicStore for PgStore {
         F: AtomicEffect<PgConnection, Outcome, E>,
         E: Send + 'static,
     {
-        self.apply_from(First::Replay, scope, key, fingerprint, effect)
+        self.apply_from(First::Claim, scope, key, fingerprint, effect)
             .await
     }
 
-    /// Claims the key with `BEGIN` before looking for a stored outcome. A new
-    /// key costs two round trips less than with `apply` (no look-up first, no
-    /// ping of the pooled connection: a claim that finds it closed is sent
-    /// again on a checked one). A duplicate costs two more (the refused claim
-    /// and its rollback, then `apply`'s path).
-    async fn apply_claim_first<F, E>(
+    /// Looks for a stored outcome first, outside any transaction: one round
+    /// trip answers a replay. A new key costs two more than with `apply` (the
+    /// look-up, and the pool's ping before it).
+    async fn apply_replay_first<F, E>(
         &self,
         scope: &Scope,
         key: &IdempotencyKey,
@@ -134,7 +125,7 @@ impl AtomicStore for PgStore {
         F: AtomicEffect<PgConnection, Outcome, E>,
         E: Send + 'static,
     {
-        self.apply_from(First::Claim, scope, key, fingerprint, effect)
+        self.apply_from(First::Replay, scope, key, fingerprint, effect)
             .await
     }
 
@@ -199,58 +190,59 @@ impl PgStore {
         F: AtomicEffect<PgConnection, Outcome, E>,
         E: Send + 'static,
     {
-        let mut conn = if first == First::Claim {
-            // An idle connection as it is, without the pool's ping: the claim
-            // is the first statement, and safe to send again on a checked
-            // connection if this one turns out to be dead.
-            let (mut conn, mut checked) = match self.pool().try_acquire() {
-                Some(idle) => (idle, false),
-                None => (self.checked_connection().await?, true),
-            };
-            let now = self.clock().now();
-            let conn = loop {
-                let mut claiming = locked::Beginning::new(conn);
-                let error = match claiming.begin(locked::begin_and_claim(scope, key)).await {
-                    Ok(tx) => {
-                        let plan = Plan::first(FencingToken::FIRST, now, self.settings());
-                        return self
-                            .run_and_commit(tx, plan, false, scope, key, fingerprint, effect)
-                            .await;
-                    }
-                    Err(error) => error,
-                };
-                if !checked && locked::connection_lost(&error) {
-                    tracing::debug!(%error, "an idle connection was dead; taking a checked one");
-                    drop(claiming); // closes it, and frees its place in the pool first
-                    conn = self.checked_connection().await?;
-                    checked = true;
-                    continue;
-                }
-                // Roll back while the guard still stands: given up before the
-                // rollback is answered, the connection is closed, not given
-                // back in the aborted transaction (which, refused as recorded,
-                // holds the key's lock).
-                locked::refused_claim(claiming.connection(), error)
-                    .await
-                    .map_err(|e| self.fail(e))?;
-                break claiming.answered();
-            };
-            // Held or recorded: the replay-first path below answers.
-            conn
-        } else {
-            self.checked_connection().await?
-        };
-
-        if let Some(outcome) = self.peek(&mut *conn, scope, key, &fingerprint).await? {
-            return Ok(Applied::Replayed(outcome));
+        if first == First::Replay {
+            let mut conn = self.checked_connection().await?;
+            if let Some(outcome) = self.peek(&mut *conn, scope, key, &fingerprint).await? {
+                return Ok(Applied::Replayed(outcome));
+            }
+            let mut beginning = locked::Beginning::new(conn);
+            let tx = beginning
+                .begin(lock::BEGIN)
+                .await
+                .map_err(|e| self.fail(e))?;
+            return self.apply_locked(tx, scope, key, fingerprint, effect).await;
         }
-
-        let now = self.clock().now();
+        // An idle connection as it is, without the pool's ping: `BEGIN` is
+        // the first statement, and safe to send again on a checked
+        // connection if this one turns out to be dead.
+        let (conn, checked) = match self.pool().try_acquire() {
+            Some(idle) => (idle, false),
+            None => (self.checked_connection().await?, true),
+        };
         let mut beginning = locked::Beginning::new(conn);
-        let mut tx = beginning
+        match beginning.begin(lock::BEGIN).await {
+            Ok(tx) => return self.apply_locked(tx, scope, key, fingerprint, effect).await,
+            Err(error) if !checked && locked::connection_lost(&error) => {
+                tracing::debug!(%error, "an idle connection was dead; taking a checked one");
+            }
+            Err(error) => return Err(self.fail(error).into()),
+        }
+        drop(beginning); // closes it, and frees its place in the pool first
+        let mut beginning = locked::Beginning::new(self.checked_connection().await?);
+        let tx = beginning
             .begin(lock::BEGIN)
             .await
             .map_err(|e| self.fail(e))?;
+        self.apply_locked(tx, scope, key, fingerprint, effect).await
+    }
+
+    /// In `tx`, just begun: tries the key's lock and reads its record in one
+    /// round trip, decides, and runs the effect and commits, or answers
+    /// without running it. A key held by another transaction or already
+    /// recorded is an answer read from the rows, never a raised error.
+    async fn apply_locked<F, E>(
+        &self,
+        mut tx: Transaction<'_, Postgres>,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: Fingerprint,
+        effect: F,
+    ) -> Result<Applied, ApplyError<E>>
+    where
+        F: AtomicEffect<PgConnection, Outcome, E>,
+        E: Send + 'static,
+    {
+        let now = self.clock().now();
         let opened = match locked::lock_and_fetch(&mut tx, scope, key).await {
             Ok(opened) => opened,
             Err(error) => {

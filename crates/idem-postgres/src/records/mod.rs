@@ -45,8 +45,8 @@ mod row;
 mod session;
 
 pub(crate) use session::{
-    CLAIM_HELD, CLAIM_RECORDED, INSERT_FAILED, REPLACE_FAILED, STATEMENT_MISSING, execute_claim,
-    execute_fetch, execute_insert, execute_replace, from_row, prepare_session,
+    INSERT_FAILED, REPLACE_FAILED, STATEMENT_MISSING, execute_fetch, execute_insert,
+    execute_replace, from_row, prepare_session,
 };
 
 /// The record of `(scope, key)`, if any.

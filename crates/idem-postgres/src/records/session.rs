@@ -14,10 +14,9 @@
 //! (`PgStoreBuilder::connect`), and otherwise on first use: an `EXECUTE` of a
 //! statement the session does not have fails with [`STATEMENT_MISSING`], and
 //! the caller then runs [`prepare_session`] and tries again. Each path checks
-//! for this at its first statement, before any effect runs: the claim-first
-//! path at the claim, the replay-first path at the read. The order in which
-//! they are prepared (see `STATEMENTS`) makes a session that has either have
-//! the writes that follow it. Sessions lose them all at once (`DISCARD ALL`,
+//! for this at its first statement, before any effect runs: the read under
+//! the lock. The order in which they are prepared (see `STATEMENTS`) makes a
+//! session that has the read have the writes that follow it. Sessions lose them all at once (`DISCARD ALL`,
 //! `DEALLOCATE ALL`, a new connection); one dropped by name is found only when
 //! it is run, and that apply fails and rolls back.
 
@@ -49,14 +48,6 @@ macro_rules! replace_name {
     };
 }
 
-/// Name of the prepared claim of a key known to be new (see
-/// `migrations/0003_idem_claim.sql`).
-macro_rules! claim_name {
-    () => {
-        "idem_claim_v1"
-    };
-}
-
 /// The parameter types of a whole record, in the order of `record_columns!()`.
 macro_rules! record_types {
     () => {
@@ -66,12 +57,9 @@ macro_rules! record_types {
 
 /// Every prepared statement, by name, in the order they are prepared. A
 /// statement that fails to prepare leaves the ones before it prepared, so a
-/// session that has a statement has every one before it: the read (what the
-/// replay-first path runs first) comes after the writes, and the claim (what
-/// the claim-first path runs first) comes last. It is also the one that needs
-/// the newest migration (`idem_claim_v1`, 0003): against an older schema only
-/// the claim-first path fails, and says to migrate.
-const STATEMENTS: [(&str, &str); 4] = [
+/// session that has a statement has every one before it: the read (what
+/// every locked path runs first) comes after the writes.
+const STATEMENTS: [(&str, &str); 3] = [
     (
         insert_name!(),
         concat!(
@@ -108,28 +96,11 @@ const STATEMENTS: [(&str, &str); 4] = [
             " FROM idem_records WHERE scope = $1 AND key = $2"
         ),
     ),
-    (
-        claim_name!(),
-        concat!(
-            "PREPARE ",
-            claim_name!(),
-            " (text, text, bigint) AS SELECT ",
-            claim_name!(),
-            "($1, $2, $3)"
-        ),
-    ),
 ];
 
 /// The SQLSTATE (`invalid_sql_statement_name`) of an `EXECUTE` whose statement
 /// this session has not prepared.
 pub(crate) const STATEMENT_MISSING: &str = "26000";
-
-/// The SQLSTATE with which [`execute_claim`] fails when another transaction
-/// holds the key's lock.
-pub(crate) const CLAIM_HELD: &str = "IDM01";
-
-/// The SQLSTATE with which [`execute_claim`] fails when the key has a record.
-pub(crate) const CLAIM_RECORDED: &str = "IDM02";
 
 /// The SQLSTATE (`unique_violation`) with which [`execute_insert`] fails when
 /// the key has a record after all.
@@ -167,18 +138,6 @@ pub(crate) fn execute_fetch(scope: &Scope, key: &IdempotencyKey) -> String {
         concat!("EXECUTE ", fetch_name!(), "({}, {})"),
         literal::text(scope.as_str()),
         literal::text(key.as_str())
-    )
-}
-
-/// Takes the key's lock (`lock_key`) for this transaction and checks that the
-/// key has no record; fails with [`CLAIM_HELD`] or [`CLAIM_RECORDED`]
-/// otherwise, aborting the transaction.
-pub(crate) fn execute_claim(scope: &Scope, key: &IdempotencyKey, lock_key: i64) -> String {
-    format!(
-        concat!("EXECUTE ", claim_name!(), "({}, {}, {})"),
-        literal::text(scope.as_str()),
-        literal::text(key.as_str()),
-        literal::bigint(Some(lock_key))
     )
 }
 

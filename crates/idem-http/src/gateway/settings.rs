@@ -1,0 +1,850 @@
+//! The settings of `idem serve`, from four places in this order: a flag, its
+//! `IDEM_*` variable (the command line reads both into [`GivenSettings`]), the
+//! TOML config file, the default. Every bad value is reported with where it
+//! came from and what to write.
+//!
+//! ```
+//! use idem_http::gateway::{GatewaySettings, GivenSettings, SettingsFile};
+//! let file = SettingsFile::new("idem.toml", "upstream = \"http://127.0.0.1:9000\"\nlease = \"30s\"\n");
+//! let given = GivenSettings { lease: Some("10s".into()), ..GivenSettings::default() };
+//! let settings = GatewaySettings::resolve(&given, Some(file)).unwrap();
+//! assert_eq!(settings.lease, std::time::Duration::from_secs(10));
+//! assert_eq!(settings.upstream.to_string(), "http://127.0.0.1:9000");
+//! ```
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use http::{HeaderName, Method};
+use idem::StoreLocation;
+use serde::Deserialize;
+
+use super::{DEFAULT_UPSTREAM_TIMEOUT, GatewayConfig, Upstream};
+use crate::{DEFAULT_BODY_LIMIT, IdempotencyConfig, KeyRequirement, Mode};
+
+/// Where the gateway listens by default.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+
+/// The store the gateway opens when none is given: the embedded one.
+pub const DEFAULT_STORE: &str = "sqlite://idem.db";
+
+/// A setting that cannot be used; the message says where it came from and
+/// what to write instead.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct SettingsError(String);
+
+impl SettingsError {
+    fn new(message: impl Into<String>) -> Self {
+        Self(message.into())
+    }
+
+    /// The same error, said of the setting found at `origin`.
+    fn of(self, origin: &str) -> Self {
+        Self(format!("invalid {origin}: {}", self.0))
+    }
+}
+
+/// What the command line gave, before the file and the defaults: each flag's
+/// text (or its variable's), `None` where neither was set.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GivenSettings {
+    /// `--upstream`: the service requests are forwarded to.
+    pub upstream: Option<String>,
+    /// `--listen`: the address the gateway serves on.
+    pub listen: Option<String>,
+    /// The global `--store` (or `IDEM_STORE`).
+    pub store: Option<String>,
+    /// `--mode`: `ietf` or `stripe`.
+    pub mode: Option<String>,
+    /// `--require-key`: refuse keyless requests on the protected methods.
+    pub require_key: Option<bool>,
+    /// `--max-body`: the largest keyed body read.
+    pub max_body: Option<String>,
+    /// `--lease`: how long a claim is protected.
+    pub lease: Option<String>,
+    /// `--retention`: how long answers are kept.
+    pub retention: Option<String>,
+    /// `--admin-listen`: where `/metrics` and `/healthz` are served.
+    pub admin_listen: Option<String>,
+    /// `--upstream-timeout`: how long an upstream answer is awaited.
+    pub upstream_timeout: Option<String>,
+    /// `--principal-header`: the header naming the caller, or `none`.
+    pub principal_header: Option<String>,
+    /// `--methods`: the methods deduplicated by their key.
+    pub methods: Option<String>,
+    /// `--sweep-every`: how often expired records are swept, or `off`.
+    pub sweep_every: Option<String>,
+}
+
+/// A config file's text, and its path for messages.
+#[derive(Debug, Clone, Copy)]
+pub struct SettingsFile<'a> {
+    path: &'a Path,
+    text: &'a str,
+}
+
+impl<'a> SettingsFile<'a> {
+    /// The file read from `path`.
+    pub fn new(path: &'a (impl AsRef<Path> + ?Sized), text: &'a str) -> Self {
+        Self {
+            path: path.as_ref(),
+            text,
+        }
+    }
+}
+
+/// The config file: the flags' names with underscores. Unknown keys are an
+/// error, so a misspelt setting is not silently ignored.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileSettings {
+    upstream: Option<String>,
+    listen: Option<String>,
+    store: Option<String>,
+    mode: Option<String>,
+    require_key: Option<bool>,
+    max_body: Option<Size>,
+    lease: Option<String>,
+    retention: Option<String>,
+    admin_listen: Option<String>,
+    upstream_timeout: Option<String>,
+    principal_header: Option<String>,
+    methods: Option<Methods>,
+    sweep_every: Option<String>,
+}
+
+/// The method list in the file: `"POST,PUT"` or `["POST", "PUT"]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+enum Methods {
+    Text(String),
+    List(Vec<String>),
+}
+
+impl Methods {
+    fn text(&self) -> String {
+        match self {
+            Self::Text(text) => text.clone(),
+            Self::List(list) => list.join(","),
+        }
+    }
+}
+
+/// A size in the file: `"1MiB"`, or a number of bytes.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+enum Size {
+    Bytes(u64),
+    Text(String),
+}
+
+impl Size {
+    fn text(&self) -> String {
+        match self {
+            Self::Bytes(n) => n.to_string(),
+            Self::Text(text) => text.clone(),
+        }
+    }
+}
+
+impl FileSettings {
+    fn parse(file: &SettingsFile<'_>) -> Result<Self, SettingsError> {
+        toml::from_str(file.text).map_err(|error| {
+            SettingsError::new(format!(
+                "the config file {} is not valid: {}",
+                file.path.display(),
+                error.to_string().trim_end()
+            ))
+        })
+    }
+}
+
+/// Everything `idem serve` runs with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GatewaySettings {
+    /// The service requests are forwarded to.
+    pub upstream: Upstream,
+    /// Where the gateway serves.
+    pub listen: SocketAddr,
+    /// The dedupe store.
+    pub store: StoreLocation,
+    /// The vocabulary of refusals.
+    pub mode: Mode,
+    /// Whether keyless requests on the protected methods are refused.
+    pub require_key: bool,
+    /// The largest keyed body read, in bytes.
+    pub max_body: usize,
+    /// How long a claim is protected.
+    pub lease: Duration,
+    /// How long answers are kept.
+    pub retention: Duration,
+    /// Where `/metrics` and `/healthz` are served, if anywhere.
+    pub admin_listen: Option<SocketAddr>,
+    /// How long an upstream answer is awaited.
+    pub upstream_timeout: Duration,
+    /// `None`: one key space for every caller.
+    pub principal_header: Option<HeaderName>,
+    /// The methods whose requests are deduplicated by their key.
+    pub methods: Vec<Method>,
+    /// How often expired records are swept; `None`: never (a cron job runs
+    /// `idem gc`).
+    pub sweep_every: Option<Duration>,
+}
+
+/// One setting's value and where it came from, for error messages.
+struct Found {
+    value: String,
+    origin: String,
+}
+
+/// Picks a setting: the flag (or its variable), else the file's key.
+struct Sources<'a> {
+    file: FileSettings,
+    path: Option<&'a Path>,
+}
+
+impl Sources<'_> {
+    fn pick(
+        &self,
+        flag: &str,
+        env: &str,
+        given: Option<&String>,
+        from_file: impl FnOnce(&FileSettings) -> Option<String>,
+    ) -> Option<Found> {
+        if let Some(value) = given {
+            return Some(Found {
+                value: value.clone(),
+                origin: format!("--{flag} (or {env})"),
+            });
+        }
+        let value = from_file(&self.file)?;
+        let key = flag.replace('-', "_");
+        let path = self
+            .path
+            .map_or_else(String::new, |p| p.display().to_string());
+        Some(Found {
+            value,
+            origin: format!("`{key}` in {path}"),
+        })
+    }
+
+    fn duration(
+        &self,
+        flag: &str,
+        env: &str,
+        given: Option<&String>,
+        in_file: fn(&FileSettings) -> Option<String>,
+        default: Duration,
+    ) -> Result<Duration, SettingsError> {
+        match self.pick(flag, env, given, in_file) {
+            None => Ok(default),
+            Some(found) => parse_duration(&found.value).map_err(|e| e.of(&found.origin)),
+        }
+    }
+}
+
+impl GatewaySettings {
+    /// Resolves every setting from what the command line gave, the config
+    /// file if there is one, and the defaults.
+    pub fn resolve(
+        given: &GivenSettings,
+        file: Option<SettingsFile<'_>>,
+    ) -> Result<Self, SettingsError> {
+        let sources = Sources {
+            file: file
+                .as_ref()
+                .map(FileSettings::parse)
+                .transpose()?
+                .unwrap_or_default(),
+            path: file.map(|f| f.path),
+        };
+        let Some(upstream) =
+            sources.pick("upstream", "IDEM_UPSTREAM", given.upstream.as_ref(), |f| {
+                f.upstream.clone()
+            })
+        else {
+            return Err(SettingsError::new(
+                "no upstream to forward to: give --upstream http://HOST:PORT (or IDEM_UPSTREAM, or `upstream` in the --config file)",
+            ));
+        };
+        let upstream: Upstream = upstream
+            .value
+            .parse()
+            .map_err(|e| SettingsError::new(format!("invalid {}: {e}", upstream.origin)))?;
+
+        let listen = sources
+            .pick("listen", "IDEM_LISTEN", given.listen.as_ref(), |f| {
+                f.listen.clone()
+            })
+            .map(|found| address(&found))
+            .transpose()?
+            .unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("a valid default"));
+        let admin_listen = sources
+            .pick(
+                "admin-listen",
+                "IDEM_ADMIN_LISTEN",
+                given.admin_listen.as_ref(),
+                |f| f.admin_listen.clone(),
+            )
+            .map(|found| address(&found))
+            .transpose()?;
+
+        let store = sources
+            .pick("store", "IDEM_STORE", given.store.as_ref(), |f| {
+                f.store.clone()
+            })
+            .unwrap_or(Found {
+                value: DEFAULT_STORE.to_owned(),
+                origin: "the default store".to_owned(),
+            });
+        let store: StoreLocation = store
+            .value
+            .parse()
+            .map_err(|e| SettingsError::new(format!("invalid {}: {e}", store.origin)))?;
+
+        let mode = match sources.pick("mode", "IDEM_MODE", given.mode.as_ref(), |f| f.mode.clone())
+        {
+            None => Mode::Ietf,
+            Some(found) => match found.value.to_ascii_lowercase().as_str() {
+                "ietf" => Mode::Ietf,
+                "stripe" => Mode::Stripe,
+                other => {
+                    return Err(SettingsError::new(format!(
+                        "invalid {}: {other:?} is not a mode; write ietf or stripe",
+                        found.origin
+                    )));
+                }
+            },
+        };
+        let require_key = given
+            .require_key
+            .or(sources.file.require_key)
+            .unwrap_or(false);
+
+        let max_body =
+            match sources.pick("max-body", "IDEM_MAX_BODY", given.max_body.as_ref(), |f| {
+                f.max_body.as_ref().map(Size::text)
+            }) {
+                None => DEFAULT_BODY_LIMIT,
+                Some(found) => parse_size(&found.value).map_err(|e| e.of(&found.origin))?,
+            };
+        let lease = sources.duration(
+            "lease",
+            "IDEM_LEASE",
+            given.lease.as_ref(),
+            |f| f.lease.clone(),
+            idem::DEFAULT_LEASE,
+        )?;
+        let retention = sources.duration(
+            "retention",
+            "IDEM_RETENTION",
+            given.retention.as_ref(),
+            |f| f.retention.clone(),
+            idem::DEFAULT_RETENTION,
+        )?;
+        let upstream_timeout = sources.duration(
+            "upstream-timeout",
+            "IDEM_UPSTREAM_TIMEOUT",
+            given.upstream_timeout.as_ref(),
+            |f| f.upstream_timeout.clone(),
+            DEFAULT_UPSTREAM_TIMEOUT,
+        )?;
+        if retention <= lease {
+            return Err(SettingsError::new(format!(
+                "the retention ({}) must be longer than the lease ({}): answers are kept for the retention, claims are protected for the lease",
+                humantime::format_duration(retention),
+                humantime::format_duration(lease)
+            )));
+        }
+
+        let principal_header = match sources.pick(
+            "principal-header",
+            "IDEM_PRINCIPAL_HEADER",
+            given.principal_header.as_ref(),
+            |f| f.principal_header.clone(),
+        ) {
+            None => Some(http::header::AUTHORIZATION),
+            Some(found) if found.value.eq_ignore_ascii_case("none") => None,
+            Some(found) => Some(HeaderName::try_from(found.value.as_str()).map_err(|_| {
+                SettingsError::new(format!(
+                    "invalid {}: {:?} is not a header name; write one such as authorization or x-tenant-id, or none",
+                    found.origin, found.value
+                ))
+            })?),
+        };
+
+        let methods = match sources.pick("methods", "IDEM_METHODS", given.methods.as_ref(), |f| {
+            f.methods.as_ref().map(Methods::text)
+        }) {
+            None => vec![Method::POST, Method::PATCH],
+            Some(found) => parse_methods(&found.value).map_err(|e| e.of(&found.origin))?,
+        };
+
+        let sweep_every = match sources.pick(
+            "sweep-every",
+            "IDEM_SWEEP_EVERY",
+            given.sweep_every.as_ref(),
+            |f| f.sweep_every.clone(),
+        ) {
+            None => Some(idem::sweeper::DEFAULT_SWEEP_INTERVAL),
+            Some(found) if found.value.trim().eq_ignore_ascii_case("off") => None,
+            Some(found) => Some(parse_duration(&found.value).map_err(|e| e.of(&found.origin))?),
+        };
+
+        Ok(Self {
+            upstream,
+            listen,
+            store,
+            mode,
+            require_key,
+            max_body,
+            lease,
+            retention,
+            admin_listen,
+            upstream_timeout,
+            principal_header,
+            methods,
+            sweep_every,
+        })
+    }
+
+    /// The layer's configuration.
+    pub fn idempotency(&self) -> IdempotencyConfig {
+        let config = IdempotencyConfig::default()
+            .mode(self.mode)
+            .body_limit(self.max_body)
+            .lease(self.lease)
+            .retention(self.retention)
+            .methods(self.methods.iter().cloned())
+            .require_key(if self.require_key {
+                KeyRequirement::Always
+            } else {
+                KeyRequirement::Optional
+            });
+        match &self.principal_header {
+            Some(header) => config.principal_header(header.clone()),
+            None => config.without_principal(),
+        }
+    }
+
+    /// The gateway's configuration.
+    pub fn gateway(&self) -> GatewayConfig {
+        GatewayConfig::new(self.upstream.clone()).upstream_timeout(self.upstream_timeout)
+    }
+
+    /// These settings as a config file that resolves to them again, every
+    /// key written out (the store's password included: keep the file as
+    /// private as the settings it came from).
+    pub fn to_toml(&self) -> String {
+        let store = match &self.store {
+            StoreLocation::Sqlite(path) => format!("sqlite://{}", path.display()),
+            StoreLocation::Postgres(url) => url.clone(),
+        };
+        let mut lines = vec![
+            format!("upstream = {}", quoted(&self.upstream.to_string())),
+            format!("listen = {}", quoted(&self.listen.to_string())),
+            format!("store = {}", quoted(&store)),
+            format!("mode = {}", quoted(mode_name(self.mode))),
+            format!("require_key = {}", self.require_key),
+            format!("max_body = {}", self.max_body),
+            format!("lease = {}", quoted(&duration_text(self.lease))),
+            format!("retention = {}", quoted(&duration_text(self.retention))),
+            format!(
+                "upstream_timeout = {}",
+                quoted(&duration_text(self.upstream_timeout))
+            ),
+            format!(
+                "principal_header = {}",
+                quoted(
+                    self.principal_header
+                        .as_ref()
+                        .map_or("none", HeaderName::as_str)
+                )
+            ),
+            format!(
+                "methods = [{}]",
+                self.methods
+                    .iter()
+                    .map(|m| quoted(m.as_str()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            format!(
+                "sweep_every = {}",
+                quoted(
+                    &self
+                        .sweep_every
+                        .map_or_else(|| "off".to_owned(), duration_text)
+                )
+            ),
+        ];
+        if let Some(admin) = self.admin_listen {
+            lines.push(format!("admin_listen = {}", quoted(&admin.to_string())));
+        }
+        lines.join("\n") + "\n"
+    }
+}
+
+fn mode_name(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Ietf => "ietf",
+        Mode::Stripe => "stripe",
+    }
+}
+
+/// A TOML basic string.
+fn quoted(text: &str) -> String {
+    toml::Value::String(text.to_owned()).to_string()
+}
+
+/// A duration as [`parse_duration`] reads it back exactly.
+fn duration_text(duration: Duration) -> String {
+    humantime::format_duration(duration).to_string()
+}
+
+fn address(found: &Found) -> Result<SocketAddr, SettingsError> {
+    found.value.parse().map_err(|_| {
+        SettingsError::new(format!(
+            "invalid {}: {:?} is not an address; write IP:PORT, such as 127.0.0.1:8080 or 0.0.0.0:8080",
+            found.origin, found.value
+        ))
+    })
+}
+
+/// A comma-separated method list such as `POST,PATCH,PUT,DELETE`. Safe
+/// methods are refused: a GET changes nothing, so there is nothing to
+/// deduplicate.
+pub fn parse_methods(text: &str) -> Result<Vec<Method>, SettingsError> {
+    let mut methods = Vec::new();
+    for name in text
+        .split(',')
+        .map(str::trim)
+        .filter(|name| !name.is_empty())
+    {
+        let method = Method::from_bytes(name.to_ascii_uppercase().as_bytes())
+            .map_err(|_| SettingsError::new(format!("{name:?} is not an HTTP method")))?;
+        if method.is_safe() {
+            return Err(SettingsError::new(format!(
+                "{method} changes nothing on the upstream, so a key on it protects nothing; list methods with effects, such as POST,PATCH,PUT,DELETE"
+            )));
+        }
+        if !methods.contains(&method) {
+            methods.push(method);
+        }
+    }
+    if methods.is_empty() {
+        return Err(SettingsError::new(
+            "no method given; write a list such as POST,PATCH,PUT,DELETE",
+        ));
+    }
+    Ok(methods)
+}
+
+/// A duration such as `300ms`, `60s`, `2m`, `7d`, `1h 30m`; more than zero.
+pub fn parse_duration(text: &str) -> Result<Duration, SettingsError> {
+    let duration = humantime::parse_duration(text.trim()).map_err(|e| {
+        SettingsError::new(format!(
+            "{text:?} is not a duration ({e}); write a number and a unit, such as 300ms, 60s, 2m, 24h or 7d"
+        ))
+    })?;
+    if duration.is_zero() {
+        return Err(SettingsError::new(format!(
+            "{text:?} is zero; give a duration longer than that"
+        )));
+    }
+    Ok(duration)
+}
+
+/// A size such as `65536`, `64KiB`, `1MiB`, `1MB` (KB, MB, GB are powers of
+/// 1000; KiB, MiB, GiB of 1024); more than zero.
+pub fn parse_size(text: &str) -> Result<usize, SettingsError> {
+    let trimmed = text.trim();
+    let digits = trimmed
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(trimmed.len());
+    let (number, unit) = trimmed.split_at(digits);
+    let explain = || {
+        SettingsError::new(format!(
+            "{text:?} is not a size; write a whole number of bytes with an optional unit, such as 65536, 64KiB or 1MiB"
+        ))
+    };
+    let number: u64 = number.parse().map_err(|_| explain())?;
+    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" => 1000,
+        "kib" => 1 << 10,
+        "m" | "mb" => 1000 * 1000,
+        "mib" => 1 << 20,
+        "g" | "gb" => 1000 * 1000 * 1000,
+        "gib" => 1 << 30,
+        _ => return Err(explain()),
+    };
+    let bytes = number.checked_mul(scale).ok_or_else(explain)?;
+    if bytes == 0 {
+        return Err(SettingsError::new(format!(
+            "{text:?} is zero; give a size of at least one byte"
+        )));
+    }
+    usize::try_from(bytes).map_err(|_| explain())
+}
+
+/// The settings in one line, for the start-up message.
+impl fmt::Display for GatewaySettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "store {}; mode {}; key {} on {}; max body {} bytes; lease {}; retention {}; upstream timeout {}; principal {}",
+            self.store,
+            mode_name(self.mode),
+            if self.require_key {
+                "required"
+            } else {
+                "optional"
+            },
+            self.methods
+                .iter()
+                .map(Method::as_str)
+                .collect::<Vec<_>>()
+                .join(","),
+            self.max_body,
+            humantime::format_duration(self.lease),
+            humantime::format_duration(self.retention),
+            humantime::format_duration(self.upstream_timeout),
+            self.principal_header
+                .as_ref()
+                .map_or("none (one key space)", HeaderName::as_str),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn upstream() -> GivenSettings {
+        GivenSettings {
+            upstream: Some("http://127.0.0.1:9000".into()),
+            ..GivenSettings::default()
+        }
+    }
+
+    fn from_file(given: &GivenSettings, text: &str) -> Result<GatewaySettings, SettingsError> {
+        GatewaySettings::resolve(given, Some(SettingsFile::new("idem.toml", text)))
+    }
+
+    fn error(given: &GivenSettings) -> String {
+        GatewaySettings::resolve(given, None)
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn defaults_need_only_an_upstream() {
+        let missing = error(&GivenSettings::default());
+        assert!(missing.contains("--upstream"), "{missing}");
+        let settings = GatewaySettings::resolve(&upstream(), None).unwrap();
+        assert_eq!(settings.listen, "127.0.0.1:8080".parse().unwrap());
+        assert_eq!(settings.store, StoreLocation::Sqlite("idem.db".into()));
+        assert_eq!(settings.mode, Mode::Ietf);
+        assert!(!settings.require_key);
+        assert_eq!(settings.max_body, 1 << 20);
+        assert_eq!(settings.lease, Duration::from_secs(60));
+        assert_eq!(settings.retention, Duration::from_secs(7 * 86400));
+        assert_eq!(settings.upstream_timeout, Duration::from_secs(30));
+        assert_eq!(settings.admin_listen, None);
+        assert_eq!(settings.principal_header, Some(http::header::AUTHORIZATION));
+        assert_eq!(settings.methods, [Method::POST, Method::PATCH]);
+        assert_eq!(settings.sweep_every, Some(Duration::from_secs(60)));
+    }
+
+    #[test]
+    fn put_and_delete_are_protected_when_listed() {
+        let text =
+            "upstream = \"http://127.0.0.1:9000\"\nmethods = [\"post\", \"PUT\", \"DELETE\"]\n";
+        let mut given = GivenSettings::default();
+        let settings = from_file(&given, text).unwrap();
+        assert_eq!(
+            settings.methods,
+            [Method::POST, Method::PUT, Method::DELETE]
+        );
+        let config = settings.idempotency();
+        assert!(config.accepts_key(&Method::PUT) && config.accepts_key(&Method::DELETE));
+        assert!(!config.accepts_key(&Method::PATCH));
+
+        given.methods = Some("POST, PATCH,PUT".into());
+        let flagged = from_file(&given, text).unwrap();
+        assert_eq!(flagged.methods, [Method::POST, Method::PATCH, Method::PUT]);
+
+        for (bad, says) in [
+            ("GET,POST", "changes nothing"),
+            ("", "no method given"),
+            ("PO ST", "not an HTTP method"),
+        ] {
+            given.methods = Some(bad.into());
+            let error = from_file(&given, text).unwrap_err().to_string();
+            assert!(
+                error.contains("--methods (or IDEM_METHODS)") && error.contains(says),
+                "{bad}: {error}"
+            );
+        }
+    }
+
+    #[test]
+    fn flags_beat_the_file_and_the_file_beats_defaults() {
+        let text = r#"
+            upstream = "http://127.0.0.1:9000/api"
+            listen = "0.0.0.0:8081"
+            store = "sqlite:///var/lib/idem/idem.db"
+            mode = "stripe"
+            require_key = true
+            max_body = 4096
+            lease = "30s"
+            retention = "24h"
+            admin_listen = "127.0.0.1:9090"
+            upstream_timeout = "5s"
+            principal_header = "x-tenant-id"
+            sweep_every = "off"
+            "#;
+        let mut given = GivenSettings::default();
+        let filed = from_file(&given, text).unwrap();
+        assert_eq!(filed.upstream.to_string(), "http://127.0.0.1:9000/api");
+        assert_eq!(filed.listen, "0.0.0.0:8081".parse().unwrap());
+        assert_eq!(
+            filed.store,
+            StoreLocation::Sqlite("/var/lib/idem/idem.db".into())
+        );
+        assert_eq!(filed.mode, Mode::Stripe);
+        assert!(filed.require_key);
+        assert_eq!(filed.max_body, 4096);
+        assert_eq!(filed.lease, Duration::from_secs(30));
+        assert_eq!(filed.retention, Duration::from_secs(86400));
+        assert_eq!(filed.admin_listen, Some("127.0.0.1:9090".parse().unwrap()));
+        assert_eq!(filed.upstream_timeout, Duration::from_secs(5));
+        assert_eq!(filed.principal_header.unwrap().as_str(), "x-tenant-id");
+        assert_eq!(filed.sweep_every, None);
+
+        given.upstream = Some("http://10.1.2.3:80".into());
+        given.store = Some("sqlite://other.db".into());
+        given.mode = Some("ietf".into());
+        given.require_key = Some(false);
+        given.max_body = Some("2KiB".into());
+        given.lease = Some("10s".into());
+        given.principal_header = Some("none".into());
+        let flagged = from_file(&given, text).unwrap();
+        assert_eq!(flagged.upstream.to_string(), "http://10.1.2.3:80");
+        assert_eq!(flagged.store, StoreLocation::Sqlite("other.db".into()));
+        assert_eq!(flagged.mode, Mode::Ietf);
+        assert!(!flagged.require_key);
+        assert_eq!(flagged.max_body, 2048);
+        assert_eq!(flagged.lease, Duration::from_secs(10));
+        assert_eq!(flagged.principal_header, None);
+        // Not given as flags: still from the file.
+        assert_eq!(flagged.retention, Duration::from_secs(86400));
+        assert_eq!(flagged.listen, "0.0.0.0:8081".parse().unwrap());
+    }
+
+    #[test]
+    fn bad_input_names_its_source_and_what_to_write() {
+        let given = GivenSettings::default();
+        let misspelt = from_file(
+            &given,
+            "upstream = \"http://127.0.0.1:9000\"\nlease_time = \"5s\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            misspelt.contains("lease_time") && misspelt.contains("idem.toml"),
+            "{misspelt}"
+        );
+        let size = from_file(
+            &given,
+            "upstream = \"http://127.0.0.1:9000\"\nmax_body = \"lots\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            size.contains("`max_body` in idem.toml") && size.contains("1MiB"),
+            "{size}"
+        );
+
+        let mut given = upstream();
+        given.lease = Some("forever".into());
+        let lease = error(&given);
+        assert!(
+            lease.contains("--lease (or IDEM_LEASE)") && lease.contains("60s"),
+            "{lease}"
+        );
+        given.lease = None;
+        given.retention = Some("30s".into());
+        assert!(error(&given).contains("longer than the lease"));
+        given.retention = None;
+        given.listen = Some("localhost".into());
+        assert!(error(&given).contains("IP:PORT"));
+        given.listen = None;
+        given.mode = Some("paypal".into());
+        assert!(error(&given).contains("ietf or stripe"));
+        given.mode = None;
+        given.store = Some("mysql://x".into());
+        let store = error(&given);
+        assert!(
+            store.contains("--store") && store.contains("sqlite://"),
+            "{store}"
+        );
+        given.store = None;
+        given.upstream = Some("https://example.com".into());
+        let scheme = error(&given);
+        assert!(
+            scheme.contains("--upstream") && scheme.contains("plain HTTP"),
+            "{scheme}"
+        );
+    }
+
+    #[test]
+    fn settings_written_out_resolve_to_themselves() {
+        let text = r#"
+            upstream = "http://127.0.0.1:9000/api"
+            store = "postgres://idem:secret@127.0.0.1:5432/idem"
+            mode = "stripe"
+            max_body = "64KiB"
+            lease = "1m 30s"
+            admin_listen = "127.0.0.1:9090"
+            principal_header = "none"
+            methods = "put,post"
+            "#;
+        let settings = from_file(&GivenSettings::default(), text).unwrap();
+        let written = settings.to_toml();
+        assert!(written.contains("secret"), "{written}");
+        assert_eq!(
+            from_file(&GivenSettings::default(), &written).unwrap(),
+            settings
+        );
+        let defaults = GatewaySettings::resolve(&upstream(), None).unwrap();
+        assert_eq!(
+            from_file(&GivenSettings::default(), &defaults.to_toml()).unwrap(),
+            defaults
+        );
+    }
+
+    #[test]
+    fn sizes_and_durations_read_as_people_write_them() {
+        assert_eq!(parse_size("65536").unwrap(), 65536);
+        assert_eq!(parse_size("64KiB").unwrap(), 65536);
+        assert_eq!(parse_size("1MiB").unwrap(), 1 << 20);
+        assert_eq!(parse_size("1 mb").unwrap(), 1_000_000);
+        for bad in ["", "MiB", "1.5MiB", "12 parsecs", "0", "-1"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_duration("60s").unwrap(), Duration::from_secs(60));
+        assert_eq!(
+            parse_duration("7d").unwrap(),
+            Duration::from_secs(7 * 86400)
+        );
+        assert_eq!(parse_duration("300ms").unwrap(), Duration::from_millis(300));
+        let error = parse_duration("sixty").unwrap_err().to_string();
+        assert!(error.contains("such as 300ms"), "{error}");
+        assert!(parse_duration("0s").is_err());
+    }
+}

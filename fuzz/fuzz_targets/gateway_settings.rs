@@ -1,0 +1,26 @@
+//! The gateway's TOML config file (`idem serve --config`): any text either
+//! resolves to settings or is refused with a message; settings that resolve
+//! keep their invariants and, written out again, resolve to themselves.
+#![no_main]
+
+use idem_http::gateway::{GatewaySettings, GivenSettings, SettingsFile};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|text: &str| {
+    let given = GivenSettings::default();
+    let settings = match GatewaySettings::resolve(&given, Some(SettingsFile::new("fuzz.toml", text))) {
+        Ok(settings) => settings,
+        Err(error) => {
+            assert!(!error.to_string().is_empty());
+            return;
+        }
+    };
+    assert!(settings.retention > settings.lease, "{settings:?}");
+    assert!(settings.max_body > 0, "{settings:?}");
+    assert!(!settings.methods.is_empty(), "{settings:?}");
+    assert!(settings.methods.iter().all(|m| !m.is_safe()), "{settings:?}");
+    let written = settings.to_toml();
+    let again = GatewaySettings::resolve(&given, Some(SettingsFile::new("fuzz.toml", &written)))
+        .unwrap_or_else(|e| panic!("{written:?} (from {text:?}) does not resolve: {e}"));
+    assert_eq!(again, settings, "{written:?} from {text:?}");
+});
