@@ -37,6 +37,29 @@ pub struct BenchApplyArgs {
     /// Accounts the operations update (fewer means more row contention).
     #[arg(long, default_value_t = 1000)]
     pub accounts: i64,
+    /// Completed records to put in the dedupe table before measuring, spread
+    /// over the retention window, such as 1000000 or 10M (k and M suffixes).
+    #[arg(long, default_value = "0", value_parser = parse_count)]
+    pub prefill: u64,
+}
+
+/// A count such as `250000`, `250k` or `10M`.
+fn parse_count(text: &str) -> Result<u64, String> {
+    let trimmed = text.trim().replace('_', "");
+    let (digits, scale) = match trimmed.strip_suffix(['k', 'K']) {
+        Some(digits) => (digits, 1_000),
+        None => match trimmed.strip_suffix('M') {
+            Some(digits) => (digits, 1_000_000),
+            None => (trimmed.as_str(), 1),
+        },
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(scale))
+        .ok_or_else(|| {
+            format!("{text:?} is not a count; write a whole number such as 1000000, 250k or 10M")
+        })
 }
 
 /// `idem bench http`

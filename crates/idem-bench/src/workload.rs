@@ -10,7 +10,7 @@ use idem::{
     AnyStore, Applied, ApplyError, AtomicEffect, BatchApplied, Operation, Outcome, StoreLocation,
 };
 
-use crate::ledger::{DebitError, Ledger};
+use crate::ledger::{DebitError, Ledger, Prefill};
 pub use crate::payment::{Payment, Totals, scope};
 
 /// The workload's tables in one store's database, and the ways to debit them.
@@ -101,6 +101,24 @@ impl<S: Ledger> Bank<S> {
         self.store
             .apply_batch(&ops, move |i| debit::<S>(&payments[i]))
             .await
+    }
+
+    /// Adds one chunk of completed records to the dedupe table, in a
+    /// transaction of its own.
+    pub async fn prefill(&self, fill: Prefill) -> anyhow::Result<()> {
+        self.store
+            .transaction(async move |tx| S::prefill(tx, fill).await)
+            .await
+            .context("cannot prefill the dedupe table")
+    }
+
+    /// Refreshes the dedupe table's statistics and returns its size on disk,
+    /// indexes included, in bytes.
+    pub async fn analyze_records(&self) -> anyhow::Result<u64> {
+        self.store
+            .transaction(async |tx| S::analyze_records(tx).await)
+            .await
+            .context("cannot read the dedupe table's size")
     }
 
     /// What the ledger holds.
