@@ -88,13 +88,22 @@ async fn apply_until_answered<S: Ledger>(bank: &Bank<S>, p: &Payment) -> anyhow:
     }
 }
 
+/// The share of its time the sweeper may spend deleting while the sweeping
+/// phase runs.
+const SWEEP_BUSY_SHARE: f64 = 0.1;
+
 /// Records per prefill transaction.
 const PREFILL_CHUNK: u64 = 200_000;
 
 /// Fills the dedupe table with `count` completed records spread over the
 /// retention window, a chunk per transaction, with a progress bar; then
 /// reports the table's size per million keys.
-async fn prefill<S: Ledger>(bank: &Bank<S>, count: u64, run: u32) -> anyhow::Result<()> {
+async fn prefill<S: Ledger>(
+    bank: &Bank<S>,
+    count: u64,
+    run: u32,
+    expired: bool,
+) -> anyhow::Result<()> {
     if count == 0 {
         return Ok(());
     }
@@ -112,11 +121,18 @@ async fn prefill<S: Ledger>(bank: &Bank<S>, count: u64, run: u32) -> anyhow::Res
             .as_millis(),
     )?;
     let window_ms = i64::try_from(idem::DEFAULT_RETENTION.as_millis())?;
+    // Expired records were created a whole window earlier: each window ended
+    // before now.
+    let (now_ms, tag) = if expired {
+        (now_ms - window_ms - 1, format!("{run:08x}-expired"))
+    } else {
+        (now_ms, format!("{run:08x}"))
+    };
     let mut from = 0;
     while from < count {
         let chunk = PREFILL_CHUNK.min(count - from);
         bank.prefill(Prefill {
-            tag: format!("{run:08x}"),
+            tag: tag.clone(),
             from: i64::try_from(from)?,
             count: i64::try_from(chunk)?,
             now_ms,
@@ -129,7 +145,8 @@ async fn prefill<S: Ledger>(bank: &Bank<S>, count: u64, run: u32) -> anyhow::Res
     bar.finish_and_clear();
     let bytes = bank.analyze_records().await?;
     println!(
-        "prefilled {count} completed records in {:.1} s; the dedupe table holds {:.0} MiB, {:.0} MiB per million keys (indexes included)",
+        "prefilled {count} {} records in {:.1} s; the dedupe table holds {:.0} MiB, {:.0} MiB per million keys (indexes included)",
+        if expired { "expired" } else { "completed" },
         started.elapsed().as_secs_f64(),
         bytes as f64 / (1u64 << 20) as f64,
         bytes as f64 / (1u64 << 20) as f64 / (count as f64 / 1e6),
@@ -164,7 +181,8 @@ pub async fn run(location: Option<StoreLocation>, args: &BenchApplyArgs) -> anyh
         "store {location}; {} ops per phase, {} clients, duplicate share {}, batch {}",
         args.ops, args.concurrency, args.duplicates, args.batch
     );
-    prefill(&bank, args.prefill, run).await?;
+    prefill(&bank, args.prefill, run, false).await?;
+    prefill(&bank, args.expired, run, true).await?;
 
     let warm = payments("warm", 200);
     measure(args.concurrency, &warm, |p| bank.debit_bare(p)).await?;
@@ -250,8 +268,55 @@ pub async fn run(location: Option<StoreLocation>, args: &BenchApplyArgs) -> anyh
         .await?,
     };
 
+    let sweeping = if args.expired > 0 {
+        let fresh = payments("unswept", args.ops);
+        let unswept = Phase {
+            name: "atomic apply, no sweep",
+            ops: fresh.len(),
+            elapsed: measure(args.concurrency, &fresh, |p| async {
+                apply_until_answered(&bank, p).await.map(drop)
+            })
+            .await?,
+        };
+        let fresh = payments("swept", args.ops);
+        let sweeper = idem::Sweeper::new(bank.store().clone()).busy_share(SWEEP_BUSY_SHARE);
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let sweep = async {
+            let mut deleted = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let pass = sweeper.pass().await.context("a sweep pass failed")?;
+                deleted += pass.deleted;
+                if pass.deleted == 0 {
+                    break;
+                }
+            }
+            anyhow::Ok(deleted)
+        };
+        let load = async {
+            let elapsed = measure(args.concurrency, &fresh, |p| async {
+                apply_until_answered(&bank, p).await.map(drop)
+            })
+            .await;
+            stop.store(true, Ordering::Relaxed);
+            elapsed
+        };
+        let (deleted, elapsed) = tokio::join!(sweep, load);
+        let (deleted, elapsed) = (deleted?, elapsed?);
+        let swept = Phase {
+            name: "atomic apply, sweeping",
+            ops: fresh.len(),
+            elapsed,
+        };
+        Some((unswept, swept, deleted))
+    } else {
+        None
+    };
+
     let ledger = bank.totals().await?;
-    let expected = (warm.len() * 2 + args.ops * (3 + usize::from(replay_first.is_some()))) as i64;
+    let expected = (warm.len() * 2
+        + args.ops
+            * (3 + usize::from(replay_first.is_some()) + 2 * usize::from(sweeping.is_some())))
+        as i64;
     anyhow::ensure!(
         ledger.entries == expected,
         "{} effects were applied where {expected} were expected",
@@ -269,6 +334,8 @@ pub async fn run(location: Option<StoreLocation>, args: &BenchApplyArgs) -> anyh
         replay_first.as_ref(),
         Some(&replay),
         Some(&batch),
+        sweeping.as_ref().map(|(unswept, _, _)| unswept),
+        sweeping.as_ref().map(|(_, swept, _)| swept),
     ]
     .into_iter()
     .flatten()
@@ -282,6 +349,14 @@ pub async fn run(location: Option<StoreLocation>, args: &BenchApplyArgs) -> anyh
         ]);
     }
     println!("{table}");
+    if let Some((unswept, swept, deleted)) = &sweeping {
+        println!(
+            "sweeping (busy {:.0} % of the time at most): {deleted} of {} expired records deleted during the phase; apply while sweeping ÷ without: {:.2}×   (target: ≥ 0.90×)",
+            SWEEP_BUSY_SHARE * 100.0,
+            args.expired,
+            swept.per_second() / unswept.per_second()
+        );
+    }
     let point = crash_point_cost();
     println!(
         "crash points, none armed: {CRASH_POINTS_PER_APPLY} per apply × {:.1} ns = {:.4} % of an atomic apply's time   (target: under 1 %)",

@@ -41,6 +41,11 @@ pub struct BenchApplyArgs {
     /// over the retention window, such as 1000000 or 10M (k and M suffixes).
     #[arg(long, default_value = "0", value_parser = parse_count)]
     pub prefill: u64,
+    /// Records past their window to put in the dedupe table, such as 1M;
+    /// then atomic apply is measured without a sweep and again while the
+    /// sweeper deletes them.
+    #[arg(long, default_value = "0", value_parser = parse_count)]
+    pub expired: u64,
 }
 
 /// A count such as `250000`, `250k` or `10M`.

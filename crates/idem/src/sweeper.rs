@@ -71,6 +71,7 @@ pub struct Sweeper<S> {
     interval: Duration,
     batch: usize,
     max_batches: usize,
+    busy_share: Option<f64>,
 }
 
 /// What one pass did.
@@ -93,6 +94,7 @@ impl<S: RecordStore> Sweeper<S> {
             interval: DEFAULT_SWEEP_INTERVAL,
             batch: DEFAULT_SWEEP_BATCH,
             max_batches: DEFAULT_SWEEP_MAX_BATCHES,
+            busy_share: None,
         }
     }
 
@@ -115,6 +117,16 @@ impl<S: RecordStore> Sweeper<S> {
         self
     }
 
+    /// Paces a pass so that deleting takes at most `share` (0–1] of its
+    /// time: after a batch that took `t`, the sweeper waits `t × (1 − share)
+    /// ÷ share` before the next. On a store with one writer (SQLite) or a
+    /// busy server, a pass then leaves the rest of the time to the traffic;
+    /// without pacing (the default) batches follow each other at once.
+    pub fn busy_share(mut self, share: f64) -> Self {
+        self.busy_share = (share > 0.0 && share < 1.0).then_some(share);
+        self
+    }
+
     /// The store swept.
     pub fn store(&self) -> &S {
         &self.store
@@ -126,6 +138,7 @@ impl<S: RecordStore> Sweeper<S> {
     pub async fn pass(&self) -> Result<SweepPass, Error> {
         let mut pass = SweepPass::default();
         for _ in 0..self.max_batches {
+            let started = std::time::Instant::now();
             match self.store.sweep_batch_alone(self.batch).await {
                 Err(error) => {
                     metrics::counter!(SWEEPS_TOTAL, "result" => "failed").increment(1);
@@ -142,7 +155,13 @@ impl<S: RecordStore> Sweeper<S> {
                         break;
                     }
                     // Let waiting requests in between two batches.
-                    tokio::task::yield_now().await;
+                    match self.busy_share {
+                        Some(share) => {
+                            let busy = started.elapsed();
+                            tokio::time::sleep(busy.mul_f64((1.0 - share) / share)).await;
+                        }
+                        None => tokio::task::yield_now().await,
+                    }
                 }
             }
         }
