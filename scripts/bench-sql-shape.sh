@@ -18,8 +18,8 @@
 #   plain           BEGIN | debit | ledger row | COMMIT
 #   lock            BEGIN and try the key's lock | debit | ledger row | COMMIT
 #   record          BEGIN | debit | ledger row | insert the record and COMMIT
-#   effectively-once  BEGIN and claim (lock + the key is new) | debit |
-#                   ledger row | insert the record and COMMIT
+#   effectively-once  BEGIN | try the key's lock and read its record |
+#                   debit | ledger row | insert the record and COMMIT
 set -euo pipefail
 
 rounds=3
@@ -73,7 +73,7 @@ begin='BEGIN ISOLATION LEVEL READ COMMITTED'
 printf '%s\nBEGIN;\n%s\nCOMMIT;\n' "$head" "$debit" >"$work/plain.sql"
 printf '%s\n%s \\; SELECT pg_try_advisory_xact_lock(:key);\n%s\nCOMMIT;\n' "$head" "$begin" "$debit" >"$work/lock.sql"
 printf '%s\n%s;\n%s\n%s \\; COMMIT;\n' "$head" "$begin" "$debit" "$record" >"$work/record.sql"
-printf "%s\n%s \\\\; SELECT idem_claim_v1('bench-consume', CAST(:key AS TEXT), :key);\n%s\n%s \\\\; COMMIT;\n" \
+printf "%s\n%s;\nSELECT pg_try_advisory_xact_lock(:key) \\\\; SELECT state, token, outcome_body FROM idem_records WHERE scope = 'bench-consume' AND key = CAST(:key AS TEXT);\n%s\n%s \\\\; COMMIT;\n" \
     "$head" "$begin" "$debit" "$record" >"$work/effectively-once.sql"
 
 shapes=(plain lock record effectively-once)

@@ -262,11 +262,9 @@ impl PgStore {
             match decided.map(|d| Next::after(d, opened.found.as_ref(), now, self.settings())) {
                 Ok(Next::Run(plan)) => plan,
                 Ok(Next::Replay(outcome)) => {
-                    return self
-                        .answer(tx, opened.granted, Ok(Applied::Replayed(outcome)))
-                        .await;
+                    return Self::answer(tx, Ok(Applied::Replayed(outcome)));
                 }
-                Err(error) => return self.answer(tx, opened.granted, Err(error.into())).await,
+                Err(error) => return Self::answer(tx, Err(error.into())),
             };
         let replaces = opened.found.is_some();
         self.run_and_commit(tx, plan, replaces, scope, key, fingerprint, effect)
@@ -332,14 +330,14 @@ impl PgStore {
         self.pool().acquire().await.map_err(|e| self.fail(e))
     }
 
-    /// Gives `answer` without running the effect. Holding the key's lock, it
-    /// rolls back first, so the lock is free by the time the caller hears the
-    /// answer; otherwise there is nothing to undo, and the rollback sqlx queues
-    /// when `tx` is dropped goes with the pool's check of the connection.
-    async fn answer<T>(&self, tx: Transaction<'_, Postgres>, granted: bool, answer: T) -> T {
-        if granted {
-            self.roll_back(tx).await;
-        }
+    /// Gives `answer` without running the effect, and without waiting for the
+    /// rollback: dropping `tx` queues it, and the pool sends it when it takes
+    /// the connection back, at once. The key's lock, if this transaction got
+    /// it, stays held until then, which no caller waits on: a duplicate of a
+    /// settled key is answered from the record whether or not it gets the
+    /// lock, and one of a key in flight is refused either way.
+    fn answer<T>(tx: Transaction<'_, Postgres>, answer: T) -> T {
+        drop(tx);
         answer
     }
 }
