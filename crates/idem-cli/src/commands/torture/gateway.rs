@@ -171,3 +171,16 @@ impl Gateway {
         })
     }
 }
+
+/// What `idem serve` logs when it answered a request but could not store the
+/// answer (its store failed at that moment).
+const UNSTORED: &str = "could not store the response";
+
+/// How many answers the gateway logged it could not store, over its runs.
+/// Each leaves the key claimed until its lease ends, and a retry after that
+/// is forwarded again although its client was answered.
+pub fn unstored_answers(log: &Path) -> anyhow::Result<usize> {
+    let text =
+        std::fs::read_to_string(log).with_context(|| format!("cannot read {}", log.display()))?;
+    Ok(text.lines().filter(|line| line.contains(UNSTORED)).count())
+}

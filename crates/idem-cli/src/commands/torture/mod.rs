@@ -130,7 +130,7 @@ pub async fn run(args: &TortureArgs) -> anyhow::Result<()> {
         None
     };
     let mut summaries = Vec::new();
-    let outcome = async {
+    let campaign = async {
         for &scenario in &scenarios {
             let mut summary = Summary::new(scenario.name());
             for index in 1..=args.trials {
@@ -171,8 +171,14 @@ pub async fn run(args: &TortureArgs) -> anyhow::Result<()> {
             summaries.push(summary);
         }
         anyhow::Ok(())
-    }
-    .await;
+    };
+    // On Ctrl-C or SIGTERM the trial in progress is dropped (its children
+    // are killed with it) and the database and server below removed.
+    let outcome = tokio::select! {
+        outcome = campaign => outcome,
+        () = interrupted() => Err(anyhow::anyhow!("interrupted")),
+    };
+    drop(private);
     if let Some(db) = postgres {
         db.drop().await;
     }
@@ -206,6 +212,20 @@ pub async fn run(args: &TortureArgs) -> anyhow::Result<()> {
         bail!("{violations} violations found");
     }
     Ok(())
+}
+
+/// Completes on Ctrl-C or SIGTERM.
+async fn interrupted() {
+    let Ok(mut terminate) =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+    else {
+        let _ = tokio::signal::ctrl_c().await;
+        return;
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate.recv() => {}
+    }
 }
 
 /// Whether a URL's host is the loopback interface.

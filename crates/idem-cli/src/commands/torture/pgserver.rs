@@ -224,7 +224,10 @@ fn binaries_under(root: &Path) -> anyhow::Result<PathBuf> {
 }
 
 fn running_as_root() -> anyhow::Result<bool> {
-    let output = Command::new("id").arg("-u").output().context("cannot run id")?;
+    let output = Command::new("id")
+        .arg("-u")
+        .output()
+        .context("cannot run id")?;
     Ok(String::from_utf8_lossy(&output.stdout).trim() == "0")
 }
 
@@ -248,7 +251,10 @@ mod tests {
     fn a_missing_installation_says_what_to_install() {
         let root = tempfile::tempdir().unwrap();
         let error = binaries_under(root.path()).unwrap_err().to_string();
-        assert!(error.contains("install the `postgresql` package"), "{error}");
+        assert!(
+            error.contains("install the `postgresql` package"),
+            "{error}"
+        );
     }
 
     #[test]

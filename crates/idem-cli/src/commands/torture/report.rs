@@ -23,6 +23,7 @@ pub struct Summary {
     replays: usize,
     double_effects: usize,
     expected_repeats: usize,
+    unstored_repeats: usize,
     lost_acked: usize,
     unknown: usize,
     unknown_attempts: usize,
@@ -48,6 +49,7 @@ impl Summary {
             replays: 0,
             double_effects: 0,
             expected_repeats: 0,
+            unstored_repeats: 0,
             lost_acked: 0,
             unknown: 0,
             unknown_attempts: 0,
@@ -67,6 +69,7 @@ impl Summary {
         self.replays += counts.replays_seen + trial.suppressed_downstream;
         self.double_effects += trial.double_effects;
         self.expected_repeats += trial.expected_repeats;
+        self.unstored_repeats += trial.unstored_repeats;
         self.lost_acked += trial.lost_acked;
         self.unknown += counts.unknown + counts.unanswered;
         self.unknown_attempts += trial
@@ -104,7 +107,7 @@ impl Summary {
             .map(|f| format!("{} ({} ms)", f.what, f.until_ms - f.at_ms))
             .collect();
         self.trial_lines.push(format!(
-            "<li><a href=\"{scenario}/trial-{i}.jsonl\">trial {i}</a>: {ops} operations, faults: {faults}; {ok} ok, {unknown} unknown, {replays} replays, {repeats} repeats after an unknown outcome, {violations} violations</li>",
+            "<li><a href=\"{scenario}/trial-{i}.jsonl\">trial {i}</a>: {ops} operations, faults: {faults}; {ok} ok, {unknown} unknown, {replays} replays, {repeats} repeats after an unknown outcome, {unstored} after an unstored answer, {violations} violations</li>",
             scenario = self.scenario,
             i = trial.index,
             ops = counts.operations,
@@ -113,6 +116,7 @@ impl Summary {
             unknown = counts.unknown + counts.unanswered,
             replays = counts.replays_seen,
             repeats = trial.expected_repeats,
+            unstored = trial.unstored_repeats,
             violations = trial.violations.len(),
         ));
     }
@@ -143,7 +147,7 @@ impl Summary {
     }
 }
 
-const HEADER: [&str; 10] = [
+const HEADER: [&str; 11] = [
     "scenario",
     "trials",
     "operations",
@@ -151,6 +155,7 @@ const HEADER: [&str; 10] = [
     "duplicates suppressed (replays)",
     "double effects",
     "repeats after unknown (at-least-once)",
+    "repeats after an unstored answer",
     "lost acked",
     "unknown answers (attempts / final)",
     "violations",
@@ -179,6 +184,7 @@ fn row(s: &Summary) -> Vec<String> {
         s.replays.to_string(),
         s.double_effects.to_string(),
         s.expected_repeats.to_string(),
+        s.unstored_repeats.to_string(),
         s.lost_acked.to_string(),
         format!("{} / {}", s.unknown_attempts, s.unknown),
         s.violations.to_string(),
@@ -199,6 +205,7 @@ pub fn json(summaries: &[Summary]) -> serde_json::Value {
                 "replays_seen": s.replays,
                 "double_effects": s.double_effects,
                 "repeats_after_unknown": s.expected_repeats,
+                "repeats_after_unstored_answer": s.unstored_repeats,
                 "lost_acked": s.lost_acked,
                 "unknown_attempts": s.unknown_attempts,
                 "unknown": s.unknown,

@@ -197,7 +197,12 @@ pub struct TrialResult {
     /// attempt of the key whose outcome was unknown: the leased gateway's
     /// at-least-once cost, counted in effects beyond the first.
     pub expected_repeats: usize,
-    /// Extra effects not explained that way: violations.
+    /// Keys applied again after the gateway answered but could not store
+    /// the answer (its store failed at that moment), each counted against
+    /// one such failure the gateway logged: the same at-least-once cost,
+    /// although the client was told `ok`.
+    pub unstored_repeats: usize,
+    /// Extra effects not explained either way: violations.
     pub double_effects: usize,
     /// Copies the downstream received and answered from its records (the
     /// relay scenario's redeliveries).
@@ -251,9 +256,15 @@ impl Route {
             ..
         } = *setting;
         let name = format!("idem_torture_{run_id}_t{index}");
-        let reach = |url: &str| proxy.map_or_else(|| url.to_owned(), |p| broker::through(url, p.addr()));
+        let reach =
+            |url: &str| proxy.map_or_else(|| url.to_owned(), |p| broker::through(url, p.addr()));
         let forward = |from: &str| {
-            Process::forward(from, deliver, &dir.join("forward.db"), &dir.join("forward.log"))
+            Process::forward(
+                from,
+                deliver,
+                &dir.join("forward.db"),
+                &dir.join("forward.log"),
+            )
         };
         let mut route = Self {
             to: deliver.to_owned(),
@@ -327,8 +338,8 @@ async fn relay_trial(setting: &Setting<'_>, carrier: Carrier) -> anyhow::Result<
     // Odd kill trials arm the crash point after a publish instead of a
     // SIGKILL. It is reached once per pass that published, and a short load
     // may be published in one pass: it fires on the first.
-    let crash = (scenario.kills() && index % 2 == 1)
-        .then(|| format!("{}:#1", idem::crash::AFTER_PUBLISH));
+    let crash =
+        (scenario.kills() && index % 2 == 1).then(|| format!("{}:#1", idem::crash::AFTER_PUBLISH));
     let deliver = format!("http://{}/deliver", down.addr);
     let mut route = Route::open(setting, carrier, proxy.as_ref(), &deliver).await?;
     let mut relay = Process::relay(&app_path, &route.to, &dir.join("relay.log"));
@@ -383,7 +394,11 @@ async fn relay_trial(setting: &Setting<'_>, carrier: Carrier) -> anyhow::Result<
             injected = true;
             match &proxy {
                 Some(proxy) => {
-                    let mode = if index % 2 == 0 { Mode::Drop } else { Mode::Blackhole };
+                    let mode = if index % 2 == 0 {
+                        Mode::Drop
+                    } else {
+                        Mode::Blackhole
+                    };
                     let lasts = Duration::from_millis(rand::rng().random_range(500..3500));
                     proxy.set(mode);
                     partition = Some((mode, Instant::now() + lasts, now_ms()));
@@ -454,15 +469,9 @@ async fn relay_trial(setting: &Setting<'_>, carrier: Carrier) -> anyhow::Result<
         idem_check::history::read(std::io::BufReader::new(std::fs::File::open(&history_path)?))?;
     let effects = idem_check::effects::query::sqlite(&down_path, relay::EFFECTS_QUERY)?;
     let report = idem_check::check(&events, &effects);
-    let mut result = judge(
-        index,
-        faults,
-        report,
-        &events,
-        &effects,
-        load.samples(),
-        history_path,
-    );
+    let mut result = judge(index, faults, report, &events, &effects, 0);
+    result.samples = load.samples();
+    result.history = history_path;
     result.suppressed_downstream = deliveries
         .load(Ordering::SeqCst)
         .saturating_sub(effects.len());
@@ -656,15 +665,10 @@ async fn gateway_trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> {
         idem_check::history::read(std::io::BufReader::new(std::fs::File::open(&history_path)?))?;
     let effects = idem_check::effects::query::sqlite(upstream.path(), EFFECTS_QUERY)?;
     let report = idem_check::check(&events, &effects);
-    let mut result = judge(
-        index,
-        faults,
-        report,
-        &events,
-        &effects,
-        load.samples(),
-        history_path,
-    );
+    let unstored = super::gateway::unstored_answers(&log)?;
+    let mut result = judge(index, faults, report, &events, &effects, unstored);
+    result.samples = load.samples();
+    result.history = history_path;
     result.proxy_copies = proxy_copies;
     Ok(result)
 }
@@ -700,10 +704,12 @@ fn judge(
     report: Report,
     events: &[Event],
     effects: &[idem_check::Effect],
-    samples: Vec<Sample>,
-    history: PathBuf,
+    unstored: usize,
 ) -> TrialResult {
     let unknown = unknown_attempts(events);
+    // Each answer the gateway could not store explains one extra effect.
+    let mut unstored_left = unstored;
+    let mut unstored_repeats = 0;
     let mut applied: HashMap<&str, usize> = HashMap::new();
     for effect in effects {
         *applied.entry(effect.key.as_str()).or_default() += 1;
@@ -720,8 +726,13 @@ fn judge(
                         .copied()
                         .unwrap_or(1)
                         .saturating_sub(1);
-                    if extra <= unknown.get(key.as_str()).copied().unwrap_or(0) {
+                    let after_unknown = unknown.get(key.as_str()).copied().unwrap_or(0);
+                    if extra <= after_unknown {
                         expected_repeats += extra;
+                    } else if extra - after_unknown <= unstored_left {
+                        expected_repeats += after_unknown;
+                        unstored_repeats += extra - after_unknown;
+                        unstored_left -= extra - after_unknown;
                     } else {
                         double_effects += extra;
                         explained = false;
@@ -746,14 +757,15 @@ fn judge(
         faults,
         report,
         expected_repeats,
+        unstored_repeats,
         double_effects,
         suppressed_downstream: 0,
         lost_acked,
         violations,
         exits: Vec::new(),
         proxy_copies: None,
-        samples,
-        history,
+        samples: Vec::new(),
+        history: PathBuf::new(),
     }
 }
 
@@ -848,16 +860,12 @@ mod tests {
     }
 
     fn judged(events: &[Event], effects: &[Effect]) -> TrialResult {
+        judged_with(events, effects, 0)
+    }
+
+    fn judged_with(events: &[Event], effects: &[Effect], unstored: usize) -> TrialResult {
         let report = idem_check::check(events, effects);
-        judge(
-            1,
-            Vec::new(),
-            report,
-            events,
-            effects,
-            Vec::new(),
-            PathBuf::new(),
-        )
+        judge(1, Vec::new(), report, events, effects, unstored)
     }
 
     #[test]
@@ -890,6 +898,20 @@ mod tests {
     fn an_acknowledged_key_without_effect_is_lost() {
         let result = judged(&[invoke(1, "a"), ok(1)], &[]);
         assert_eq!(result.lost_acked, 1);
+        assert_eq!(result.violations.len(), 1);
+    }
+
+    #[test]
+    fn a_repeat_after_an_unstored_answer_is_counted_against_it() {
+        // Acknowledged, then the copy applied again: the gateway could not
+        // store the first answer.
+        let events = [invoke(1, "a"), ok(1), invoke(2, "a"), ok(2)];
+        let effects = [effect("a"), effect("a")];
+        let result = judged_with(&events, &effects, 1);
+        assert_eq!((result.unstored_repeats, result.double_effects), (1, 0));
+        assert!(result.violations.is_empty(), "{:?}", result.violations);
+        let result = judged_with(&events, &effects, 0);
+        assert_eq!((result.unstored_repeats, result.double_effects), (0, 1));
         assert_eq!(result.violations.len(), 1);
     }
 }
