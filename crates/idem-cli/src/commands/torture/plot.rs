@@ -65,8 +65,11 @@ pub fn latency(around: &[Window]) -> String {
         chart
             .configure_mesh()
             .disable_x_mesh()
+            .light_line_style(TRANSPARENT)
+            .bold_line_style(BLACK.mix(0.12))
+            .y_label_formatter(&|ms| format!("{ms:.0}"))
             .x_desc("ms from the fault's start")
-            .y_desc("latency, ms")
+            .y_desc("latency, ms (log)")
             .draw()?;
         chart.draw_series(std::iter::once(Rectangle::new(
             [(0, 1.0), (median_length(around), max)],
@@ -118,6 +121,9 @@ pub fn throughput(around: &[Window]) -> String {
         chart
             .configure_mesh()
             .disable_x_mesh()
+            .light_line_style(TRANSPARENT)
+            .bold_line_style(BLACK.mix(0.12))
+            .y_label_formatter(&|rate| format!("{rate:.0}"))
             .x_desc("ms from the fault's start")
             .y_desc("ok answers / s")
             .draw()?;
