@@ -184,3 +184,21 @@ pub fn unstored_answers(log: &Path) -> anyhow::Result<usize> {
         std::fs::read_to_string(log).with_context(|| format!("cannot read {}", log.display()))?;
     Ok(text.lines().filter(|line| line.contains(UNSTORED)).count())
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn counts_the_answers_the_gateway_could_not_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("gateway.log");
+        std::fs::write(
+            &log,
+            "idem serve: listening\n\
+             WARN could not store the response; the client gets it, but a retry after the lease may run again\n\
+             WARN the store is unavailable\n\
+             WARN could not store the response; the client gets it, but a retry after the lease may run again\n",
+        )
+        .unwrap();
+        assert_eq!(super::unstored_answers(&log).unwrap(), 2);
+    }
+}

@@ -902,6 +902,15 @@ mod tests {
     }
 
     #[test]
+    fn every_scenario_runs_by_default_under_its_command_line_name() {
+        for scenario in Scenario::value_variants() {
+            assert!(Scenario::ALL.contains(scenario), "{scenario:?}");
+            let value = scenario.to_possible_value().unwrap();
+            assert_eq!(value.get_name(), scenario.name());
+        }
+    }
+
+    #[test]
     fn a_repeat_after_an_unstored_answer_is_counted_against_it() {
         // Acknowledged, then the copy applied again: the gateway could not
         // store the first answer.
