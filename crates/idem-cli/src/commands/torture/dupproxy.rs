@@ -1,7 +1,8 @@
 //! `idem dup-proxy` as a hop between the clients and the gateway: it sends a
 //! share of the requests twice, so the gateway also sees copies nobody
 //! retried. The campaign's history stays the clients'; the proxy's report
-//! only says how many requests it duplicated.
+//! says how many requests it duplicated, and its own history which copies
+//! ended with an unknown outcome (attempts the clients never saw).
 
 use std::fs::File;
 use std::net::SocketAddr;
@@ -56,8 +57,14 @@ pub struct DupProxy {
 
 impl DupProxy {
     /// Starts the proxy in front of `upstream` (the gateway, which must keep
-    /// its address across restarts) and waits for its addresses.
-    pub async fn start(upstream: SocketAddr, timing: Timing, log: &Path) -> anyhow::Result<Self> {
+    /// its address across restarts), writing its own history to `history`,
+    /// and waits for its addresses.
+    pub async fn start(
+        upstream: SocketAddr,
+        timing: Timing,
+        log: &Path,
+        history: &Path,
+    ) -> anyhow::Result<Self> {
         let exe = std::env::current_exe().context("cannot find the idem binary")?;
         let log_file = File::options().create(true).append(true).open(log)?;
         let mut command = Command::new(exe);
@@ -71,6 +78,8 @@ impl DupProxy {
             .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
             .args(["--upstream", &format!("http://{upstream}")])
             .args(["--share", SHARE, "--upstream-timeout", "10s"])
+            .arg("--history")
+            .arg(history)
             .args(timing.args())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -159,10 +159,13 @@ pub async fn run(args: &TortureArgs) -> anyhow::Result<()> {
                 for violation in &result.violations {
                     eprintln!("{} trial {index}: {violation}", scenario.name());
                 }
-                if let Some(dir) = &args.report {
-                    let to = dir.join(scenario.name());
+                if let Some(report) = &args.report {
+                    let to = report.join(scenario.name());
                     std::fs::create_dir_all(&to)?;
                     std::fs::copy(&result.history, to.join(format!("trial-{index}.jsonl")))?;
+                    if !result.violations.is_empty() {
+                        keep_logs(&dir, &to.join(format!("trial-{index}")))?;
+                    }
                 }
                 summary.add(result);
                 // Trial directories are not needed once checked.
@@ -210,6 +213,21 @@ pub async fn run(args: &TortureArgs) -> anyhow::Result<()> {
     let violations: usize = summaries.iter().map(|s| s.violations).sum();
     if violations > 0 {
         bail!("{violations} violations found");
+    }
+    Ok(())
+}
+
+/// Copies a trial's logs (`*.log`) and the dup-proxy's history to `to`,
+/// for a trial that found a violation.
+fn keep_logs(trial: &std::path::Path, to: &std::path::Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(trial)?.flatten() {
+        let name = entry.file_name();
+        let path = entry.path();
+        let kept = path.extension().is_some_and(|ext| ext == "log") || name == "dup-proxy.jsonl";
+        if kept {
+            std::fs::copy(&path, to.join(&name))?;
+        }
     }
     Ok(())
 }

@@ -469,7 +469,14 @@ async fn relay_trial(setting: &Setting<'_>, carrier: Carrier) -> anyhow::Result<
         idem_check::history::read(std::io::BufReader::new(std::fs::File::open(&history_path)?))?;
     let effects = idem_check::effects::query::sqlite(&down_path, relay::EFFECTS_QUERY)?;
     let report = idem_check::check(&events, &effects);
-    let mut result = judge(index, faults, report, &events, &effects, 0);
+    let mut result = judge(
+        index,
+        faults,
+        report,
+        &events,
+        &effects,
+        &Explanations::default(),
+    );
     result.samples = load.samples();
     result.history = history_path;
     result.suppressed_downstream = deliveries
@@ -531,10 +538,13 @@ async fn gateway_trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> {
         crash.as_ref().map(|c| c.1.as_str()),
     )
     .await?;
+    // The dup-proxy's own history: which of its copies ended unknown.
+    let copies_path = dir.join("dup-proxy.jsonl");
     let dup_proxy = if scenario == Scenario::DupProxyKill {
         let gateway_addr = *gateway.addr().lock().unwrap_or_else(|p| p.into_inner());
         let timing = Timing::of_trial(index);
-        Some(DupProxy::start(gateway_addr, timing, &dir.join("dup-proxy.log")).await?)
+        let log = dir.join("dup-proxy.log");
+        Some(DupProxy::start(gateway_addr, timing, &log, &copies_path).await?)
     } else {
         None
     };
@@ -665,8 +675,17 @@ async fn gateway_trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> {
         idem_check::history::read(std::io::BufReader::new(std::fs::File::open(&history_path)?))?;
     let effects = idem_check::effects::query::sqlite(upstream.path(), EFFECTS_QUERY)?;
     let report = idem_check::check(&events, &effects);
-    let unstored = super::gateway::unstored_answers(&log)?;
-    let mut result = judge(index, faults, report, &events, &effects, unstored);
+    let mut explain = Explanations {
+        unstored: super::gateway::unstored_answers(&log)?,
+        ..Explanations::default()
+    };
+    if scenario == Scenario::DupProxyKill {
+        let copies = std::fs::File::open(&copies_path)
+            .with_context(|| format!("cannot read {}", copies_path.display()))?;
+        let copies = idem_check::history::read(std::io::BufReader::new(copies))?;
+        explain.copies_unknown = copies_unknown(&copies);
+    }
+    let mut result = judge(index, faults, report, &events, &effects, &explain);
     result.samples = load.samples();
     result.history = history_path;
     result.proxy_copies = proxy_copies;
@@ -696,6 +715,42 @@ fn acked_keys(history: &Path) -> anyhow::Result<HashSet<String>> {
     Ok(acked)
 }
 
+/// What, besides the clients' unknown outcomes, may explain an extra effect.
+#[derive(Debug, Default)]
+struct Explanations {
+    /// Answers the gateway logged it could not store: each explains one.
+    unstored: usize,
+    /// Per key, the copies `idem dup-proxy` sent whose outcome was unknown:
+    /// attempts the clients' history does not show (a client whose request
+    /// met its copy in flight was answered 409 while the copy reached the
+    /// upstream and the gateway died).
+    copies_unknown: HashMap<String, usize>,
+}
+
+/// Per key, the copies in a dup-proxy history whose outcome was unknown.
+fn copies_unknown(events: &[Event]) -> HashMap<String, usize> {
+    let copies: HashSet<u64> = events
+        .iter()
+        .filter_map(|event| match event {
+            Event::Invoke {
+                op,
+                duplicate_of: Some(_),
+                ..
+            } => Some(*op),
+            _ => None,
+        })
+        .collect();
+    let of_copies: Vec<Event> = events
+        .iter()
+        .filter(|event| copies.contains(&event.op()))
+        .cloned()
+        .collect();
+    unknown_attempts(&of_copies)
+        .into_iter()
+        .map(|(key, n)| (key.to_owned(), n))
+        .collect()
+}
+
 /// Splits the checker's double effects into the leased gateway's known cost
 /// and violations, and counts the rest.
 fn judge(
@@ -704,11 +759,14 @@ fn judge(
     report: Report,
     events: &[Event],
     effects: &[idem_check::Effect],
-    unstored: usize,
+    explain: &Explanations,
 ) -> TrialResult {
-    let unknown = unknown_attempts(events);
+    let mut unknown = unknown_attempts(events);
+    for (key, n) in &explain.copies_unknown {
+        *unknown.entry(key.as_str()).or_default() += n;
+    }
     // Each answer the gateway could not store explains one extra effect.
-    let mut unstored_left = unstored;
+    let mut unstored_left = explain.unstored;
     let mut unstored_repeats = 0;
     let mut applied: HashMap<&str, usize> = HashMap::new();
     for effect in effects {
@@ -865,7 +923,11 @@ mod tests {
 
     fn judged_with(events: &[Event], effects: &[Effect], unstored: usize) -> TrialResult {
         let report = idem_check::check(events, effects);
-        judge(1, Vec::new(), report, events, effects, unstored)
+        let explain = Explanations {
+            unstored,
+            ..Explanations::default()
+        };
+        judge(1, Vec::new(), report, events, effects, &explain)
     }
 
     #[test]
@@ -922,5 +984,43 @@ mod tests {
         let result = judged_with(&events, &effects, 0);
         assert_eq!((result.unstored_repeats, result.double_effects), (0, 1));
         assert_eq!(result.violations.len(), 1);
+    }
+
+    #[test]
+    fn a_copy_of_the_proxy_with_an_unknown_outcome_explains_a_repeat() {
+        // The client met its copy in flight (409); the copy reached the
+        // upstream and the gateway died; the retry after the lease ran again.
+        let fail_409 = Event::Fail {
+            op: 1,
+            process: "client-1".into(),
+            at_ms: 1,
+            answer: Some(Answer {
+                status: 409,
+                body_hash: None,
+                replayed: false,
+            }),
+            error: "answered 409".into(),
+        };
+        let events = [invoke(1, "a"), fail_409, invoke(1, "a"), ok(1)];
+        let effects = [effect("a"), effect("a")];
+        let mut copy = invoke(7, "a");
+        if let Event::Invoke { duplicate_of, .. } = &mut copy {
+            *duplicate_of = Some(6);
+        }
+        let proxy = [invoke(6, "a"), copy, unknown(7), ok(6)];
+        let explain = Explanations {
+            copies_unknown: copies_unknown(&proxy),
+            ..Explanations::default()
+        };
+        assert_eq!(
+            explain.copies_unknown.get("a"),
+            Some(&1),
+            "only the copy counts"
+        );
+        let report = idem_check::check(&events, &effects);
+        let result = judge(1, Vec::new(), report, &events, &effects, &explain);
+        assert_eq!((result.expected_repeats, result.double_effects), (1, 0));
+        assert!(result.violations.is_empty(), "{:?}", result.violations);
+        assert_eq!(judged(&events, &effects).double_effects, 1);
     }
 }
