@@ -36,6 +36,23 @@ impl Queue {
         })
     }
 
+    /// Messages ready in the queue, and its consumers.
+    pub async fn depth(&self) -> anyhow::Result<(u32, u32)> {
+        let options = lapin::options::QueueDeclareOptions {
+            passive: true,
+            ..lapin::options::QueueDeclareOptions::default()
+        };
+        let queue = self
+            .channel
+            .queue_declare(
+                self.name.as_str().into(),
+                options,
+                lapin::types::FieldTable::default(),
+            )
+            .await?;
+        Ok((queue.message_count(), queue.consumer_count()))
+    }
+
     /// Deletes the queue and closes the connection.
     pub async fn delete(self) {
         let options = lapin::options::QueueDeleteOptions::default();

@@ -159,6 +159,9 @@ pub async fn run(args: &TortureArgs) -> anyhow::Result<()> {
                 for violation in &result.violations {
                     eprintln!("{} trial {index}: {violation}", scenario.name());
                 }
+                for note in &result.notes {
+                    eprintln!("{} trial {index}: note: {note}", scenario.name());
+                }
                 if let Some(report) = &args.report {
                     let to = report.join(scenario.name());
                     std::fs::create_dir_all(&to)?;

@@ -29,6 +29,10 @@ use super::upstream::{EFFECTS_QUERY, Upstream};
 /// Concurrent clients per trial.
 const CLIENTS: usize = 4;
 
+/// How long a relay trial waits, once its clients are done and its broker
+/// healed, for every acknowledged key to reach the downstream.
+const DRAIN_WAIT: Duration = Duration::from_secs(20);
+
 /// A fault campaign's scenario.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Scenario {
@@ -215,6 +219,9 @@ pub struct TrialResult {
     /// point (each restarted), by name: how a process took a fault in what
     /// it depends on.
     pub exits: Vec<&'static str>,
+    /// What the trial saw besides its violations, printed with them: how
+    /// far the outbox got, for a relay trial that lost acknowledged keys.
+    pub notes: Vec<String>,
     /// Requests `idem dup-proxy` sent twice, in the scenario that has it.
     pub proxy_copies: Option<u64>,
     /// Every attempt, for the plots.
@@ -435,8 +442,7 @@ async fn relay_trial(setting: &Setting<'_>, carrier: Carrier) -> anyhow::Result<
         // Once the clients are done and the broker heals, wait for the
         // outbox to drain and every acknowledged key to reach the downstream.
         if partition.is_none() && clients.iter().all(|client| client.is_finished()) {
-            let deadline =
-                *drained_by.get_or_insert_with(|| Instant::now() + Duration::from_secs(20));
+            let deadline = *drained_by.get_or_insert_with(|| Instant::now() + DRAIN_WAIT);
             if Instant::now() > deadline {
                 break;
             }
@@ -462,6 +468,11 @@ async fn relay_trial(setting: &Setting<'_>, carrier: Carrier) -> anyhow::Result<
         client.abort();
     }
     relay.kill().await;
+    let unpublished = relay::pending(&app_store).await?;
+    let queued = match &route.queue {
+        Some(queue) => queue.depth().await.ok(),
+        None => None,
+    };
     route.close().await;
     drop(proxy);
 
@@ -483,6 +494,20 @@ async fn relay_trial(setting: &Setting<'_>, carrier: Carrier) -> anyhow::Result<
         .load(Ordering::SeqCst)
         .saturating_sub(effects.len());
     result.exits = exits;
+    if result.lost_acked > 0 {
+        let waited = drained_by.map_or(Duration::ZERO, |deadline| {
+            Instant::now().saturating_duration_since(deadline - DRAIN_WAIT)
+        });
+        result.notes.push(format!(
+            "{unpublished} outbox rows were still unpublished when the trial ended, {} ms after the clients were done and the broker healed (a row not yet published is late, not lost: its relay retries it with backoff)",
+            waited.as_millis()
+        ));
+        if let Some((messages, consumers)) = queued {
+            result.notes.push(format!(
+                "{messages} messages were waiting in the queue, which had {consumers} consumers"
+            ));
+        }
+    }
     Ok(result)
 }
 
@@ -821,6 +846,7 @@ fn judge(
         lost_acked,
         violations,
         exits: Vec::new(),
+        notes: Vec::new(),
         proxy_copies: None,
         samples: Vec::new(),
         history: PathBuf::new(),
