@@ -1,8 +1,11 @@
-//! `idem torture` run as a user runs it: a short campaign over the embedded
-//! store, PostgreSQL, the relay and RabbitMQ, with faults injected and no violation found.
+//! `idem torture` run as a user runs it: short campaigns over the embedded
+//! store, PostgreSQL, the relay, RabbitMQ and NATS, with faults injected and
+//! no violation found — one that kills the processes under test, one that
+//! cuts or restarts what they depend on.
 
 use std::net::{SocketAddr, TcpStream};
-use std::process::Command;
+use std::path::Path;
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 /// Whether a service the campaign uses is up; a test without it skips its
@@ -20,16 +23,29 @@ fn up(service: &str, addr: &str) -> bool {
     up
 }
 
-#[test]
-fn a_short_campaign_injects_faults_and_finds_no_violation() {
-    let report = tempfile::tempdir().unwrap();
-    let mut scenarios = vec!["gateway-sqlite-kill", "relay-kill"];
-    if up("PostgreSQL", "127.0.0.1:5432") {
-        scenarios.push("gateway-postgres-partition");
+/// Whether the PostgreSQL server programs are installed, for the scenario
+/// that starts a server of its own.
+fn postgres_installed() -> bool {
+    let installed = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|version| version.path().join("bin").join("initdb").is_file());
+    if !installed {
+        assert!(
+            std::env::var_os("IDEM_REQUIRE_SERVICES").is_none(),
+            "the postgresql package is required"
+        );
+        eprintln!(
+            "the PostgreSQL server programs are not installed: the restart scenario is skipped"
+        );
     }
-    if up("RabbitMQ", "127.0.0.1:5672") {
-        scenarios.push("relay-rabbitmq-kill");
-    }
+    installed
+}
+
+/// Runs `idem torture` on `scenarios`, `trials` each, 30 operations a
+/// trial, with a report in `report`; asserts it ended well in `limit`.
+fn campaign(scenarios: &[&str], trials: usize, report: &Path, limit: Duration) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_idem"));
     for (name, _) in std::env::vars() {
         if name.starts_with("IDEM_") {
@@ -37,45 +53,114 @@ fn a_short_campaign_injects_faults_and_finds_no_violation() {
         }
     }
     command.arg("torture");
-    for scenario in &scenarios {
+    for scenario in scenarios {
         command.args(["--scenario", scenario]);
     }
     let started = Instant::now();
     let output = command
-        .args(["--trials", "2", "--ops", "30", "--json", "--report"])
-        .arg(report.path())
+        .args([
+            "--trials",
+            &trials.to_string(),
+            "--ops",
+            "30",
+            "--json",
+            "--report",
+        ])
+        .arg(report)
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "idem torture failed:\n{stderr}");
-    assert!(
-        started.elapsed() < Duration::from_secs(90),
-        "{:?}",
-        started.elapsed()
-    );
+    assert!(started.elapsed() < limit, "{:?}", started.elapsed());
+    output
+}
 
+/// Each scenario's row: its trials, a fault per trial, no violation; and
+/// each trial's history in the report.
+fn rows_are_clean(
+    output: &Output,
+    scenarios: &[&str],
+    trials: u64,
+    report: &Path,
+) -> serde_json::Value {
     let rows: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
-    let rows = rows.as_array().unwrap();
-    assert_eq!(rows.len(), scenarios.len());
-    for (row, scenario) in rows.iter().zip(&scenarios) {
+    let list = rows.as_array().unwrap();
+    assert_eq!(list.len(), scenarios.len());
+    for (row, scenario) in list.iter().zip(scenarios) {
         assert_eq!(row["scenario"], *scenario);
-        assert_eq!(row["trials"], 2);
+        assert_eq!(row["trials"], trials);
         assert_eq!(row["violations"], 0, "{row}");
         assert_eq!(row["double_effects"], 0, "{row}");
         assert_eq!(row["lost_acked"], 0, "{row}");
         assert!(
-            row["faults"].as_u64().unwrap() >= 2,
+            row["faults"].as_u64().unwrap() >= trials,
             "a fault per trial: {row}"
         );
-        assert!(row["operations"].as_u64().unwrap() >= 60, "{row}");
-        for trial in 1..=2 {
-            let history = report
-                .path()
-                .join(scenario)
-                .join(format!("trial-{trial}.jsonl"));
+        assert!(row["operations"].as_u64().unwrap() >= 30 * trials, "{row}");
+        for trial in 1..=trials {
+            let history = report.join(scenario).join(format!("trial-{trial}.jsonl"));
             assert!(history.exists(), "{}", history.display());
         }
+        for plot in ["latency.svg", "throughput.svg"] {
+            let svg = std::fs::read_to_string(report.join(scenario).join(plot)).unwrap();
+            assert!(svg.starts_with("<svg"), "{scenario}/{plot}");
+        }
     }
+    rows
+}
+
+#[test]
+fn a_short_campaign_kills_the_processes_and_finds_no_violation() {
+    let report = tempfile::tempdir().unwrap();
+    let mut scenarios = vec![
+        "gateway-sqlite-kill",
+        "gateway-dup-proxy-kill",
+        "relay-kill",
+    ];
+    if up("PostgreSQL", "127.0.0.1:5432") {
+        scenarios.push("gateway-postgres-partition");
+    }
+    if up("RabbitMQ", "127.0.0.1:5672") {
+        scenarios.push("relay-rabbitmq-kill");
+    }
+    if up("NATS", "127.0.0.1:4222") {
+        scenarios.push("relay-nats-kill");
+    }
+    let output = campaign(&scenarios, 2, report.path(), Duration::from_secs(150));
+    let rows = rows_are_clean(&output, &scenarios, 2, report.path());
+    let dup = &rows[1];
+    assert!(
+        dup["proxy_copies"].as_u64().unwrap() > 0,
+        "idem dup-proxy sent copies to the gateway: {dup}"
+    );
     let page = std::fs::read_to_string(report.path().join("index.html")).unwrap();
     assert!(page.contains("<svg"), "the report has its plots");
+}
+
+#[test]
+fn a_short_campaign_cuts_and_restarts_the_dependencies_and_finds_no_violation() {
+    let report = tempfile::tempdir().unwrap();
+    let mut scenarios = Vec::new();
+    if postgres_installed() {
+        scenarios.push("gateway-postgres-restart");
+    }
+    if up("RabbitMQ", "127.0.0.1:5672") {
+        scenarios.push("relay-rabbitmq-partition");
+    }
+    if up("NATS", "127.0.0.1:4222") {
+        scenarios.push("relay-nats-partition");
+    }
+    if scenarios.is_empty() {
+        return;
+    }
+    let output = campaign(&scenarios, 2, report.path(), Duration::from_secs(150));
+    rows_are_clean(&output, &scenarios, 2, report.path());
+    // Two trials: both restart modes, both kinds of cut.
+    let page = std::fs::read_to_string(report.path().join("index.html")).unwrap();
+    for scenario in &scenarios {
+        assert!(page.contains(&format!("<h2>{scenario}</h2>")));
+    }
+    if scenarios.contains(&"gateway-postgres-restart") {
+        assert!(page.contains("restart -m fast") && page.contains("restart -m immediate"));
+    }
 }

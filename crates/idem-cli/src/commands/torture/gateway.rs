@@ -1,5 +1,6 @@
 //! `idem serve` as a child of the current binary: started, killed with
-//! SIGKILL, watched for a crash point firing, and restarted on the same store.
+//! SIGKILL, watched for a crash point firing, and restarted on the same store
+//! and the same port (a proxy in front of it keeps its upstream address).
 
 use std::fs::File;
 use std::net::SocketAddr;
@@ -30,6 +31,8 @@ pub struct Gateway {
     upstream: String,
     log: PathBuf,
     addr: Address,
+    /// Where it listens: a free port the first time, then that port again.
+    listen: SocketAddr,
     child: Option<Child>,
 }
 
@@ -57,6 +60,7 @@ impl Gateway {
             upstream,
             log: log.to_owned(),
             addr: Arc::new(Mutex::new(SocketAddr::from(([127, 0, 0, 1], 9)))),
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             child: None,
         };
         gateway.restart(crash).await?;
@@ -68,8 +72,25 @@ impl Gateway {
         Arc::clone(&self.addr)
     }
 
-    /// Starts a new process on the same store (the old one must be gone).
+    /// Starts a new process on the same store and port (the old one must be
+    /// gone). A port the killed process held may take a moment to be free.
     pub async fn restart(&mut self, crash: Option<&str>) -> anyhow::Result<()> {
+        let mut tries = 0;
+        let (child, addr) = loop {
+            tries += 1;
+            match self.spawn(crash).await {
+                Ok(started) => break started,
+                Err(error) if tries >= 5 => return Err(error),
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        };
+        *self.addr.lock().unwrap_or_else(|p| p.into_inner()) = addr;
+        self.listen = addr;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    async fn spawn(&self, crash: Option<&str>) -> anyhow::Result<(Child, SocketAddr)> {
         let exe = std::env::current_exe().context("cannot find the idem binary")?;
         let log = File::options()
             .create(true)
@@ -86,6 +107,7 @@ impl Gateway {
             command.env(idem::crash::ENV, crash);
         }
         let lease = format!("{}s", LEASE.as_secs());
+        let listen = self.listen.to_string();
         command
             .args([
                 "--store",
@@ -94,7 +116,7 @@ impl Gateway {
                 "--upstream",
                 &self.upstream,
             ])
-            .args(["--listen", "127.0.0.1:0", "--lease", &lease])
+            .args(["--listen", &listen, "--lease", &lease])
             .args(["--upstream-timeout", UPSTREAM_TIMEOUT])
             .args(["--sweep-every", "off", "--principal-header", "none"])
             .stdin(Stdio::null())
@@ -116,17 +138,18 @@ impl Gateway {
         .await;
         let addr = match addr {
             Ok(Ok(Some(addr))) => addr,
-            _ => bail!(
-                "idem serve did not start on {}; see {}",
-                idem::redact_url(&self.store),
-                self.log.display()
-            ),
+            _ => {
+                let _ = child.kill().await;
+                bail!(
+                    "idem serve did not start on {} ({listen}); see {}",
+                    idem::redact_url(&self.store),
+                    self.log.display()
+                )
+            }
         };
         // Keep reading, so the child never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        *self.addr.lock().unwrap_or_else(|p| p.into_inner()) = addr;
-        self.child = Some(child);
-        Ok(())
+        Ok((child, addr))
     }
 
     /// SIGKILL, then waits for the process to be gone.
@@ -146,5 +169,36 @@ impl Gateway {
         } else {
             Exit::Other
         })
+    }
+}
+
+/// What `idem serve` logs when it answered a request but could not store the
+/// answer (its store failed at that moment).
+const UNSTORED: &str = "could not store the response";
+
+/// How many answers the gateway logged it could not store, over its runs.
+/// Each leaves the key claimed until its lease ends, and a retry after that
+/// is forwarded again although its client was answered.
+pub fn unstored_answers(log: &Path) -> anyhow::Result<usize> {
+    let text =
+        std::fs::read_to_string(log).with_context(|| format!("cannot read {}", log.display()))?;
+    Ok(text.lines().filter(|line| line.contains(UNSTORED)).count())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn counts_the_answers_the_gateway_could_not_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("gateway.log");
+        std::fs::write(
+            &log,
+            "idem serve: listening\n\
+             WARN could not store the response; the client gets it, but a retry after the lease may run again\n\
+             WARN the store is unavailable\n\
+             WARN could not store the response; the client gets it, but a retry after the lease may run again\n",
+        )
+        .unwrap();
+        assert_eq!(super::unstored_answers(&log).unwrap(), 2);
     }
 }

@@ -17,9 +17,14 @@
 //! dedupes — directly, or through RabbitMQ and `idem forward` — and every
 //! acknowledged request must be applied there exactly once.
 
+mod broker;
+mod child;
 mod client;
+mod dupproxy;
 mod faultproxy;
 mod gateway;
+mod pgserver;
+mod plot;
 mod relay;
 mod report;
 mod scenario;
@@ -62,6 +67,10 @@ pub struct TortureArgs {
         value_name = "URL"
     )]
     pub amqp: String,
+    /// The NATS server with JetStream, on loopback, for the NATS scenarios:
+    /// each trial creates a stream of its own and deletes it at the end.
+    #[arg(long, default_value = "nats://127.0.0.1:4222", value_name = "URL")]
+    pub nats: String,
     /// Write an HTML report with plots, and each trial's history, here.
     #[arg(long, value_name = "DIR")]
     pub report: Option<PathBuf>,
@@ -86,37 +95,42 @@ pub async fn run(args: &TortureArgs) -> anyhow::Result<()> {
             args.postgres
         );
     }
-    if !on_loopback(&args.amqp) {
-        bail!(
-            "--amqp must name a loopback host (127.0.0.1, localhost or [::1]), not {}",
-            idem::redact_url(&args.amqp)
-        );
+    for (flag, url) in [("--amqp", &args.amqp), ("--nats", &args.nats)] {
+        if !on_loopback(url) {
+            bail!(
+                "{flag} must name a loopback host (127.0.0.1, localhost or [::1]), not {}",
+                idem::redact_url(url)
+            );
+        }
     }
     if args.trials == 0 || args.ops == 0 {
         bail!("--trials and --ops must be at least 1");
     }
     let scenarios = if args.scenario.is_empty() {
-        vec![
-            Scenario::SqliteKill,
-            Scenario::PostgresKill,
-            Scenario::PostgresPartition,
-            Scenario::RelayKill,
-            Scenario::RelayRabbitmqKill,
-        ]
+        Scenario::ALL.to_vec()
     } else {
         args.scenario.clone()
     };
     let work = tempfile::tempdir().context("cannot create a working directory")?;
     let run_id = format!("{:08x}", rand::rng().random::<u32>());
     let database = format!("idem_torture_{run_id}");
+    // Stopped and removed when dropped, on every way out of this function.
+    let private = if scenarios.iter().any(|s| s.needs_private_postgres()) {
+        let server = pgserver::PrivatePostgres::start()
+            .context("cannot start a PostgreSQL server for the restart scenario")?;
+        let db = Database::create(server.addr(), &database).await?;
+        Some((server, db))
+    } else {
+        None
+    };
+
     let postgres = if scenarios.iter().any(|s| s.needs_postgres()) {
         Some(Database::create(args.postgres, &database).await?)
     } else {
         None
     };
-
     let mut summaries = Vec::new();
-    let outcome = async {
+    let campaign = async {
         for &scenario in &scenarios {
             let mut summary = Summary::new(scenario.name());
             for index in 1..=args.trials {
@@ -132,8 +146,12 @@ pub async fn run(args: &TortureArgs) -> anyhow::Result<()> {
                     postgres: postgres
                         .as_ref()
                         .map(|db| (db.name.as_str(), args.postgres)),
+                    private: private
+                        .as_ref()
+                        .map(|(server, db)| (db.name.as_str(), server)),
                     run_id: &run_id,
                     amqp: &args.amqp,
+                    nats: &args.nats,
                 };
                 let result = scenario::trial(&setting)
                     .await
@@ -141,10 +159,16 @@ pub async fn run(args: &TortureArgs) -> anyhow::Result<()> {
                 for violation in &result.violations {
                     eprintln!("{} trial {index}: {violation}", scenario.name());
                 }
-                if let Some(dir) = &args.report {
-                    let to = dir.join(scenario.name());
+                for note in &result.notes {
+                    eprintln!("{} trial {index}: note: {note}", scenario.name());
+                }
+                if let Some(report) = &args.report {
+                    let to = report.join(scenario.name());
                     std::fs::create_dir_all(&to)?;
                     std::fs::copy(&result.history, to.join(format!("trial-{index}.jsonl")))?;
+                    if !result.violations.is_empty() {
+                        keep_logs(&dir, &to.join(format!("trial-{index}")))?;
+                    }
                 }
                 summary.add(result);
                 // Trial directories are not needed once checked.
@@ -153,8 +177,14 @@ pub async fn run(args: &TortureArgs) -> anyhow::Result<()> {
             summaries.push(summary);
         }
         anyhow::Ok(())
-    }
-    .await;
+    };
+    // On Ctrl-C or SIGTERM the trial in progress is dropped (its children
+    // are killed with it) and the database and server below removed.
+    let outcome = tokio::select! {
+        outcome = campaign => outcome,
+        () = interrupted() => Err(anyhow::anyhow!("interrupted")),
+    };
+    drop(private);
     if let Some(db) = postgres {
         db.drop().await;
     }
@@ -169,8 +199,17 @@ pub async fn run(args: &TortureArgs) -> anyhow::Result<()> {
         println!("{}", report::table(&summaries));
     }
     if let Some(dir) = &args.report {
+        let page = report::html(&summaries, args.ops);
+        for (name, svg) in &page.plots {
+            let path = dir.join(name);
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            std::fs::write(&path, svg)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+        }
         let path = dir.join("index.html");
-        std::fs::write(&path, report::html(&summaries, args.ops))
+        std::fs::write(&path, &page.html)
             .with_context(|| format!("cannot write {}", path.display()))?;
         eprintln!("report written to {}", path.display());
     }
@@ -179,6 +218,35 @@ pub async fn run(args: &TortureArgs) -> anyhow::Result<()> {
         bail!("{violations} violations found");
     }
     Ok(())
+}
+
+/// Copies a trial's logs (`*.log`) and the dup-proxy's history to `to`,
+/// for a trial that found a violation.
+fn keep_logs(trial: &std::path::Path, to: &std::path::Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(trial)?.flatten() {
+        let name = entry.file_name();
+        let path = entry.path();
+        let kept = path.extension().is_some_and(|ext| ext == "log") || name == "dup-proxy.jsonl";
+        if kept {
+            std::fs::copy(&path, to.join(&name))?;
+        }
+    }
+    Ok(())
+}
+
+/// Completes on Ctrl-C or SIGTERM.
+async fn interrupted() {
+    let Ok(mut terminate) =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+    else {
+        let _ = tokio::signal::ctrl_c().await;
+        return;
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate.recv() => {}
+    }
 }
 
 /// Whether a URL's host is the loopback interface.

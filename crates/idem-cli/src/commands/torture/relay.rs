@@ -1,20 +1,14 @@
-//! The relay scenario's stack: an application that answers each request by
-//! enqueueing a message in the same transaction as its idempotency record;
-//! `idem relay` as a child process publishing the outbox to a webhook; and a
-//! downstream service that applies each message once per key, in the same
-//! transaction as its own record. Killing the relay between a publish and
-//! marking the row sent makes it publish the row again; the downstream must
-//! apply it once.
+//! The relay scenarios' services: an application that answers each request
+//! by enqueueing a message in the same transaction as its idempotency
+//! record, for `idem relay` to publish; and a downstream service that
+//! applies each message once per key, in the same transaction as its own
+//! record. Killing the relay between a publish and marking the row sent
+//! makes it publish the row again; the downstream must apply it once.
 
-use std::fs::File;
 use std::net::SocketAddr;
-use std::os::unix::process::ExitStatusExt;
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use anyhow::Context;
 use axum::Router;
 use axum::http::StatusCode;
 use axum::routing::post_service;
@@ -23,10 +17,7 @@ use idem_broker::outbox::{Outbox, OutboxStore, Route};
 use idem_broker::publish::Message;
 use idem_http::atomic::{self, AtomicRequest, HandlerResult};
 use idem_http::{IdempotencyConfig, KeyRequirement, StoredResponse};
-use tokio::process::{Child, Command};
 use tokio::task::JoinHandle;
-
-use super::gateway::Exit;
 
 /// The downstream's effect log.
 pub const EFFECTS_QUERY: &str = "SELECT key FROM effects ORDER BY seq";
@@ -111,131 +102,6 @@ pub async fn downstream(
         },
     );
     serve(Router::new().route("/deliver", post_service(route))).await
-}
-
-/// `idem relay` on the application's store, publishing to `to`.
-#[derive(Debug)]
-pub struct Relay {
-    store: PathBuf,
-    to: String,
-    log: PathBuf,
-    child: Option<Child>,
-}
-
-impl Relay {
-    pub fn new(store: &Path, to: String, log: &Path) -> Self {
-        Self {
-            store: store.to_owned(),
-            to,
-            log: log.to_owned(),
-            child: None,
-        }
-    }
-
-    /// Starts a relay process, arming `IDEM_CRASH=crash` when given.
-    pub fn start(&mut self, crash: Option<&str>) -> anyhow::Result<()> {
-        let exe = std::env::current_exe().context("cannot find the idem binary")?;
-        let log = File::options().create(true).append(true).open(&self.log)?;
-        let mut command = Command::new(exe);
-        for (name, _) in std::env::vars() {
-            if name.starts_with("IDEM_") {
-                command.env_remove(name);
-            }
-        }
-        if let Some(crash) = crash {
-            command.env(idem::crash::ENV, crash);
-        }
-        let store = format!("sqlite://{}", self.store.display());
-        command
-            .args(["--store", &store, "relay", "--to", &self.to])
-            .args(["--poll", "100ms", "--lease", "2s", "--max-attempts", "20"])
-            .args(["--sweep-every", "off"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(log))
-            .kill_on_drop(true);
-        self.child = Some(command.spawn().context("cannot start idem relay")?);
-        Ok(())
-    }
-
-    /// SIGKILL, then waits for the process to be gone.
-    pub async fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill().await;
-        }
-    }
-
-    /// Whether the process has ended, and how.
-    pub fn exited(&mut self) -> Option<Exit> {
-        let status = self.child.as_mut()?.try_wait().ok()??;
-        self.child = None;
-        Some(if status.signal() == Some(6) {
-            Exit::Crashed
-        } else {
-            Exit::Other
-        })
-    }
-}
-
-/// `idem forward` from a RabbitMQ queue to the downstream, for the whole
-/// trial; killed when dropped.
-pub fn forward(from: &str, to: &str, store: &Path, log: &Path) -> anyhow::Result<Child> {
-    let exe = std::env::current_exe().context("cannot find the idem binary")?;
-    let log = File::options().create(true).append(true).open(log)?;
-    let mut command = Command::new(exe);
-    for (name, _) in std::env::vars() {
-        if name.starts_with("IDEM_") {
-            command.env_remove(name);
-        }
-    }
-    let store = format!("sqlite://{}", store.display());
-    command
-        .args(["--store", &store, "forward", "--from", from, "--to", to])
-        .args(["--key", "message-id", "--sweep-every", "off"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(log))
-        .kill_on_drop(true);
-    command.spawn().context("cannot start idem forward")
-}
-
-/// A RabbitMQ queue of the trial's own, deleted by [`Queue::delete`].
-pub struct Queue {
-    channel: lapin::Channel,
-    connection: lapin::Connection,
-    pub name: String,
-}
-
-impl Queue {
-    /// Declares `name` on the broker at `url` (`amqp://USER:PASS@HOST:PORT/%2f`).
-    pub async fn declare(url: &str, name: String) -> anyhow::Result<Self> {
-        let connection = lapin::Connection::connect(url, lapin::ConnectionProperties::default())
-            .await
-            .with_context(|| format!("cannot reach RabbitMQ at {}", idem::redact_url(url)))?;
-        let channel = connection.create_channel().await?;
-        channel
-            .queue_declare(
-                name.as_str().into(),
-                lapin::options::QueueDeclareOptions::default(),
-                lapin::types::FieldTable::default(),
-            )
-            .await?;
-        Ok(Self {
-            channel,
-            connection,
-            name,
-        })
-    }
-
-    /// Deletes the queue and closes the connection.
-    pub async fn delete(self) {
-        let options = lapin::options::QueueDeleteOptions::default();
-        let _ = self
-            .channel
-            .queue_delete(self.name.as_str().into(), options)
-            .await;
-        let _ = self.connection.close(200, "done".into()).await;
-    }
 }
 
 /// Rows not yet published.

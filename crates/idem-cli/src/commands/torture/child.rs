@@ -1,0 +1,135 @@
+//! The campaign's own `idem` subcommands as child processes (`idem relay`,
+//! `idem forward`): started with a clean environment, killed with SIGKILL,
+//! watched for a crash point firing or an exit nobody asked for, restarted.
+
+use std::fs::File;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use anyhow::Context;
+use tokio::process::{Child, Command};
+
+use super::gateway::Exit;
+
+/// A command of the current binary, across its restarts; killed when dropped.
+#[derive(Debug)]
+pub struct Process {
+    name: &'static str,
+    args: Vec<String>,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Process {
+    /// `idem --store sqlite://STORE relay --to TO`, polling often, with a
+    /// short lease so a killed relay's rows are taken over within a trial.
+    pub fn relay(store: &Path, to: &str, log: &Path) -> Self {
+        let store = format!("sqlite://{}", store.display());
+        let args = [
+            "--store",
+            &store,
+            "relay",
+            "--to",
+            to,
+            "--poll",
+            "100ms",
+            "--lease",
+            "2s",
+            "--max-attempts",
+            "20",
+            "--sweep-every",
+            "off",
+        ];
+        Self::new("relay", &args, log)
+    }
+
+    /// `idem --store sqlite://STORE forward --from FROM --to TO`, keyed by
+    /// the message id the relay set.
+    pub fn forward(from: &str, to: &str, store: &Path, log: &Path) -> Self {
+        let store = format!("sqlite://{}", store.display());
+        let args = [
+            "--store",
+            &store,
+            "forward",
+            "--from",
+            from,
+            "--to",
+            to,
+            "--key",
+            "message-id",
+            "--ack-wait",
+            "5s",
+            "--timeout",
+            "5s",
+            "--max-attempts",
+            "20",
+            "--sweep-every",
+            "off",
+        ];
+        Self::new("forward", &args, log)
+    }
+
+    fn new(name: &'static str, args: &[&str], log: &Path) -> Self {
+        Self {
+            name,
+            args: args.iter().map(|arg| (*arg).to_owned()).collect(),
+            log: log.to_owned(),
+            child: None,
+        }
+    }
+
+    /// The subcommand's name.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// Starts a process (the previous one must be gone), arming
+    /// `IDEM_CRASH=crash` when given; its stderr goes to the log.
+    pub fn start(&mut self, crash: Option<&str>) -> anyhow::Result<()> {
+        let exe = std::env::current_exe().context("cannot find the idem binary")?;
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .with_context(|| format!("cannot open {}", self.log.display()))?;
+        let mut command = Command::new(exe);
+        for (name, _) in std::env::vars() {
+            if name.starts_with("IDEM_") {
+                command.env_remove(name);
+            }
+        }
+        if let Some(crash) = crash {
+            command.env(idem::crash::ENV, crash);
+        }
+        command
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .kill_on_drop(true);
+        let child = command
+            .spawn()
+            .with_context(|| format!("cannot start idem {}", self.name))?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// SIGKILL, then waits for the process to be gone.
+    pub async fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill().await;
+        }
+    }
+
+    /// Whether the process has ended, and how.
+    pub fn exited(&mut self) -> Option<Exit> {
+        let status = self.child.as_mut()?.try_wait().ok()??;
+        self.child = None;
+        Some(if status.signal() == Some(6) {
+            Exit::Crashed
+        } else {
+            Exit::Other
+        })
+    }
+}
