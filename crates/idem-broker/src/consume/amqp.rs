@@ -27,6 +27,9 @@ use lapin::{Acker, Channel, Connection, ConnectionProperties};
 use super::message::Message;
 use super::transport::{Delivery, Route, Settle, Transport, TransportError};
 
+/// How often a waiting consumer looks at its connection's state.
+const CONNECTION_CHECK: Duration = Duration::from_secs(1);
+
 /// A RabbitMQ queue consumed with manual acks.
 #[derive(Debug)]
 pub struct AmqpTransport {
@@ -139,11 +142,38 @@ fn used(done: bool, what: &str) -> Result<(), TransportError> {
 impl Transport for AmqpTransport {
     type Settle = AmqpSettle;
 
+    /// The next delivery. The connection's state is looked at every second
+    /// while waiting: a consumer stream can stay open after its connection
+    /// failed, and a consumer waiting on it would neither work nor stop.
     async fn receive(&mut self) -> Result<Option<Delivery<AmqpSettle>>, TransportError> {
-        match self.consumer.next().await {
-            None => Ok(None),
-            Some(Err(error)) => Err(TransportError::new("receive from RabbitMQ", error)),
-            Some(Ok(delivery)) => Ok(Some(convert(delivery))),
+        let mut check = tokio::time::interval(CONNECTION_CHECK);
+        check.tick().await;
+        loop {
+            tokio::select! {
+                next = self.consumer.next() => {
+                    return match next {
+                        None => Ok(None),
+                        Some(Err(error)) => Err(TransportError::new("receive from RabbitMQ", error)),
+                        Some(Ok(delivery)) => Ok(Some(convert(delivery))),
+                    };
+                }
+                _ = check.tick() => {
+                    let status = self.connection.status();
+                    let broken = if status.errored() {
+                        Some("failed")
+                    } else if status.closed() {
+                        Some("closed")
+                    } else {
+                        None
+                    };
+                    if let Some(state) = broken {
+                        return Err(TransportError::new(
+                            "receive from RabbitMQ",
+                            format!("the connection {state}; the messages not acknowledged will be redelivered"),
+                        ));
+                    }
+                }
+            }
         }
     }
 

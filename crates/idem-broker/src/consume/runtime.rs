@@ -39,6 +39,12 @@ use super::stats::{Settled, Stats, StatsSnapshot};
 use super::transport::{Delivery, Route, Settle, Transport, TransportError};
 use super::window::{BrokerHorizon, Uncovered, WindowTerms};
 
+/// How long messages in hand may take to finish once the connection broke.
+const DRAIN_AFTER_FAILURE: Duration = Duration::from_secs(5);
+
+/// How long closing the transport may take when the consumer stops.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Why a consumer stopped.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -195,13 +201,45 @@ impl<T: Transport, A: Apply> Consumer<T, A> {
                 },
             }
         };
+        // After a clean stop the work in hand is finished and settled. After
+        // a broken connection its settlements may never be answered, so it
+        // gets a bounded time and is then dropped: what it did not settle the
+        // broker delivers again, and the records answer those copies.
+        let broken = stopped.is_err();
         let mut finished = stopped;
-        while let Some(done) = working.join_next().await {
+        let deadline = tokio::time::Instant::now() + DRAIN_AFTER_FAILURE;
+        loop {
+            let next = if broken {
+                match tokio::time::timeout_at(deadline, working.join_next()).await {
+                    Ok(next) => next,
+                    Err(_) => {
+                        tracing::warn!(
+                            unfinished = working.len(),
+                            "the connection broke; messages still in hand after {:?} are left for the broker to redeliver",
+                            DRAIN_AFTER_FAILURE
+                        );
+                        working.abort_all();
+                        break;
+                    }
+                }
+            } else {
+                working.join_next().await
+            };
+            let Some(done) = next else { break };
             if let (Ok(()), Err(error)) = (&finished, joined(done)) {
                 finished = Err(error);
             }
         }
-        self.transport.close().await;
+        // Closing a channel on a connection that is gone can wait forever
+        // for the broker's answer.
+        if tokio::time::timeout(CLOSE_TIMEOUT, self.transport.close())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "closing the broker connection took longer than {CLOSE_TIMEOUT:?}; leaving it"
+            );
+        }
         finished.map(|()| self.shared.stats.snapshot())
     }
 }
