@@ -12,6 +12,28 @@ use tokio::process::{Child, Command};
 
 use super::gateway::Exit;
 
+/// The current binary as a child command: no `IDEM_*` variable of this
+/// process, `IDEM_CRASH=crash` when given, and the log file (appended to)
+/// for its stderr.
+pub fn idem_command(log: &Path, crash: Option<&str>) -> anyhow::Result<(Command, File)> {
+    let exe = std::env::current_exe().context("cannot find the idem binary")?;
+    let log = File::options()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("cannot open {}", log.display()))?;
+    let mut command = Command::new(exe);
+    for (name, _) in std::env::vars() {
+        if name.starts_with("IDEM_") {
+            command.env_remove(name);
+        }
+    }
+    if let Some(crash) = crash {
+        command.env(idem::crash::ENV, crash);
+    }
+    Ok((command, log))
+}
+
 /// A command of the current binary, across its restarts; killed when dropped.
 #[derive(Debug)]
 pub struct Process {
@@ -87,21 +109,7 @@ impl Process {
     /// Starts a process (the previous one must be gone), arming
     /// `IDEM_CRASH=crash` when given; its stderr goes to the log.
     pub fn start(&mut self, crash: Option<&str>) -> anyhow::Result<()> {
-        let exe = std::env::current_exe().context("cannot find the idem binary")?;
-        let log = File::options()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .with_context(|| format!("cannot open {}", self.log.display()))?;
-        let mut command = Command::new(exe);
-        for (name, _) in std::env::vars() {
-            if name.starts_with("IDEM_") {
-                command.env_remove(name);
-            }
-        }
-        if let Some(crash) = crash {
-            command.env(idem::crash::ENV, crash);
-        }
+        let (mut command, log) = idem_command(&self.log, crash)?;
         command
             .args(&self.args)
             .stdin(Stdio::null())

@@ -2,7 +2,6 @@
 //! SIGKILL, watched for a crash point firing, and restarted on the same store
 //! and the same port (a proxy in front of it keeps its upstream address).
 
-use std::fs::File;
 use std::net::SocketAddr;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -12,7 +11,9 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
+
+use super::child::idem_command;
 
 /// The lease the gateway is started with: short, so a retry after an
 /// unknown outcome is forwarded again within a trial.
@@ -91,21 +92,7 @@ impl Gateway {
     }
 
     async fn spawn(&self, crash: Option<&str>) -> anyhow::Result<(Child, SocketAddr)> {
-        let exe = std::env::current_exe().context("cannot find the idem binary")?;
-        let log = File::options()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .context("cannot open the gateway's log")?;
-        let mut command = Command::new(exe);
-        for (name, _) in std::env::vars() {
-            if name.starts_with("IDEM_") {
-                command.env_remove(name);
-            }
-        }
-        if let Some(crash) = crash {
-            command.env(idem::crash::ENV, crash);
-        }
+        let (mut command, log) = idem_command(&self.log, crash)?;
         let lease = format!("{}s", LEASE.as_secs());
         let listen = self.listen.to_string();
         command
