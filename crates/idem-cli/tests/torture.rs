@@ -164,3 +164,28 @@ fn a_short_campaign_cuts_and_restarts_the_dependencies_and_finds_no_violation() 
         assert!(page.contains("restart -m fast") && page.contains("restart -m immediate"));
     }
 }
+
+#[test]
+fn a_short_campaign_over_the_whole_chain_on_postgres_finds_no_violation() {
+    if !up("PostgreSQL", "127.0.0.1:5432") || !up("RabbitMQ", "127.0.0.1:5672") {
+        return;
+    }
+    let report = tempfile::tempdir().unwrap();
+    let scenarios = ["chain-postgres"];
+    let output = campaign(&scenarios, 2, report.path(), Duration::from_secs(240));
+    let rows = rows_are_clean(&output, &scenarios, 2, report.path());
+    let row = &rows[0];
+    // A fault at each of the five hops, in each trial.
+    assert!(row["faults"].as_u64().unwrap() >= 10, "{row}");
+    assert!(
+        row["proxy_copies"].as_u64().unwrap() > 0,
+        "idem dup-proxy sent copies: {row}"
+    );
+    let kinds: Vec<&String> = row["fault_kinds"].as_object().unwrap().keys().collect();
+    for hop in ["gateway ", "database ", "relay ", "broker ", "forward "] {
+        assert!(
+            kinds.iter().any(|kind| kind.starts_with(hop)),
+            "a fault at the {hop}hop: {kinds:?}"
+        );
+    }
+}

@@ -44,13 +44,12 @@ pub struct Process {
 }
 
 impl Process {
-    /// `idem --store sqlite://STORE relay --to TO`, polling often, with a
-    /// short lease so a killed relay's rows are taken over within a trial.
-    pub fn relay(store: &Path, to: &str, log: &Path) -> Self {
-        let store = format!("sqlite://{}", store.display());
+    /// `idem --store STORE relay --to TO`, polling often, with a short lease
+    /// so a killed relay's rows are taken over within a trial.
+    pub fn relay(store: &str, to: &str, log: &Path) -> Self {
         let args = [
             "--store",
-            &store,
+            store,
             "relay",
             "--to",
             to,
@@ -66,13 +65,12 @@ impl Process {
         Self::new("relay", &args, log)
     }
 
-    /// `idem --store sqlite://STORE forward --from FROM --to TO`, keyed by
-    /// the message id the relay set.
-    pub fn forward(from: &str, to: &str, store: &Path, log: &Path) -> Self {
-        let store = format!("sqlite://{}", store.display());
+    /// `idem --store STORE forward --from FROM --to TO`, keyed by the
+    /// message id the relay set.
+    pub fn forward(from: &str, to: &str, store: &str, log: &Path) -> Self {
         let args = [
             "--store",
-            &store,
+            store,
             "forward",
             "--from",
             from,

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use axum::Router;
 use axum::http::StatusCode;
 use axum::routing::post_service;
-use idem::{AtomicStore, SqliteStore};
+use idem::{AtomicOutbox, AtomicStore, PgStore, RecordStore, SqliteStore};
 use idem_broker::outbox::{Outbox, OutboxStore, Route};
 use idem_broker::publish::Message;
 use idem_http::atomic::{self, AtomicRequest, HandlerResult};
@@ -50,7 +50,10 @@ fn required_key() -> IdempotencyConfig {
 
 /// The application: `POST /pay` enqueues a message keyed by the request's
 /// key for the relay's default destination.
-pub async fn application(store: &SqliteStore) -> anyhow::Result<Service> {
+pub async fn application<S>(store: &S) -> anyhow::Result<Service>
+where
+    S: AtomicOutbox + RecordStore + Clone + Send + Sync + 'static,
+{
     idem_broker::outbox::migrate(store).await?;
     let outbox = Outbox::of(store);
     let route = atomic::route(
@@ -104,7 +107,37 @@ pub async fn downstream(
     serve(Router::new().route("/deliver", post_service(route))).await
 }
 
+/// The downstream of the chain on PostgreSQL: as [`downstream`], its
+/// effects and records in a PostgreSQL database.
+pub async fn downstream_postgres(
+    store: &PgStore,
+    deliveries: Arc<AtomicUsize>,
+) -> anyhow::Result<Service> {
+    idem::sqlx::raw_sql("CREATE TABLE effects (seq bigserial PRIMARY KEY, key text NOT NULL)")
+        .execute(store.pool())
+        .await?;
+    let route = atomic::route(
+        store.clone(),
+        required_key(),
+        move |request: AtomicRequest| {
+            deliveries.fetch_add(1, Ordering::SeqCst);
+            async move |tx| -> HandlerResult {
+                // The route requires a key: a request without one never gets here.
+                let Some(key) = request.key().cloned() else {
+                    return Ok(StoredResponse::text(StatusCode::BAD_REQUEST, "no key"));
+                };
+                idem::sqlx::query("INSERT INTO effects (key) VALUES ($1)")
+                    .bind(key.as_str())
+                    .execute(&mut *tx)
+                    .await?;
+                Ok(StoredResponse::text(StatusCode::OK, "applied"))
+            }
+        },
+    );
+    serve(Router::new().route("/deliver", post_service(route))).await
+}
+
 /// Rows not yet published.
-pub async fn pending(store: &SqliteStore) -> anyhow::Result<u64> {
+pub async fn pending<S: OutboxStore>(store: &S) -> anyhow::Result<u64> {
     Ok(store.outbox_stats().await?.pending)
 }

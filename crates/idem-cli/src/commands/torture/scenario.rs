@@ -26,6 +26,8 @@ use super::pgserver::{PrivatePostgres, Shutdown};
 use super::relay;
 use super::upstream::{EFFECTS_QUERY, Upstream};
 
+mod chain;
+
 /// Concurrent clients per trial.
 const CLIENTS: usize = 4;
 
@@ -75,6 +77,12 @@ pub enum Scenario {
     /// proxy, dropped or blackholed mid-load.
     #[value(name = "relay-nats-partition")]
     RelayNatsPartition,
+    /// The whole chain on PostgreSQL: clients → `idem dup-proxy` → `idem
+    /// serve` → an application writing an outbox row in its own PostgreSQL
+    /// transaction → `idem relay` → RabbitMQ → `idem forward` → a downstream
+    /// that dedupes, with a fault at every hop in each trial.
+    #[value(name = "chain-postgres")]
+    ChainPostgres,
 }
 
 /// What carries the relay's messages to the downstream.
@@ -90,7 +98,7 @@ enum Carrier {
 
 impl Scenario {
     /// Every scenario, in the order a campaign runs them.
-    pub const ALL: [Self; 10] = [
+    pub const ALL: [Self; 11] = [
         Self::SqliteKill,
         Self::PostgresKill,
         Self::PostgresPartition,
@@ -101,6 +109,7 @@ impl Scenario {
         Self::RelayRabbitmqPartition,
         Self::RelayNatsKill,
         Self::RelayNatsPartition,
+        Self::ChainPostgres,
     ];
 
     /// The scenario's name on the command line.
@@ -116,12 +125,16 @@ impl Scenario {
             Self::RelayRabbitmqPartition => "relay-rabbitmq-partition",
             Self::RelayNatsKill => "relay-nats-kill",
             Self::RelayNatsPartition => "relay-nats-partition",
+            Self::ChainPostgres => "chain-postgres",
         }
     }
 
     /// Whether the scenario needs the shared PostgreSQL server.
     pub fn needs_postgres(self) -> bool {
-        matches!(self, Self::PostgresKill | Self::PostgresPartition)
+        matches!(
+            self,
+            Self::PostgresKill | Self::PostgresPartition | Self::ChainPostgres
+        )
     }
 
     /// Whether the scenario starts a PostgreSQL server of its own.
@@ -233,6 +246,7 @@ pub struct TrialResult {
 /// Runs one trial.
 pub async fn trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> {
     match setting.scenario.carrier() {
+        _ if setting.scenario == Scenario::ChainPostgres => chain::trial(setting).await,
         Some(carrier) => relay_trial(setting, carrier).await,
         None => gateway_trial(setting).await,
     }
@@ -253,6 +267,7 @@ impl Route {
         carrier: Carrier,
         proxy: Option<&FaultProxy>,
         deliver: &str,
+        forward_store: &str,
     ) -> anyhow::Result<Self> {
         let Setting {
             index,
@@ -265,14 +280,8 @@ impl Route {
         let name = format!("idem_torture_{run_id}_t{index}");
         let reach =
             |url: &str| proxy.map_or_else(|| url.to_owned(), |p| broker::through(url, p.addr()));
-        let forward = |from: &str| {
-            Process::forward(
-                from,
-                deliver,
-                &dir.join("forward.db"),
-                &dir.join("forward.log"),
-            )
-        };
+        let forward =
+            |from: &str| Process::forward(from, deliver, forward_store, &dir.join("forward.log"));
         let mut route = Self {
             to: deliver.to_owned(),
             forward: None,
@@ -348,8 +357,10 @@ async fn relay_trial(setting: &Setting<'_>, carrier: Carrier) -> anyhow::Result<
     let crash =
         (scenario.kills() && index % 2 == 1).then(|| format!("{}:#1", idem::crash::AFTER_PUBLISH));
     let deliver = format!("http://{}/deliver", down.addr);
-    let mut route = Route::open(setting, carrier, proxy.as_ref(), &deliver).await?;
-    let mut relay = Process::relay(&app_path, &route.to, &dir.join("relay.log"));
+    let forward_store = format!("sqlite://{}", dir.join("forward.db").display());
+    let mut route = Route::open(setting, carrier, proxy.as_ref(), &deliver, &forward_store).await?;
+    let app_store_url = format!("sqlite://{}", app_path.display());
+    let mut relay = Process::relay(&app_store_url, &route.to, &dir.join("relay.log"));
     relay.start(crash.as_deref())?;
 
     let history_path = dir.join("history.jsonl");
@@ -750,6 +761,9 @@ struct Explanations {
     /// met its copy in flight was answered 409 while the copy reached the
     /// upstream and the gateway died).
     copies_unknown: HashMap<String, usize>,
+    /// Nothing explains an extra effect: every hop dedupes, so even an
+    /// unknown outcome must not apply a key twice.
+    exact: bool,
 }
 
 /// Per key, the copies in a dup-proxy history whose outcome was unknown.
@@ -786,7 +800,11 @@ fn judge(
     effects: &[idem_check::Effect],
     explain: &Explanations,
 ) -> TrialResult {
-    let mut unknown = unknown_attempts(events);
+    let mut unknown = if explain.exact {
+        HashMap::new()
+    } else {
+        unknown_attempts(events)
+    };
     for (key, n) in &explain.copies_unknown {
         *unknown.entry(key.as_str()).or_default() += n;
     }
