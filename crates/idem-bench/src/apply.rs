@@ -268,6 +268,26 @@ pub async fn run(location: Option<StoreLocation>, args: &BenchApplyArgs) -> anyh
         .await?,
     };
 
+    let sets: Vec<Vec<Payment>> = payments("set", args.ops)
+        .chunks(args.batch)
+        .map(<[Payment]>::to_vec)
+        .collect();
+    let set = Phase {
+        name: "batched apply, one set statement",
+        ops: args.ops,
+        elapsed: measure(args.concurrency, &sets, |chunk| async {
+            let answers = bank.debit_set(chunk).await.map_err(|e| match e {
+                ApplyError::Protocol(e) => anyhow::anyhow!(e),
+                ApplyError::Effect(e) => anyhow::anyhow!("a set of debits failed: {e}"),
+            })?;
+            for answer in answers {
+                answer.context("an operation of a set was refused")?;
+            }
+            Ok(())
+        })
+        .await?,
+    };
+
     let sweeping = if args.expired > 0 {
         let fresh = payments("unswept", args.ops);
         let unswept = Phase {
@@ -315,7 +335,7 @@ pub async fn run(location: Option<StoreLocation>, args: &BenchApplyArgs) -> anyh
     let ledger = bank.totals().await?;
     let expected = (warm.len() * 2
         + args.ops
-            * (3 + usize::from(replay_first.is_some()) + 2 * usize::from(sweeping.is_some())))
+            * (4 + usize::from(replay_first.is_some()) + 2 * usize::from(sweeping.is_some())))
         as i64;
     anyhow::ensure!(
         ledger.entries == expected,
@@ -334,6 +354,7 @@ pub async fn run(location: Option<StoreLocation>, args: &BenchApplyArgs) -> anyh
         replay_first.as_ref(),
         Some(&replay),
         Some(&batch),
+        Some(&set),
         sweeping.as_ref().map(|(unswept, _, _)| unswept),
         sweeping.as_ref().map(|(_, swept, _)| swept),
     ]

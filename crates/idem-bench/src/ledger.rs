@@ -73,6 +73,15 @@ pub trait Ledger: AtomicStore + Clone + 'static {
         payment: &Payment,
     ) -> impl Future<Output = Result<Outcome, DebitError>> + Send;
 
+    /// The debits of a batch as a set: one statement for all of them where
+    /// round trips cost (PostgreSQL), a loop where they do not (SQLite).
+    /// Answers one outcome per payment, in order, each carrying the balance
+    /// right after its own debit, as one debit after another would.
+    fn debit_set(
+        tx: &mut Self::Tx,
+        payments: &[Payment],
+    ) -> impl Future<Output = Result<Vec<Outcome>, DebitError>> + Send;
+
     /// What the ledger holds.
     fn totals(tx: &mut Self::Tx) -> impl Future<Output = Result<Totals, DebitError>> + Send;
 
@@ -111,6 +120,32 @@ const DEBIT: &str =
     "UPDATE idem_demo_accounts SET balance = balance - $1 WHERE id = $2 RETURNING balance";
 const RECORD: &str =
     "INSERT INTO idem_demo_ledger (payment_id, account, amount) VALUES ($1, $2, $3)";
+/// PostgreSQL: locks a batch's accounts in one order, so batches committed at
+/// once do not deadlock each other.
+const PG_LOCK_ACCOUNTS: &str =
+    "SELECT id FROM idem_demo_accounts WHERE id = ANY($1) ORDER BY id FOR UPDATE";
+/// PostgreSQL: a batch of debits in one statement. The payments arrive as
+/// three arrays; each account is debited once by its payments' total; the
+/// ledger gets a row per payment; each payment's balance is the account's new
+/// balance plus the payments after it in the batch.
+const PG_DEBIT_SET: &str = "
+    WITH p AS (
+        SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[])
+            WITH ORDINALITY AS p(id, account, amount, n)
+    ), debited AS (
+        UPDATE idem_demo_accounts AS a SET balance = a.balance - s.total
+        FROM (SELECT account, sum(amount)::bigint AS total FROM p GROUP BY account) AS s
+        WHERE a.id = s.account
+        RETURNING a.id, a.balance
+    ), recorded AS (
+        INSERT INTO idem_demo_ledger (payment_id, account, amount)
+        SELECT id, account, amount FROM p
+    )
+    SELECT (d.balance + coalesce(sum(p.amount) OVER (
+                PARTITION BY p.account ORDER BY p.n DESC
+                ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0))::bigint
+    FROM p JOIN debited AS d ON d.id = p.account
+    ORDER BY p.n";
 const TOTALS: &str = "SELECT count(*), count(DISTINCT payment_id), CAST(coalesce(sum(amount), 0) AS BIGINT) FROM idem_demo_ledger";
 
 /// The debit's answer, stored and replayed to duplicates.
@@ -139,6 +174,17 @@ impl Ledger for SqliteStore {
         let balance: i64 = tx.query_row(DEBIT, params![p.amount, p.account], |r| r.get(0))?;
         tx.execute(RECORD, params![p.id.as_str(), p.account, p.amount])?;
         Ok(outcome(balance))
+    }
+
+    async fn debit_set(
+        tx: &mut Connection,
+        payments: &[Payment],
+    ) -> Result<Vec<Outcome>, DebitError> {
+        let mut outcomes = Vec::with_capacity(payments.len());
+        for p in payments {
+            outcomes.push(Self::debit(tx, p).await?);
+        }
+        Ok(outcomes)
     }
 
     async fn totals(tx: &mut Connection) -> Result<Totals, DebitError> {
@@ -215,6 +261,34 @@ impl Ledger for PgStore {
         Ok(outcome(balance))
     }
 
+    async fn debit_set(
+        tx: &mut PgConnection,
+        payments: &[Payment],
+    ) -> Result<Vec<Outcome>, DebitError> {
+        let ids: Vec<&str> = payments.iter().map(|p| p.id.as_str()).collect();
+        let accounts: Vec<i64> = payments.iter().map(|p| p.account).collect();
+        let amounts: Vec<i64> = payments.iter().map(|p| p.amount).collect();
+        idem::sqlx::query(PG_LOCK_ACCOUNTS)
+            .bind(&accounts)
+            .execute(&mut *tx)
+            .await?;
+        let balances: Vec<i64> = idem::sqlx::query_scalar(PG_DEBIT_SET)
+            .bind(&ids)
+            .bind(&accounts)
+            .bind(&amounts)
+            .fetch_all(&mut *tx)
+            .await?;
+        if balances.len() != payments.len() {
+            return Err(format!(
+                "{} payments were debited as {} rows: is an account missing?",
+                payments.len(),
+                balances.len()
+            )
+            .into());
+        }
+        Ok(balances.into_iter().map(outcome).collect())
+    }
+
     async fn totals(tx: &mut PgConnection) -> Result<Totals, DebitError> {
         let (entries, distinct, debited) = idem::sqlx::query_as(TOTALS).fetch_one(tx).await?;
         Ok(Totals {
@@ -273,6 +347,16 @@ impl Ledger for AnyStore {
         match tx.connection() {
             AnyConnection::Sqlite(c) => SqliteStore::debit(c, payment).await,
             AnyConnection::Postgres(c) => PgStore::debit(c, payment).await,
+        }
+    }
+
+    async fn debit_set(
+        tx: &mut (dyn AnyTx + 'static),
+        payments: &[Payment],
+    ) -> Result<Vec<Outcome>, DebitError> {
+        match tx.connection() {
+            AnyConnection::Sqlite(c) => SqliteStore::debit_set(c, payments).await,
+            AnyConnection::Postgres(c) => PgStore::debit_set(c, payments).await,
         }
     }
 

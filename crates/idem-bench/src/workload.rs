@@ -7,7 +7,8 @@
 
 use anyhow::Context;
 use idem::{
-    AnyStore, Applied, ApplyError, AtomicEffect, BatchApplied, Operation, Outcome, StoreLocation,
+    AnyStore, Applied, ApplyError, AtomicEffect, BatchApplied, Operation, Outcome, SetApplied,
+    StoreLocation,
 };
 
 use crate::ledger::{DebitError, Ledger, Prefill};
@@ -103,6 +104,19 @@ impl<S: Ledger> Bank<S> {
             .await
     }
 
+    /// A batch of debits in one transaction, each once per key, the new ones
+    /// debited by one set-based effect.
+    pub async fn debit_set(&self, payments: &[Payment]) -> SetApplied<DebitError> {
+        let ops: Vec<Operation> = payments.iter().map(Payment::operation).collect();
+        let payments = payments.to_vec();
+        self.store
+            .apply_set(&ops, move |new| {
+                let chosen: Vec<Payment> = new.iter().map(|&i| payments[i].clone()).collect();
+                async move |tx: &mut S::Tx| S::debit_set(tx, &chosen).await
+            })
+            .await
+    }
+
     /// Adds one chunk of completed records to the dedupe table, in a
     /// transaction of its own.
     pub async fn prefill(&self, fill: Prefill) -> anyhow::Result<()> {
@@ -173,13 +187,41 @@ mod tests {
         assert_eq!(replays, [true, false, true]);
         bank.debit_bare(&a).await.unwrap();
         bank.debit_bare_batch(&[a.clone(), b]).await.unwrap();
+        // A set: two payments on one account, a repeat, a known key. Each new
+        // payment answers the balance right after its own debit.
+        let (d, e, f) = (payment("d", 0, 1), payment("e", 0, 2), payment("f", 1, 3));
+        let answers = bank
+            .debit_set(&[d.clone(), a.clone(), e, d, f])
+            .await
+            .unwrap();
+        let bodies: Vec<(bool, String)> = answers
+            .iter()
+            .map(|a| {
+                let a = a.as_ref().unwrap();
+                (
+                    a.is_replay(),
+                    String::from_utf8_lossy(&a.outcome().body).into_owned(),
+                )
+            })
+            .collect();
+        let balance = |replay, b: i64| (replay, format!(r#"{{"balance":{b}}}"#));
+        assert_eq!(
+            bodies,
+            [
+                balance(false, 69),
+                balance(true, 90),
+                balance(false, 67),
+                balance(true, 69),
+                balance(false, 57),
+            ]
+        );
         let totals = bank.totals().await.unwrap();
         assert_eq!(
             totals,
             Totals {
-                entries: 6,
-                distinct: 3,
-                debited: 10 + 20 + 5 + 10 + 10 + 20,
+                entries: 9,
+                distinct: 6,
+                debited: 10 + 20 + 5 + 10 + 10 + 20 + 1 + 2 + 3,
             }
         );
     }

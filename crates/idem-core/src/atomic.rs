@@ -86,6 +86,21 @@ where
 /// effect failure that rolled the whole batch back, with its operation's index.
 pub type BatchApplied<E> = Result<Vec<Result<Applied, Error>>, ApplyError<(usize, E)>>;
 
+/// What a set apply answers: one result per operation, in order, or the
+/// failure of the one effect that rolled the whole batch back.
+pub type SetApplied<E> = Result<Vec<Result<Applied, Error>>, ApplyError<E>>;
+
+/// The effect of a set apply gave back a number of outcomes other than the
+/// number of new operations it was handed: the batch is rolled back and the
+/// call panics with this message. For the stores' implementations.
+#[doc(hidden)]
+pub fn outcome_count_mismatch(new: usize, outcomes: usize) -> String {
+    format!(
+        "apply_set: the effect was given {new} new operations and returned {outcomes} outcomes; \
+         it must return one outcome per operation, in the order it was given them"
+    )
+}
+
 /// A store whose records live in a database the effect can write to: the
 /// effect's writes and the record commit in one transaction, so a crash
 /// leaves both or neither.
@@ -168,6 +183,36 @@ pub trait AtomicStore: Send + Sync {
     where
         G: FnMut(usize) -> F + Send + 'static,
         F: AtomicEffect<Self::Tx, Outcome, E>,
+        E: Send + 'static;
+
+    /// Applies a batch in one transaction with **one** effect for all of its
+    /// new operations: the set-based form of
+    /// [`apply_batch`](Self::apply_batch), for an effect written as one
+    /// statement over the whole set (on PostgreSQL, `UNNEST` of arrays bound
+    /// as parameters). Per-operation statements cost a round trip each; one
+    /// statement costs one, however large the batch.
+    ///
+    /// `effect_for(new)` is called once, with the indexes into `ops` of the
+    /// operations that are new (the first occurrence of each new key, in
+    /// order), and its effect must return one outcome per index, in that
+    /// order. Their records commit with the effect's writes. Every other
+    /// operation is answered as `apply_batch` answers it: a known key
+    /// replays, a key repeated in the batch replays its first occurrence (or
+    /// is refused as `KeyReuse`), a busy key is `InFlight`. When nothing is
+    /// new the effect is not called. An effect error rolls the batch back.
+    ///
+    /// # Panics
+    ///
+    /// When the effect returns a number of outcomes other than the number of
+    /// indexes it was given (after rolling the batch back).
+    fn apply_set<G, F, E>(
+        &self,
+        ops: &[Operation],
+        effect_for: G,
+    ) -> impl Future<Output = SetApplied<E>> + Send
+    where
+        G: FnOnce(Vec<usize>) -> F + Send + 'static,
+        F: AtomicEffect<Self::Tx, Vec<Outcome>, E>,
         E: Send + 'static;
 
     /// Completes a leased claim whose effect is a write in this database: the

@@ -47,7 +47,9 @@ mod record;
 mod settings;
 mod store;
 
-pub use atomic::{AtomicEffect, AtomicStore, BatchApplied, TxCall};
+pub use atomic::{
+    AtomicEffect, AtomicStore, BatchApplied, SetApplied, TxCall, outcome_count_mismatch,
+};
 pub use attempts::{AttemptStore, Failures};
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock, Timestamp};
 pub use dead_letter::{DeadLetter, DeadLetterStats, DeadLetterStore, NewDeadLetter};

@@ -8,23 +8,138 @@
 //! occurs twice in the batch is decided against what the batch itself did: the
 //! second occurrence replays the first's outcome (same fingerprint) or is
 //! refused as `KeyReuse`. Any effect error rolls back the whole batch.
+//!
+//! The set form (`apply_set`) decides every operation first, runs one effect
+//! for all the new ones, and then answers the repeated keys from the records
+//! that effect's outcomes settled.
 
 use std::collections::HashMap;
 
-use std::panic::AssertUnwindSafe;
-
-use futures::FutureExt;
 use idem_core::{
-    Applied, ApplyError, AtomicEffect, BatchApplied, IdempotencyKey, Operation, Outcome, Record,
-    Scope, TxCall, decide, observe, protocol,
+    Applied, ApplyError, AtomicEffect, BatchApplied, Error, IdempotencyKey, Operation, Outcome,
+    Plan, Record, Scope, SetApplied, Timestamp, decide, observe, outcome_count_mismatch, protocol,
 };
-use sqlx::PgConnection;
+use sqlx::{PgConnection, Postgres, Transaction};
 
 use crate::decision::{Next, observed};
 use crate::store::PgStore;
 use crate::{lock, records};
 
+/// The batch's distinct keys, in the order they first occur.
+struct Keys<'a> {
+    slot: HashMap<(&'a Scope, &'a IdempotencyKey), usize>,
+    keys: Vec<(&'a Scope, &'a IdempotencyKey)>,
+    /// `slot_of[i]` is the key of `ops[i]`.
+    slot_of: Vec<usize>,
+}
+
+impl<'a> Keys<'a> {
+    fn of(ops: &'a [Operation]) -> Self {
+        let mut slot: HashMap<(&Scope, &IdempotencyKey), usize> = HashMap::new();
+        let mut keys: Vec<(&Scope, &IdempotencyKey)> = Vec::new();
+        let slot_of = ops
+            .iter()
+            .map(|op| {
+                *slot.entry((&op.scope, &op.key)).or_insert_with(|| {
+                    keys.push((&op.scope, &op.key));
+                    keys.len() - 1
+                })
+            })
+            .collect();
+        Self {
+            slot,
+            keys,
+            slot_of,
+        }
+    }
+}
+
+/// Each key's lock, and its record as the batch found it and then changed it.
+struct Held {
+    granted: Vec<bool>,
+    current: Vec<Option<Record>>,
+}
+
+/// What to do with one operation.
+enum Step {
+    Answer(Result<Applied, Error>),
+    Run(Plan),
+}
+
 impl PgStore {
+    /// Tries the locks of all keys in one statement and reads the records of
+    /// those granted in another.
+    async fn hold(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        keys: &Keys<'_>,
+    ) -> Result<Held, Error> {
+        let lock_keys: Vec<i64> = keys
+            .keys
+            .iter()
+            .map(|(s, k)| lock::lock_key(s, k))
+            .collect();
+        let granted = lock::try_lock_all(tx, &lock_keys)
+            .await
+            .map_err(|e| self.fail(e))?;
+        let locked: Vec<(&Scope, &IdempotencyKey)> = keys
+            .keys
+            .iter()
+            .zip(&granted)
+            .filter(|(_, granted)| **granted)
+            .map(|(key, _)| *key)
+            .collect();
+        // A separate statement from the locks, so it sees every commit made
+        // before they were granted (see `lock`).
+        let found = if locked.is_empty() {
+            Vec::new()
+        } else {
+            records::fetch_all(tx, &locked)
+                .await
+                .map_err(|e| self.fail(e))?
+        };
+        let mut current: Vec<Option<Record>> = vec![None; keys.keys.len()];
+        for record in found {
+            if let Some(&slot) = keys.slot.get(&(&record.scope, &record.key)) {
+                current[slot] = Some(record);
+            }
+        }
+        Ok(Held { granted, current })
+    }
+
+    /// Decides one operation against its key's lock and record.
+    fn step(
+        &self,
+        op: &Operation,
+        granted: bool,
+        current: Option<&Record>,
+        now: Timestamp,
+    ) -> Step {
+        if !granted {
+            let error = protocol::busy(&op.scope, &op.key, self.settings());
+            observe::refused(&error);
+            return Step::Answer(Err(error));
+        }
+        let decided = observed(
+            decide(
+                current,
+                &op.scope,
+                &op.key,
+                &op.fingerprint,
+                now,
+                self.settings(),
+            ),
+            &op.scope,
+        );
+        match decided {
+            Err(error) => Step::Answer(Err(error)),
+            Ok(decision) => match Next::after(decision, current, now, self.settings()) {
+                Next::Replay(outcome) => Step::Answer(Ok(Applied::Replayed(outcome))),
+                Next::Run(plan) => Step::Run(plan),
+            },
+        }
+    }
+
     /// Applies a batch of operations in one transaction; returns one result per
     /// operation, in order.
     ///
@@ -46,101 +161,29 @@ impl PgStore {
             return Ok(Vec::new());
         }
         let now = self.clock().now();
-
-        // Distinct keys, in the order they first occur; `slot_of[i]` is the key of `ops[i]`.
-        let mut slots: HashMap<(&Scope, &IdempotencyKey), usize> = HashMap::new();
-        let mut keys: Vec<(&Scope, &IdempotencyKey)> = Vec::new();
-        let slot_of: Vec<usize> = ops
-            .iter()
-            .map(|op| {
-                *slots.entry((&op.scope, &op.key)).or_insert_with(|| {
-                    keys.push((&op.scope, &op.key));
-                    keys.len() - 1
-                })
-            })
-            .collect();
-
+        let keys = Keys::of(ops);
         let mut tx = self.begin().await?;
-        let lock_keys: Vec<i64> = keys.iter().map(|(s, k)| lock::lock_key(s, k)).collect();
-        let granted = lock::try_lock_all(&mut tx, &lock_keys)
-            .await
-            .map_err(|e| self.fail(e))?;
-        let locked: Vec<(&Scope, &IdempotencyKey)> = keys
-            .iter()
-            .zip(&granted)
-            .filter(|(_, granted)| **granted)
-            .map(|(key, _)| *key)
-            .collect();
-        // A separate statement from the locks, so it sees every commit made
-        // before they were granted (see `lock`).
-        let found = if locked.is_empty() {
-            Vec::new()
-        } else {
-            records::fetch_all(&mut tx, &locked)
-                .await
-                .map_err(|e| self.fail(e))?
-        };
-
-        // What each key looks like now, including what this batch wrote.
-        let mut current: Vec<Option<Record>> = vec![None; keys.len()];
-        for record in found {
-            if let Some(&slot) = slots.get(&(&record.scope, &record.key)) {
-                current[slot] = Some(record);
-            }
-        }
-        let mut written: Vec<Option<Record>> = vec![None; keys.len()];
+        let Held {
+            granted,
+            mut current,
+        } = self.hold(&mut tx, &keys).await?;
+        let mut written: Vec<Option<Record>> = vec![None; keys.keys.len()];
         let mut results = Vec::with_capacity(ops.len());
 
         for (i, op) in ops.iter().enumerate() {
-            let slot = slot_of[i];
-            if !granted[slot] {
-                let error = protocol::busy(&op.scope, &op.key, self.settings());
-                observe::refused(&error);
-                results.push(Err(error));
-                continue;
-            }
-            let decided = observed(
-                decide(
-                    current[slot].as_ref(),
-                    &op.scope,
-                    &op.key,
-                    &op.fingerprint,
-                    now,
-                    self.settings(),
-                ),
-                &op.scope,
-            );
-            let plan = match decided {
-                Err(error) => {
-                    results.push(Err(error));
+            let slot = keys.slot_of[i];
+            let plan = match self.step(op, granted[slot], current[slot].as_ref(), now) {
+                Step::Answer(answer) => {
+                    results.push(answer);
                     continue;
                 }
-                Ok(decision) => {
-                    match Next::after(decision, current[slot].as_ref(), now, self.settings()) {
-                        Next::Replay(outcome) => {
-                            results.push(Ok(Applied::Replayed(outcome)));
-                            continue;
-                        }
-                        Next::Run(plan) => plan,
-                    }
-                }
+                Step::Run(plan) => plan,
             };
-            // A panicking effect is rolled back before the panic goes on, so the
-            // key's lock is free by the time the caller sees it.
-            let ran = AssertUnwindSafe(TxCall::call(effect_for(i), &mut *tx))
-                .catch_unwind()
-                .await;
-            let outcome = match ran {
-                Ok(Ok(outcome)) => outcome,
-                Ok(Err(error)) => {
-                    self.roll_back(tx).await;
-                    return Err(ApplyError::Effect((i, error)));
-                }
-                Err(panic) => {
-                    self.roll_back(tx).await;
-                    std::panic::resume_unwind(panic);
-                }
-            };
+            let outcome;
+            (tx, outcome) = self
+                .run_or_roll_back(tx, effect_for(i))
+                .await
+                .map_err(|error| ApplyError::Effect((i, error)))?;
             let record = plan.settled(op, outcome.clone(), self.clock().now());
             current[slot] = Some(record.clone());
             written[slot] = Some(record);
@@ -153,5 +196,91 @@ impl PgStore {
         }
         self.commit(tx).await?;
         Ok(results)
+    }
+
+    /// Applies a batch with one effect for all its new operations (see
+    /// `AtomicStore::apply_set`).
+    pub(crate) async fn apply_set_all<G, F, E>(
+        &self,
+        ops: &[Operation],
+        effect_for: G,
+    ) -> SetApplied<E>
+    where
+        G: FnOnce(Vec<usize>) -> F + Send + 'static,
+        F: AtomicEffect<PgConnection, Vec<Outcome>, E>,
+        E: Send + 'static,
+    {
+        if ops.is_empty() {
+            return Ok(Vec::new());
+        }
+        let now = self.clock().now();
+        let keys = Keys::of(ops);
+        let mut tx = self.begin().await?;
+        let Held {
+            granted,
+            mut current,
+        } = self.hold(&mut tx, &keys).await?;
+
+        // First occurrences are decided against the records found; a key's
+        // later occurrences wait for the record this batch settles for it.
+        let mut results: Vec<Option<Result<Applied, Error>>> = Vec::with_capacity(ops.len());
+        let mut plans: Vec<Option<Plan>> = vec![None; keys.keys.len()];
+        let (mut new, mut later) = (Vec::new(), Vec::new());
+        for (i, op) in ops.iter().enumerate() {
+            let slot = keys.slot_of[i];
+            if granted[slot] && plans[slot].is_some() {
+                later.push(i);
+                results.push(None);
+                continue;
+            }
+            match self.step(op, granted[slot], current[slot].as_ref(), now) {
+                Step::Answer(answer) => results.push(Some(answer)),
+                Step::Run(plan) => {
+                    plans[slot] = Some(plan);
+                    new.push(i);
+                    results.push(None);
+                }
+            }
+        }
+        if new.is_empty() {
+            self.roll_back(tx).await;
+            return Ok(results.into_iter().flatten().collect());
+        }
+
+        let (mut tx, outcomes) = self
+            .run_or_roll_back(tx, effect_for(new.clone()))
+            .await
+            .map_err(ApplyError::Effect)?;
+        if outcomes.len() != new.len() {
+            self.roll_back(tx).await;
+            panic!("{}", outcome_count_mismatch(new.len(), outcomes.len()));
+        }
+        let settled_at = self.clock().now();
+        let mut written = Vec::with_capacity(new.len());
+        for (&i, outcome) in new.iter().zip(outcomes) {
+            let slot = keys.slot_of[i];
+            let plan = plans[slot].take().expect("a new operation has a plan");
+            let record = plan.settled(&ops[i], outcome.clone(), settled_at);
+            current[slot] = Some(record.clone());
+            written.push(record);
+            results[i] = Some(Ok(Applied::Fresh(outcome)));
+        }
+        for i in later {
+            let slot = keys.slot_of[i];
+            results[i] = Some(
+                match self.step(&ops[i], true, current[slot].as_ref(), now) {
+                    Step::Answer(answer) => answer,
+                    Step::Run(_) => {
+                        unreachable!("a key settled in this batch is answered from its record")
+                    }
+                },
+            );
+        }
+        self.write(&mut tx, &written).await?;
+        self.commit(tx).await?;
+        Ok(results
+            .into_iter()
+            .map(|answer| answer.expect("every operation is answered"))
+            .collect())
     }
 }

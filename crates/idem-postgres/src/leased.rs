@@ -18,12 +18,9 @@
 //! counted in `lease_takeovers_total`) with the next token, so tokens never
 //! repeat and the old holder stays fenced.
 
-use std::panic::AssertUnwindSafe;
-
-use futures::FutureExt;
 use idem_core::{
     ApplyError, AtomicEffect, Claim, Claimed, Error, ErrorKind, Fingerprint, IdempotencyKey,
-    LeaseStore, Operation, Outcome, RecordState, Scope, StoreError, Timestamp, TxCall,
+    LeaseStore, Operation, Outcome, RecordState, Scope, StoreError, Timestamp,
 };
 use sqlx::PgConnection;
 
@@ -164,22 +161,10 @@ impl PgStore {
             }
         }
 
-        // A panicking effect is rolled back before the panic goes on, so the
-        // key's lock is free by the time the caller sees it.
-        let ran = AssertUnwindSafe(TxCall::call(effect, &mut *tx))
-            .catch_unwind()
-            .await;
-        let outcome = match ran {
-            Ok(Ok(outcome)) => outcome,
-            Ok(Err(error)) => {
-                self.roll_back(tx).await;
-                return Err(ApplyError::Effect(error));
-            }
-            Err(panic) => {
-                self.roll_back(tx).await;
-                std::panic::resume_unwind(panic);
-            }
-        };
+        let (mut tx, outcome) = self
+            .run_or_roll_back(tx, effect)
+            .await
+            .map_err(ApplyError::Effect)?;
         let now: Timestamp = self.clock().now();
         match records::settle(&mut tx, claim, &outcome, now)
             .await

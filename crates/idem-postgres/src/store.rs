@@ -3,12 +3,15 @@
 //! fencing refusals).
 
 use std::fmt;
+use std::panic::AssertUnwindSafe;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::FutureExt;
 use idem_core::{
-    Claim, Error, ErrorKind, FencingToken, Settings, SharedClock, StoreError, SystemClock, observe,
+    AtomicEffect, Claim, Error, ErrorKind, FencingToken, Settings, SharedClock, StoreError,
+    SystemClock, TxCall, observe,
 };
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, Postgres};
 use sqlx::{ConnectOptions, Connection, Transaction};
@@ -149,6 +152,33 @@ impl PgStore {
     pub(crate) async fn roll_back(&self, tx: Transaction<'_, Postgres>) {
         if let Err(error) = tx.rollback().await {
             tracing::warn!(%error, "rollback failed; the connection is discarded");
+        }
+    }
+
+    /// Runs `effect` on `tx`'s connection. When it fails or panics, `tx` is
+    /// rolled back first, so the key's lock is free by the time the caller
+    /// sees the error, and the error comes back (or the panic goes on).
+    pub(crate) async fn run_or_roll_back<'t, F, T, E>(
+        &self,
+        mut tx: Transaction<'t, Postgres>,
+        effect: F,
+    ) -> Result<(Transaction<'t, Postgres>, T), E>
+    where
+        F: AtomicEffect<sqlx::PgConnection, T, E>,
+    {
+        let ran = AssertUnwindSafe(TxCall::call(effect, &mut *tx))
+            .catch_unwind()
+            .await;
+        match ran {
+            Ok(Ok(done)) => Ok((tx, done)),
+            Ok(Err(error)) => {
+                self.roll_back(tx).await;
+                Err(error)
+            }
+            Err(panic) => {
+                self.roll_back(tx).await;
+                std::panic::resume_unwind(panic);
+            }
         }
     }
 

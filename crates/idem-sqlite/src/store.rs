@@ -14,8 +14,9 @@ use std::sync::Arc;
 use idem_core::{
     Applied, ApplyError, AtomicEffect, AtomicStore, BatchApplied, Claim, Claimed, Decision, Error,
     ErrorKind, FencingToken, Fingerprint, IdempotencyKey, LeaseStore, Operation, Outcome, Plan,
-    Record, RecordCount, RecordFilter, RecordGlance, RecordState, RecordStore, Scope, Settings,
-    SharedClock, SystemClock, Timestamp, TxCall, crash, decide, observe, protocol,
+    Record, RecordCount, RecordFilter, RecordGlance, RecordState, RecordStore, Scope, SetApplied,
+    Settings, SharedClock, SystemClock, Timestamp, TxCall, crash, decide, observe,
+    outcome_count_mismatch, protocol,
 };
 use rusqlite::Connection;
 
@@ -212,7 +213,32 @@ fn fenced(claim: &Claim, current: Option<FencingToken>) -> Error {
     error
 }
 
+/// A key and its scope, as the in-process holds name them.
+type KeyPair = (String, String);
+
 impl SqliteStore {
+    /// Tries the in-process hold of each distinct key of a batch: the holds
+    /// taken (released when dropped) and, per key, whether it was taken.
+    fn hold_all(
+        &self,
+        ops: &[Operation],
+    ) -> (HashMap<KeyPair, Option<Hold>>, HashMap<KeyPair, bool>) {
+        let mut holds = HashMap::new();
+        for op in ops {
+            let pair = (op.scope.to_string(), op.key.to_string());
+            if let std::collections::hash_map::Entry::Vacant(slot) = holds.entry(pair) {
+                let (scope, key) = slot.key();
+                let hold = self.inner.holds.try_hold(scope, key);
+                slot.insert(hold);
+            }
+        }
+        let held = holds
+            .iter()
+            .map(|(k, v)| (k.clone(), v.is_some()))
+            .collect();
+        (holds, held)
+    }
+
     /// Opens `path` with the defaults (lease 60 s, retention 7 days, system
     /// clock, `synchronous=FULL`).
     pub async fn open(path: impl AsRef<Path>) -> Result<Self, Error> {
@@ -401,6 +427,106 @@ impl AtomicStore for SqliteStore {
         applied
     }
 
+    async fn apply_set<G, F, E>(&self, ops: &[Operation], effect_for: G) -> SetApplied<E>
+    where
+        G: FnOnce(Vec<usize>) -> F + Send + 'static,
+        F: AtomicEffect<Connection, Vec<Outcome>, E>,
+        E: Send + 'static,
+    {
+        let ops = ops.to_vec();
+        let (holds, held) = self.hold_all(&ops);
+        if !held.values().any(|held| *held) {
+            return Ok(ops.iter().map(|op| Err(self.busy(op))).collect());
+        }
+        let store = self.clone();
+        type Answered<E> =
+            Result<Result<Vec<Result<Applied, Error>>, (usize, usize)>, ApplyError<E>>;
+        let applied = self
+            .inner
+            .connections
+            .write(move |conn| -> Answered<E> {
+                let protocol = store.protocol();
+                let mut tx = WriteTx::begin(conn)?;
+                let pairs: Vec<(&str, &str)> = held
+                    .iter()
+                    .filter(|(_, held)| **held)
+                    .map(|((s, k), _)| (s.as_str(), k.as_str()))
+                    .collect();
+                let mut found: HashMap<(String, String), Record> =
+                    records::select_many(&tx, &pairs)?
+                        .into_iter()
+                        .map(|r| ((r.scope.to_string(), r.key.to_string()), r))
+                        .collect();
+                // First occurrences are decided against the records found; a
+                // key's later occurrences wait for the record the effect settles.
+                let mut answers: Vec<Option<Result<Applied, Error>>> =
+                    Vec::with_capacity(ops.len());
+                let mut plans = HashMap::new();
+                let (mut new, mut later) = (Vec::new(), Vec::new());
+                for (index, op) in ops.iter().enumerate() {
+                    let pair = (op.scope.to_string(), op.key.to_string());
+                    if !held[&pair] {
+                        answers.push(Some(Err(store.busy(op))));
+                        continue;
+                    }
+                    let std::collections::hash_map::Entry::Vacant(slot) = plans.entry(pair) else {
+                        later.push(index);
+                        answers.push(None);
+                        continue;
+                    };
+                    match protocol.step(found.get(slot.key()), op) {
+                        Step::Answer(answer) => {
+                            answers.push(Some(answer.map(Applied::Replayed)));
+                        }
+                        Step::Run(decision) => {
+                            let plan = protocol.plan(found.get(slot.key()), &decision, &op.scope);
+                            slot.insert(plan);
+                            new.push(index);
+                            answers.push(None);
+                        }
+                    }
+                }
+                if new.is_empty() {
+                    return Ok(Ok(answers.into_iter().flatten().collect()));
+                }
+                let outcomes =
+                    run_effect(effect_for(new.clone()), &mut tx).map_err(ApplyError::Effect)?;
+                if outcomes.len() != new.len() {
+                    // Rolled back as the transaction is dropped; the caller panics.
+                    return Ok(Err((new.len(), outcomes.len())));
+                }
+                for (&index, outcome) in new.iter().zip(outcomes) {
+                    let op = &ops[index];
+                    let pair = (op.scope.to_string(), op.key.to_string());
+                    let plan = plans[&pair];
+                    let record = plan.settled(op, outcome.clone(), protocol.now);
+                    records::write(&tx, &record)?;
+                    found.insert(pair, record);
+                    answers[index] = Some(Ok(Applied::Fresh(outcome)));
+                }
+                for index in later {
+                    let op = &ops[index];
+                    let pair = (op.scope.to_string(), op.key.to_string());
+                    answers[index] = Some(match protocol.step(found.get(&pair), op) {
+                        Step::Answer(answer) => answer.map(Applied::Replayed),
+                        Step::Run(_) => {
+                            unreachable!("a key settled in this batch is answered from its record")
+                        }
+                    });
+                }
+                tx.commit()?;
+                drop(holds);
+                Ok(Ok(answers
+                    .into_iter()
+                    .map(|answer| answer.expect("every operation is answered"))
+                    .collect()))
+            })
+            .await??;
+        applied.map_err(|(new, outcomes)| -> ApplyError<E> {
+            panic!("{}", outcome_count_mismatch(new, outcomes))
+        })
+    }
+
     async fn apply_batch<G, F, E>(&self, ops: &[Operation], mut effect_for: G) -> BatchApplied<E>
     where
         G: FnMut(usize) -> F + Send + 'static,
@@ -408,19 +534,7 @@ impl AtomicStore for SqliteStore {
         E: Send + 'static,
     {
         let ops = ops.to_vec();
-        let mut holds = HashMap::new();
-        for op in &ops {
-            let pair = (op.scope.to_string(), op.key.to_string());
-            if let std::collections::hash_map::Entry::Vacant(slot) = holds.entry(pair) {
-                let (scope, key) = slot.key();
-                let hold = self.inner.holds.try_hold(scope, key);
-                slot.insert(hold);
-            }
-        }
-        let held: HashMap<(String, String), bool> = holds
-            .iter()
-            .map(|(k, v)| (k.clone(), v.is_some()))
-            .collect();
+        let (holds, held) = self.hold_all(&ops);
         if !held.values().any(|held| *held) {
             return Ok(ops.iter().map(|op| Err(self.busy(op))).collect());
         }

@@ -744,6 +744,94 @@ pub async fn batch_apply_dedupes_and_commits_once<H: Harness>(h: H) {
     );
 }
 
+/// Set apply: one effect for all new operations of a batch, given their
+/// indexes; known keys replay, keys repeated inside the batch replay the
+/// first, reused keys are refused; an effect failure, or an effect that
+/// answers the wrong number of outcomes, rolls back the whole batch.
+pub async fn set_apply_runs_one_effect_for_the_new_operations<H: Harness>(h: H) {
+    h.apply_add(&op("s", "known", "x"), "c", 100, Effect::Succeed)
+        .await
+        .unwrap();
+    let ops = vec![
+        op("s", "n1", "x"),
+        op("s", "known", "x"),
+        op("s", "n2", "x"),
+        op("s", "n1", "x"),
+        op("s", "known", "other payload"),
+        op("s", "n3", "x"),
+        op("s", "n2", "other payload"),
+    ];
+    let adds: Vec<(String, i64)> = [1, 1000, 2, 1000, 1000, 4, 1000]
+        .iter()
+        .map(|&a| ("c".to_owned(), a))
+        .collect();
+    let given = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let answers = h
+        .apply_set_add(&ops, &adds, Arc::clone(&given))
+        .await
+        .unwrap();
+    assert_eq!(*given.lock().unwrap(), vec![0, 2, 5], "the new operations");
+    let fresh = |v| Applied::Fresh(counter_outcome(v));
+    let replayed = |v| Applied::Replayed(counter_outcome(v));
+    assert_eq!(answers.len(), ops.len());
+    assert_eq!(answers[0].as_ref().unwrap(), &fresh(101));
+    assert_eq!(answers[1].as_ref().unwrap(), &replayed(100));
+    assert_eq!(answers[2].as_ref().unwrap(), &fresh(103));
+    assert_eq!(answers[3].as_ref().unwrap(), &replayed(101));
+    assert!(matches!(answers[4], Err(Error::KeyReuse { .. })));
+    assert_eq!(answers[5].as_ref().unwrap(), &fresh(107));
+    assert!(matches!(answers[6], Err(Error::KeyReuse { .. })));
+    assert_eq!(h.counter("c").await, 107);
+
+    // Nothing new: the effect is not called.
+    let given = Arc::new(std::sync::Mutex::new(vec![usize::MAX]));
+    let again = h
+        .apply_set_add(&ops[..3], &adds[..3], Arc::clone(&given))
+        .await
+        .unwrap();
+    assert!(again.iter().all(|a| a.as_ref().unwrap().is_replay()));
+    assert_eq!(*given.lock().unwrap(), vec![usize::MAX], "not called");
+
+    let failing = vec![op("s", "f1", "x"), op("s", "f2", "x")];
+    let failing_adds = vec![("c".to_owned(), 5), ("c".to_owned(), i64::MIN)];
+    let given = Arc::new(std::sync::Mutex::new(Vec::new()));
+    match h.apply_set_add(&failing, &failing_adds, given).await {
+        Err(ApplyError::Effect(_)) => {}
+        other => panic!("expected the effect's failure, got {other:?}"),
+    }
+    assert_eq!(h.counter("c").await, 107, "the whole batch rolled back");
+    assert!(
+        h.store()
+            .get(&failing[0].scope, &failing[0].key)
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    // One outcome short: rolled back, then the call panics.
+    let short_adds = vec![("c".to_owned(), 5), ("c".to_owned(), i64::MAX)];
+    let given = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let store = h.reopen().await;
+    let short = {
+        let failing = failing.clone();
+        tokio::spawn(async move { store.apply_set_add(&failing, &short_adds, given).await })
+    };
+    let panicked = short.await.expect_err("a short answer panics");
+    assert!(panicked.is_panic());
+    assert_eq!(h.counter("c").await, 107, "rolled back before the panic");
+    // The keys are free again.
+    let answers = h
+        .apply_set_add(
+            &failing,
+            &[("c".to_owned(), 5), ("c".to_owned(), 6)],
+            Arc::default(),
+        )
+        .await
+        .unwrap();
+    assert!(answers.iter().all(|a| !a.as_ref().unwrap().is_replay()));
+    assert_eq!(h.counter("c").await, 118);
+}
+
 /// A batch does not wait for a key another caller is applying: that operation
 /// is answered `InFlight` while the other caller's effect is still running.
 /// (On SQLite, operations on other keys need the single writer and so run after

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use idem_core::{
     Applied, ApplyError, AtomicStore, BatchApplied, Claim, Error, FenceStore, Fingerprint, Guard,
     GuardOrdering, IdempotencyKey, LeaseStore, ManualClock, Operation, Outcome, RecordStore, Scope,
+    SetApplied,
 };
 use tokio::sync::oneshot;
 
@@ -232,6 +233,36 @@ pub trait Harness: Sized + Send + Sync + 'static {
                     return Err("refused by the test".to_owned());
                 }
                 run_effect::<Self>(tx, &counter, amount, Effect::Succeed).await
+            }
+        })
+    }
+
+    /// Set apply: one effect for the batch's new operations, adding
+    /// `adds[i].1` to counter `adds[i].0` for each new `i`, in order, and
+    /// answering each new value. It records the indexes it was given in
+    /// `given`. An amount of `i64::MIN` makes the effect fail; `i64::MAX`
+    /// makes it leave that operation's outcome out.
+    fn apply_set_add(
+        &self,
+        ops: &[Operation],
+        adds: &[(String, i64)],
+        given: Arc<Mutex<Vec<usize>>>,
+    ) -> impl Future<Output = SetApplied<String>> + Send {
+        let adds = adds.to_vec();
+        self.store().apply_set(ops, move |new: Vec<usize>| {
+            given.lock().expect("given").clone_from(&new);
+            async move |tx: &mut TxOf<Self>| {
+                let mut outcomes = Vec::with_capacity(new.len());
+                for i in new {
+                    let (counter, amount) = adds[i].clone();
+                    match amount {
+                        i64::MIN => return Err("refused by the test".to_owned()),
+                        i64::MAX => continue,
+                        _ => {}
+                    }
+                    outcomes.push(run_effect::<Self>(tx, &counter, amount, Effect::Succeed).await?);
+                }
+                Ok(outcomes)
             }
         })
     }

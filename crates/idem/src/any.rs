@@ -35,8 +35,8 @@ use std::time::Duration;
 use idem_core::{
     Applied, ApplyError, AtomicEffect, AtomicStore, BatchApplied, Claim, Claimed, Error, ErrorKind,
     FenceStore, Fingerprint, IdempotencyKey, Lease, LeaseStore, Operation, Outcome, Record,
-    RecordCount, RecordFilter, RecordGlance, RecordStore, Resource, Scope, Settings, SharedClock,
-    SystemClock, TxCall,
+    RecordCount, RecordFilter, RecordGlance, RecordStore, Resource, Scope, SetApplied, Settings,
+    SharedClock, SystemClock, TxCall,
 };
 
 use crate::StoreLocation;
@@ -245,6 +245,15 @@ impl AtomicStore for AnyStore {
         E: Send + 'static,
     {
         each_store!(self, s => s.apply_batch(ops, move |i| on(effect_for(i))).await)
+    }
+
+    async fn apply_set<G, F, E>(&self, ops: &[Operation], effect_for: G) -> SetApplied<E>
+    where
+        G: FnOnce(Vec<usize>) -> F + Send + 'static,
+        F: AtomicEffect<dyn AnyTx, Vec<Outcome>, E>,
+        E: Send + 'static,
+    {
+        each_store!(self, s => s.apply_set(ops, move |new| on(effect_for(new))).await)
     }
 
     async fn complete_with<F, E>(&self, claim: &Claim, effect: F) -> Result<Outcome, ApplyError<E>>

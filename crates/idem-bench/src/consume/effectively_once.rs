@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use idem::{Outcome, RecordStore, Scope};
 use idem_broker::consume::{
-    AtomicApply, Consumer, ConsumerConfig, ConsumerStore, KeyedMessage, Transport,
+    AtomicApply, AtomicSetApply, Consumer, ConsumerConfig, ConsumerStore, KeyedMessage, Stats,
+    Transport,
 };
 
 use super::{Mode, payment};
@@ -17,7 +18,9 @@ use crate::args::BenchConsumeArgs;
 use crate::ledger::{DebitError, Ledger};
 use crate::workload::Bank;
 
-/// Consumes `messages` deliveries through Idem's consumer runtime.
+/// Consumes `messages` deliveries through Idem's consumer runtime. Single
+/// messages are debited one by one; a batch's new messages are debited by one
+/// set-based statement ([`AtomicSetApply`]).
 pub(super) async fn consume<T, S>(
     transport: T,
     bank: &Bank<S>,
@@ -32,22 +35,33 @@ where
     let config = ConsumerConfig::new(Scope::new("bench-consume")?)
         .concurrency(args.concurrency)
         .batch(args.batch, Duration::from_millis(5));
-    let debit = AtomicApply::new(bank.store().clone(), |message: Arc<KeyedMessage>| {
-        async move |tx: &mut S::Tx| -> Result<Outcome, DebitError> {
-            let p = payment(message.key.clone(), message.payload())?;
-            S::debit(tx, &p).await
-        }
-    });
-    let consumer = Consumer::new(transport, debit, config);
-    let stats = consumer.stats();
-    let done = async {
-        while (stats.snapshot().acked() as usize) < messages {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-    };
     let finished = match mode {
-        Mode::Single => consumer.run(done).await?,
-        Mode::Batch => consumer.run_batched(done).await?,
+        Mode::Single => {
+            let debit = AtomicApply::new(bank.store().clone(), |message: Arc<KeyedMessage>| {
+                async move |tx: &mut S::Tx| -> Result<Outcome, DebitError> {
+                    let p = payment(message.key.clone(), message.payload())?;
+                    S::debit(tx, &p).await
+                }
+            });
+            let consumer = Consumer::new(transport, debit, config);
+            let stats = consumer.stats();
+            consumer.run(acked(&stats, messages)).await?
+        }
+        Mode::Batch => {
+            let debit =
+                AtomicSetApply::new(bank.store().clone(), |messages: Vec<Arc<KeyedMessage>>| {
+                    async move |tx: &mut S::Tx| -> Result<Vec<Outcome>, DebitError> {
+                        let payments = messages
+                            .iter()
+                            .map(|m| payment(m.key.clone(), m.payload()))
+                            .collect::<Result<Vec<_>, _>>()?;
+                        S::debit_set(tx, &payments).await
+                    }
+                });
+            let consumer = Consumer::new(transport, debit, config);
+            let stats = consumer.stats();
+            consumer.run_batched(acked(&stats, messages)).await?
+        }
     };
     anyhow::ensure!(
         finished.applied as usize == messages,
@@ -55,4 +69,11 @@ where
         finished.applied
     );
     Ok(())
+}
+
+/// Completes once `messages` deliveries were acked.
+async fn acked(stats: &Stats, messages: usize) {
+    while (stats.snapshot().acked() as usize) < messages {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
 }

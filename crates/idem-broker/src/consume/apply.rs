@@ -177,3 +177,121 @@ where
             .await
     }
 }
+
+/// A batch's effect in the store's transaction as **one** call for all its
+/// new messages, for any [`AtomicStore`]: the set-based form of
+/// [`AtomicApply`], through [`AtomicStore::apply_set`].
+///
+/// The effect is given as a function of the new messages (each key's first
+/// occurrence, in order) that returns the `async` closure to run in the
+/// transaction; the closure answers one [`Outcome`] per message, in the same
+/// order. Written as one statement over the whole set (PostgreSQL's `UNNEST`
+/// of arrays bound as parameters), a batch costs the same round trips
+/// whatever its size, which is what makes batches pay off once the database
+/// is a network hop away. A single message (outside a batch) is a set of one.
+///
+/// A failing effect rolls back the whole batch, which the runtime then
+/// applies message by message; its error is reported against the batch's
+/// first message.
+pub struct AtomicSetApply<S, H, E> {
+    store: S,
+    effect: Arc<H>,
+    error: PhantomData<fn() -> E>,
+}
+
+impl<S: fmt::Debug, H, E> fmt::Debug for AtomicSetApply<S, H, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AtomicSetApply")
+            .field("store", &self.store)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, H, F, E> AtomicSetApply<S, H, E>
+where
+    S: AtomicStore,
+    H: Fn(Vec<Arc<KeyedMessage>>) -> F + Send + Sync + 'static,
+    F: AtomicEffect<S::Tx, Vec<Outcome>, E>,
+    E: fmt::Display + Send + 'static,
+{
+    /// The set effect `effect` applied through `store`.
+    ///
+    /// ```
+    /// # async fn demo(store: idem::PgStore) {
+    /// use idem::Outcome;
+    /// use idem_broker::consume::AtomicSetApply;
+    /// let record = AtomicSetApply::new(store, |messages| async move |tx| -> idem::sqlx::Result<Vec<Outcome>> {
+    ///     let ids: Vec<String> = messages.iter().map(|m| m.key.as_str().to_owned()).collect();
+    ///     let bodies: Vec<Vec<u8>> = messages.iter().map(|m| m.payload().to_vec()).collect();
+    ///     // One statement, one round trip, for the whole batch.
+    ///     idem::sqlx::query("INSERT INTO events (id, body) SELECT * FROM UNNEST($1::text[], $2::bytea[])")
+    ///         .bind(&ids)
+    ///         .bind(&bodies)
+    ///         .execute(&mut *tx)
+    ///         .await?;
+    ///     Ok(messages.iter().map(|_| Outcome::success("recorded")).collect())
+    /// });
+    /// # }
+    /// ```
+    pub fn new(store: S, effect: H) -> Self {
+        Self {
+            store,
+            effect: Arc::new(effect),
+            error: PhantomData,
+        }
+    }
+}
+
+impl<S, H, F, E> Apply for AtomicSetApply<S, H, E>
+where
+    S: AtomicStore + RecordStore + ConsumerStore,
+    H: Fn(Vec<Arc<KeyedMessage>>) -> F + Send + Sync + 'static,
+    F: AtomicEffect<S::Tx, Vec<Outcome>, E>,
+    E: fmt::Display + Send + 'static,
+{
+    type Error = E;
+    type Store = S;
+
+    fn store(&self) -> &S {
+        &self.store
+    }
+
+    fn dedupe_window(&self) -> Option<Duration> {
+        Some(self.store.settings().retention)
+    }
+
+    async fn apply(&self, message: Arc<KeyedMessage>) -> Result<Applied, ApplyError<E>> {
+        let ops = [message.operation()];
+        let effect = Arc::clone(&self.effect);
+        let mut answers = self
+            .store
+            .apply_set(&ops, move |_| effect(vec![message]))
+            .await?;
+        answers
+            .pop()
+            .expect("one answer per operation")
+            .map_err(ApplyError::Protocol)
+    }
+}
+
+impl<S, H, F, E> ApplyBatch for AtomicSetApply<S, H, E>
+where
+    S: AtomicStore + RecordStore + ConsumerStore,
+    H: Fn(Vec<Arc<KeyedMessage>>) -> F + Send + Sync + 'static,
+    F: AtomicEffect<S::Tx, Vec<Outcome>, E>,
+    E: fmt::Display + Send + 'static,
+{
+    async fn apply_batch(&self, messages: Vec<Arc<KeyedMessage>>) -> BatchAnswer<E> {
+        let ops: Vec<Operation> = messages.iter().map(|m| m.operation()).collect();
+        let effect = Arc::clone(&self.effect);
+        self.store
+            .apply_set(&ops, move |new| {
+                effect(new.iter().map(|&i| Arc::clone(&messages[i])).collect())
+            })
+            .await
+            .map_err(|error| match error {
+                ApplyError::Effect(error) => ApplyError::Effect((0, error)),
+                ApplyError::Protocol(error) => ApplyError::Protocol(error),
+            })
+    }
+}

@@ -26,7 +26,7 @@
 //! - `source` (feature `amqp`, `nats` or `kafka`): [`Source`], a broker chosen by URL, and [`AnyTransport`];
 //! - `message`: [`Message`], broker-neutral, and [`KeyedMessage`];
 //! - `key`: [`KeyRule`], where keys come from and what to do without one;
-//! - `apply`: [`Apply`] / [`ApplyBatch`], and [`AtomicApply`], a message's effect in any store's transaction;
+//! - `apply`: [`Apply`] / [`ApplyBatch`], and [`AtomicApply`], a message's effect in any store's transaction ([`AtomicSetApply`]: one effect for a batch's messages);
 //! - `store`: [`ConsumerStore`], the store's dead letters and failed attempts;
 //! - `config`: [`ConsumerConfig`] with the defaults;
 //! - `runtime`: [`Consumer`] and the single-message path;
@@ -54,7 +54,7 @@ mod window;
 
 #[cfg(feature = "amqp")]
 pub use amqp::{AmqpSettle, AmqpTransport};
-pub use apply::{Apply, ApplyBatch, AtomicApply, BatchAnswer};
+pub use apply::{Apply, ApplyBatch, AtomicApply, AtomicSetApply, BatchAnswer};
 pub use config::{
     Checkpoint, ConsumerConfig, DEFAULT_BATCH, DEFAULT_BATCHES_AT_ONCE, DEFAULT_CONCURRENCY,
     DEFAULT_MAX_ATTEMPTS,

@@ -77,7 +77,7 @@ use std::panic::AssertUnwindSafe;
 use futures::FutureExt;
 use idem_core::{
     Applied, ApplyError, AtomicEffect, AtomicStore, BatchApplied, Claim, Error, ErrorKind,
-    Fingerprint, IdempotencyKey, Operation, Outcome, Plan, Scope, TxCall, crash,
+    Fingerprint, IdempotencyKey, Operation, Outcome, Plan, Scope, SetApplied, TxCall, crash,
 };
 use sqlx::pool::PoolConnection;
 use sqlx::{PgConnection, Postgres, Transaction};
@@ -136,6 +136,15 @@ impl AtomicStore for PgStore {
         E: Send + 'static,
     {
         self.apply_all(ops, effect_for).await
+    }
+
+    async fn apply_set<G, F, E>(&self, ops: &[Operation], effect_for: G) -> SetApplied<E>
+    where
+        G: FnOnce(Vec<usize>) -> F + Send + 'static,
+        F: AtomicEffect<PgConnection, Vec<Outcome>, E>,
+        E: Send + 'static,
+    {
+        self.apply_set_all(ops, effect_for).await
     }
 
     async fn complete_with<F, E>(&self, claim: &Claim, effect: F) -> Result<Outcome, ApplyError<E>>
@@ -276,7 +285,7 @@ impl PgStore {
     #[allow(clippy::too_many_arguments)]
     async fn run_and_commit<F, E>(
         &self,
-        mut tx: Transaction<'_, Postgres>,
+        tx: Transaction<'_, Postgres>,
         plan: Plan,
         replaces: bool,
         scope: &Scope,
@@ -289,22 +298,10 @@ impl PgStore {
         E: Send + 'static,
     {
         crash::point(crash::AFTER_CLAIM);
-        // A panicking effect is caught only to roll back before the panic goes
-        // on: the key's lock is then free by the time the caller sees it.
-        let ran = AssertUnwindSafe(TxCall::call(effect, &mut *tx))
-            .catch_unwind()
-            .await;
-        let outcome = match ran {
-            Ok(Ok(outcome)) => outcome,
-            Ok(Err(error)) => {
-                self.roll_back(tx).await;
-                return Err(ApplyError::Effect(error));
-            }
-            Err(panic) => {
-                self.roll_back(tx).await;
-                std::panic::resume_unwind(panic);
-            }
-        };
+        let (mut tx, outcome) = self
+            .run_or_roll_back(tx, effect)
+            .await
+            .map_err(ApplyError::Effect)?;
         crash::point(crash::INSIDE_EFFECT);
         let op = Operation::new(scope.clone(), key.clone(), fingerprint);
         let record = plan.settled(&op, outcome.clone(), self.clock().now());
