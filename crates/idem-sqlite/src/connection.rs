@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use idem_core::{Error, ErrorKind, StoreError};
 use rusqlite::{Connection, OpenFlags};
-use tokio::sync::oneshot;
+use tokio::sync::{Semaphore, oneshot};
 
 use crate::errors::map_err;
 
@@ -144,13 +144,21 @@ fn shared(error: &Error) -> Error {
     StoreError::new(kind, error.to_string()).into()
 }
 
-/// The writer thread's queue and a pool of idle read connections.
+/// The most read connections open at once. Each keeps its own page cache (up
+/// to 2 MiB once a count over the records has filled it) and a file handle, so
+/// the pool is bounded: reads beyond this many wait for a connection instead
+/// of opening one more, and the store's memory does not follow its busiest
+/// moment.
+pub const MAX_READERS: usize = 8;
+
+/// The writer thread's queue and a bounded pool of read connections.
 #[derive(Debug)]
 pub struct Connections {
     path: PathBuf,
     options: ConnectionOptions,
     writer: mpsc::Sender<Job>,
     idle_readers: Arc<Mutex<Vec<Connection>>>,
+    readers: Arc<Semaphore>,
 }
 
 fn open(path: &Path, options: &ConnectionOptions) -> Result<Connection, Error> {
@@ -225,6 +233,7 @@ impl Connections {
             options,
             writer,
             idle_readers: Arc::new(Mutex::new(Vec::new())),
+            readers: Arc::new(Semaphore::new(MAX_READERS)),
         })
     }
 
@@ -291,7 +300,8 @@ impl Connections {
         done_rx.await.map_err(|_| X::from(stopped()))?
     }
 
-    /// Runs `job` on a read connection on the blocking pool.
+    /// Runs `job` on a read connection on the blocking pool, once one of the
+    /// [`MAX_READERS`] is free.
     pub async fn read<R: Send + 'static>(
         &self,
         job: impl FnOnce(&Connection) -> Result<R, Error> + Send + 'static,
@@ -299,7 +309,12 @@ impl Connections {
         let idle = Arc::clone(&self.idle_readers);
         let path = self.path.clone();
         let options = self.options.clone();
+        let permit = Arc::clone(&self.readers)
+            .acquire_owned()
+            .await
+            .map_err(|_| stopped())?;
         tokio::task::spawn_blocking(move || {
+            let _permit = permit;
             let taken = idle.lock().expect("reader pool poisoned").pop();
             let conn = match taken {
                 Some(conn) => conn,
@@ -361,4 +376,43 @@ fn stopped() -> Error {
         "the SQLite writer thread has stopped",
     )
     .into()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_burst_of_reads_opens_at_most_the_pools_connections() {
+        let dir = tempfile::tempdir().unwrap();
+        let connections = Connections::open(
+            dir.path().join("idem.db"),
+            ConnectionOptions::default(),
+            |_| Ok(()),
+        )
+        .await
+        .unwrap();
+        let running = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        let reads = (0..64).map(|_| {
+            let (running, most) = (Arc::clone(&running), Arc::clone(&most));
+            connections.read(move |conn| {
+                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(5));
+                let one: i64 = conn
+                    .query_row("SELECT 1", [], |r| r.get(0))
+                    .map_err(|e| map_err("read", e))?;
+                running.fetch_sub(1, Ordering::SeqCst);
+                Ok(one)
+            })
+        });
+        let answers = futures::future::join_all(reads).await;
+        assert!(answers.into_iter().all(|a| a.unwrap() == 1));
+        assert!(most.load(Ordering::SeqCst) <= MAX_READERS);
+        let idle = connections.idle_readers.lock().unwrap().len();
+        assert!((1..=MAX_READERS).contains(&idle), "{idle} idle readers");
+    }
 }
