@@ -276,7 +276,7 @@ prime() {
 
 # --- measuring ---------------------------------------------------------------
 
-declare -A rps p50 p99 bad count
+declare -A rps p50 p99 bad count commits_per
 run_id=$$-$RANDOM
 
 # to_ms VALUE: wrk's 312.00us / 1.20ms / 1.05s in milliseconds.
@@ -302,14 +302,19 @@ wrk_phase() {
     fi
     wrk -t "$threads" -c "$conns" -d "${warmup}s" -s "$work/$script" "$url" "${warm[@]}" >/dev/null 2>&1 || true
     say "  $name (${seconds}s)"
+    local before after
+    before=$(commits)
     wrk -t "$threads" -c "$conns" -d "${seconds}s" --latency -s "$work/$script" "$url" "${args[@]}" >"$out" 2>&1 ||
         { cat "$out" >&2; die "wrk failed in phase $name"; }
+    after=$(commits)
     rps[$name]=$(awk '/^Requests\/sec:/ { printf "%.0f", $2 }' "$out")
     count[$name]=$(awk '/requests in/ { print $1 }' "$out")
     p50[$name]=$(to_ms "$(awk '$1 == "50%" { print $2 }' "$out")")
     p99[$name]=$(to_ms "$(awk '$1 == "99%" { print $2 }' "$out")")
     bad[$name]=$(awk '/Non-2xx/ { n += $NF } /Socket errors/ { gsub(/,/, ""); n += $4 + $6 + $8 + $10 } END { print n + 0 }' "$out")
     [[ -n ${rps[$name]} ]] || { cat "$out" >&2; die "no result from wrk in phase $name"; }
+    # transactions committed in the benchmark database, per request
+    commits_per[$name]=$(awk -v a="$before" -v b="$after" -v n="${count[$name]}" 'BEGIN { printf "%.2f", (b - a) / n }')
 }
 
 # commits: transactions committed in the benchmark database so far.
@@ -393,7 +398,7 @@ psql -q "$pg_url" -c "CREATE TABLE gwbench_insert (k TEXT PRIMARY KEY, body BYTE
 
 cores=$(nproc 2>/dev/null || echo '?')
 proxy="http://127.0.0.1:$proxy_port/"
-declare -A gw_url gw_admin_port gw_pid_of all_rps all_p50 all_p99 all_bad commits_per
+declare -A gw_url gw_admin_port gw_pid_of all_rps all_p50 all_p99 all_bad
 for store in sqlite pg; do
     if [[ $store == sqlite ]]; then url=sqlite://$work/gateway.db; else url=$pg_url; fi
     free_port
@@ -424,7 +429,7 @@ pgbench_phase() {
 
 # run_phase NAME ROUND: one measured phase of part 1, its figures kept per round.
 run_phase() {
-    local ph=$1 r=$2 store=${1%-*} before after perf_job=
+    local ph=$1 r=$2 store=${1%-*} perf_job=
     case $ph in
     direct) wrk_phase direct "http://127.0.0.1:$echo_port/" plain.lua ;;
     nginx) wrk_phase nginx "$proxy" plain.lua ;;
@@ -432,15 +437,12 @@ run_phase() {
     *-pass) wrk_phase "$ph" "${gw_url[$store]}" plain.lua ;;
     *-replay) wrk_phase "$ph" "${gw_url[$store]}" replay.lua "r-$store-$run_id" "$replay_keys" ;;
     pg-unique)
-        before=$(commits)
         if ((perf && r == rounds)); then
             # system-wide (the share of each process), after the warm-up
             (sleep "$((warmup + 1))" && exec perf record -a -g -o "$work/perf.data" -- sleep "$((seconds > 6 ? 5 : seconds - 1))") >"$work/perf.log" 2>&1 &
             perf_job=$!
         fi
         wrk_phase "$ph" "${gw_url[$store]}" unique.lua "u-$store-$run_id-$r"
-        after=$(commits)
-        commits_per[$ph]=$(awk -v a="$before" -v b="$after" -v n="${count[$ph]}" 'BEGIN { printf "%.2f", (b - a) / n }')
         if [[ -n $perf_job ]]; then
             wait "$perf_job" || say "warning: perf record failed: $(tail -3 "$work/perf.log")"
         fi
@@ -509,7 +511,7 @@ for store in sqlite pg; do
     echo "gateway outcomes, $store: $(outcomes "${gw_admin_port[$store]}")"
     stop_proc "${gw_pid_of[$store]}"
 done
-echo "PostgreSQL commits per unique-key request (last round): ${commits_per[pg-unique]}"
+echo "PostgreSQL transactions per request (xact_commit, last round): unique keys ${commits_per[pg-unique]}, replays ${commits_per[pg-replay]}"
 echo
 
 target_row() {
@@ -536,12 +538,12 @@ info_row "nginx, keyed / nginx, no key" nginx-keyed nginx
 if ((perf)) && [[ -s $work/perf.data ]]; then
     echo
     echo "perf, unique keys on PostgreSQL (last round): CPU samples by command (perf record -a -g)"
-    perf report -i "$work/perf.data" --stdio --no-children --sort comm -g none 2>/dev/null |
-        awk '/^ *[0-9.]+%/' | head -12
+    { perf report -i "$work/perf.data" --stdio --no-children --sort comm -g none 2>/dev/null || true; } |
+        awk '/^ *[0-9.]+%/ && n++ < 12'
     echo
-    echo "perf, the same: top symbols of idem serve (self time)"
-    perf report -i "$work/perf.data" --stdio --no-children --pid "${gw_pid_of[pg]}" --sort dso,sym -g none 2>/dev/null |
-        awk '/^ *[0-9.]+%/' | head -25
+    echo "perf, the same: top symbols of idem serve (self time, share of its own samples)"
+    { perf report -i "$work/perf.data" --stdio --no-children --pid "${gw_pid_of[pg]}" --percentage relative \
+        --sort dso,sym -g none 2>/dev/null || true; } | awk '/^ *[0-9.]+%/ && n++ < 25'
 fi
 
 # --- part 2: several nodes on one PostgreSQL -----------------------------------
