@@ -145,12 +145,16 @@ trap 'say "interrupted"; exit 130' INT
 trap 'exit 143' TERM
 
 taken=" "
+# Listening ports are taken below the kernel's ephemeral range, where no
+# outgoing connection (of wrk, curl, nginx or the gateways) can hold them.
+read -r ephemeral_low _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || ephemeral_low=32768
+((ephemeral_low > 12000)) || die "the ephemeral port range starts at $ephemeral_low: no room for listening ports below it"
 # free_port: sets $port to a TCP port on 127.0.0.1 that nothing listens on
 # and that this run has not handed out yet.
 free_port() {
     local p
     while :; do
-        p=$((20000 + RANDOM % 30000))
+        p=$((10000 + RANDOM % (ephemeral_low - 10000)))
         [[ $taken == *" $p "* ]] && continue
         if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
             taken+="$p "
