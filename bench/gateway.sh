@@ -1,0 +1,674 @@
+#!/usr/bin/env bash
+# What `idem serve` costs on the wire, next to nginx, and how several gateway
+# nodes on one PostgreSQL database behave, in one run, on loopback.
+#
+#   bench/gateway.sh [--quick] [--rounds R] [--seconds S] [--nodes "1 2 4"]
+#                    [--check-keys N] [--perf] [SERVER_URL]
+#
+# Part 1. One echo upstream (a private nginx answering `return 200` with a
+# short fixed body) is called by wrk (32 connections, 2 threads, --latency):
+#   - directly;
+#   - through nginx as a reverse proxy (one worker, keepalive to the upstream),
+#     without a key and with a unique Idempotency-Key per request (nginx just
+#     forwards the header, so the client does the same work as against idem);
+#   - through `idem serve` on the embedded SQLite store and on PostgreSQL:
+#     requests without a key (passed through), replays (a fixed set of 1000
+#     keys already answered, sent again) and unique keys (a new key per
+#     request);
+#   - and pgbench's single-row INSERT transactions on the same PostgreSQL (16
+#     and 32 clients; the better is the reference for unique keys there).
+# The phases take turns in rounds; each rate is the median of the rounds',
+# each ratio the median of the rounds' ratios, printed with its target.
+#
+# Part 2. 1, 2 and 4 `idem serve` nodes on one PostgreSQL database behind a
+# private nginx load balancer (round robin): unique keys and replays, and a
+# correctness check: each of --check-keys keys is sent 4 times, the copies
+# adjacent so that some run concurrently on different nodes, then once more
+# until every key has its final answer (409, "in flight", means: retry
+# later); the echo upstream logs the key of every request it receives, and
+# each key must appear there exactly once. The script exits with status 1
+# when one does not.
+#
+# Options:
+#   --quick          one round of 3 s phases, 1 s warm-ups, 1000 check keys
+#   --rounds R       rounds of part 1 (default 3)
+#   --seconds S      length of each measured phase (default 8)
+#   --nodes LIST     node counts of part 2 (default "1 2 4")
+#   --check-keys N   keys of the correctness check (default 3000)
+#   --perf           record a profile (perf record -a -g) during the last
+#                    unique-keys-on-PostgreSQL phase and print its top entries
+#   SERVER_URL       PostgreSQL server (default
+#                    postgres://postgres@127.0.0.1:5432/postgres); a database
+#                    idem_gwbench_<pid> is made on it and dropped afterwards
+#
+# The binary is $IDEM_BIN, or else target/release/idem of this repository,
+# built first with `cargo build --release -p idem-cli`. nginx and wrk are
+# installed from the distribution's packages (apt-get) when missing; pgbench,
+# psql and curl must be present. Everything listens on 127.0.0.1 on free
+# ports; the nginx instances are private (their own configuration, pid file,
+# logs and temporary directories under a temporary directory), and every
+# process, file and database the script made is removed on exit, Ctrl-C
+# included.
+set -euo pipefail
+
+seconds=8
+warmup=2
+rounds=3
+check_keys=3000
+copies=4
+replay_keys=1000
+node_counts="1 2 4"
+conns=32
+threads=2
+perf=0
+server=postgres://postgres@127.0.0.1:5432/postgres
+while (($#)); do
+    case "$1" in
+    --quick) seconds=3; warmup=1; rounds=1; check_keys=1000; shift ;;
+    --seconds) seconds=$2; shift 2 ;;
+    --rounds) rounds=$2; shift 2 ;;
+    --nodes) node_counts=$2; shift 2 ;;
+    --check-keys) check_keys=$2; shift 2 ;;
+    --perf) perf=1; shift ;;
+    -h | --help) sed -n '2,51p' "$0"; exit 0 ;;
+    -*) echo "unknown option $1 (try --help)" >&2; exit 2 ;;
+    *) server=$1; shift ;;
+    esac
+done
+
+say() { printf '%s\n' "$*" >&2; }
+die() { say "error: $*"; exit 1; }
+
+# --- tools -------------------------------------------------------------------
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+if [[ -n ${IDEM_BIN:-} ]]; then
+    idem=$IDEM_BIN
+else
+    say "building idem (cargo build --release -p idem-cli; set IDEM_BIN to use another binary)"
+    (cd "$root" && cargo build --release -p idem-cli) || die "the release build failed"
+    idem=$root/target/release/idem
+fi
+[[ -x $idem ]] || die "no executable idem at $idem"
+
+if ! command -v nginx >/dev/null || ! command -v wrk >/dev/null; then
+    [[ $(id -u) == 0 ]] || die "nginx and wrk are missing; install them (apt-get install nginx wrk) or run as root"
+    command -v apt-get >/dev/null || die "nginx and wrk are missing and there is no apt-get to install them"
+    say "installing nginx and wrk from the distribution's packages"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx wrk >/dev/null
+fi
+nginx=$(command -v nginx)
+pgbench=$(command -v pgbench || find /usr/lib/postgresql -path '*/bin/pgbench' 2>/dev/null | sort -V | tail -1 || true)
+[[ -n $pgbench && -x $pgbench ]] || die "pgbench not found: install the PostgreSQL client (apt-get install postgresql-client)"
+for tool in psql curl wrk awk; do
+    command -v "$tool" >/dev/null || die "$tool not found"
+done
+if ((perf)); then
+    command -v perf >/dev/null || die "--perf needs perf (apt-get install linux-perf)"
+fi
+psql -qAt "$server" -c 'SELECT 1' >/dev/null 2>&1 || die "PostgreSQL does not answer at $server"
+
+# --- processes, ports and clean-up -------------------------------------------
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/idem-gwbench.XXXXXX")
+db=idem_gwbench_$$
+pg_url=${server%/*}/$db
+made_db=0
+pids=()
+failed=0
+
+stop_pid() {
+    local pid=$1 i
+    kill -TERM "$pid" 2>/dev/null || return 0
+    for ((i = 0; i < 50; i++)); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+}
+cleanup() {
+    local pid
+    trap - EXIT INT TERM
+    for pid in "${pids[@]}"; do
+        stop_pid "$pid"
+    done
+    if ((made_db)); then
+        psql -q "$server" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 ||
+            say "warning: could not drop database $db"
+    fi
+    rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'say "interrupted"; exit 130' INT
+trap 'exit 143' TERM
+
+taken=" "
+# Listening ports are taken below the kernel's ephemeral range, where no
+# outgoing connection (of wrk, curl, nginx or the gateways) can hold them.
+read -r ephemeral_low _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || ephemeral_low=32768
+((ephemeral_low > 12000)) || die "the ephemeral port range starts at $ephemeral_low: no room for listening ports below it"
+# free_port: sets $port to a TCP port on 127.0.0.1 that nothing listens on
+# and that this run has not handed out yet.
+free_port() {
+    local p
+    while :; do
+        p=$((10000 + RANDOM % (ephemeral_low - 10000)))
+        [[ $taken == *" $p "* ]] && continue
+        if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+            taken+="$p "
+            port=$p
+            return
+        fi
+    done
+}
+
+# wait_http URL WHAT PID: until URL answers, or fail with WHAT's log.
+wait_http() {
+    local url=$1 what=$2 pid=$3 i
+    for ((i = 0; i < 100; i++)); do
+        curl -s -o /dev/null "$url" && return 0
+        kill -0 "$pid" 2>/dev/null || { cat "$work/$what.log" >&2 || true; die "$what exited at start"; }
+        sleep 0.1
+    done
+    cat "$work/$what.log" >&2 || true
+    die "$what does not answer at $url"
+}
+
+# nginx_start NAME CONF_BODY: a private nginx (prefix, pid, logs and temp
+# directories under $work/NAME), in the foreground of a background job.
+nginx_start() {
+    local name=$1 body=$2 dir=$work/$1
+    mkdir -p "$dir/tmp"
+    cat >"$dir/nginx.conf" <<EOF
+daemon off;
+pid $dir/nginx.pid;
+error_log $dir/error.log warn;
+$body
+EOF
+    sed -i "s|@TMP@|client_body_temp_path $dir/tmp/body; proxy_temp_path $dir/tmp/proxy; fastcgi_temp_path $dir/tmp/fastcgi; uwsgi_temp_path $dir/tmp/uwsgi; scgi_temp_path $dir/tmp/scgi;|" "$dir/nginx.conf"
+    "$nginx" -q -t -e "$dir/error.log" -p "$dir" -c "$dir/nginx.conf" 2>"$work/$name.log" ||
+        { cat "$work/$name.log" >&2; die "nginx refused the configuration of $name"; }
+    "$nginx" -e "$dir/error.log" -p "$dir" -c "$dir/nginx.conf" >"$work/$name.log" 2>&1 &
+    pids+=("$!")
+    last_pid=$!
+}
+
+# gateway_start NAME STORE PORT ADMIN_PORT: one `idem serve` in front of the echo upstream.
+gateway_start() {
+    local name=$1 store=$2 port=$3 admin=$4
+    IDEM_LOG=warn "$idem" --store "$store" serve --upstream "http://127.0.0.1:$echo_port" \
+        --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" >"$work/$name.log" 2>&1 &
+    pids+=("$!")
+    last_pid=$!
+    wait_http "http://127.0.0.1:$admin/healthz" "$name" "$last_pid"
+}
+
+stop_proc() {
+    local pid=$1 kept=() p
+    stop_pid "$pid"
+    for p in "${pids[@]}"; do
+        [[ $p == "$pid" ]] || kept+=("$p")
+    done
+    pids=("${kept[@]}")
+}
+
+# --- wrk scripts -------------------------------------------------------------
+
+body='{"amount":1000,"currency":"eur"}'
+cat >"$work/plain.lua" <<EOF
+wrk.method = "POST"
+wrk.body = '$body'
+wrk.headers["Content-Type"] = "application/json"
+EOF
+# unique.lua PREFIX: a new key per request ("PREFIX-THREAD-N", an RFC 8941
+# String, quoted).
+cat >"$work/unique.lua" <<EOF
+local counter = 1
+function setup(thread)
+   thread:set("tid", counter)
+   counter = counter + 1
+end
+local prefix, n = "", 0
+function init(args)
+   prefix = '"' .. args[1] .. "-" .. tostring(tid) .. "-"
+end
+function request()
+   n = n + 1
+   return wrk.format("POST", "/", {["Content-Type"] = "application/json",
+      ["Idempotency-Key"] = prefix .. n .. '"'}, '$body')
+end
+EOF
+# replay.lua PREFIX COUNT: the keys PREFIX-0 .. PREFIX-(COUNT-1), over and over.
+cat >"$work/replay.lua" <<EOF
+local prefix, count, n = "", 1, 0
+function init(args)
+   prefix = '"' .. args[1] .. "-"
+   count = tonumber(args[2])
+end
+function request()
+   n = (n + 1) % count
+   return wrk.format("POST", "/", {["Content-Type"] = "application/json",
+      ["Idempotency-Key"] = prefix .. n .. '"'}, '$body')
+end
+EOF
+
+# post_keys KEYS_FILE URL OUT: one POST to URL per line of KEYS_FILE, with
+# that line as its Idempotency-Key, $conns at a time (curl --parallel); OUT
+# gets "STATUS REPLAYED KEY" per request (REPLAYED: true- or -).
+post_keys() {
+    local keys=$1 url=$2 out=$3
+    awk -v url="$url" -v body="$body" 'NR > 1 { print "next" } {
+        printf "url = \"%s\"\nrequest = \"POST\"\ndata = %s\n", url, body
+        printf "header = \"Content-Type: application/json\"\nheader = \"Idempotency-Key: \\\"%s\\\"\"\n", $1
+        printf "output = \"/dev/null\"\nsilent\nwrite-out = \"%%{urlnum} %%{http_code} %%header{idempotent-replayed}-\\n\"\n"
+    }' "$keys" >"$out.curl"
+    curl --silent --parallel --parallel-immediate --parallel-max "$conns" -K "$out.curl" >"$out.raw" 2>"$out.err" || true
+    # urlnum counts from 0, in the order of KEYS_FILE
+    awk 'NR == FNR { key[NR - 1] = $1; next } { print $2, $3, key[$1] }' "$keys" "$out.raw" >"$out"
+}
+
+# prime PREFIX URL: answers the replay keys PREFIX-0 .. once through URL.
+prime() {
+    local prefix=$1 url=$2
+    awk -v n="$replay_keys" -v p="$prefix-" 'BEGIN { for (k = 0; k < n; k++) print p k }' >"$work/$prefix.keys"
+    post_keys "$work/$prefix.keys" "$url" "$work/$prefix.primed"
+    awk '$1 != 200 { bad++ } END { exit bad > 0 }' "$work/$prefix.primed" ||
+        say "warning: some replay keys were not answered 200 when primed: $(cut -d' ' -f1 "$work/$prefix.primed" | sort | uniq -c | tr '\n' ' ')"
+}
+
+# --- measuring ---------------------------------------------------------------
+
+declare -A rps p50 p99 bad count commits_per
+run_id=$$-$RANDOM
+
+# to_ms VALUE: wrk's 312.00us / 1.20ms / 1.05s in milliseconds.
+to_ms() {
+    awk -v v="$1" 'BEGIN {
+        if (v ~ /us$/) x = substr(v, 1, length(v) - 2) / 1000
+        else if (v ~ /ms$/) x = substr(v, 1, length(v) - 2)
+        else if (v ~ /s$/) x = substr(v, 1, length(v) - 1) * 1000
+        else x = v
+        printf "%.2f", x }'
+}
+
+# wrk_phase NAME URL SCRIPT [ARGS...]: a warm-up, then the measured run.
+wrk_phase() {
+    local name=$1 url=$2 script=$3 out=$work/wrk-$1.txt
+    shift 3
+    local args=() warm=()
+    if (($#)); then
+        args=(-- "$@")
+        warm=(-- "$@")
+        # unique keys warm up on keys of their own
+        [[ $script == unique.lua ]] && warm[1]=$1-warm
+    fi
+    wrk -t "$threads" -c "$conns" -d "${warmup}s" -s "$work/$script" "$url" "${warm[@]}" >/dev/null 2>&1 || true
+    say "  $name (${seconds}s)"
+    local before after
+    before=$(commits)
+    wrk -t "$threads" -c "$conns" -d "${seconds}s" --latency -s "$work/$script" "$url" "${args[@]}" >"$out" 2>&1 ||
+        { cat "$out" >&2; die "wrk failed in phase $name"; }
+    after=$(commits)
+    rps[$name]=$(awk '/^Requests\/sec:/ { printf "%.0f", $2 }' "$out")
+    count[$name]=$(awk '/requests in/ { print $1 }' "$out")
+    p50[$name]=$(to_ms "$(awk '$1 == "50%" { print $2 }' "$out")")
+    p99[$name]=$(to_ms "$(awk '$1 == "99%" { print $2 }' "$out")")
+    bad[$name]=$(awk '/Non-2xx/ { n += $NF } /Socket errors/ { gsub(/,/, ""); n += $4 + $6 + $8 + $10 } END { print n + 0 }' "$out")
+    [[ -n ${rps[$name]} ]] || { cat "$out" >&2; die "no result from wrk in phase $name"; }
+    # transactions committed in the benchmark database, per request
+    commits_per[$name]=$(awk -v a="$before" -v b="$after" -v n="${count[$name]}" 'BEGIN { printf "%.2f", (b - a) / n }')
+}
+
+# commits: transactions committed in the benchmark database so far.
+commits() {
+    psql -qAt "$server" -c "SELECT xact_commit FROM pg_stat_database WHERE datname = '$db'"
+}
+
+# outcomes ADMIN_PORT: the gateway's gateway_requests_total by outcome, one line.
+outcomes() {
+    curl -s "http://127.0.0.1:$1/metrics" |
+        awk -F'[{}"]' '/^gateway_requests_total\{/ { split($0, f, " "); if (f[2] + 0 > 0) printf "%s=%d ", $3, f[2] }'
+}
+
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
+meets() { awk -v r="$1" -v t="$2" 'BEGIN { print (r + 0 >= t) ? "met" : "NOT met" }'; }
+
+
+# --- the echo upstream and the PostgreSQL database -----------------------------
+
+say "work directory $work; idem: $idem ($("$idem" --version))"
+free_port
+echo_port=$port
+# The echo upstream runs one worker per core (auto): it must never be the
+# narrowest point of any path, and `return 200` from several workers keeps it
+# well ahead of every proxy measured here. It logs the key of each request of
+# the correctness check (keys "check-..."), one line per request received.
+nginx_start echo "worker_processes auto;
+events { worker_connections 4096; }
+http {
+    @TMP@
+    access_log off;
+    keepalive_requests 10000000;
+    keepalive_timeout 300s;
+    map \$http_idempotency_key \$check_key {
+        '~^\"?(check-[^\"]+)\"?\$' \$1;
+        default '';
+    }
+    log_format keyonly '\$check_key';
+    server {
+        listen 127.0.0.1:$echo_port;
+        access_log $work/echo/keys.log keyonly if=\$check_key;
+        location / {
+            default_type application/json;
+            return 200 '{\"ok\":true}\n';
+        }
+    }
+}"
+wait_http "http://127.0.0.1:$echo_port/" echo "$last_pid"
+
+free_port
+proxy_port=$port
+# nginx as the reverse proxy under comparison: one worker, a keepalive pool to
+# the upstream, no access log.
+nginx_start proxy "worker_processes 1;
+events { worker_connections 4096; }
+http {
+    @TMP@
+    access_log off;
+    keepalive_requests 10000000;
+    keepalive_timeout 300s;
+    upstream echo {
+        server 127.0.0.1:$echo_port;
+        keepalive 64;
+        keepalive_requests 10000000;
+    }
+    server {
+        listen 127.0.0.1:$proxy_port;
+        location / {
+            proxy_pass http://echo;
+            proxy_http_version 1.1;
+            proxy_set_header Connection '';
+        }
+    }
+}"
+wait_http "http://127.0.0.1:$proxy_port/" proxy "$last_pid"
+
+psql -q "$server" -c "CREATE DATABASE $db" >/dev/null
+made_db=1
+"$idem" --store "$pg_url" migrate >/dev/null
+psql -q "$pg_url" -c "CREATE TABLE gwbench_insert (k TEXT PRIMARY KEY, body BYTEA NOT NULL, created_at BIGINT NOT NULL)" >/dev/null
+
+cores=$(nproc 2>/dev/null || echo '?')
+proxy="http://127.0.0.1:$proxy_port/"
+declare -A gw_url gw_admin_port gw_pid_of all_rps all_p50 all_p99 all_bad
+for store in sqlite pg; do
+    if [[ $store == sqlite ]]; then url=sqlite://$work/gateway.db; else url=$pg_url; fi
+    free_port
+    gw_port=$port
+    free_port
+    gw_admin_port[$store]=$port
+    gateway_start "gateway-$store" "$url" "$gw_port" "$port"
+    gw_pid_of[$store]=$last_pid
+    gw_url[$store]="http://127.0.0.1:$gw_port/"
+    prime "r-$store-$run_id" "${gw_url[$store]}"
+done
+printf 'INSERT INTO gwbench_insert VALUES (gen_random_uuid()::text, %s::bytea, 1);\n' \
+    "'\\x7b226f6b223a747275657d0a'" >"$work/insert.sql"
+
+# pgbench_phase CLIENTS: single-row INSERTs, one per transaction.
+pgbench_phase() {
+    local clients=$1 name=pgbench-$1 out=$work/pgbench-$1.txt
+    say "  $name (${seconds}s)"
+    "$pgbench" -n -c "$clients" -j "$threads" -T "$warmup" -f "$work/insert.sql" "$pg_url" >/dev/null 2>&1 || true
+    "$pgbench" -n -c "$clients" -j "$threads" -T "$seconds" -f "$work/insert.sql" "$pg_url" >"$out" 2>&1 ||
+        { cat "$out" >&2; die "pgbench failed"; }
+    rps[$name]=$(awk '/^tps = / { printf "%.0f", $3 }' "$out")
+    p50[$name]=$(awk '/^latency average/ { printf "%.2f", $4 }' "$out")
+    p99[$name]=0
+    bad[$name]=$(awk '/failed transactions/ { print $5 }' "$out")
+    bad[$name]=${bad[$name]:-0}
+}
+
+# run_phase NAME ROUND: one measured phase of part 1, its figures kept per round.
+run_phase() {
+    local ph=$1 r=$2 store=${1%-*} perf_job=
+    case $ph in
+    direct) wrk_phase direct "http://127.0.0.1:$echo_port/" plain.lua ;;
+    nginx) wrk_phase nginx "$proxy" plain.lua ;;
+    nginx-keyed) wrk_phase nginx-keyed "$proxy" unique.lua "n-$run_id-$r" ;;
+    *-pass) wrk_phase "$ph" "${gw_url[$store]}" plain.lua ;;
+    *-replay) wrk_phase "$ph" "${gw_url[$store]}" replay.lua "r-$store-$run_id" "$replay_keys" ;;
+    pg-unique)
+        if ((perf && r == rounds)); then
+            # system-wide (the share of each process), after the warm-up
+            (sleep "$((warmup + 1))" && exec perf record -a -g -o "$work/perf.data" -- sleep "$((seconds > 6 ? 5 : seconds - 1))") >"$work/perf.log" 2>&1 &
+            perf_job=$!
+        fi
+        wrk_phase "$ph" "${gw_url[$store]}" unique.lua "u-$store-$run_id-$r"
+        if [[ -n $perf_job ]]; then
+            wait "$perf_job" || say "warning: perf record failed: $(tail -3 "$work/perf.log")"
+        fi
+        ;;
+    *-unique) wrk_phase "$ph" "${gw_url[$store]}" unique.lua "u-$store-$run_id-$r" ;;
+    pgbench-*) pgbench_phase "${ph#pgbench-}" ;;
+    esac
+    all_rps[$ph]+="${rps[$ph]} "
+    all_p50[$ph]+="${p50[$ph]} "
+    all_p99[$ph]+="${p99[$ph]} "
+    all_bad[$ph]=$((${all_bad[$ph]:-0} + bad[$ph]))
+}
+
+# median LIST: the median of the numbers in a space-separated list.
+median() {
+    tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{ v[NR] = $1 }
+        END { if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+# spread LIST: "min-max" of a list of rates.
+spread() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%d-%d", lo, hi }'; }
+# ratios A_LIST B_LIST: the median of the rounds' ratios, and their range.
+ratios() {
+    awk -v a="$1" -v b="$2" 'BEGIN {
+        n = split(a, x, " "); split(b, y, " ")
+        for (i = 1; i <= n; i++) r[i] = y[i] > 0 ? x[i] / y[i] : 0
+        for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (r[j] < r[i]) { t = r[i]; r[i] = r[j]; r[j] = t }
+        m = n % 2 ? r[(n + 1) / 2] : (r[n / 2] + r[n / 2 + 1]) / 2
+        printf "%.2f %.2f-%.2f\n", m, r[1], r[n] }'
+}
+
+phases=(direct nginx nginx-keyed sqlite-pass sqlite-replay sqlite-unique pg-pass pg-replay pg-unique pgbench-16 pgbench-32)
+say ""
+say "part 1: one echo upstream; wrk $threads threads, $conns connections; $rounds rounds of ${seconds}s phases (after ${warmup}s warm-ups) taking turns; $cores cores"
+for ((round = 1; round <= rounds; round++)); do
+    say " round $round of $rounds"
+    for ph in "${phases[@]}"; do
+        run_phase "$ph" "$round"
+    done
+    # the PostgreSQL reference of the round: the better of the two client counts
+    all_rps[pgref]+="$(printf '%s\n' "${rps[pgbench-16]}" "${rps[pgbench-32]}" | sort -g | tail -1) "
+done
+declare -A label=(
+    [direct]="echo upstream, direct"
+    [nginx]="nginx proxy, no key"
+    [nginx-keyed]="nginx proxy, unique keys (forwarded as is)"
+    [sqlite-pass]="idem serve, SQLite: no key (pass-through)"
+    [sqlite-replay]="idem serve, SQLite: replays"
+    [sqlite-unique]="idem serve, SQLite: unique keys"
+    [pg-pass]="idem serve, PostgreSQL: no key"
+    [pg-replay]="idem serve, PostgreSQL: replays"
+    [pg-unique]="idem serve, PostgreSQL: unique keys"
+    [pgbench-16]="pgbench single-row INSERT, 16 clients"
+    [pgbench-32]="pgbench single-row INSERT, 32 clients"
+)
+
+echo
+echo "Part 1: the gateway's own cost ($cores cores, loopback; wrk -t$threads -c$conns; $rounds rounds of ${seconds}s; medians)"
+echo
+printf '%-44s %8s %13s %7s %7s %7s\n' "path" "req/s" "rounds" "p50 ms" "p99 ms" "errors"
+for ph in "${phases[@]}"; do
+    printf '%-44s %8s %13s %7s %7s %7s\n' "${label[$ph]}" "$(median "${all_rps[$ph]}")" "$(spread "${all_rps[$ph]}")" \
+        "$(median "${all_p50[$ph]}")" "$(median "${all_p99[$ph]}")" "${all_bad[$ph]}"
+done
+echo "(errors: non-2xx answers and socket errors; for pgbench, failed transactions, and p50 is its average latency)"
+for store in sqlite pg; do
+    echo "gateway outcomes, $store: $(outcomes "${gw_admin_port[$store]}")"
+    stop_proc "${gw_pid_of[$store]}"
+done
+echo "PostgreSQL transactions per request (xact_commit, last round): unique keys ${commits_per[pg-unique]}, replays ${commits_per[pg-replay]}"
+echo
+
+target_row() {
+    local what=$1 r
+    read -r m range < <(ratios "${all_rps[$2]}" "${all_rps[$3]}")
+    r=$m
+    printf '%-46s %7s %11s  >= %-4s %s\n' "$what" "${r}x" "$range" "$4" "$(meets "$r" "$4")"
+}
+info_row() {
+    local m range
+    read -r m range < <(ratios "${all_rps[$2]}" "${all_rps[$3]}")
+    printf '%-46s %7s %11s\n' "$1" "${m}x" "$range"
+}
+printf '%-46s %7s %11s  %-7s %s\n' "ratio (median of the rounds')" "median" "rounds" "target" ""
+target_row "pass-through (SQLite) / nginx, no key" sqlite-pass nginx 1.0
+target_row "pass-through (PostgreSQL) / nginx, no key" pg-pass nginx 1.0
+target_row "replays (SQLite) / nginx, keyed" sqlite-replay nginx-keyed 1.2
+target_row "unique keys (SQLite) / nginx, keyed" sqlite-unique nginx-keyed 0.5
+target_row "unique keys (PostgreSQL) / pgbench INSERT" pg-unique pgref 0.5
+target_row "replays (PostgreSQL) / nginx, keyed" pg-replay nginx-keyed 0.5
+info_row "nginx, no key / direct" nginx direct
+info_row "nginx, keyed / nginx, no key" nginx-keyed nginx
+
+if ((perf)) && [[ -s $work/perf.data ]]; then
+    echo
+    echo "perf, unique keys on PostgreSQL (last round): CPU samples by command (perf record -a -g)"
+    { perf report -i "$work/perf.data" --stdio --no-children --sort comm -g none 2>/dev/null || true; } |
+        awk '/^ *[0-9.]+%/ && n++ < 12'
+    echo
+    echo "perf, the same: top symbols of idem serve (self time, share of its own samples)"
+    { perf report -i "$work/perf.data" --stdio --no-children --pid "${gw_pid_of[pg]}" --percentage relative \
+        --sort dso,sym -g none 2>/dev/null || true; } | awk '/^ *[0-9.]+%/ && n++ < 25'
+fi
+
+# --- part 2: several nodes on one PostgreSQL -----------------------------------
+
+# check_once N LB_URL: every check key sent $copies times (adjacent copies run
+# concurrently and go to different nodes), then once more until each has its
+# final answer; each key must have reached the upstream exactly once.
+check_once() {
+    local n=$1 lb=$2
+    local prefix="check-$n-$run_id-" pending round=0 start_lines applied once more missing
+    start_lines=$(wc -l <"$work/echo/keys.log")
+    awk -v keys="$check_keys" -v copies="$copies" -v p="$prefix" \
+        'BEGIN { for (k = 0; k < keys; k++) for (c = 0; c < copies; c++) print p k }' >"$work/check-$n.keys"
+    post_keys "$work/check-$n.keys" "$lb" "$work/check-$n.burst"
+    check_codes[$n]=$(awk '{ c[$1 ($2 == "true" ? " replayed" : "")]++ }
+        END { for (k in c) printf "%s: %d, ", k, c[k] }' "$work/check-$n.burst")
+    check_codes[$n]=${check_codes[$n]%, }
+    # the final state: each key once more, again for those answered 409
+    sort -u "$work/check-$n.keys" >"$work/check-$n.pending"
+    pending=$(wc -l <"$work/check-$n.pending")
+    while ((pending > 0 && round < 20)); do
+        round=$((round + 1))
+        ((round == 1)) || sleep 1
+        post_keys "$work/check-$n.pending" "$lb" "$work/check-$n.final"
+        awk '$1 != 200 { print $3 }' "$work/check-$n.final" >"$work/check-$n.pending"
+        pending=$(wc -l <"$work/check-$n.pending")
+    done
+    sleep 0.5
+    tail -n +"$((start_lines + 1))" "$work/echo/keys.log" | { grep "^$prefix" || true; } | sort | uniq -c >"$work/check-$n.counts"
+    applied=$(wc -l <"$work/check-$n.counts")
+    once=$(awk '$1 == 1' "$work/check-$n.counts" | wc -l)
+    more=$(awk '$1 > 1' "$work/check-$n.counts" | wc -l)
+    missing=$((check_keys - applied))
+    check_sent[$n]=$((check_keys * copies))
+    if ((once == check_keys && more == 0 && pending == 0)); then
+        check_ok[$n]=yes
+    else
+        check_ok[$n]=no
+        failed=1
+        say "  check on $n nodes: $once keys reached the upstream once, $more more than once, $missing never; $pending without a final answer"
+    fi
+}
+
+declare -A check_ok check_codes check_sent node_share
+say ""
+say "part 2: several idem serve nodes on one PostgreSQL database behind nginx (round robin)"
+for n in $node_counts; do
+    node_pids=()
+    node_admins=()
+    servers=""
+    for ((i = 1; i <= n; i++)); do
+        free_port
+        np=$port
+        free_port
+        na=$port
+        gateway_start "node-$n-$i" "$pg_url" "$np" "$na"
+        node_pids+=("$last_pid")
+        node_admins+=("$na")
+        servers+="server 127.0.0.1:$np; "
+    done
+    free_port
+    lb_port=$port
+    nginx_start "lb-$n" "worker_processes 1;
+events { worker_connections 4096; }
+http {
+    @TMP@
+    access_log off;
+    keepalive_requests 10000000;
+    keepalive_timeout 300s;
+    upstream nodes {
+        $servers
+        keepalive 64;
+        keepalive_requests 10000000;
+    }
+    server {
+        listen 127.0.0.1:$lb_port;
+        location / {
+            proxy_pass http://nodes;
+            proxy_http_version 1.1;
+            proxy_set_header Connection '';
+            proxy_next_upstream off;
+        }
+    }
+}"
+    lb_pid=$last_pid
+    wait_http "http://127.0.0.1:$lb_port/" "lb-$n" "$lb_pid"
+    lb="http://127.0.0.1:$lb_port/"
+    wrk_phase "nodes$n-unique" "$lb" unique.lua "u-nodes$n-$run_id"
+    prime "r-nodes$n-$run_id" "$lb"
+    wrk_phase "nodes$n-replay" "$lb" replay.lua "r-nodes$n-$run_id" "$replay_keys"
+    say "  correctness check: $check_keys keys x $copies copies"
+    check_once "$n" "$lb"
+    share=""
+    for na in "${node_admins[@]}"; do
+        share+="$(curl -s "http://127.0.0.1:$na/metrics" | awk '/^gateway_requests_total\{/ { s += $NF } END { printf "%d", s }') "
+    done
+    node_share[$n]=${share% }
+    stop_proc "$lb_pid"
+    for pid in "${node_pids[@]}"; do
+        stop_proc "$pid"
+    done
+done
+
+echo
+echo "Part 2: idem serve nodes on one PostgreSQL database behind nginx round robin ($cores cores)"
+echo
+first=${node_counts%% *}
+printf '%-6s %13s %7s %9s %9s %13s %7s %9s %9s\n' nodes "unique req/s" "x$first" "p50 ms" "p99 ms" "replays req/s" "x$first" "p50 ms" "p99 ms"
+for n in $node_counts; do
+    printf '%-6s %13s %7s %9s %9s %13s %7s %9s %9s\n' "$n" \
+        "${rps[nodes$n-unique]}" "$(ratio "${rps[nodes$n-unique]}" "${rps[nodes$first-unique]}")x" "${p50[nodes$n-unique]}" "${p99[nodes$n-unique]}" \
+        "${rps[nodes$n-replay]}" "$(ratio "${rps[nodes$n-replay]}" "${rps[nodes$first-replay]}")x" "${p50[nodes$n-replay]}" "${p99[nodes$n-replay]}"
+done
+echo "(errors: $(for n in $node_counts; do printf '%s nodes %s/%s; ' "$n" "${bad[nodes$n-unique]}" "${bad[nodes$n-replay]}"; done)unique/replays)"
+echo
+for n in $node_counts; do
+    echo "$n nodes: requests per node ${node_share[$n]}; check answers: ${check_codes[$n]}"
+    echo "duplicates across nodes: $check_keys keys (${check_sent[$n]} requests), each applied once: ${check_ok[$n]}"
+done
+
+if ((failed)); then
+    say "FAILED: some key reached the upstream more than once, or never"
+    exit 1
+fi
