@@ -15,7 +15,7 @@
 #            repeats a key answered a moment before.
 #   forward  idem forward consuming a RabbitMQ queue made for the run, POSTing
 #            each message to an idem serve in front of the same nginx; a
-#            publisher sends R messages/s (default 1000), each with its own
+#            publisher sends R messages/s (default 500), each with its own
 #            message id, and a share S (default 0.1) a second time.
 #
 # --minutes N (default 10) is the length of each load; --quick is one minute.
@@ -31,7 +31,7 @@ set -euo pipefail
 minutes=10
 only=""
 serve_rate=2000
-forward_rate=1000
+forward_rate=500
 replay_share=0.2
 dup_share=0.1
 connections=16
@@ -226,8 +226,11 @@ run_serve() {
     ready "http://127.0.0.1:$serve_admin/healthz" "$pid"
     start "$work/serve-sample.log" py sample "$pid" "$out/serve.csv" "$seconds" "$work/serve.db" "$work/serve.db-wal"
     local sampler=$started
-    wrk -t 2 -c "$connections" -d "${seconds}s" --timeout 10s -s "$root/bench/rss-serve.lua" \
-        "http://127.0.0.1:$serve_port/orders" -- "$replay_share" "$pause" "rss" >"$out/serve-wrk.txt" 2>&1
+    # In the background and waited for, so that a signal to this script is
+    # handled at once.
+    start "$out/serve-wrk.txt" wrk -t 2 -c "$connections" -d "${seconds}s" --timeout 10s \
+        -s "$root/bench/rss-serve.lua" "http://127.0.0.1:$serve_port/orders" -- "$replay_share" "$pause" "rss"
+    wait "$started"
     wait "$sampler" || { cat "$work/serve-sample.log" >&2; return 1; }
     local served stored replayed
     served=$(counter "http://127.0.0.1:$serve_admin" 'gateway_requests_total')
@@ -258,10 +261,15 @@ run_forward() {
     ready "http://127.0.0.1:$forward_admin/healthz" "$pid"
     start "$work/forward-sample.log" py sample "$pid" "$out/forward.csv" "$seconds" "$work/forward.db" "$work/forward.db-wal"
     local sampler=$started
-    py publish "$amqp/%2F" "$queue" "$forward_rate" "$seconds" "$dup_share" "rss-$$" >"$out/forward-publisher.txt" 2>&1
+    start "$out/forward-publisher.txt" py publish "$amqp/%2F" "$queue" "$forward_rate" "$seconds" "$dup_share" "rss-$$"
+    wait "$started"
     wait "$sampler" || { cat "$work/forward-sample.log" >&2; return 1; }
-    local depth tries=0
-    depth=$(py queue depth "$amqp/%2F" "$queue")
+    # What was forwarded while the load ran (each message is one request to
+    # the endpoint), and what the publisher was ahead by at its end.
+    local served backlog depth tries=0
+    served=$(counter "http://127.0.0.1:$endpoint_admin" 'gateway_requests_total')
+    backlog=$(py queue depth "$amqp/%2F" "$queue")
+    depth=$backlog
     while ((depth > 0 && tries < 60)); do
         sleep 1
         depth=$(py queue depth "$amqp/%2F" "$queue")
@@ -276,10 +284,10 @@ run_forward() {
     line=$(grep '^stopped:' "$out/forward.log" || true)
     applied=$(sed -n 's/^stopped: \([0-9]*\) applied.*/\1/p' <<<"$line")
     replayed=$(sed -n 's/.* applied, \([0-9]*\) duplicates.*/\1/p' <<<"$line")
-    say "forward: $(cat "$out/forward-publisher.txt"); ${depth} left in the queue after the drain"
-    say "forward: $line"
+    say "forward: $(cat "$out/forward-publisher.txt"); $served forwarded while it ran, $backlog waiting in the queue at its end, $depth after the drain"
+    say "forward: $line (${applied:-?} + ${replayed:-?} in all, with the drain)"
     figures forward "RabbitMQ, $forward_rate msg/s, $(awk -v s="$dup_share" 'BEGIN { printf "%d", s * 100 }') % published twice" \
-        "$((${applied:-0} + ${replayed:-0}))" messages
+        "$served" messages
 }
 
 [[ $only == forward ]] || run_serve
