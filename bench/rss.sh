@@ -10,9 +10,10 @@
 #
 #   serve    idem serve on the embedded SQLite store in front of an nginx that
 #            answers 200; wrk sends POSTs over C connections (default 16),
-#            paced to about R requests/s (default 2000; 0 = unpaced), each with
-#            a fresh Idempotency-Key except a share S (default 0.2) that
-#            repeats a key answered a moment before.
+#            each pausing C*1000/R ms between requests, which caps the load at
+#            R requests/s (default 2000; 0 = no pause); each request has a
+#            fresh Idempotency-Key except a share S (default 0.2) that repeats
+#            a key answered a moment before.
 #   forward  idem forward consuming a RabbitMQ queue made for the run, POSTing
 #            each message to an idem serve in front of the same nginx; a
 #            publisher sends R messages/s (default 500), each with its own
@@ -50,7 +51,7 @@ while (($#)); do
     --dup-share) dup_share=$2; shift 2 ;;
     --connections) connections=$2; shift 2 ;;
     --amqp) amqp=$2; shift 2 ;;
-    -h | --help) sed -n '2,28p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "unknown argument $1 (try --help)" >&2; exit 2 ;;
     esac
 done
