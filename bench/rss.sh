@@ -213,6 +213,9 @@ figures() {
         printf '| `idem %s` | %s | %s %s | %s/s | %s MiB | %s MiB | %s MiB | %s MiB/min (%s %%/min) | %s B | %s MiB | %s |\n' \
             "$1" "$2" "$served" "$unit" "$rate_per_s" "$rss_1min_mib" "$rss_end_mib" "$rss_max_mib" \
             "$growth_mib_per_min" "$growth_pct_per_min" "$bytes_per_unit" "$store_end_mib" "$verdict" >>"$summary"
+        if [[ $verdict != flat ]]; then
+            say "$1: look at $out/$1-rss.svg: steps of about 2 MiB that stop are SQLite page caches filling (docs/src/bench-memory.md); a steady slope is a leak"
+        fi
     )
 }
 
