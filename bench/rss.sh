@@ -19,7 +19,8 @@
 #            publisher sends R messages/s (default 500), each with its own
 #            message id, and a share S (default 0.1) a second time.
 #
-# --minutes N (default 10) is the length of each load; --quick is one minute.
+# --minutes N (default 10) is the length of each load; --quick is one minute,
+# a check that everything runs: a minute is all warm-up, and says nothing.
 # The run is called flat when the fitted growth is under 0.5 MiB/min. Results
 # (CSV of the samples, SVG plots, logs, summary.md) go to --out, by default
 # target/bench-rss in this repository. Loopback only. The binary is $IDEM_BIN,
@@ -51,7 +52,7 @@ while (($#)); do
     --dup-share) dup_share=$2; shift 2 ;;
     --connections) connections=$2; shift 2 ;;
     --amqp) amqp=$2; shift 2 ;;
-    -h | --help) sed -n '2,29p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "unknown argument $1 (try --help)" >&2; exit 2 ;;
     esac
 done
