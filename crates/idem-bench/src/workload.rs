@@ -72,6 +72,16 @@ impl<S: Ledger> Bank<S> {
         Ok(())
     }
 
+    /// Several debits in one transaction as one set statement (see
+    /// [`Ledger::debit_set`]), with no dedupe at all.
+    pub async fn debit_bare_set(&self, payments: &[Payment]) -> anyhow::Result<()> {
+        let payments = payments.to_vec();
+        self.store
+            .transaction(async move |tx| S::debit_set(tx, &payments).await)
+            .await?;
+        Ok(())
+    }
+
     /// The debit through Idem's atomic apply: once per key.
     pub async fn debit_once(&self, p: &Payment) -> Result<Applied, ApplyError<DebitError>> {
         self.store
@@ -186,7 +196,10 @@ mod tests {
             .collect();
         assert_eq!(replays, [true, false, true]);
         bank.debit_bare(&a).await.unwrap();
-        bank.debit_bare_batch(&[a.clone(), b]).await.unwrap();
+        bank.debit_bare_batch(&[a.clone(), b.clone()])
+            .await
+            .unwrap();
+        bank.debit_bare_set(&[b]).await.unwrap();
         // A set: two payments on one account, a repeat, a known key. Each new
         // payment answers the balance right after its own debit.
         let (d, e, f) = (payment("d", 0, 1), payment("e", 0, 2), payment("f", 1, 3));
@@ -212,16 +225,16 @@ mod tests {
                 balance(true, 90),
                 balance(false, 67),
                 balance(true, 69),
-                balance(false, 57),
+                balance(false, 37),
             ]
         );
         let totals = bank.totals().await.unwrap();
         assert_eq!(
             totals,
             Totals {
-                entries: 9,
+                entries: 10,
                 distinct: 6,
-                debited: 10 + 20 + 5 + 10 + 10 + 20 + 1 + 2 + 3,
+                debited: 10 + 20 + 5 + 10 + 10 + 20 + 20 + 1 + 2 + 3,
             }
         );
     }

@@ -69,8 +69,9 @@ async fn one_per_transaction<T: Transport, S: Ledger>(
 
 /// Batches of up to `batch` messages, as many at once as the
 /// effectively-once consumer runs (telling the transport where each batch
-/// ends, as the runtime does); each batch is debited in one transaction
-/// and acks its own deliveries one by one after its commit.
+/// ends, as the runtime does); each batch is debited in one transaction, by
+/// one set statement as the effectively-once batches are, and acks its own
+/// deliveries one by one after its commit.
 async fn batched<T: Transport, S: Ledger>(
     transport: &mut T,
     bank: &Bank<S>,
@@ -101,7 +102,7 @@ async fn batched<T: Transport, S: Ledger>(
                     .iter()
                     .map(|d| debit_of(&d.message.payload))
                     .collect::<anyhow::Result<Vec<_>>>()?;
-                bank.debit_bare_batch(&payments).await?;
+                bank.debit_bare_set(&payments).await?;
                 for delivery in &deliveries {
                     delivery.settle.ack().await?;
                 }
