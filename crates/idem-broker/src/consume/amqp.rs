@@ -37,6 +37,8 @@ pub struct AmqpTransport {
     channel: Channel,
     consumer: lapin::Consumer,
     route: Route,
+    /// When to look at the connection's state while waiting for a delivery.
+    check: tokio::time::Interval,
 }
 
 /// Settles one RabbitMQ delivery.
@@ -81,8 +83,20 @@ impl AmqpTransport {
             channel,
             consumer,
             route: Route::queue(origin, url, queue),
+            check: connection_check(),
         })
     }
+}
+
+/// Ticks every [`CONNECTION_CHECK`], the first time one period from now; a
+/// tick missed while deliveries kept coming is not made up for.
+fn connection_check() -> tokio::time::Interval {
+    let mut check = tokio::time::interval_at(
+        tokio::time::Instant::now() + CONNECTION_CHECK,
+        CONNECTION_CHECK,
+    );
+    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    check
 }
 
 impl Settle for AmqpSettle {
@@ -146,8 +160,6 @@ impl Transport for AmqpTransport {
     /// while waiting: a consumer stream can stay open after its connection
     /// failed, and a consumer waiting on it would neither work nor stop.
     async fn receive(&mut self) -> Result<Option<Delivery<AmqpSettle>>, TransportError> {
-        let mut check = tokio::time::interval(CONNECTION_CHECK);
-        check.tick().await;
         loop {
             tokio::select! {
                 next = self.consumer.next() => {
@@ -157,7 +169,7 @@ impl Transport for AmqpTransport {
                         Some(Ok(delivery)) => Ok(Some(convert(delivery))),
                     };
                 }
-                _ = check.tick() => {
+                _ = self.check.tick() => {
                     let status = self.connection.status();
                     let broken = if status.errored() {
                         Some("failed")
