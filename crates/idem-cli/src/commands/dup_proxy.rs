@@ -17,7 +17,7 @@ use idem_http::dup_proxy::{
 use idem_http::gateway::Upstream;
 use tokio::net::TcpListener;
 
-use super::serve::terminated;
+use super::signals::terminated;
 use super::units::{parse_duration, parse_size};
 
 /// `idem dup-proxy`

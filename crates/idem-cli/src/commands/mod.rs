@@ -12,6 +12,7 @@ mod keys;
 mod migrate;
 pub(crate) mod relay;
 mod serve;
+mod signals;
 pub(crate) mod torture;
 mod units;
 mod upkeep;

@@ -2,7 +2,6 @@
 //! the listeners, announces them on stdout, and serves until SIGTERM or
 //! Ctrl-C, then shuts down gracefully.
 
-use std::future::Future;
 use std::io::Write;
 
 use anyhow::Context;
@@ -11,6 +10,7 @@ use idem_http::gateway::{self, Gateway};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use super::signals::terminated;
 use super::upkeep::Upkeep;
 use crate::cli::ServeArgs;
 use idem_http::gateway::{GatewaySettings, GivenSettings, SettingsFile};
@@ -65,28 +65,6 @@ pub async fn run(
     served?;
     eprintln!("idem serve: stopped");
     Ok(())
-}
-
-/// Completes on SIGTERM or Ctrl-C (SIGINT). SIGTERM is caught from the call
-/// on, not from the first poll: call it before announcing the listener, so a
-/// SIGTERM sent as soon as the announcement is read stops the process
-/// gracefully instead of killing it.
-pub(crate) fn terminated() -> impl Future<Output = ()> + Send + 'static {
-    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate());
-    async move {
-        let mut term = match term {
-            Ok(term) => term,
-            Err(error) => {
-                tracing::warn!(%error, "cannot listen for SIGTERM; only Ctrl-C stops the process gracefully");
-                tokio::signal::ctrl_c().await.ok();
-                return;
-            }
-        };
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
-        }
-    }
 }
 
 /// Completes once `stopping` says so.

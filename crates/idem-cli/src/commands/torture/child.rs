@@ -10,7 +10,14 @@ use std::process::Stdio;
 use anyhow::Context;
 use tokio::process::{Child, Command};
 
-use super::gateway::Exit;
+/// How a child process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// A crash point fired (SIGABRT).
+    Crashed,
+    /// Any other way.
+    Other,
+}
 
 /// The current binary as a child command: no `IDEM_*` variable of this
 /// process, `IDEM_CRASH=crash` when given, and the log file (appended to)

@@ -13,7 +13,7 @@ use anyhow::{Context, bail};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Child;
 
-use super::child::idem_command;
+use super::child::{Exit, idem_command};
 
 /// The lease the gateway is started with: short, so a retry after an
 /// unknown outcome is forwarded again within a trial.
@@ -35,15 +35,6 @@ pub struct Gateway {
     /// Where it listens: a free port the first time, then that port again.
     listen: SocketAddr,
     child: Option<Child>,
-}
-
-/// How a gateway process ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Exit {
-    /// A crash point fired (SIGABRT).
-    Crashed,
-    /// Any other way.
-    Other,
 }
 
 impl Gateway {

@@ -16,11 +16,11 @@ use idem_check::{Report, ViolationKind};
 use rand::Rng;
 
 use super::broker::{self, Queue, Stream};
-use super::child::Process;
+use super::child::{Exit, Process};
 use super::client::{Load, Sample};
 use super::dupproxy::{DupProxy, Timing};
 use super::faultproxy::{FaultProxy, Mode};
-use super::gateway::{Exit, Gateway};
+use super::gateway::Gateway;
 use super::now_ms;
 use super::pgserver::{PrivatePostgres, Shutdown};
 use super::relay;

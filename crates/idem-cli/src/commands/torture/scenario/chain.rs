@@ -28,11 +28,11 @@ use rand::Rng;
 use rand::seq::SliceRandom;
 
 use super::super::broker;
-use super::super::child::Process;
+use super::super::child::{Exit, Process};
 use super::super::client::Load;
 use super::super::dupproxy::{DupProxy, Timing};
 use super::super::faultproxy::{FaultProxy, Mode};
-use super::super::gateway::{Exit, Gateway};
+use super::super::gateway::Gateway;
 use super::super::{Database, now_ms, relay};
 use super::{
     CLIENTS, Carrier, DRAIN_WAIT, Explanations, Fault, Route, Setting, TrialResult, acked_keys,
