@@ -43,6 +43,39 @@ fn postgres_installed() -> bool {
     installed
 }
 
+/// A campaign's report folder, removed after a passing test and kept (its
+/// path printed) after a failing one, with the histories and logs that say
+/// why.
+struct Report(Option<tempfile::TempDir>);
+
+impl Report {
+    fn new() -> Self {
+        Self(Some(
+            tempfile::Builder::new()
+                .prefix("idem-torture-")
+                .tempdir()
+                .unwrap(),
+        ))
+    }
+
+    fn path(&self) -> &Path {
+        self.0
+            .as_ref()
+            .expect("the folder is kept until drop")
+            .path()
+    }
+}
+
+impl Drop for Report {
+    fn drop(&mut self) {
+        if std::thread::panicking()
+            && let Some(dir) = self.0.take()
+        {
+            eprintln!("the campaign's report is kept in {}", dir.keep().display());
+        }
+    }
+}
+
 /// Runs `idem torture` on `scenarios`, `trials` each, 30 operations a
 /// trial, with a report in `report`; asserts it ended well in `limit`.
 fn campaign(scenarios: &[&str], trials: usize, report: &Path, limit: Duration) -> Output {
@@ -84,6 +117,7 @@ fn rows_are_clean(
     report: &Path,
 ) -> serde_json::Value {
     let rows: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    eprintln!("{}", String::from_utf8_lossy(&output.stderr));
     let list = rows.as_array().unwrap();
     assert_eq!(list.len(), scenarios.len());
     for (row, scenario) in list.iter().zip(scenarios) {
@@ -111,7 +145,7 @@ fn rows_are_clean(
 
 #[test]
 fn a_short_campaign_kills_the_processes_and_finds_no_violation() {
-    let report = tempfile::tempdir().unwrap();
+    let report = Report::new();
     let mut scenarios = vec![
         "gateway-sqlite-kill",
         "gateway-dup-proxy-kill",
@@ -139,7 +173,7 @@ fn a_short_campaign_kills_the_processes_and_finds_no_violation() {
 
 #[test]
 fn a_short_campaign_cuts_and_restarts_the_dependencies_and_finds_no_violation() {
-    let report = tempfile::tempdir().unwrap();
+    let report = Report::new();
     let mut scenarios = Vec::new();
     if postgres_installed() {
         scenarios.push("gateway-postgres-restart");
@@ -170,7 +204,7 @@ fn a_short_campaign_over_the_whole_chain_on_postgres_finds_no_violation() {
     if !up("PostgreSQL", "127.0.0.1:5432") || !up("RabbitMQ", "127.0.0.1:5672") {
         return;
     }
-    let report = tempfile::tempdir().unwrap();
+    let report = Report::new();
     let scenarios = ["chain-postgres"];
     let output = campaign(&scenarios, 2, report.path(), Duration::from_secs(240));
     let rows = rows_are_clean(&output, &scenarios, 2, report.path());

@@ -101,6 +101,17 @@ impl Error {
             | Self::InvalidKey(_) => false,
         }
     }
+
+    /// A copy for each caller of a group commit, where one failure answers
+    /// many calls: a store error of the same kind (`Other` for anything
+    /// else) and the same message, without the driver's error underneath.
+    pub fn copy_for_group(&self) -> Error {
+        let kind = match self {
+            Self::Store(e) => e.kind(),
+            _ => ErrorKind::Other,
+        };
+        StoreError::new(kind, self.to_string()).into()
+    }
 }
 
 /// What kind of store failure happened, whatever the driver.

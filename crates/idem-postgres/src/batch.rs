@@ -26,15 +26,15 @@ use crate::store::PgStore;
 use crate::{lock, records};
 
 /// The batch's distinct keys, in the order they first occur.
-struct Keys<'a> {
-    slot: HashMap<(&'a Scope, &'a IdempotencyKey), usize>,
-    keys: Vec<(&'a Scope, &'a IdempotencyKey)>,
+pub(crate) struct Keys<'a> {
+    pub(crate) slot: HashMap<(&'a Scope, &'a IdempotencyKey), usize>,
+    pub(crate) keys: Vec<(&'a Scope, &'a IdempotencyKey)>,
     /// `slot_of[i]` is the key of `ops[i]`.
-    slot_of: Vec<usize>,
+    pub(crate) slot_of: Vec<usize>,
 }
 
 impl<'a> Keys<'a> {
-    fn of(ops: &'a [Operation]) -> Self {
+    pub(crate) fn of(ops: &'a [Operation]) -> Self {
         let mut slot: HashMap<(&Scope, &IdempotencyKey), usize> = HashMap::new();
         let mut keys: Vec<(&Scope, &IdempotencyKey)> = Vec::new();
         let slot_of = ops

@@ -30,7 +30,49 @@ use crate::records::{self, Fence};
 use crate::store::PgStore;
 
 impl LeaseStore for PgStore {
+    /// In a group with the claims of concurrent callers (see
+    /// [`PgStoreBuilder::group_commit`](crate::PgStoreBuilder::group_commit)).
     async fn claim(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: Fingerprint,
+    ) -> Result<Claimed, Error> {
+        if self.group_commit() {
+            let op = Operation::new(scope.clone(), key.clone(), fingerprint);
+            return self.claim_grouped(op).await;
+        }
+        self.claim_alone(scope, key, fingerprint).await
+    }
+
+    async fn renew(&self, claim: &Claim) -> Result<Claim, Error> {
+        let now = self.clock().now();
+        let lease_until = now.plus(self.settings().lease);
+        self.fenced_update(claim, Change::Lease(Some(lease_until)), now)
+            .await?;
+        Ok(Claim {
+            lease_until,
+            ..claim.clone()
+        })
+    }
+
+    /// In a group with the completions of concurrent callers, as `claim`.
+    async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
+        if self.group_commit() {
+            return self.settle_grouped(claim, outcome).await;
+        }
+        self.settle_alone(claim, outcome).await
+    }
+
+    async fn release(&self, claim: &Claim) -> Result<(), Error> {
+        self.release_alone(claim).await
+    }
+}
+
+impl PgStore {
+    /// A claim in a transaction of its own: the look-up on the pool, then the
+    /// lock, the read and the write.
+    pub(crate) async fn claim_alone(
         &self,
         scope: &Scope,
         key: &IdempotencyKey,
@@ -73,24 +115,15 @@ impl LeaseStore for PgStore {
         }))
     }
 
-    async fn renew(&self, claim: &Claim) -> Result<Claim, Error> {
-        let now = self.clock().now();
-        let lease_until = now.plus(self.settings().lease);
-        self.fenced_update(claim, Change::Lease(Some(lease_until)), now)
-            .await?;
-        Ok(Claim {
-            lease_until,
-            ..claim.clone()
-        })
-    }
-
-    async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
+    /// A completion in a transaction of its own.
+    pub(crate) async fn settle_alone(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
         let now = self.clock().now();
         self.fenced_update(claim, Change::Settle(outcome), now)
             .await
     }
 
-    async fn release(&self, claim: &Claim) -> Result<(), Error> {
+    /// Frees the key of `claim`, keeping its record.
+    pub(crate) async fn release_alone(&self, claim: &Claim) -> Result<(), Error> {
         let now = self.clock().now();
         self.fenced_update(claim, Change::Lease(None), now).await
     }

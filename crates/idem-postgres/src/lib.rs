@@ -98,6 +98,7 @@ mod dead_letters;
 mod decision;
 mod error;
 mod fences;
+mod group;
 mod headers;
 mod inspect;
 mod leased;
@@ -110,6 +111,7 @@ mod store;
 mod testing;
 
 pub use error::map_error;
+pub use group::MAX_GROUP;
 pub use outbox::OutboxListener;
 pub use records::SWEEP_LOCK;
 pub use sqlx;

@@ -92,6 +92,20 @@ pub(crate) async fn lock(conn: &mut PgConnection, key: i64) -> sqlx::Result<()> 
     Ok(())
 }
 
+/// Takes every key's lock in one statement, waiting for each holder in turn.
+/// `keys` must be sorted: callers that take many locks all take them in one
+/// order, so two of them never wait for each other.
+pub(crate) async fn lock_all(conn: &mut PgConnection, keys: &[i64]) -> sqlx::Result<()> {
+    debug_assert!(keys.is_sorted(), "locks are taken in one order");
+    // A function scan returns the array's elements in order, and the
+    // aggregate takes the locks as the rows arrive.
+    sqlx::query("SELECT count(pg_advisory_xact_lock(t.k)) FROM unnest($1::bigint[]) AS t(k)")
+        .bind(keys)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
 /// Tries every key's lock in one statement; element `i` of the answer says
 /// whether `keys[i]` was granted. Trying never waits, so the order in which the
 /// locks are taken cannot deadlock.

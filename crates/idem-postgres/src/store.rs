@@ -5,7 +5,7 @@
 use std::fmt;
 use std::panic::AssertUnwindSafe;
 use std::str::FromStr;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -17,6 +17,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, Postgres};
 use sqlx::{ConnectOptions, Connection, Transaction};
 
 use crate::error::{Endpoint, commit_error, kind_of_cause, store_error};
+use crate::group::Groups;
 use crate::{lock, records};
 
 /// The default size of the connection pool.
@@ -37,11 +38,14 @@ pub struct PgStore {
     inner: Arc<Inner>,
 }
 
-struct Inner {
+pub(crate) struct Inner {
     pool: PgPool,
     settings: Settings,
     clock: SharedClock,
     endpoint: Endpoint,
+    /// Whether leased claims and completions are committed in groups.
+    group_commit: bool,
+    groups: Groups,
 }
 
 impl fmt::Debug for PgStore {
@@ -50,6 +54,7 @@ impl fmt::Debug for PgStore {
             .field("endpoint", &self.inner.endpoint)
             .field("settings", &self.inner.settings)
             .field("clock", &self.inner.clock)
+            .field("group_commit", &self.inner.group_commit)
             .finish_non_exhaustive()
     }
 }
@@ -64,6 +69,7 @@ impl PgStore {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             acquire_timeout: DEFAULT_ACQUIRE_TIMEOUT,
             migrate: true,
+            group_commit: true,
         }
     }
 
@@ -81,16 +87,51 @@ impl PgStore {
     /// (named `idem_*_v1`). The store's own pool prepares them when it opens a
     /// connection; over this pool, each connection prepares them the first
     /// time it needs them, after one failed `EXECUTE` that the server logs.
+    ///
+    /// Leased claims and completions are committed in groups, as with
+    /// [`PgStoreBuilder::group_commit`]'s default.
     pub fn from_pool(pool: PgPool, settings: Settings, clock: SharedClock) -> PgStore {
         let endpoint = Endpoint::of_pool(&pool);
+        PgStore::of(pool, settings, clock, endpoint, true)
+    }
+
+    fn of(
+        pool: PgPool,
+        settings: Settings,
+        clock: SharedClock,
+        endpoint: Endpoint,
+        group_commit: bool,
+    ) -> PgStore {
         PgStore {
             inner: Arc::new(Inner {
                 pool,
                 settings,
                 clock,
                 endpoint,
+                group_commit,
+                groups: Groups::default(),
             }),
         }
+    }
+
+    /// Whether leased claims and completions are committed in groups.
+    pub(crate) fn group_commit(&self) -> bool {
+        self.inner.group_commit
+    }
+
+    /// The group commit runners' queues.
+    pub(crate) fn groups(&self) -> &Groups {
+        &self.inner.groups
+    }
+
+    /// A handle that does not keep the store open (for its own tasks).
+    pub(crate) fn downgrade(&self) -> Weak<Inner> {
+        Arc::downgrade(&self.inner)
+    }
+
+    /// The store behind `weak`, if a handle to it is still open.
+    pub(crate) fn upgrade(weak: &Weak<Inner>) -> Option<PgStore> {
+        weak.upgrade().map(|inner| PgStore { inner })
     }
 
     /// The connection pool, for the application's own queries.
@@ -233,14 +274,17 @@ pub struct PgStoreBuilder {
     max_connections: u32,
     acquire_timeout: Duration,
     migrate: bool,
+    group_commit: bool,
 }
 
 impl fmt::Debug for PgStoreBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // The URL may carry a password: show where it points, never the URL.
-        let target = PgConnectOptions::from_str(&self.url)
+        let target = take_group_commit(&self.url)
+            .ok()
+            .and_then(|(url, _)| PgConnectOptions::from_str(&url).ok())
             .map(|o| Endpoint::new(&o, self.max_connections, self.acquire_timeout).to_string())
-            .unwrap_or_else(|_| "<URL not valid>".to_owned());
+            .unwrap_or_else(|| "<URL not valid>".to_owned());
         f.debug_struct("PgStoreBuilder")
             .field("target", &target)
             .field("settings", &self.settings)
@@ -248,6 +292,7 @@ impl fmt::Debug for PgStoreBuilder {
             .field("max_connections", &self.max_connections)
             .field("acquire_timeout", &self.acquire_timeout)
             .field("migrate", &self.migrate)
+            .field("group_commit", &self.group_commit)
             .finish()
     }
 }
@@ -286,11 +331,30 @@ impl PgStoreBuilder {
         self
     }
 
+    /// Whether the leased claims and completions of concurrent callers
+    /// share transactions (default `true`): each caller still hears its own
+    /// answer after the commit, and many calls wait for one flush to disk
+    /// instead of one each. `false` gives every call a transaction of its
+    /// own, which only saves the hop to the task that groups them when calls
+    /// come one at a time.
+    pub fn group_commit(mut self, group: bool) -> Self {
+        self.group_commit = group;
+        self
+    }
+
     /// Connects: checks the server answers (one connection, no retries, so an
     /// unreachable server is reported at once and with its real cause), migrates
     /// if asked, and opens the pool.
-    pub async fn connect(self) -> Result<PgStore, Error> {
-        let options = PgConnectOptions::from_str(&self.url).map_err(|e| {
+    ///
+    /// The URL may end with `group_commit=off` (or `on`) among its query
+    /// parameters, which sets [`group_commit`](Self::group_commit): a way to
+    /// choose it where only a URL is given, as with `idem --store`.
+    pub async fn connect(mut self) -> Result<PgStore, Error> {
+        let (url, group_commit) = take_group_commit(&self.url)?;
+        if let Some(group) = group_commit {
+            self.group_commit = group;
+        }
+        let options = PgConnectOptions::from_str(&url).map_err(|e| {
             // Said without the URL itself, which may hold a password.
             Error::Store(StoreError::with_source(
                 ErrorKind::Config,
@@ -330,13 +394,73 @@ impl PgStoreBuilder {
                 })
             })
             .connect_lazy_with(options);
-        Ok(PgStore {
-            inner: Arc::new(Inner {
-                pool,
-                settings: self.settings,
-                clock: self.clock,
-                endpoint,
-            }),
-        })
+        Ok(PgStore::of(
+            pool,
+            self.settings,
+            self.clock,
+            endpoint,
+            self.group_commit,
+        ))
+    }
+}
+
+/// The URL without its `group_commit` parameter, and that parameter's value.
+fn take_group_commit(url: &str) -> Result<(String, Option<bool>), Error> {
+    let Some((base, query)) = url.split_once('?') else {
+        return Ok((url.to_owned(), None));
+    };
+    let mut group = None;
+    let mut kept = Vec::new();
+    for pair in query.split('&') {
+        match pair.split_once('=') {
+            Some(("group_commit", value)) => {
+                group = Some(match value {
+                    "on" | "true" => true,
+                    "off" | "false" => false,
+                    other => {
+                        return Err(Error::Store(StoreError::new(
+                            ErrorKind::Config,
+                            format!(
+                                "group_commit={other:?} in the PostgreSQL URL is not understood: write group_commit=on or group_commit=off"
+                            ),
+                        )));
+                    }
+                });
+            }
+            _ => kept.push(pair),
+        }
+    }
+    let url = if kept.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    Ok((url, group))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn group_commit_is_read_from_the_url_and_removed_from_it() {
+        let url = "postgres://u@h/db";
+        assert_eq!(take_group_commit(url).unwrap(), (url.to_owned(), None));
+        assert_eq!(
+            take_group_commit("postgres://u@h/db?group_commit=off").unwrap(),
+            ("postgres://u@h/db".to_owned(), Some(false))
+        );
+        assert_eq!(
+            take_group_commit(
+                "postgres://u@h/db?sslmode=disable&group_commit=on&application_name=x"
+            )
+            .unwrap(),
+            (
+                "postgres://u@h/db?sslmode=disable&application_name=x".to_owned(),
+                Some(true)
+            )
+        );
+        let err = take_group_commit("postgres://u@h/db?group_commit=maybe").unwrap_err();
+        assert!(err.to_string().contains("group_commit=off"), "{err}");
     }
 }

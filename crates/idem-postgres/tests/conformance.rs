@@ -1,6 +1,8 @@
 //! The shared conformance suite against PostgreSQL, one fresh database per test,
-//! run twice: atomic apply claiming the key first (`AtomicStore::apply`) and
-//! looking for a stored outcome first (`AtomicStore::apply_replay_first`).
+//! run twice: atomic apply claiming the key first (`AtomicStore::apply`) with
+//! leased claims and completions committed in groups, and atomic apply
+//! looking for a stored outcome first (`AtomicStore::apply_replay_first`) with
+//! each leased call in a transaction of its own.
 
 mod common;
 
@@ -26,6 +28,7 @@ impl<const REPLAY_FIRST: bool> Postgres<REPLAY_FIRST> {
     async fn at(url: String, clock: ManualClock, db: Option<Arc<TestDb>>) -> Self {
         let store = PgStore::builder(url.clone())
             .clock(Arc::new(clock.clone()))
+            .group_commit(!REPLAY_FIRST)
             .connect()
             .await
             .expect("connect the PostgreSQL store");

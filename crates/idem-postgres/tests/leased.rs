@@ -231,3 +231,117 @@ async fn sixty_four_concurrent_claims_give_one_claim() {
     }
     assert_eq!(fresh, 1);
 }
+
+#[tokio::test]
+async fn concurrent_claims_and_completions_of_many_keys_settle_each_key_once() {
+    let Some(db) = TestDb::new().await else {
+        return;
+    };
+    let clock = clock();
+    let store = db.store_at(&clock).await;
+    // 50 keys, each claimed by four callers at once: the groups mix new keys,
+    // copies of a key in the same group, and keys settled a moment before.
+    let callers = (0..200).map(|i| {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let name = format!("order-{}", i % 50);
+            match store.claim(&scope(), &key(&name), fp()).await {
+                Ok(Claimed::Fresh(claim)) => {
+                    let outcome = Outcome::success(format!("done {name}"));
+                    store.complete(&claim, &outcome).await.unwrap();
+                    Some(name)
+                }
+                Ok(Claimed::Replayed(outcome)) => {
+                    assert_eq!(outcome, Outcome::success(format!("done {name}")));
+                    None
+                }
+                Err(Error::InFlight { .. }) => None,
+                Err(other) => panic!("unexpected {other:?}"),
+            }
+        })
+    });
+    let mut ran = std::collections::HashMap::<String, u32>::new();
+    for caller in futures::future::join_all(callers).await {
+        if let Some(name) = caller.unwrap() {
+            *ran.entry(name).or_default() += 1;
+        }
+    }
+    assert_eq!(ran.len(), 50, "every key was claimed");
+    assert!(ran.values().all(|&n| n == 1), "a key ran twice: {ran:?}");
+    for i in 0..50 {
+        let name = format!("order-{i}");
+        assert_eq!(
+            store.claim(&scope(), &key(&name), fp()).await.unwrap(),
+            Claimed::Replayed(Outcome::success(format!("done {name}")))
+        );
+    }
+}
+
+#[tokio::test]
+async fn completions_in_one_group_fence_the_zombie_and_settle_the_others() {
+    let Some(db) = TestDb::new().await else {
+        return;
+    };
+    let clock = clock();
+    let store = db.store_at(&clock).await;
+    let zombie = fresh(store.claim(&scope(), &key("a"), fp()).await.unwrap());
+    clock.advance(Duration::from_secs(61));
+    let successor = fresh(store.claim(&scope(), &key("a"), fp()).await.unwrap());
+    assert!(successor.took_over);
+    let other = fresh(store.claim(&scope(), &key("b"), fp()).await.unwrap());
+
+    let late = Outcome::success("zombie");
+    let won = Outcome::success("successor");
+    let done = Outcome::success("b");
+    let (z, s, o) = tokio::join!(
+        store.complete(&zombie, &late),
+        store.complete(&successor, &won),
+        store.complete(&other, &done),
+    );
+    match z {
+        Err(Error::Fenced { held, current, .. }) => {
+            assert_eq!(held, zombie.token);
+            assert_eq!(current, Some(successor.token));
+        }
+        other => panic!("expected Fenced for the zombie, got {other:?}"),
+    }
+    s.unwrap();
+    o.unwrap();
+    assert_eq!(
+        store.claim(&scope(), &key("a"), fp()).await.unwrap(),
+        Claimed::Replayed(won)
+    );
+    assert_eq!(
+        store.claim(&scope(), &key("b"), fp()).await.unwrap(),
+        Claimed::Replayed(done)
+    );
+}
+
+#[tokio::test]
+async fn a_claim_whose_caller_gave_up_in_the_queue_is_released() {
+    let Some(db) = TestDb::new().await else {
+        return;
+    };
+    let clock = clock();
+    let store = db.store_at(&clock).await;
+    // Polled once (queued in a group), then dropped.
+    let gave_up =
+        tokio::time::timeout(Duration::ZERO, store.claim(&scope(), &key("left"), fp())).await;
+    assert!(gave_up.is_err(), "the claim was still queued");
+    // The clock stands still, so only the release can free the key before
+    // its 60 s lease ends.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let claim = loop {
+        match store.claim(&scope(), &key("left"), fp()).await {
+            Ok(Claimed::Fresh(claim)) => break claim,
+            Err(Error::InFlight { .. }) if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            other => panic!("expected the key to be freed, got {other:?}"),
+        }
+    };
+    assert!(
+        !claim.took_over,
+        "freed by the release, not by the lease's end"
+    );
+}

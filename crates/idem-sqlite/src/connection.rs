@@ -135,15 +135,6 @@ fn commit_group(conn: &mut Connection, group: Vec<GroupedJob>) {
     }
 }
 
-/// A copy of a group's commit error for each of its jobs.
-fn shared(error: &Error) -> Error {
-    let kind = match error {
-        Error::Store(e) => e.kind(),
-        _ => ErrorKind::Other,
-    };
-    StoreError::new(kind, error.to_string()).into()
-}
-
 /// The most read connections open at once. Each keeps its own page cache (up
 /// to 2 MiB once a count over the records has filled it) and a file handle, so
 /// the pool is bounded: reads beyond this many wait for a connection instead
@@ -285,14 +276,16 @@ impl Connections {
         let grouped = Job::Grouped(Box::new(move |conn: Option<&mut Connection>| -> Deliver {
             let Some(conn) = conn else {
                 return Box::new(move |error: Option<&Error>| {
-                    let _ = done_tx.send(Err(error.map_or_else(stopped, shared).into()));
+                    let _ = done_tx.send(Err(error
+                        .map_or_else(stopped, Error::copy_for_group)
+                        .into()));
                 });
             };
             let result = in_savepoint(conn, job);
             Box::new(move |commit_error: Option<&Error>| {
                 let _ = done_tx.send(match commit_error {
                     None => result,
-                    Some(error) => Err(shared(error).into()),
+                    Some(error) => Err(error.copy_for_group().into()),
                 });
             })
         }));

@@ -273,7 +273,15 @@ impl PgStore {
                 Ok(Next::Replay(outcome)) => {
                     return Self::answer(tx, Ok(Applied::Replayed(outcome)));
                 }
-                Err(error) => return Self::answer(tx, Err(error.into())),
+                Err(error) => {
+                    // A refusal is rare: roll back before answering, so a
+                    // caller that retries once the lease has ended finds
+                    // the key's lock free.
+                    if opened.granted {
+                        self.roll_back(tx).await;
+                    }
+                    return Err(error.into());
+                }
             };
         let replaces = opened.found.is_some();
         self.run_and_commit(tx, plan, replaces, scope, key, fingerprint, effect)
@@ -327,12 +335,13 @@ impl PgStore {
         self.pool().acquire().await.map_err(|e| self.fail(e))
     }
 
-    /// Gives `answer` without running the effect, and without waiting for the
-    /// rollback: dropping `tx` queues it, and the pool sends it when it takes
-    /// the connection back, at once. The key's lock, if this transaction got
-    /// it, stays held until then, which no caller waits on: a duplicate of a
-    /// settled key is answered from the record whether or not it gets the
-    /// lock, and one of a key in flight is refused either way.
+    /// Gives a replay without running the effect, and without waiting for
+    /// the rollback: dropping `tx` queues it, and the pool sends it when it
+    /// takes the connection back, at once. The key's lock, if this
+    /// transaction got it, stays held until then, which no caller waits on: a
+    /// duplicate of a settled key is answered from the record whether or not
+    /// it gets the lock. (A refusal is rolled back before it is answered: a
+    /// key in flight may be taken over as soon as its lease ends.)
     fn answer<T>(tx: Transaction<'_, Postgres>, answer: T) -> T {
         drop(tx);
         answer

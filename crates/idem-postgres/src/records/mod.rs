@@ -178,6 +178,46 @@ pub(crate) async fn settle(
     fence(&row)
 }
 
+/// [`settle`] for several claims of distinct keys in one statement; one
+/// [`Fence`] per claim, in order.
+pub(crate) async fn settle_all(
+    conn: &mut PgConnection,
+    settled: &[(&Claim, &Outcome)],
+    now: Timestamp,
+) -> sqlx::Result<Vec<Fence>> {
+    let scopes: Vec<&str> = settled.iter().map(|(c, _)| c.scope.as_str()).collect();
+    let keys: Vec<&str> = settled.iter().map(|(c, _)| c.key.as_str()).collect();
+    let tokens: Vec<i64> = settled.iter().map(|(c, _)| c.token.get()).collect();
+    let states: Vec<&str> = settled
+        .iter()
+        .map(|(_, o)| RecordState::settled_by(o.kind).as_str())
+        .collect();
+    let kinds: Vec<&str> = settled.iter().map(|(_, o)| o.kind.as_str()).collect();
+    let bodies: Vec<&[u8]> = settled.iter().map(|(_, o)| o.body.as_slice()).collect();
+    let metas: Vec<String> = settled.iter().map(|(_, o)| o.meta_json()).collect();
+    let rows = sqlx::query(
+        "WITH u AS (            SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[],              $6::bytea[], $7::text[]) WITH ORDINALITY AS u(scope, key, token, state, kind, body, meta, i)),          changed AS (            UPDATE idem_records AS r SET state = u.state, outcome_kind = u.kind,              outcome_body = u.body, outcome_meta = u.meta, lease_until = NULL, updated_at = $8            FROM u            WHERE r.scope = u.scope AND r.key = u.key AND r.token = u.token              AND r.state = 'in_flight'            RETURNING u.i)          SELECT u.i, EXISTS (SELECT 1 FROM changed WHERE changed.i = u.i) AS held,            (SELECT r.token FROM idem_records AS r WHERE r.scope = u.scope AND r.key = u.key) AS current          FROM u ORDER BY u.i",
+    )
+    .bind(scopes)
+    .bind(keys)
+    .bind(tokens)
+    .bind(states)
+    .bind(kinds)
+    .bind(bodies)
+    .bind(metas)
+    .bind(now.0)
+    .fetch_all(conn)
+    .await?;
+    if rows.len() != settled.len() {
+        return Err(sqlx::Error::Protocol(format!(
+            "settling {} claims answered {} rows",
+            settled.len(),
+            rows.len()
+        )));
+    }
+    rows.iter().map(fence).collect()
+}
+
 /// Moves the lease end of an in-flight record, if `claim` still holds it: later
 /// to renew, to now to release.
 pub(crate) async fn set_lease(
