@@ -15,6 +15,10 @@
 #     requests without a key (passed through), replays (a fixed set of 1000
 #     keys already answered, sent again) and unique keys (a new key per
 #     request);
+#   - through `idem serve` on PostgreSQL with `group_commit=on` in its store
+#     URL (the claims and completions of concurrent requests share
+#     transactions): replays and unique keys, to show what grouping the
+#     commits gives;
 #   - and pgbench's single-row INSERT transactions on the same PostgreSQL (16
 #     and 32 clients; the better is the reference for unique keys there).
 # The phases take turns in rounds; each rate is the median of the rounds',
@@ -403,8 +407,12 @@ psql -q "$pg_url" -c "CREATE TABLE gwbench_insert (k TEXT PRIMARY KEY, body BYTE
 cores=$(nproc 2>/dev/null || echo '?')
 proxy="http://127.0.0.1:$proxy_port/"
 declare -A gw_url gw_admin_port gw_pid_of all_rps all_p50 all_p99 all_bad
-for store in sqlite pg; do
-    if [[ $store == sqlite ]]; then url=sqlite://$work/gateway.db; else url=$pg_url; fi
+for store in sqlite pg pggrouped; do
+    case $store in
+    sqlite) url=sqlite://$work/gateway.db ;;
+    pg) url=$pg_url ;;
+    pggrouped) url="$pg_url?group_commit=on" ;;
+    esac
     free_port
     gw_port=$port
     free_port
@@ -477,7 +485,7 @@ ratios() {
         printf "%.2f %.2f-%.2f\n", m, r[1], r[n] }'
 }
 
-phases=(direct nginx nginx-keyed sqlite-pass sqlite-replay sqlite-unique pg-pass pg-replay pg-unique pgbench-16 pgbench-32)
+phases=(direct nginx nginx-keyed sqlite-pass sqlite-replay sqlite-unique pg-pass pg-replay pg-unique pggrouped-replay pggrouped-unique pgbench-16 pgbench-32)
 say ""
 say "part 1: one echo upstream; wrk $threads threads, $conns connections; $rounds rounds of ${seconds}s phases (after ${warmup}s warm-ups) taking turns; $cores cores"
 for ((round = 1; round <= rounds; round++)); do
@@ -498,6 +506,8 @@ declare -A label=(
     [pg-pass]="idem serve, PostgreSQL: no key"
     [pg-replay]="idem serve, PostgreSQL: replays"
     [pg-unique]="idem serve, PostgreSQL: unique keys"
+    [pggrouped-replay]="idem serve, PostgreSQL grouped: replays"
+    [pggrouped-unique]="idem serve, PostgreSQL grouped: unique keys"
     [pgbench-16]="pgbench single-row INSERT, 16 clients"
     [pgbench-32]="pgbench single-row INSERT, 32 clients"
 )
@@ -511,11 +521,11 @@ for ph in "${phases[@]}"; do
         "$(median "${all_p50[$ph]}")" "$(median "${all_p99[$ph]}")" "${all_bad[$ph]}"
 done
 echo "(errors: non-2xx answers and socket errors; for pgbench, failed transactions, and p50 is its average latency)"
-for store in sqlite pg; do
+for store in sqlite pg pggrouped; do
     echo "gateway outcomes, $store: $(outcomes "${gw_admin_port[$store]}")"
     stop_proc "${gw_pid_of[$store]}"
 done
-echo "PostgreSQL transactions per request (xact_commit, last round): unique keys ${commits_per[pg-unique]}, replays ${commits_per[pg-replay]}"
+echo "PostgreSQL transactions per request (xact_commit, last round): unique keys ${commits_per[pg-unique]}, replays ${commits_per[pg-replay]}; grouped: unique keys ${commits_per[pggrouped-unique]}, replays ${commits_per[pggrouped-replay]}"
 echo
 
 target_row() {
@@ -536,6 +546,8 @@ target_row "replays (SQLite) / nginx, keyed" sqlite-replay nginx-keyed 1.2
 target_row "unique keys (SQLite) / nginx, keyed" sqlite-unique nginx-keyed 0.5
 target_row "unique keys (PostgreSQL) / pgbench INSERT" pg-unique pgref 0.5
 target_row "replays (PostgreSQL) / nginx, keyed" pg-replay nginx-keyed 0.5
+info_row "unique keys (PostgreSQL): grouped / ungrouped" pggrouped-unique pg-unique
+info_row "replays (PostgreSQL): grouped / ungrouped" pggrouped-replay pg-replay
 info_row "nginx, no key / direct" nginx direct
 info_row "nginx, keyed / nginx, no key" nginx-keyed nginx
 

@@ -3,21 +3,23 @@
 //!
 //! A gateway answering many requests at once claims a key per request and
 //! settles it when the upstream has answered. Alone, each claim and each
-//! completion is a transaction of its own and waits for its own flush to disk;
-//! the database's commit rate then caps the gateway. Grouped, a runner task
-//! takes every claim queued while its previous group was committing, up to
-//! [`MAX_GROUP`], and decides them together:
+//! completion is a transaction of its own with its own round trips and its
+//! own flush to disk. Grouped:
 //!
-//! 1. one look-up of all their records, outside any transaction, answers
-//!    replays and refusals (a reused key, a live lease);
-//! 2. for the rest, one transaction tries all their locks in one statement,
-//!    reads their records again in the next, writes every new in-flight record
-//!    in one statement and commits once.
+//! 1. each caller first looks its key up on the pool, as a single claim does,
+//!    which answers replays and refusals (a reused key, a live lease) at once
+//!    and in parallel;
+//! 2. the claims that would write are queued; a runner task takes what is
+//!    queued (up to [`MAX_GROUP`]) and, in one transaction, tries all their
+//!    locks in one statement, reads their records again in the next, writes
+//!    every new in-flight record in one statement and commits once.
 //!
-//! Completions work the same way with a runner of their own: one transaction
-//! waits for the keys' locks in one order (two groups cannot deadlock), makes
-//! one fenced `UPDATE` for all of them and commits once. A completion whose
-//! claim was taken over is refused as `Fenced` without holding up the others.
+//! Completions are queued the same way: one transaction waits for the keys'
+//! locks in one order (two groups cannot deadlock), makes one fenced `UPDATE`
+//! for all of them and commits once. A completion whose claim was taken over
+//! is refused as `Fenced` without holding up the others. A few runners of each
+//! kind take turns at their queue, so one group's round trips overlap with the
+//! next one's.
 //!
 //! Each caller hears its own answer after the commit; a failed commit answers
 //! every caller of the group with a copy of the error. Neither the answers nor
@@ -27,11 +29,12 @@
 //! held until the lease ends.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, Weak};
+use std::future::Future;
+use std::sync::{Arc, Mutex, Weak};
 
 use idem_core::{
-    Claim, Claimed, Decision, Error, ErrorKind, IdempotencyKey, Operation, Outcome, Record, Scope,
-    StoreError, Timestamp, decide, observe,
+    Claim, Claimed, Error, ErrorKind, IdempotencyKey, Operation, Outcome, Record, Scope,
+    StoreError, Timestamp,
 };
 use sqlx::{Connection, PgConnection};
 use tokio::sync::{mpsc, oneshot};
@@ -44,6 +47,10 @@ use crate::store::{Inner, PgStore};
 
 /// The most claims (or completions) one transaction carries.
 pub const MAX_GROUP: usize = 64;
+
+/// How many groups of each kind may be committing at once: while one waits
+/// for its round trips and its flush, the next is gathered and sent.
+const RUNNERS: usize = 4;
 
 /// A queued claim and where its answer goes.
 struct ClaimJob {
@@ -90,32 +97,43 @@ impl Queues {
     fn start(store: Weak<Inner>) -> Self {
         let (claims, claim_queue) = mpsc::unbounded_channel();
         let (settles, settle_queue) = mpsc::unbounded_channel();
-        tokio::spawn(run_claims(store.clone(), claim_queue));
-        tokio::spawn(run_settles(store, settle_queue));
+        let claim_queue = Arc::new(tokio::sync::Mutex::new(claim_queue));
+        let settle_queue = Arc::new(tokio::sync::Mutex::new(settle_queue));
+        for _ in 0..RUNNERS {
+            tokio::spawn(run(
+                store.clone(),
+                claim_queue.clone(),
+                PgStore::claim_group,
+            ));
+            tokio::spawn(run(
+                store.clone(),
+                settle_queue.clone(),
+                PgStore::settle_group,
+            ));
+        }
         Self { claims, settles }
     }
 }
 
-/// Takes what is queued, up to a group, and decides it, until the store is
-/// dropped.
-async fn run_claims(store: Weak<Inner>, mut queue: mpsc::UnboundedReceiver<ClaimJob>) {
+/// One runner: waits its turn at the queue, takes what is queued (up to a
+/// group) and commits it while the next runner gathers the next group; until
+/// the store is dropped.
+async fn run<J, F>(
+    store: Weak<Inner>,
+    queue: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<J>>>,
+    commit: impl Fn(PgStore, Vec<J>) -> F,
+) where
+    F: Future<Output = ()>,
+{
     let mut group = Vec::with_capacity(MAX_GROUP);
-    while queue.recv_many(&mut group, MAX_GROUP).await > 0 {
+    loop {
+        if queue.lock().await.recv_many(&mut group, MAX_GROUP).await == 0 {
+            return;
+        }
         let Some(store) = PgStore::upgrade(&store) else {
             return;
         };
-        store.claim_group(std::mem::take(&mut group)).await;
-    }
-}
-
-/// As [`run_claims`], for completions.
-async fn run_settles(store: Weak<Inner>, mut queue: mpsc::UnboundedReceiver<SettleJob>) {
-    let mut group = Vec::with_capacity(MAX_GROUP);
-    while queue.recv_many(&mut group, MAX_GROUP).await > 0 {
-        let Some(store) = PgStore::upgrade(&store) else {
-            return;
-        };
-        store.settle_group(std::mem::take(&mut group)).await;
+        commit(store, std::mem::take(&mut group)).await;
     }
 }
 
@@ -130,8 +148,15 @@ fn runner_stopped() -> Error {
 }
 
 impl PgStore {
-    /// Claims `op` in the next group.
+    /// Claims `op` in the next group, after a look-up of its own that
+    /// answers replays and refusals without queueing.
     pub(crate) async fn claim_grouped(&self, op: Operation) -> Result<Claimed, Error> {
+        if let Some(outcome) = self
+            .peek(self.pool(), &op.scope, &op.key, &op.fingerprint)
+            .await?
+        {
+            return Ok(Claimed::Replayed(outcome));
+        }
         let (reply, answer) = oneshot::channel();
         let queues = self.groups().queues(self);
         if let Err(refused) = queues.claims.send(ClaimJob { op, reply }) {
@@ -162,7 +187,7 @@ impl PgStore {
     }
 
     /// Decides a group of claims and answers each caller.
-    async fn claim_group(&self, jobs: Vec<ClaimJob>) {
+    async fn claim_group(self, jobs: Vec<ClaimJob>) {
         let ops: Vec<Operation> = jobs.iter().map(|job| job.op.clone()).collect();
         let answers = match self.claim_all(&ops).await {
             Ok(answers) => answers,
@@ -183,50 +208,17 @@ impl PgStore {
         }
     }
 
-    /// Claims `ops` together: replays and refusals from one look-up, the rest
-    /// under their locks in one transaction. One answer per operation, in order.
+    /// Claims `ops` together under their locks, in one transaction. One
+    /// answer per operation, in order. (The callers have looked their keys
+    /// up already; a key settled since is replayed from the locked read.)
     async fn claim_all(&self, ops: &[Operation]) -> Result<Vec<Result<Claimed, Error>>, Error> {
         let now = self.clock().now();
         let keys = Keys::of(ops);
         let mut conn = self.pool().acquire().await.map_err(|e| self.fail(e))?;
+        let mut answers: Vec<Option<Result<Claimed, Error>>> =
+            (0..ops.len()).map(|_| None).collect();
+        let to_lock: Vec<usize> = (0..keys.keys.len()).collect();
 
-        // 1. What the records say without a lock.
-        let found = self.found(&mut conn, &keys, &keys.keys).await?;
-        let mut answers: Vec<Option<Result<Claimed, Error>>> = Vec::with_capacity(ops.len());
-        let mut to_lock: Vec<usize> = Vec::new();
-        for (i, op) in ops.iter().enumerate() {
-            let slot = keys.slot_of[i];
-            let found = found[slot].as_ref();
-            let answer = match decide(
-                found,
-                &op.scope,
-                &op.key,
-                &op.fingerprint,
-                now,
-                self.settings(),
-            ) {
-                Ok(Decision::Replay(outcome)) => {
-                    observe::replayed(&op.scope);
-                    Some(Ok(Claimed::Replayed(outcome)))
-                }
-                Ok(_) => {
-                    if !to_lock.contains(&slot) {
-                        to_lock.push(slot);
-                    }
-                    None
-                }
-                Err(error) => {
-                    observe::refused(&error);
-                    Some(Err(error))
-                }
-            };
-            answers.push(answer);
-        }
-        if to_lock.is_empty() {
-            return Ok(answers.into_iter().flatten().collect());
-        }
-
-        // 2. The rest under their locks, in one transaction.
         let mut tx = conn
             .begin_with(lock::BEGIN)
             .await
@@ -326,7 +318,7 @@ impl PgStore {
     /// Settles a group of completions and answers each caller. A key that
     /// occurs twice goes in a later round, so each fenced update sees one
     /// claim per record.
-    async fn settle_group(&self, jobs: Vec<SettleJob>) {
+    async fn settle_group(self, jobs: Vec<SettleJob>) {
         let mut rest = jobs;
         while !rest.is_empty() {
             let mut seen = HashMap::new();

@@ -238,7 +238,7 @@ async fn concurrent_claims_and_completions_of_many_keys_settle_each_key_once() {
         return;
     };
     let clock = clock();
-    let store = db.store_at(&clock).await;
+    let store = db.grouped_store_at(&clock).await;
     // 50 keys, each claimed by four callers at once: the groups mix new keys,
     // copies of a key in the same group, and keys settled a moment before.
     let callers = (0..200).map(|i| {
@@ -283,7 +283,7 @@ async fn completions_in_one_group_fence_the_zombie_and_settle_the_others() {
         return;
     };
     let clock = clock();
-    let store = db.store_at(&clock).await;
+    let store = db.grouped_store_at(&clock).await;
     let zombie = fresh(store.claim(&scope(), &key("a"), fp()).await.unwrap());
     clock.advance(Duration::from_secs(61));
     let successor = fresh(store.claim(&scope(), &key("a"), fp()).await.unwrap());
@@ -323,7 +323,7 @@ async fn a_claim_whose_caller_gave_up_in_the_queue_is_released() {
         return;
     };
     let clock = clock();
-    let store = db.store_at(&clock).await;
+    let store = db.grouped_store_at(&clock).await;
     // Polled once (queued in a group), then dropped.
     let gave_up =
         tokio::time::timeout(Duration::ZERO, store.claim(&scope(), &key("left"), fp())).await;

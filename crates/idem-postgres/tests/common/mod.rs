@@ -78,7 +78,19 @@ impl TestDb {
 
     /// A migrated store reading `clock`, with a 60 s lease and a 1 h retention.
     pub async fn store_at(&self, clock: &ManualClock) -> PgStore {
+        self.store_with(clock, false).await
+    }
+
+    /// As [`store_at`](Self::store_at), with leased claims and completions
+    /// committed in groups.
+    #[allow(dead_code)]
+    pub async fn grouped_store_at(&self, clock: &ManualClock) -> PgStore {
+        self.store_with(clock, true).await
+    }
+
+    async fn store_with(&self, clock: &ManualClock, group_commit: bool) -> PgStore {
         PgStore::builder(&self.url)
+            .group_commit(group_commit)
             .clock(Arc::new(clock.clone()))
             .settings(
                 Settings::default()
