@@ -7,8 +7,9 @@
 //! facts that do not change under a caller's feet: a settled record keeps its
 //! outcome and fingerprint until it expires, and a stale "in flight" only makes
 //! a caller retry a little early. Anything that would *write* (no record, an
-//! expired one, an ended lease) goes the locked way, [`PgStore::decide_locked`],
-//! which reads again under the key's advisory lock before deciding.
+//! expired one, an ended lease) goes the locked way: the key's advisory lock is
+//! tried, the record read again in the next statement, and
+//! [`PgStore::decide_read`] decides on what that read found.
 //!
 //! [`Next`] then turns a decision into a replay or the [`Plan`] of the record to write.
 
@@ -16,9 +17,8 @@ use idem_core::{
     Decision, Error, Fingerprint, IdempotencyKey, Outcome, Plan, Record, Scope, Settings,
     Timestamp, decide, observe, protocol,
 };
-use sqlx::postgres::{PgConnection, PgExecutor};
+use sqlx::postgres::PgExecutor;
 
-use crate::lock;
 use crate::records;
 use crate::store::PgStore;
 
@@ -67,33 +67,6 @@ impl PgStore {
                 Err(error)
             }
         }
-    }
-
-    /// The locked path, inside the caller's transaction: tries the key's lock
-    /// (a duplicate that finds it taken is answered `InFlight` at once, never
-    /// queued), then reads the record in a new statement and decides. Returns
-    /// the decision and the record it was made on.
-    pub(crate) async fn decide_locked(
-        &self,
-        conn: &mut PgConnection,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        fingerprint: &Fingerprint,
-        now: Timestamp,
-    ) -> Result<(Decision, Option<Record>), Error> {
-        let granted = lock::try_lock(&mut *conn, lock::lock_key(scope, key))
-            .await
-            .map_err(|e| self.fail(e))?;
-        if !granted {
-            return Err(self.busy(scope, key));
-        }
-        // A separate statement from the lock: its snapshot is taken after the
-        // grant, so it sees what the previous holder committed (see `lock`).
-        let found = records::fetch(&mut *conn, scope, key)
-            .await
-            .map_err(|e| self.fail(e))?;
-        let decision = self.decide_held(found.as_ref(), scope, key, fingerprint, now)?;
-        Ok((decision, found))
     }
 
     /// The refusal of a caller that found the key's lock taken, reported.

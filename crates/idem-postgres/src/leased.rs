@@ -1,13 +1,16 @@
 //! Leased mode: claim a key with a lease, run the effect outside (or inside) the
 //! database, then settle the record fenced by the claim's token.
 //!
-//! `claim` follows the same path as the atomic apply (fast path, then try-lock,
-//! read, decide) and writes an in-flight record with the new token and a lease.
+//! `claim` follows the same path as the atomic apply, in its round trips
+//! (`BEGIN`; the key's lock tried and its record read; then the write and
+//! `COMMIT`), and writes an in-flight record with the new token and a lease.
 //! `complete`, `renew` and `release` wait for the key's lock (its holder is a
 //! short claim, or a takeover whose commit rightly fences them) and then make
 //! one fenced `UPDATE ... WHERE token = held AND state = 'in_flight'`. When that
 //! matches nothing the claim was taken over, and the same statement reports the
-//! current token.
+//! current token. `complete` sends it all, `BEGIN` to `COMMIT`, in one round
+//! trip. With group commit on (see `group`), claims and completions of
+//! concurrent callers share transactions instead.
 //!
 //! `complete_with` ([`AtomicStore`](idem_core::AtomicStore)) is the leased completion for an effect that *is* a
 //! write in this database: the effect and the fenced completion commit together,
@@ -20,11 +23,12 @@
 
 use idem_core::{
     ApplyError, AtomicEffect, Claim, Claimed, Error, ErrorKind, Fingerprint, IdempotencyKey,
-    LeaseStore, Operation, Outcome, RecordState, Scope, StoreError, Timestamp,
+    LeaseStore, Operation, Outcome, Plan, RecordState, Scope, StoreError, Timestamp,
 };
-use sqlx::PgConnection;
+use sqlx::{AssertSqlSafe, PgConnection, Postgres, Transaction};
 
-use crate::decision::Next;
+use crate::atomic::locked::{self, Beginning};
+use crate::atomic::{First, Locked};
 use crate::lock;
 use crate::records::{self, Fence};
 use crate::store::PgStore;
@@ -48,8 +52,7 @@ impl LeaseStore for PgStore {
     async fn renew(&self, claim: &Claim) -> Result<Claim, Error> {
         let now = self.clock().now();
         let lease_until = now.plus(self.settings().lease);
-        self.fenced_update(claim, Change::Lease(Some(lease_until)), now)
-            .await?;
+        self.set_lease(claim, Some(lease_until), now).await?;
         Ok(Claim {
             lease_until,
             ..claim.clone()
@@ -70,90 +73,136 @@ impl LeaseStore for PgStore {
 }
 
 impl PgStore {
-    /// A claim in a transaction of its own: the look-up on the pool, then the
-    /// lock, the read and the write.
+    /// A claim in a transaction of its own, in the round trips of atomic
+    /// apply: `BEGIN` on an idle connection, the lock and the read in one
+    /// query, the in-flight record and `COMMIT` in another.
     pub(crate) async fn claim_alone(
         &self,
         scope: &Scope,
         key: &IdempotencyKey,
         fingerprint: Fingerprint,
     ) -> Result<Claimed, Error> {
-        if let Some(outcome) = self.peek(self.pool(), scope, key, &fingerprint).await? {
-            return Ok(Claimed::Replayed(outcome));
-        }
-
-        let now = self.clock().now();
-        let mut tx = self.begin().await?;
-        let (decision, found) = match self
-            .decide_locked(&mut tx, scope, key, &fingerprint, now)
+        self.lock_then(First::Claim, scope, key, fingerprint, ClaimOnly)
             .await
-        {
-            Ok(decided) => decided,
-            Err(error) => {
-                self.roll_back(tx).await;
-                return Err(error);
-            }
-        };
-        let plan = match Next::after(decision, found.as_ref(), now, self.settings()) {
-            Next::Run(plan) => plan,
-            Next::Replay(outcome) => {
-                self.roll_back(tx).await;
-                return Ok(Claimed::Replayed(outcome));
-            }
-        };
-        let lease_until = now.plus(self.settings().lease);
-        let op = Operation::new(scope.clone(), key.clone(), fingerprint);
-        let record = plan.in_flight(&op, now, self.settings());
-        self.write(&mut tx, std::slice::from_ref(&record)).await?;
-        self.commit(tx).await?;
-        Ok(Claimed::Fresh(Claim {
-            scope: scope.clone(),
-            key: key.clone(),
-            token: plan.token,
-            lease_until,
-            took_over: plan.took_over,
-        }))
     }
 
-    /// A completion in a transaction of its own.
+    /// A completion in a transaction of its own, in one round trip: `BEGIN`,
+    /// waiting for the key's lock, the fenced update and `COMMIT` go as one
+    /// simple query. (A fenced update that matches nothing commits an empty
+    /// transaction.) Until the query is answered the server may be inside
+    /// its transaction, so a connection whose query failed is rolled back
+    /// before it goes back to the pool, and one given up on is closed.
     pub(crate) async fn settle_alone(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
         let now = self.clock().now();
-        self.fenced_update(claim, Change::Settle(outcome), now)
-            .await
+        let sql = format!(
+            "{}; SELECT pg_advisory_xact_lock({}); {}; COMMIT",
+            lock::BEGIN,
+            lock::lock_key(&claim.scope, &claim.key),
+            records::execute_settle(claim, outcome, now),
+        );
+        let conn = self.pool().acquire().await.map_err(|e| self.fail(e))?;
+        let mut settling = Beginning::new(conn);
+        let mut answered = Self::settle_query(settling.connection(), &sql).await;
+        if matches!(&answered, Err(e) if locked::has_code(e, records::STATEMENT_MISSING)) {
+            answered = match Self::roll_back_raw(settling.connection()).await {
+                Ok(()) => match records::prepare_session(settling.connection()).await {
+                    Ok(()) => Self::settle_query(settling.connection(), &sql).await,
+                    Err(error) => Err(error),
+                },
+                Err(error) => Err(error),
+            };
+        }
+        match answered {
+            Ok(fence) => {
+                settling.settle();
+                match fence {
+                    Fence::Held => Ok(()),
+                    Fence::Lost { current } => Err(self.fenced(claim, current)),
+                }
+            }
+            Err(error) => {
+                if Self::roll_back_raw(settling.connection()).await.is_ok() {
+                    settling.settle();
+                }
+                Err(self.fail_commit(error))
+            }
+        }
+    }
+
+    /// Runs the completion query; its last row is the fenced update's answer.
+    async fn settle_query(conn: &mut PgConnection, sql: &str) -> sqlx::Result<Fence> {
+        let rows = sqlx::raw_sql(AssertSqlSafe(sql)).fetch_all(conn).await?;
+        match rows.last() {
+            Some(row) => records::fence(row),
+            None => Err(sqlx::Error::Protocol(
+                "a completion's query returned no rows".to_owned(),
+            )),
+        }
+    }
+
+    /// Ends whatever transaction a failed simple query left open.
+    async fn roll_back_raw(conn: &mut PgConnection) -> sqlx::Result<()> {
+        sqlx::raw_sql("ROLLBACK").execute(conn).await.map(drop)
     }
 
     /// Frees the key of `claim`, keeping its record.
     pub(crate) async fn release_alone(&self, claim: &Claim) -> Result<(), Error> {
         let now = self.clock().now();
-        self.fenced_update(claim, Change::Lease(None), now).await
+        self.set_lease(claim, None, now).await
     }
 }
 
-/// What a fenced update changes.
-enum Change<'a> {
-    /// Settle the record with this outcome.
-    Settle(&'a Outcome),
-    /// Move the lease end here (renew), or clear it (release).
-    Lease(Option<Timestamp>),
+/// A leased claim: under the key's lock, only the in-flight record is
+/// written; the effect runs after the commit, outside the transaction.
+struct ClaimOnly;
+
+impl Locked for ClaimOnly {
+    type Output = Result<Claimed, Error>;
+
+    fn replayed(outcome: Outcome) -> Self::Output {
+        Ok(Claimed::Replayed(outcome))
+    }
+
+    fn failed(error: Error) -> Self::Output {
+        Err(error)
+    }
+
+    async fn run(
+        self,
+        store: &PgStore,
+        tx: Transaction<'_, Postgres>,
+        plan: Plan,
+        replaces: bool,
+        op: Operation,
+    ) -> Self::Output {
+        let now = store.clock().now();
+        let record = plan.in_flight(&op, now, store.settings());
+        store.write_record_and_commit(tx, &record, replaces).await?;
+        Ok(Claimed::Fresh(Claim {
+            scope: op.scope,
+            key: op.key,
+            token: plan.token,
+            lease_until: now.plus(store.settings().lease),
+            took_over: plan.took_over,
+        }))
+    }
 }
 
 impl PgStore {
-    /// Waits for the key's lock, makes one fenced update, commits; `Fenced` if
-    /// the claim's token is no longer current.
-    async fn fenced_update(
+    /// Waits for the key's lock, moves the lease end of `claim`'s record to
+    /// `until` (renew) or clears it (release), commits; `Fenced` if the
+    /// claim's token is no longer current.
+    async fn set_lease(
         &self,
         claim: &Claim,
-        change: Change<'_>,
+        until: Option<Timestamp>,
         now: Timestamp,
     ) -> Result<(), Error> {
         let mut tx = self.begin().await?;
         lock::lock(&mut tx, lock::lock_key(&claim.scope, &claim.key))
             .await
             .map_err(|e| self.fail(e))?;
-        let fence = match change {
-            Change::Settle(outcome) => records::settle(&mut tx, claim, outcome, now).await,
-            Change::Lease(until) => records::set_lease(&mut tx, claim, until, now).await,
-        };
+        let fence = records::set_lease(&mut tx, claim, until, now).await;
         match fence.map_err(|e| self.fail(e))? {
             Fence::Held => self.commit(tx).await,
             Fence::Lost { current } => {

@@ -65,16 +65,7 @@ pub(crate) async fn begin(pool: &PgPool) -> sqlx::Result<Transaction<'static, Po
         .map_err(|e| sqlx::Error::Protocol(format!("beginning a transaction failed: {e}")))?
 }
 
-/// Takes the key's lock if it is free; `false` if another transaction holds it.
-pub(crate) async fn try_lock(conn: &mut PgConnection, key: i64) -> sqlx::Result<bool> {
-    sqlx::query("SELECT pg_try_advisory_xact_lock($1)")
-        .bind(key)
-        .fetch_one(conn)
-        .await?
-        .try_get(0)
-}
-
-/// [`try_lock`] as SQL text with the key inlined, for a simple query; its one
+/// `pg_try_advisory_xact_lock` of `key` as SQL text with the key inlined, for a simple query; its one
 /// row has the boolean column `granted`.
 pub(crate) fn try_lock_inline(key: i64) -> String {
     format!(

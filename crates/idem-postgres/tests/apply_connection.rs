@@ -379,14 +379,9 @@ async fn a_record_changed_behind_the_lock_commits_nothing() {
     until_no_leftovers(&db).await;
 }
 
-/// A store over the application's own pool has no hook on new connections:
-/// each prepares apply's statements the first time it needs them, and again
-/// if they were dropped.
-#[tokio::test]
-async fn a_store_over_an_existing_pool_prepares_on_first_use() {
-    let Some(db) = TestDb::new().await else {
-        return;
-    };
+/// A migrated database, and a store over a pool of one connection of the
+/// application's own (no hook prepares the store's statements).
+async fn store_over_a_pool_of_one(db: &TestDb) -> (PgStore, sqlx::PgPool) {
     db.store().await; // migrates
     let pool = PgPoolOptions::new()
         .max_connections(1)
@@ -398,6 +393,18 @@ async fn a_store_over_an_existing_pool_prepares_on_first_use() {
         Settings::default(),
         std::sync::Arc::new(idem_core::SystemClock),
     );
+    (store, pool)
+}
+
+/// A store over the application's own pool has no hook on new connections:
+/// each prepares apply's statements the first time it needs them, and again
+/// if they were dropped.
+#[tokio::test]
+async fn a_store_over_an_existing_pool_prepares_on_first_use() {
+    let Some(db) = TestDb::new().await else {
+        return;
+    };
+    let (store, pool) = store_over_a_pool_of_one(&db).await;
     assert!(!apply_debit(&store, "a", 10).await.unwrap().is_replay());
     assert!(apply_debit(&store, "a", 10).await.unwrap().is_replay());
 
@@ -693,4 +700,35 @@ async fn duplicates_write_no_error_into_the_server_log() {
     let errors = errors_logged(&log, from, &database);
     assert_eq!(errors.len(), 1, "{errors:#?}");
     assert!(errors[0].contains("division by zero"), "{errors:#?}");
+}
+
+/// A leased completion on a session without the prepared settlement (a
+/// store over the application's pool, or one that dropped it) prepares it
+/// and settles the claim.
+#[tokio::test]
+async fn a_completion_on_a_session_without_its_statement_prepares_it() {
+    let Some(db) = TestDb::new().await else {
+        return;
+    };
+    let (store, pool) = store_over_a_pool_of_one(&db).await;
+    let fp = Fingerprint::of_bytes(b"report");
+    for (name, drop_it) in [("first", false), ("second", true)] {
+        let Claimed::Fresh(claim) = store.claim(&scope(), &key(name), fp).await.unwrap() else {
+            panic!("a new key is claimed");
+        };
+        if drop_it {
+            sqlx::raw_sql("DEALLOCATE idem_settle_v1")
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+        let done = Outcome::success(format!("report {name}"));
+        store.complete(&claim, &done).await.unwrap();
+        // The pool's one connection went back outside any transaction, or
+        // the claim below would fail.
+        assert_eq!(
+            store.claim(&scope(), &key(name), fp).await.unwrap(),
+            Claimed::Replayed(done)
+        );
+    }
 }

@@ -9,10 +9,12 @@
 //! request that was already applied — must cause no effect on an idempotent
 //! path. So the count is read just before the second send and just after its
 //! answer, and the difference is that pair's *extra* effects. Windows of two
-//! pairs never overlap (they take turns), so a pair is never charged with
-//! another pair's copy; requests that are not duplicated still run during a
-//! window, and their effects are charged to it: measure on a quiet staging
-//! system, or read the extra effects as an upper bound.
+//! pairs never overlap (they take turns), and every other request through the
+//! proxy waits while a window is open, so a pair is charged with its copy's
+//! effects only. Effects caused by anything that does not pass through the
+//! proxy (a job, another client) are still charged to the window they fall
+//! in: measure on a quiet staging system, or read the extra effects as an
+//! upper bound.
 //!
 //! When the copy goes at the same time as the original (the default), the
 //! two effects cannot be told apart, so no pair is measured: the report gives

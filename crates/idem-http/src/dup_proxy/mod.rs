@@ -123,8 +123,10 @@ struct Shared {
     grace: Duration,
     effects: Option<EffectsUrl>,
     effects_at_start: Mutex<Option<u64>>,
-    /// Taken by a pair for its effect window, so two windows never overlap.
-    window: tokio::sync::Mutex<()>,
+    /// Taken whole by a pair for its effect window, so two windows never
+    /// overlap; shared by every other send while effects are measured, so
+    /// none runs inside a window.
+    window: tokio::sync::RwLock<()>,
     picker: Mutex<StdRng>,
     tally: Tally,
     history: Option<History>,
@@ -167,7 +169,7 @@ impl DupProxy {
                 grace: config.upstream_timeout + delay + Duration::from_secs(5),
                 effects: config.effects,
                 effects_at_start: Mutex::new(None),
-                window: tokio::sync::Mutex::new(()),
+                window: tokio::sync::RwLock::new(()),
                 picker: Mutex::new(picker),
                 tally: Tally::default(),
                 history,
@@ -254,7 +256,9 @@ impl Shared {
                 self.tally.forwarded(&route, true);
                 let mut request = Request::from_parts(parts, body);
                 request.extensions_mut().insert(ClientAddr(peer));
-                return self.send_streaming(request, key.as_deref()).await;
+                return self
+                    .outside_windows(self.send_streaming(request, key.as_deref()))
+                    .await;
             }
             Err(error) => {
                 return Refusal::BodyUnreadable(error_chain(&error)).to_response(Mode::Ietf);
@@ -272,7 +276,7 @@ impl Shared {
         if !self.pick() {
             let whole = self.history.is_some();
             let reply = self
-                .send(&held, key.as_deref(), original, None, whole)
+                .outside_windows(self.send(&held, key.as_deref(), original, None, whole))
                 .await;
             return reply.into_response();
         }
@@ -293,13 +297,13 @@ impl Shared {
                 first.into_response()
             }
             CopyTiming::Ahead => {
-                let copy = self.send_copy(&pair).await;
+                let copy = self.outside_windows(self.send_copy(&pair)).await;
                 let (original, extra) = self.measured(self.send_original(&pair)).await;
                 self.compare(&pair, &copy, &original, extra);
                 original.into_response()
             }
             CopyTiming::AfterAnswer(delay) => {
-                let original = self.send_original(&pair).await;
+                let original = self.outside_windows(self.send_original(&pair)).await;
                 let first = original.seen();
                 let pending = Pending::start(&self.pending);
                 let shared = Arc::clone(self);
@@ -384,6 +388,16 @@ impl Shared {
         reply.into_response()
     }
 
+    /// Runs `send`, a send whose effects belong to no window, outside every
+    /// window when windows are measured.
+    async fn outside_windows<T>(&self, send: impl Future<Output = T>) -> T {
+        if self.effects.is_none() || self.timing == CopyTiming::Concurrent {
+            return send.await;
+        }
+        let _shared = self.window.read().await;
+        send.await
+    }
+
     /// Runs `second` (the second send of a pair) inside an effect window when
     /// the pair's sends do not overlap, and returns the effects it caused.
     async fn measured(&self, second: impl Future<Output = Reply>) -> (Reply, Option<u64>) {
@@ -393,7 +407,7 @@ impl Shared {
         if self.timing == CopyTiming::Concurrent {
             return (second.await, None);
         }
-        let _window = self.window.lock().await;
+        let _window = self.window.write().await;
         let before = self.effect_count(url).await;
         let reply = second.await;
         let after = self.effect_count(url).await;

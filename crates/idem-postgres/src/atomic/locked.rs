@@ -130,6 +130,21 @@ impl Beginning {
     }
 }
 
+impl Beginning {
+    /// The connection, for a query that begins and ends its transaction
+    /// itself; [`settle`](Self::settle) once the server is known to be
+    /// outside any transaction again.
+    pub(crate) fn connection(&mut self) -> &mut PgConnection {
+        &mut self.conn
+    }
+
+    /// The server is in the state sqlx counts: the connection may go back
+    /// to the pool.
+    pub(crate) fn settle(&mut self) {
+        self.settled = true;
+    }
+}
+
 impl Drop for Beginning {
     fn drop(&mut self) {
         if !self.settled {
@@ -185,6 +200,6 @@ pub(crate) fn connection_lost(error: &sqlx::Error) -> bool {
 }
 
 /// Whether `error` is a database error with this SQLSTATE.
-fn has_code(error: &sqlx::Error, code: &str) -> bool {
+pub(crate) fn has_code(error: &sqlx::Error, code: &str) -> bool {
     matches!(error, sqlx::Error::Database(e) if e.code().as_deref() == Some(code))
 }

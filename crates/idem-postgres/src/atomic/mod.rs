@@ -70,14 +70,17 @@
 //! transaction yet, though the server may be in one: its connection is
 //! closed instead of given back (`locked::Beginning`).
 
-mod locked;
+pub(crate) mod locked;
 
+use std::future::Future;
+use std::marker::PhantomData;
 use std::panic::AssertUnwindSafe;
 
 use futures::FutureExt;
 use idem_core::{
     Applied, ApplyError, AtomicEffect, AtomicStore, BatchApplied, Claim, Error, ErrorKind,
-    Fingerprint, IdempotencyKey, Operation, Outcome, Plan, Scope, SetApplied, TxCall, crash,
+    Fingerprint, IdempotencyKey, Operation, Outcome, Plan, Record, Scope, SetApplied, TxCall,
+    crash,
 };
 use sqlx::pool::PoolConnection;
 use sqlx::{PgConnection, Postgres, Transaction};
@@ -186,6 +189,74 @@ impl AtomicStore for PgStore {
     }
 }
 
+/// What runs once the protocol has decided to claim a key, with its lock held
+/// in the transaction: an atomic effect and its settled record, or only the
+/// in-flight record of a leased claim. The rest of the path (beginning, the
+/// lock and the read, the decision, the answers that run nothing) is shared.
+pub(crate) trait Locked: Send {
+    /// What the caller is answered.
+    type Output;
+
+    /// The answer for a stored outcome.
+    fn replayed(outcome: Outcome) -> Self::Output;
+
+    /// The answer for a refusal or a failure before anything ran.
+    fn failed(error: Error) -> Self::Output;
+
+    /// Runs in `tx` under the key's lock, writes the record `plan` gives for
+    /// `op` (replacing the one read when `replaces`) and commits.
+    fn run(
+        self,
+        store: &PgStore,
+        tx: Transaction<'_, Postgres>,
+        plan: Plan,
+        replaces: bool,
+        op: Operation,
+    ) -> impl Future<Output = Self::Output> + Send;
+}
+
+/// An atomic effect, settled in the transaction it runs in.
+struct Effect<F, E> {
+    effect: F,
+    error: PhantomData<fn() -> E>,
+}
+
+impl<F, E> Locked for Effect<F, E>
+where
+    F: AtomicEffect<PgConnection, Outcome, E>,
+    E: Send + 'static,
+{
+    type Output = Result<Applied, ApplyError<E>>;
+
+    fn replayed(outcome: Outcome) -> Self::Output {
+        Ok(Applied::Replayed(outcome))
+    }
+
+    fn failed(error: Error) -> Self::Output {
+        Err(error.into())
+    }
+
+    async fn run(
+        self,
+        store: &PgStore,
+        tx: Transaction<'_, Postgres>,
+        plan: Plan,
+        replaces: bool,
+        op: Operation,
+    ) -> Self::Output {
+        crash::point(crash::AFTER_CLAIM);
+        let (tx, outcome) = store
+            .run_or_roll_back(tx, self.effect)
+            .await
+            .map_err(ApplyError::Effect)?;
+        crash::point(crash::INSIDE_EFFECT);
+        let record = plan.settled(&op, outcome.clone(), store.clock().now());
+        store.write_record_and_commit(tx, &record, replaces).await?;
+        crash::point(crash::AFTER_COMMIT);
+        Ok(Applied::Fresh(outcome))
+    }
+}
+
 impl PgStore {
     async fn apply_from<F, E>(
         &self,
@@ -199,64 +270,99 @@ impl PgStore {
         F: AtomicEffect<PgConnection, Outcome, E>,
         E: Send + 'static,
     {
+        let work = Effect {
+            effect,
+            error: PhantomData,
+        };
+        self.lock_then(first, scope, key, fingerprint, work).await
+    }
+
+    /// Begins (claim first: on an idle connection without the pool's ping;
+    /// replay first: after a look-up on a checked one), tries the key's lock
+    /// and reads its record, decides, and gives `work` the transaction when
+    /// the key is to be claimed.
+    pub(crate) async fn lock_then<W: Locked>(
+        &self,
+        first: First,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: Fingerprint,
+        work: W,
+    ) -> W::Output {
         if first == First::Replay {
-            let mut conn = self.checked_connection().await?;
-            if let Some(outcome) = self.peek(&mut *conn, scope, key, &fingerprint).await? {
-                return Ok(Applied::Replayed(outcome));
+            let mut conn = match self.checked_connection().await {
+                Ok(conn) => conn,
+                Err(error) => return W::failed(error),
+            };
+            match self.peek(&mut *conn, scope, key, &fingerprint).await {
+                Ok(Some(outcome)) => return W::replayed(outcome),
+                Ok(None) => {}
+                Err(error) => return W::failed(error),
             }
             let mut beginning = locked::Beginning::new(conn);
-            let tx = beginning
-                .begin(lock::BEGIN)
-                .await
-                .map_err(|e| self.fail(e))?;
-            return self.apply_locked(tx, scope, key, fingerprint, effect).await;
+            return match beginning.begin(lock::BEGIN).await {
+                Ok(tx) => {
+                    self.decide_locked_then(tx, scope, key, fingerprint, work)
+                        .await
+                }
+                Err(error) => W::failed(self.fail(error)),
+            };
         }
         // An idle connection as it is, without the pool's ping: `BEGIN` is
         // the first statement, and safe to send again on a checked
         // connection if this one turns out to be dead.
         let (conn, checked) = match self.pool().try_acquire() {
             Some(idle) => (idle, false),
-            None => (self.checked_connection().await?, true),
+            None => match self.checked_connection().await {
+                Ok(conn) => (conn, true),
+                Err(error) => return W::failed(error),
+            },
         };
         let mut beginning = locked::Beginning::new(conn);
         match beginning.begin(lock::BEGIN).await {
-            Ok(tx) => return self.apply_locked(tx, scope, key, fingerprint, effect).await,
+            Ok(tx) => {
+                return self
+                    .decide_locked_then(tx, scope, key, fingerprint, work)
+                    .await;
+            }
             Err(error) if !checked && locked::connection_lost(&error) => {
                 tracing::debug!(%error, "an idle connection was dead; taking a checked one");
             }
-            Err(error) => return Err(self.fail(error).into()),
+            Err(error) => return W::failed(self.fail(error)),
         }
         drop(beginning); // closes it, and frees its place in the pool first
-        let mut beginning = locked::Beginning::new(self.checked_connection().await?);
-        let tx = beginning
-            .begin(lock::BEGIN)
-            .await
-            .map_err(|e| self.fail(e))?;
-        self.apply_locked(tx, scope, key, fingerprint, effect).await
+        let conn = match self.checked_connection().await {
+            Ok(conn) => conn,
+            Err(error) => return W::failed(error),
+        };
+        let mut beginning = locked::Beginning::new(conn);
+        match beginning.begin(lock::BEGIN).await {
+            Ok(tx) => {
+                self.decide_locked_then(tx, scope, key, fingerprint, work)
+                    .await
+            }
+            Err(error) => W::failed(self.fail(error)),
+        }
     }
 
     /// In `tx`, just begun: tries the key's lock and reads its record in one
-    /// round trip, decides, and runs the effect and commits, or answers
-    /// without running it. A key held by another transaction or already
-    /// recorded is an answer read from the rows, never a raised error.
-    async fn apply_locked<F, E>(
+    /// round trip, decides, and runs `work`, or answers without running it. A
+    /// key held by another transaction or already recorded is an answer read
+    /// from the rows, never a raised error.
+    async fn decide_locked_then<W: Locked>(
         &self,
         mut tx: Transaction<'_, Postgres>,
         scope: &Scope,
         key: &IdempotencyKey,
         fingerprint: Fingerprint,
-        effect: F,
-    ) -> Result<Applied, ApplyError<E>>
-    where
-        F: AtomicEffect<PgConnection, Outcome, E>,
-        E: Send + 'static,
-    {
+        work: W,
+    ) -> W::Output {
         let now = self.clock().now();
         let opened = match locked::lock_and_fetch(&mut tx, scope, key).await {
             Ok(opened) => opened,
             Err(error) => {
                 self.roll_back(tx).await;
-                return Err(self.fail(error).into());
+                return W::failed(self.fail(error));
             }
         };
         let decided = self.decide_read(
@@ -271,7 +377,15 @@ impl PgStore {
             match decided.map(|d| Next::after(d, opened.found.as_ref(), now, self.settings())) {
                 Ok(Next::Run(plan)) => plan,
                 Ok(Next::Replay(outcome)) => {
-                    return Self::answer(tx, Ok(Applied::Replayed(outcome)));
+                    // Answered without waiting for the rollback: dropping
+                    // `tx` queues it, and the pool sends it when it takes the
+                    // connection back, at once. The key's lock, if this
+                    // transaction got it, stays held until then, which no
+                    // caller waits on: a duplicate of a settled key is
+                    // answered from the record whether or not it gets the
+                    // lock.
+                    drop(tx);
+                    return W::replayed(outcome);
                 }
                 Err(error) => {
                     // A refusal is rare: roll back before answering, so a
@@ -280,77 +394,49 @@ impl PgStore {
                     if opened.granted {
                         self.roll_back(tx).await;
                     }
-                    return Err(error.into());
+                    return W::failed(error);
                 }
             };
         let replaces = opened.found.is_some();
-        self.run_and_commit(tx, plan, replaces, scope, key, fingerprint, effect)
-            .await
+        let op = Operation::new(scope.clone(), key.clone(), fingerprint);
+        work.run(self, tx, plan, replaces, op).await
     }
 
-    /// Runs `effect` in `tx`, which holds the key's lock, then writes the
-    /// record `plan` settles it to and commits both.
-    #[allow(clippy::too_many_arguments)]
-    async fn run_and_commit<F, E>(
+    /// Writes `record` (replacing the one read under the lock when
+    /// `replaces`) and commits, in one round trip.
+    pub(crate) async fn write_record_and_commit(
         &self,
-        tx: Transaction<'_, Postgres>,
-        plan: Plan,
+        mut tx: Transaction<'_, Postgres>,
+        record: &Record,
         replaces: bool,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        fingerprint: Fingerprint,
-        effect: F,
-    ) -> Result<Applied, ApplyError<E>>
-    where
-        F: AtomicEffect<PgConnection, Outcome, E>,
-        E: Send + 'static,
-    {
-        crash::point(crash::AFTER_CLAIM);
-        let (mut tx, outcome) = self
-            .run_or_roll_back(tx, effect)
-            .await
-            .map_err(ApplyError::Effect)?;
-        crash::point(crash::INSIDE_EFFECT);
-        let op = Operation::new(scope.clone(), key.clone(), fingerprint);
-        let record = plan.settled(&op, outcome.clone(), self.clock().now());
-        match locked::write_and_commit(&mut tx, &record, replaces).await {
+    ) -> Result<(), Error> {
+        match locked::write_and_commit(&mut tx, record, replaces).await {
             // Committed; dropping `tx` closes the empty transaction the query
             // left open (see `write_and_commit`).
-            Ok(()) => drop(tx),
+            Ok(()) => {
+                drop(tx);
+                Ok(())
+            }
             Err(NotCommitted::Changed) => {
                 self.roll_back(tx).await;
-                return Err(self.changed_under_lock(1, 1).into());
+                Err(self.changed_under_lock(1, 1))
             }
             Err(NotCommitted::Failed(error)) => {
                 self.roll_back(tx).await;
-                return Err(self.fail_commit(error).into());
+                Err(self.fail_commit(error))
             }
         }
-        crash::point(crash::AFTER_COMMIT);
-        Ok(Applied::Fresh(outcome))
     }
 
     /// A pooled connection the pool has pinged before handing it out.
     async fn checked_connection(&self) -> Result<PoolConnection<Postgres>, Error> {
         self.pool().acquire().await.map_err(|e| self.fail(e))
     }
-
-    /// Gives a replay without running the effect, and without waiting for
-    /// the rollback: dropping `tx` queues it, and the pool sends it when it
-    /// takes the connection back, at once. The key's lock, if this
-    /// transaction got it, stays held until then, which no caller waits on: a
-    /// duplicate of a settled key is answered from the record whether or not
-    /// it gets the lock. (A refusal is rolled back before it is answered: a
-    /// key in flight may be taken over as soon as its lease ends.)
-    fn answer<T>(tx: Transaction<'_, Postgres>, answer: T) -> T {
-        drop(tx);
-        answer
-    }
 }
 
 /// Which an apply tries first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum First {
+pub(crate) enum First {
     /// A read-only look-up of the stored outcome, then the lock and the read.
     Replay,
     /// The lock and a check that the key is new, with `BEGIN`.

@@ -46,7 +46,7 @@ mod session;
 
 pub(crate) use session::{
     INSERT_FAILED, REPLACE_FAILED, STATEMENT_MISSING, execute_fetch, execute_insert,
-    execute_replace, from_row, prepare_session,
+    execute_replace, execute_settle, from_row, prepare_session,
 };
 
 /// The record of `(scope, key)`, if any.
@@ -136,7 +136,9 @@ pub(crate) enum Fence {
     },
 }
 
-fn fence(row: &sqlx::postgres::PgRow) -> sqlx::Result<Fence> {
+/// Reads a row with the columns `held` and `current`: the answer of a fenced
+/// update.
+pub(crate) fn fence(row: &sqlx::postgres::PgRow) -> sqlx::Result<Fence> {
     if row.try_get("held")? {
         return Ok(Fence::Held);
     }

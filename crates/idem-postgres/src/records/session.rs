@@ -20,7 +20,7 @@
 //! `DEALLOCATE ALL`, a new connection); one dropped by name is found only when
 //! it is run, and that apply fails and rolls back.
 
-use idem_core::{IdempotencyKey, Record, Scope};
+use idem_core::{Claim, IdempotencyKey, Outcome, Record, RecordState, Scope, Timestamp};
 use sqlx::AssertSqlSafe;
 use sqlx::postgres::{PgConnection, PgRow};
 
@@ -48,6 +48,13 @@ macro_rules! replace_name {
     };
 }
 
+/// Name of the prepared fenced settlement of an in-flight record.
+macro_rules! settle_name {
+    () => {
+        "idem_settle_v1"
+    };
+}
+
 /// The parameter types of a whole record, in the order of `record_columns!()`.
 macro_rules! record_types {
     () => {
@@ -59,7 +66,22 @@ macro_rules! record_types {
 /// statement that fails to prepare leaves the ones before it prepared, so a
 /// session that has a statement has every one before it: the read (what
 /// every locked path runs first) comes after the writes.
-const STATEMENTS: [(&str, &str); 3] = [
+const STATEMENTS: [(&str, &str); 4] = [
+    (
+        settle_name!(),
+        concat!(
+            "PREPARE ",
+            settle_name!(),
+            " (text, text, bigint, text, text, bytea, text, bigint) AS \
+             WITH current AS (SELECT token FROM idem_records WHERE scope = $1 AND key = $2), \
+             changed AS ( \
+               UPDATE idem_records SET state = $4, outcome_kind = $5, outcome_body = $6, \
+                 outcome_meta = $7, lease_until = NULL, updated_at = $8 \
+               WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_flight' \
+               RETURNING 1) \
+             SELECT EXISTS (SELECT 1 FROM changed) AS held, (SELECT token FROM current) AS current"
+        ),
+    ),
     (
         insert_name!(),
         concat!(
@@ -165,6 +187,27 @@ pub(crate) fn execute_replace(record: &Record) -> String {
     format!(
         concat!("EXECUTE ", replace_name!(), "({})"),
         row::literals(record)
+    )
+}
+
+/// Settles the in-flight record of `claim` with `outcome` if the claim still
+/// holds it, as [`settle`](super::settle) does; its one row is read with
+/// [`fence`](super::fence).
+pub(crate) fn execute_settle(claim: &Claim, outcome: &Outcome, now: Timestamp) -> String {
+    format!(
+        concat!(
+            "EXECUTE ",
+            settle_name!(),
+            "({}, {}, {}, {}, {}, {}, {}, {})"
+        ),
+        literal::text(claim.scope.as_str()),
+        literal::text(claim.key.as_str()),
+        literal::bigint(Some(claim.token.get())),
+        literal::text(RecordState::settled_by(outcome.kind).as_str()),
+        literal::text(outcome.kind.as_str()),
+        literal::bytea(&outcome.body),
+        literal::text(&outcome.meta_json()),
+        literal::bigint(Some(now.0)),
     )
 }
 
