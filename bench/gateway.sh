@@ -15,10 +15,9 @@
 #     requests without a key (passed through), replays (a fixed set of 1000
 #     keys already answered, sent again) and unique keys (a new key per
 #     request);
-#   - through `idem serve` on PostgreSQL with `group_commit=on` in its store
-#     URL (the claims and completions of concurrent requests share
-#     transactions): replays and unique keys, to show what grouping the
-#     commits gives;
+#   - through `idem serve` on PostgreSQL with `group_commit=off` in its store
+#     URL (each claim and completion in a transaction of its own): replays
+#     and unique keys, to show what grouping the commits gives;
 #   - and pgbench's single-row INSERT transactions on the same PostgreSQL (16
 #     and 32 clients; the better is the reference for unique keys there).
 # The phases take turns in rounds; each rate is the median of the rounds',
@@ -37,7 +36,9 @@
 #   --quick          one round of 3 s phases, 1 s warm-ups, 1000 check keys
 #   --rounds R       rounds of part 1 (default 3)
 #   --seconds S      length of each measured phase (default 8)
-#   --nodes LIST     node counts of part 2 (default "1 2 4")
+#   --nodes LIST     node counts of part 2 (default "1 2 4"; "" skips part 2)
+#   --phases LIST    only these phases of part 1, e.g. "pg-unique
+#                    pgalone-unique pgbench-16" (default: all of them)
 #   --check-keys N   keys of the correctness check (default 3000)
 #   --perf           record a profile (perf record -a -g) during the last
 #                    unique-keys-on-PostgreSQL phase and print its top entries
@@ -65,6 +66,7 @@ node_counts="1 2 4"
 conns=32
 threads=2
 perf=0
+only_phases=
 server=postgres://postgres@127.0.0.1:5432/postgres
 while (($#)); do
     case "$1" in
@@ -72,9 +74,10 @@ while (($#)); do
     --seconds) seconds=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --nodes) node_counts=$2; shift 2 ;;
+    --phases) only_phases=$2; shift 2 ;;
     --check-keys) check_keys=$2; shift 2 ;;
     --perf) perf=1; shift ;;
-    -h | --help) sed -n '2,51p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,57p' "$0"; exit 0 ;;
     -*) echo "unknown option $1 (try --help)" >&2; exit 2 ;;
     *) server=$1; shift ;;
     esac
@@ -407,11 +410,11 @@ psql -q "$pg_url" -c "CREATE TABLE gwbench_insert (k TEXT PRIMARY KEY, body BYTE
 cores=$(nproc 2>/dev/null || echo '?')
 proxy="http://127.0.0.1:$proxy_port/"
 declare -A gw_url gw_admin_port gw_pid_of all_rps all_p50 all_p99 all_bad
-for store in sqlite pg pggrouped; do
+for store in sqlite pg pgalone; do
     case $store in
     sqlite) url=sqlite://$work/gateway.db ;;
     pg) url=$pg_url ;;
-    pggrouped) url="$pg_url?group_commit=on" ;;
+    pgalone) url="$pg_url?group_commit=off" ;;
     esac
     free_port
     gw_port=$port
@@ -485,7 +488,8 @@ ratios() {
         printf "%.2f %.2f-%.2f\n", m, r[1], r[n] }'
 }
 
-phases=(direct nginx nginx-keyed sqlite-pass sqlite-replay sqlite-unique pg-pass pg-replay pg-unique pggrouped-replay pggrouped-unique pgbench-16 pgbench-32)
+phases=(direct nginx nginx-keyed sqlite-pass sqlite-replay sqlite-unique pg-pass pg-replay pg-unique pgalone-replay pgalone-unique pgbench-16 pgbench-32)
+[[ -z $only_phases ]] || read -ra phases <<<"$only_phases"
 say ""
 say "part 1: one echo upstream; wrk $threads threads, $conns connections; $rounds rounds of ${seconds}s phases (after ${warmup}s warm-ups) taking turns; $cores cores"
 for ((round = 1; round <= rounds; round++)); do
@@ -494,7 +498,7 @@ for ((round = 1; round <= rounds; round++)); do
         run_phase "$ph" "$round"
     done
     # the PostgreSQL reference of the round: the better of the two client counts
-    all_rps[pgref]+="$(printf '%s\n' "${rps[pgbench-16]}" "${rps[pgbench-32]}" | sort -g | tail -1) "
+    all_rps[pgref]+="$(printf '%s\n' "${rps[pgbench-16]:-0}" "${rps[pgbench-32]:-0}" | sort -g | tail -1) "
 done
 declare -A label=(
     [direct]="echo upstream, direct"
@@ -506,8 +510,8 @@ declare -A label=(
     [pg-pass]="idem serve, PostgreSQL: no key"
     [pg-replay]="idem serve, PostgreSQL: replays"
     [pg-unique]="idem serve, PostgreSQL: unique keys"
-    [pggrouped-replay]="idem serve, PostgreSQL grouped: replays"
-    [pggrouped-unique]="idem serve, PostgreSQL grouped: unique keys"
+    [pgalone-replay]="idem serve, PostgreSQL ungrouped: replays"
+    [pgalone-unique]="idem serve, PostgreSQL ungrouped: unique keys"
     [pgbench-16]="pgbench single-row INSERT, 16 clients"
     [pgbench-32]="pgbench single-row INSERT, 32 clients"
 )
@@ -521,21 +525,23 @@ for ph in "${phases[@]}"; do
         "$(median "${all_p50[$ph]}")" "$(median "${all_p99[$ph]}")" "${all_bad[$ph]}"
 done
 echo "(errors: non-2xx answers and socket errors; for pgbench, failed transactions, and p50 is its average latency)"
-for store in sqlite pg pggrouped; do
+for store in sqlite pg pgalone; do
     echo "gateway outcomes, $store: $(outcomes "${gw_admin_port[$store]}")"
     stop_proc "${gw_pid_of[$store]}"
 done
-echo "PostgreSQL transactions per request (xact_commit, last round): unique keys ${commits_per[pg-unique]}, replays ${commits_per[pg-replay]}; grouped: unique keys ${commits_per[pggrouped-unique]}, replays ${commits_per[pggrouped-replay]}"
+echo "PostgreSQL transactions per request (xact_commit, last round): unique keys ${commits_per[pg-unique]:-}, replays ${commits_per[pg-replay]:-}; ungrouped: unique keys ${commits_per[pgalone-unique]:-}, replays ${commits_per[pgalone-replay]:-}"
 echo
 
 target_row() {
     local what=$1 r
+    [[ -n ${all_rps[$2]:-} && -n ${all_rps[$3]:-} ]] || return 0
     read -r m range < <(ratios "${all_rps[$2]}" "${all_rps[$3]}")
     r=$m
     printf '%-46s %7s %11s  >= %-4s %s\n' "$what" "${r}x" "$range" "$4" "$(meets "$r" "$4")"
 }
 info_row() {
     local m range
+    [[ -n ${all_rps[$2]:-} && -n ${all_rps[$3]:-} ]] || return 0
     read -r m range < <(ratios "${all_rps[$2]}" "${all_rps[$3]}")
     printf '%-46s %7s %11s\n' "$1" "${m}x" "$range"
 }
@@ -546,8 +552,8 @@ target_row "replays (SQLite) / nginx, keyed" sqlite-replay nginx-keyed 1.2
 target_row "unique keys (SQLite) / nginx, keyed" sqlite-unique nginx-keyed 0.5
 target_row "unique keys (PostgreSQL) / pgbench INSERT" pg-unique pgref 0.5
 target_row "replays (PostgreSQL) / nginx, keyed" pg-replay nginx-keyed 0.5
-info_row "unique keys (PostgreSQL): grouped / ungrouped" pggrouped-unique pg-unique
-info_row "replays (PostgreSQL): grouped / ungrouped" pggrouped-replay pg-replay
+info_row "unique keys (PostgreSQL): grouped / ungrouped" pg-unique pgalone-unique
+info_row "replays (PostgreSQL): grouped / ungrouped" pg-replay pgalone-replay
 info_row "nginx, no key / direct" nginx direct
 info_row "nginx, keyed / nginx, no key" nginx-keyed nginx
 
@@ -663,6 +669,7 @@ http {
     done
 done
 
+if [[ -n ${node_counts// /} ]]; then
 echo
 echo "Part 2: idem serve nodes on one PostgreSQL database behind nginx round robin ($cores cores)"
 echo
@@ -679,6 +686,8 @@ for n in $node_counts; do
     echo "$n nodes: requests per node ${node_share[$n]}; check answers: ${check_codes[$n]}"
     echo "duplicates across nodes: $check_keys keys (${check_sent[$n]} requests), each applied once: ${check_ok[$n]}"
 done
+
+fi
 
 if ((failed)); then
     say "FAILED: some key reached the upstream more than once, or never"

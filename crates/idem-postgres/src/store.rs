@@ -69,7 +69,7 @@ impl PgStore {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             acquire_timeout: DEFAULT_ACQUIRE_TIMEOUT,
             migrate: true,
-            group_commit: false,
+            group_commit: true,
         }
     }
 
@@ -87,9 +87,12 @@ impl PgStore {
     /// (named `idem_*_v1`). The store's own pool prepares them when it opens a
     /// connection; over this pool, each connection prepares them the first
     /// time it needs them, after one failed `EXECUTE` that the server logs.
+    ///
+    /// Leased claims and completions are committed in groups, as with
+    /// [`PgStoreBuilder::group_commit`]'s default.
     pub fn from_pool(pool: PgPool, settings: Settings, clock: SharedClock) -> PgStore {
         let endpoint = Endpoint::of_pool(&pool);
-        PgStore::of(pool, settings, clock, endpoint, false)
+        PgStore::of(pool, settings, clock, endpoint, true)
     }
 
     fn of(
@@ -109,6 +112,21 @@ impl PgStore {
                 groups: Groups::default(),
             }),
         }
+    }
+
+    /// A handle on the same pool, settings and clock with group commit of
+    /// leased claims and completions on or off (see
+    /// [`PgStoreBuilder::group_commit`]): the way to choose it for a store
+    /// made with [`from_pool`](Self::from_pool).
+    pub fn with_group_commit(&self, group: bool) -> PgStore {
+        let inner = &self.inner;
+        PgStore::of(
+            inner.pool.clone(),
+            inner.settings.clone(),
+            inner.clock.clone(),
+            inner.endpoint.clone(),
+            group,
+        )
     }
 
     /// Whether leased claims and completions are committed in groups.
@@ -329,13 +347,14 @@ impl PgStoreBuilder {
     }
 
     /// Whether the leased claims and completions of concurrent callers
-    /// share transactions (default `false`). Each caller still hears its own
-    /// answer after the commit; many calls then wait for one flush to disk
-    /// instead of one each, at the price of a hop to the task that groups
-    /// them and of waiting for the group. Worth it where the database's
-    /// commits are the limit (a slow disk under the WAL, a distant server);
-    /// on a server that commits fast, calls in transactions of their own
-    /// measured faster (see the gateway benchmark).
+    /// share transactions (default `true`). Each caller still hears its own
+    /// answer after the commit; a claim still looks its key up on its own
+    /// first, so replays never wait for a group. The calls that write then
+    /// share a few transactions and flushes to disk instead of one each, at
+    /// the price of a hop to the task that groups them. `false` gives each
+    /// call a transaction of its own (a claim in three round trips, a
+    /// completion in one), which saves that hop when calls come one at a
+    /// time.
     pub fn group_commit(mut self, group: bool) -> Self {
         self.group_commit = group;
         self
@@ -345,7 +364,7 @@ impl PgStoreBuilder {
     /// unreachable server is reported at once and with its real cause), migrates
     /// if asked, and opens the pool.
     ///
-    /// The URL may end with `group_commit=on` (or `off`) among its query
+    /// The URL may end with `group_commit=off` (or `on`) among its query
     /// parameters, which sets [`group_commit`](Self::group_commit): a way to
     /// choose it where only a URL is given, as with `idem --store`.
     pub async fn connect(mut self) -> Result<PgStore, Error> {

@@ -711,6 +711,7 @@ async fn a_completion_on_a_session_without_its_statement_prepares_it() {
         return;
     };
     let (store, pool) = store_over_a_pool_of_one(&db).await;
+    let store = store.with_group_commit(false);
     let fp = Fingerprint::of_bytes(b"report");
     for (name, drop_it) in [("first", false), ("second", true)] {
         let Claimed::Fresh(claim) = store.claim(&scope(), &key(name), fp).await.unwrap() else {
