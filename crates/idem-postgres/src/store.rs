@@ -17,7 +17,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, Postgres};
 use sqlx::{ConnectOptions, Connection, Transaction};
 
 use crate::error::{Endpoint, commit_error, kind_of_cause, store_error};
-use crate::group::Groups;
+use crate::group::queues::Groups;
 use crate::{lock, records};
 
 /// The default size of the connection pool.

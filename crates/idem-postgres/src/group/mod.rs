@@ -30,7 +30,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 
 use idem_core::{
     Claim, Claimed, Error, ErrorKind, IdempotencyKey, Operation, Outcome, Record, Scope,
@@ -39,11 +39,15 @@ use idem_core::{
 use sqlx::{Connection, PgConnection};
 use tokio::sync::{mpsc, oneshot};
 
+use self::queues::{ClaimJob, Queues, SettleJob};
+
 use crate::batch::Keys;
 use crate::decision::Next;
 use crate::lock;
 use crate::records::{self, Fence};
 use crate::store::{Inner, PgStore};
+
+pub(crate) mod queues;
 
 /// The most claims (or completions) one transaction carries.
 pub const MAX_GROUP: usize = 64;
@@ -52,48 +56,8 @@ pub const MAX_GROUP: usize = 64;
 /// for its round trips and its flush, the next is gathered and sent.
 const RUNNERS: usize = 4;
 
-/// A queued claim and where its answer goes.
-struct ClaimJob {
-    op: Operation,
-    reply: oneshot::Sender<Result<Claimed, Error>>,
-}
-
-/// A queued completion and where its answer goes.
-struct SettleJob {
-    claim: Claim,
-    outcome: Outcome,
-    reply: oneshot::Sender<Result<(), Error>>,
-}
-
-/// The queues of a store's two runners.
-#[derive(Clone)]
-struct Queues {
-    claims: mpsc::UnboundedSender<ClaimJob>,
-    settles: mpsc::UnboundedSender<SettleJob>,
-}
-
-/// The runners of one store, started on first use and again when they have
-/// stopped (the runtime they ran on was shut down).
-#[derive(Default)]
-pub(crate) struct Groups {
-    queues: Mutex<Option<Queues>>,
-}
-
-impl Groups {
-    fn queues(&self, store: &PgStore) -> Queues {
-        let mut queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
-        match &*queues {
-            Some(q) if !q.claims.is_closed() && !q.settles.is_closed() => q.clone(),
-            _ => {
-                let started = Queues::start(store.downgrade());
-                *queues = Some(started.clone());
-                started
-            }
-        }
-    }
-}
-
 impl Queues {
+    /// Starts the runners of `store`, and gives the queues they take from.
     fn start(store: Weak<Inner>) -> Self {
         let (claims, claim_queue) = mpsc::unbounded_channel();
         let (settles, settle_queue) = mpsc::unbounded_channel();
@@ -158,7 +122,7 @@ impl PgStore {
             return Ok(Claimed::Replayed(outcome));
         }
         let (reply, answer) = oneshot::channel();
-        let queues = self.groups().queues(self);
+        let queues = self.groups().queues(|| Queues::start(self.downgrade()));
         if let Err(refused) = queues.claims.send(ClaimJob { op, reply }) {
             // The runner stopped between the check and the send.
             let op = refused.0.op;
@@ -174,7 +138,7 @@ impl PgStore {
         outcome: &Outcome,
     ) -> Result<(), Error> {
         let (reply, answer) = oneshot::channel();
-        let queues = self.groups().queues(self);
+        let queues = self.groups().queues(|| Queues::start(self.downgrade()));
         let job = SettleJob {
             claim: claim.clone(),
             outcome: outcome.clone(),
