@@ -55,9 +55,9 @@ impl<'a> Keys<'a> {
 }
 
 /// Each key's lock, and its record as the batch found it and then changed it.
-struct Held {
-    granted: Vec<bool>,
-    current: Vec<Option<Record>>,
+pub(crate) struct Held {
+    pub(crate) granted: Vec<bool>,
+    pub(crate) current: Vec<Option<Record>>,
 }
 
 /// What to do with one operation.
@@ -69,7 +69,7 @@ enum Step {
 impl PgStore {
     /// Tries the locks of all keys in one statement and reads the records of
     /// those granted in another.
-    async fn hold(
+    pub(crate) async fn hold(
         &self,
         tx: &mut Transaction<'static, Postgres>,
         keys: &Keys<'_>,

@@ -33,15 +33,13 @@ use std::future::Future;
 use std::sync::{Arc, Weak};
 
 use idem_core::{
-    Claim, Claimed, Error, ErrorKind, IdempotencyKey, Operation, Outcome, Record, Scope,
-    StoreError, Timestamp,
+    Claim, Claimed, Error, ErrorKind, Operation, Outcome, Record, StoreError, Timestamp,
 };
-use sqlx::{Connection, PgConnection};
 use tokio::sync::{mpsc, oneshot};
 
 use self::queues::{ClaimJob, Queues, SettleJob};
 
-use crate::batch::Keys;
+use crate::batch::{Held, Keys};
 use crate::decision::Next;
 use crate::lock;
 use crate::records::{self, Fence};
@@ -178,40 +176,14 @@ impl PgStore {
     async fn claim_all(&self, ops: &[Operation]) -> Result<Vec<Result<Claimed, Error>>, Error> {
         let now = self.clock().now();
         let keys = Keys::of(ops);
-        let mut conn = self.pool().acquire().await.map_err(|e| self.fail(e))?;
-        let mut answers: Vec<Option<Result<Claimed, Error>>> =
-            (0..ops.len()).map(|_| None).collect();
-        let to_lock: Vec<usize> = (0..keys.keys.len()).collect();
-
-        let mut tx = conn
-            .begin_with(lock::BEGIN)
-            .await
-            .map_err(|e| self.fail(e))?;
-        let lock_keys: Vec<i64> = to_lock
-            .iter()
-            .map(|&slot| lock::lock_key(keys.keys[slot].0, keys.keys[slot].1))
-            .collect();
-        let granted = lock::try_lock_all(&mut tx, &lock_keys)
-            .await
-            .map_err(|e| self.fail(e))?;
-        let locked: Vec<_> = to_lock
-            .iter()
-            .zip(&granted)
-            .filter(|(_, granted)| **granted)
-            .map(|(&slot, _)| keys.keys[slot])
-            .collect();
-        // A separate statement from the locks, so it sees every commit made
-        // before they were granted (see `lock`).
-        let mut current = self.found(&mut tx, &keys, &locked).await?;
-        let mut held = vec![false; keys.keys.len()];
-        for (&slot, &granted) in to_lock.iter().zip(&granted) {
-            held[slot] = granted;
-        }
+        let mut tx = self.begin().await?;
+        let Held {
+            granted: held,
+            mut current,
+        } = self.hold(&mut tx, &keys).await?;
+        let mut answers: Vec<Result<Claimed, Error>> = Vec::with_capacity(ops.len());
         let mut written: Vec<Option<Record>> = vec![None; keys.keys.len()];
         for (i, op) in ops.iter().enumerate() {
-            if answers[i].is_some() {
-                continue;
-            }
             let slot = keys.slot_of[i];
             let decided = self.decide_read(
                 held[slot],
@@ -221,7 +193,7 @@ impl PgStore {
                 &op.fingerprint,
                 now,
             );
-            answers[i] = Some(
+            answers.push(
                 match decided.map(|d| Next::after(d, current[slot].as_ref(), now, self.settings()))
                 {
                     Ok(Next::Replay(outcome)) => Ok(Claimed::Replayed(outcome)),
@@ -251,32 +223,7 @@ impl PgStore {
             }
             tx.commit().await.map_err(|e| self.fail_commit(e))?;
         }
-        Ok(answers
-            .into_iter()
-            .map(|answer| answer.expect("every claim is answered"))
-            .collect())
-    }
-
-    /// The records of the keys in `wanted`, placed at their slots in `keys`.
-    async fn found(
-        &self,
-        conn: &mut PgConnection,
-        keys: &Keys<'_>,
-        wanted: &[(&Scope, &IdempotencyKey)],
-    ) -> Result<Vec<Option<Record>>, Error> {
-        let mut placed: Vec<Option<Record>> = vec![None; keys.keys.len()];
-        if wanted.is_empty() {
-            return Ok(placed);
-        }
-        let found = records::fetch_all(conn, wanted)
-            .await
-            .map_err(|e| self.fail(e))?;
-        for record in found {
-            if let Some(&slot) = keys.slot.get(&(&record.scope, &record.key)) {
-                placed[slot] = Some(record);
-            }
-        }
-        Ok(placed)
+        Ok(answers)
     }
 
     /// Settles a group of completions and answers each caller. A key that
