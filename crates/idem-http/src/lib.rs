@@ -1,5 +1,5 @@
-//! `Idempotency-Key` for HTTP services: retries of a request are applied once,
-//! and every retry gets the first answer.
+//! `Idempotency-Key` for HTTP services: a retry of a request whose answer is
+//! stored gets that answer back instead of running again.
 //!
 //! Delivery over HTTP is at-least-once (clients, proxies and load balancers
 //! retry); processing is effectively-once by idempotency keys, within the
