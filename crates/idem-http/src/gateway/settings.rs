@@ -580,7 +580,7 @@ pub fn parse_methods(text: &str) -> Result<Vec<Method>, SettingsError> {
             .map_err(|_| SettingsError::new(format!("{name:?} is not an HTTP method")))?;
         if method.is_safe() {
             return Err(SettingsError::new(format!(
-                "{method} changes nothing on the upstream, so a key on it protects nothing; list methods with effects, such as POST,PATCH,PUT,DELETE"
+                "{method} changes nothing on the upstream, so there is no reason to require a key on it; list methods with effects, such as POST,PATCH,PUT,DELETE"
             )));
         }
         if !methods.contains(&method) {
