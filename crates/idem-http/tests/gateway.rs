@@ -869,3 +869,84 @@ async fn past_the_limit_in_flight_requests_are_shed_at_once_with_retry_after() {
         "{text}"
     );
 }
+
+/// The retrying client's timer in the test below: every sleep is written down
+/// and lasts until the test lets it end.
+#[derive(Debug, Clone)]
+struct HeldTimer {
+    slept: Arc<std::sync::Mutex<Vec<Duration>>>,
+    release: Arc<tokio::sync::Semaphore>,
+}
+
+impl Default for HeldTimer {
+    fn default() -> Self {
+        Self {
+            slept: Arc::default(),
+            release: Arc::new(tokio::sync::Semaphore::new(0)),
+        }
+    }
+}
+
+impl idem_retry::Timer for HeldTimer {
+    fn now(&self) -> std::time::Instant {
+        std::time::Instant::now()
+    }
+
+    fn sleep(&self, duration: Duration) -> idem_retry::Sleep {
+        self.slept.lock().unwrap().push(duration);
+        let release = Arc::clone(&self.release);
+        Box::pin(async move {
+            release.acquire().await.expect("open").forget();
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_retrying_client_waits_out_a_shed_answer_and_its_retry_runs_once() {
+    use http_body_util::Full;
+    use hyper_util::client::legacy::Client as HyperClient;
+    use hyper_util::rt::TokioExecutor;
+    use idem_retry::{HttpRetryLayer, HttpRetryPolicy, RetryBudget, RetryConfig};
+    use tower::{Layer, Service, ServiceExt};
+
+    let f = start(Options {
+        max_in_flight: Some(1),
+        ..Options::default()
+    })
+    .await;
+    let client = f.client.clone();
+    let held = tokio::spawn(async move { client.post("/slow").key("held").send().await });
+    while f.upstream.calls() < 1 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    let timer = HeldTimer::default();
+    let policy = HttpRetryPolicy::new(RetryConfig::default(), Arc::new(RetryBudget::default()))
+        .with_timer(timer.clone());
+    let http = HyperClient::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let mut retrying = HttpRetryLayer::new(policy).layer(http);
+    let request = idem_retry::with_idempotency_key(
+        http::Request::post(format!("http://{}/payments", f.gateway.addr))
+            .body(Full::new(Bytes::from_static(b"{\"amount\":5}")))
+            .unwrap(),
+        idem::IdempotencyKey::new("shed-then-run").unwrap(),
+    );
+    let call =
+        tokio::spawn(async move { retrying.ready().await.unwrap().call(request).await.unwrap() });
+
+    // The first attempt was shed: the client sleeps for the Retry-After.
+    while timer.slept.lock().unwrap().is_empty() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(*timer.slept.lock().unwrap(), [Duration::from_secs(1)]);
+    assert_eq!(f.upstream.effects(), 1, "the shed attempt reached nothing");
+
+    // The held request finishes; the retry finds a free place and runs.
+    f.upstream.open_gate(1);
+    assert_eq!(held.await.unwrap().status, StatusCode::CREATED);
+    timer.release.add_permits(1);
+    let answer = call.await.unwrap();
+    assert_eq!(answer.status(), StatusCode::CREATED);
+    assert_eq!(f.upstream.effects(), 2);
+    assert_eq!(timer.slept.lock().unwrap().len(), 1, "one retry");
+}
