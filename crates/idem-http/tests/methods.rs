@@ -133,8 +133,20 @@ async fn check(client: &Client, audit: &Audit) {
     assert_eq!(audit.rows("put"), 3);
 }
 
+/// The value of `name{scope="http",route="ROUTE"}` in the process's
+/// Prometheus text, 0 when there is no such series.
+fn per_route(metrics: &str, name: &str, route: &str) -> f64 {
+    let series = format!("{name}{{scope=\"http\",route=\"{route}\"}} ");
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(&series))
+        .map_or(0.0, |value| value.trim().parse().expect("a number"))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_layer_dedupes_keyed_put_and_delete_and_lets_get_through() {
+    let metrics = idem_http::admin::metrics_recorder().expect("metrics recorder");
+    let before = metrics.render();
     let dir = tempfile::tempdir().expect("temp dir");
     let audit = Audit::open(&dir.path().join("accounts.db"));
     let location = format!("sqlite://{}", dir.path().join("idem.db").display())
@@ -146,6 +158,15 @@ async fn the_layer_dedupes_keyed_put_and_delete_and_lets_get_through() {
     let app = accounts().layer(layer).with_state(audit.clone());
     let server = Server::start(app).await;
     check(&server.client(), &audit).await;
+
+    // Counted per route, by the router's template and the method.
+    let after = metrics.render();
+    let duplicates = "duplicates_suppressed_total";
+    for route in ["PUT /accounts/{id}", "DELETE /accounts/{id}"] {
+        let counted = per_route(&after, duplicates, route) - per_route(&before, duplicates, route);
+        assert_eq!(counted, 2.0, "{route} in:\n{after}");
+    }
+    assert!(!after.contains("/accounts/7"), "{after}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
