@@ -60,7 +60,7 @@ pub(crate) struct InFlightLimit {
 impl InFlightLimit {
     /// At most `limit` (at least one) requests in flight; refusals in `mode`.
     pub(crate) fn new(limit: usize, mode: Mode) -> Self {
-        let limit = limit.max(1);
+        let limit = limit.clamp(1, Semaphore::MAX_PERMITS);
         Self {
             permits: Arc::new(Semaphore::new(limit)),
             limit,
