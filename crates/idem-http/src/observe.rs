@@ -19,7 +19,7 @@
 //!   `{other}` once [`MAX_SEGMENT_LABELS`] segments have been seen.
 
 use std::collections::BTreeSet;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, PoisonError, RwLock};
 
 use axum::extract::MatchedPath;
 use axum::response::Response;
@@ -53,7 +53,7 @@ pub(crate) fn route_label(method: &Method, uri: &Uri, extensions: &Extensions) -
 }
 
 /// The segments seen so far by [`first_segment_label`].
-static SEGMENTS: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+static SEGMENTS: RwLock<BTreeSet<String>> = RwLock::new(BTreeSet::new());
 
 /// `METHOD /segment` for the first segment of `path`: `{id}` for an
 /// identifier, `{other}` past [`MAX_SEGMENT_LABELS`] distinct segments.
@@ -63,8 +63,14 @@ pub(crate) fn first_segment_label(method: &Method, path: &str) -> String {
         "{id}"
     } else if segment.is_empty() {
         ""
+    } else if SEGMENTS
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .contains(segment)
+    {
+        segment
     } else {
-        let mut seen = SEGMENTS.lock().unwrap_or_else(|p| p.into_inner());
+        let mut seen = SEGMENTS.write().unwrap_or_else(PoisonError::into_inner);
         if seen.contains(segment) || seen.len() < MAX_SEGMENT_LABELS {
             seen.insert(segment.to_owned());
             segment
