@@ -998,6 +998,25 @@ mod tests {
     }
 
     #[test]
+    fn the_fuzz_seeds_that_resolve_write_out_to_themselves() {
+        let seeds = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../fuzz/corpus/gateway_settings");
+        let mut resolved = 0;
+        for entry in std::fs::read_dir(seeds).expect("the seed corpus") {
+            let text = std::fs::read_to_string(entry.expect("a seed").path()).expect("a seed");
+            let Ok(settings) = from_file(&GivenSettings::default(), &text) else {
+                continue;
+            };
+            resolved += 1;
+            assert_eq!(
+                from_file(&GivenSettings::default(), &settings.to_toml()).unwrap(),
+                settings
+            );
+        }
+        assert!(resolved >= 3, "{resolved} seeds resolved");
+    }
+
+    #[test]
     fn sizes_and_durations_read_as_people_write_them() {
         assert_eq!(parse_size("65536").unwrap(), 65536);
         assert_eq!(parse_size("64KiB").unwrap(), 65536);
