@@ -333,10 +333,12 @@ commits() {
     psql -qAt "$server" -c "SELECT xact_commit FROM pg_stat_database WHERE datname = '$db'"
 }
 
-# outcomes ADMIN_PORT: the gateway's gateway_requests_total by outcome, one line.
+# outcomes ADMIN_PORT: the gateway's gateway_requests_total by outcome (summed
+# over routes), one line.
 outcomes() {
     curl -s "http://127.0.0.1:$1/metrics" |
-        awk -F'[{}"]' '/^gateway_requests_total\{/ { split($0, f, " "); if (f[2] + 0 > 0) printf "%s=%d ", $3, f[2] }'
+        awk -F'[{}"]' '/^gateway_requests_total\{/ { n = split($0, f, " "); count[$3] += f[n] }
+            END { for (o in count) if (count[o] > 0) printf "%s=%d ", o, count[o] }'
 }
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }

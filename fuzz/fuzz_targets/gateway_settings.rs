@@ -19,6 +19,13 @@ fuzz_target!(|text: &str| {
     assert!(settings.max_body > 0, "{settings:?}");
     assert!(!settings.methods.is_empty(), "{settings:?}");
     assert!(settings.methods.iter().all(|m| !m.is_safe()), "{settings:?}");
+    assert!(
+        settings
+            .max_in_flight
+            .is_none_or(|limit| (1..=idem_http::gateway::MAX_IN_FLIGHT).contains(&limit)),
+        "{settings:?}"
+    );
+    assert!(settings.routes.iter().all(|r| r.starts_with('/')), "{settings:?}");
     let written = settings.to_toml();
     let again = GatewaySettings::resolve(&given, Some(SettingsFile::new("fuzz.toml", &written)))
         .unwrap_or_else(|e| panic!("{written:?} (from {text:?}) does not resolve: {e}"));

@@ -156,8 +156,8 @@ pub struct ServeArgs {
     /// stripe (idempotency_error, 400) [default: ietf].
     #[arg(long, env = "IDEM_MODE", value_name = "MODE")]
     pub mode: Option<String>,
-    /// Refuse POST and PATCH requests that carry no Idempotency-Key (400)
-    /// [default: false].
+    /// Refuse requests that carry no Idempotency-Key (400) when their method
+    /// is one of --methods [default: false].
     #[arg(
         long,
         env = "IDEM_REQUIRE_KEY",
@@ -188,18 +188,30 @@ pub struct ServeArgs {
     /// to share one key space [default: authorization].
     #[arg(long, env = "IDEM_PRINCIPAL_HEADER", value_name = "HEADER")]
     pub principal_header: Option<String>,
-    /// The methods whose requests are deduplicated by their Idempotency-Key,
-    /// comma-separated; add PUT and DELETE when their handlers are not
-    /// idempotent by themselves [default: POST,PATCH].
+    /// The methods on which --require-key refuses a request without an
+    /// Idempotency-Key, comma-separated. A request that carries a key is
+    /// deduplicated whatever its method (POST, PUT, PATCH, DELETE, ...);
+    /// GET, HEAD, OPTIONS and TRACE pass through [default: POST,PATCH].
     #[arg(long, env = "IDEM_METHODS", value_name = "LIST")]
     pub methods: Option<String>,
     /// How often expired records are swept, ±50 % jitter, such as 60s or
     /// 10m; `off` when a cron job runs `idem gc` instead [default: 60s].
     #[arg(long, env = "IDEM_SWEEP_EVERY", value_name = "DURATION")]
     pub sweep_every: Option<String>,
+    /// The most requests answered at once; past it a request is answered 503
+    /// with Retry-After at once instead of waiting in a queue, such as 256,
+    /// or `off` [default: off].
+    #[arg(long, env = "IDEM_MAX_IN_FLIGHT", value_name = "N")]
+    pub max_in_flight: Option<String>,
+    /// Route templates that name the `route` label of the metrics,
+    /// comma-separated, such as '/payments/{id},/orders'; a path that
+    /// matches none is labelled with its first segment [default: none].
+    #[arg(long, env = "IDEM_ROUTES", value_name = "LIST")]
+    pub routes: Option<String>,
     /// A TOML file with the same settings: upstream, listen, store, mode,
     /// require_key, max_body, lease, retention, admin_listen,
-    /// upstream_timeout, principal_header, methods, sweep_every.
+    /// upstream_timeout, principal_header, methods, sweep_every,
+    /// max_in_flight, routes.
     #[arg(long, env = "IDEM_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
 }

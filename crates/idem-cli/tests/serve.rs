@@ -357,7 +357,7 @@ async fn sigterm_lets_the_request_in_flight_finish_and_its_answer_is_kept() {
         .unwrap();
     let text = String::from_utf8_lossy(&metrics.body);
     assert!(
-        text.contains("gateway_requests_total{outcome=\"replayed\"} 1"),
+        text.contains("gateway_requests_total{outcome=\"replayed\",route=\"POST /pay\"} 1"),
         "{text}"
     );
     assert!(text.contains("dedupe_records 1"), "{text}");

@@ -3,17 +3,39 @@
 //!
 //! Counters go through the `metrics` facade (any exporter the application
 //! installs picks them up), labelled with the scope's family (its first
-//! segment, see [`Scope::family`]) so per-tenant scopes do not multiply series. Duplicates are logged at info: suppressing them is the
+//! segment, see [`Scope::family`]) so per-tenant scopes do not multiply
+//! series. The HTTP layer counts its own scopes' duplicates, conflicts and
+//! reused keys, with their route ([`HTTP_FAMILY`]). Duplicates are logged at info: suppressing them is the
 //! library doing its job, not an error. Events carry the scope, not the key:
 //! the key travels in the caller's tracing span, where the application decides
 //! whether spans are recorded.
 
 use crate::{Error, FencingToken, Scope};
 
+/// Duplicates answered with the stored outcome, labelled `scope`.
+pub const DUPLICATES_SUPPRESSED_TOTAL: &str = "duplicates_suppressed_total";
+/// Concurrent duplicates answered `InFlight`, labelled `scope`.
+pub const KEY_CONFLICTS_TOTAL: &str = "idempotency_key_conflicts_total";
+/// Keys refused for a different payload, labelled `scope`.
+pub const KEY_REUSE_TOTAL: &str = "idempotency_key_reuse_total";
+
+/// The family of the HTTP layer's scopes (`http:{principal}:{METHOD}:{route}`).
+/// Their duplicates, conflicts and reused keys are counted by the HTTP layer,
+/// which adds the request's route to the labels; the stores only log them.
+pub const HTTP_FAMILY: &str = "http";
+
+/// Whether the protocol counters of `scope` are counted here (every family
+/// but [`HTTP_FAMILY`]).
+fn counted_here(scope: &Scope) -> bool {
+    scope.family() != HTTP_FAMILY
+}
+
 /// A duplicate was answered with the stored outcome.
 pub fn replayed(scope: &Scope) {
-    metrics::counter!("duplicates_suppressed_total", "scope" => scope.family().to_owned())
-        .increment(1);
+    if counted_here(scope) {
+        metrics::counter!(DUPLICATES_SUPPRESSED_TOTAL, "scope" => scope.family().to_owned())
+            .increment(1);
+    }
     tracing::info!(
         scope = scope.as_str(),
         "duplicate suppressed; stored outcome replayed"
@@ -34,16 +56,20 @@ pub fn took_over(scope: &Scope, token: FencingToken) {
 pub fn refused(error: &Error) {
     match error {
         Error::KeyReuse { scope, .. } => {
-            metrics::counter!("idempotency_key_reuse_total", "scope" => scope.family().to_owned())
-                .increment(1);
+            if counted_here(scope) {
+                metrics::counter!(KEY_REUSE_TOTAL, "scope" => scope.family().to_owned())
+                    .increment(1);
+            }
             tracing::info!(
                 scope = scope.as_str(),
                 "key reused with a different payload"
             );
         }
         Error::InFlight { scope, .. } => {
-            metrics::counter!("idempotency_key_conflicts_total", "scope" => scope.family().to_owned())
-                .increment(1);
+            if counted_here(scope) {
+                metrics::counter!(KEY_CONFLICTS_TOTAL, "scope" => scope.family().to_owned())
+                    .increment(1);
+            }
             tracing::info!(
                 scope = scope.as_str(),
                 "concurrent duplicate answered as in flight"

@@ -25,6 +25,11 @@ pub use idem_retry::IDEMPOTENCY_KEY;
 /// The response header set (to `true`) on every replayed response.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
+/// The response header set (to `true`) when a request with a safe method
+/// (GET, HEAD, OPTIONS, TRACE) carried an `Idempotency-Key`: such a request
+/// changes nothing, so it ran as usual and its key was not used.
+pub const IDEMPOTENCY_KEY_IGNORED: HeaderName = HeaderName::from_static("idempotency-key-ignored");
+
 /// Why an `Idempotency-Key` header was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

@@ -38,8 +38,11 @@
 //! - `key_header`: reading `Idempotency-Key` (RFC 8941 String, or bare);
 //! - `identity`: the scope (principal hash, method, route) and the fingerprint
 //!   (method, route, target, canonical body) of a keyed request;
+//! - [`observe`]: the protocol's counters for HTTP, with a bounded `route` label;
 //! - `stored`: [`StoredResponse`], a response as stored and replayed;
-//! - `body`: reading a keyed request's body under the limit.
+//! - `body`: reading a keyed request's body under the limit;
+//! - [`shed`]: [`LoadShedLayer`], 503 + `Retry-After` past a number of
+//!   requests in flight instead of a queue.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -54,11 +57,17 @@ pub mod gateway;
 pub mod idempotency;
 mod identity;
 mod key_header;
+pub mod observe;
+pub mod shed;
 mod stored;
 
 pub use idempotency::{
     DEFAULT_BODY_LIMIT, IdempotencyConfig, IdempotencyLayer, IdempotencyService, KeyRequirement,
     Mode, Refusal, ResponseFuture, StoredStatuses, UnknownOutcome,
 };
-pub use key_header::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, KeyHeaderError, parse_key, read_key};
+pub use key_header::{
+    IDEMPOTENCY_KEY, IDEMPOTENCY_KEY_IGNORED, IDEMPOTENT_REPLAYED, KeyHeaderError, parse_key,
+    read_key,
+};
+pub use shed::{LoadShed, LoadShedLayer};
 pub use stored::{NotAResponse, StoredResponse};

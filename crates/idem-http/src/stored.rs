@@ -199,6 +199,7 @@ impl StoredResponse {
         response
             .headers_mut()
             .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+        response.extensions_mut().insert(Replayed);
         response
     }
 }
@@ -211,6 +212,12 @@ impl IntoResponse for StoredResponse {
         response
     }
 }
+
+/// A response extension on every replay this crate produced (a header can
+/// come from anywhere, an extension only from this process): how replays are
+/// counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Replayed;
 
 #[cfg(test)]
 mod tests {

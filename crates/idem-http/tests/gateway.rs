@@ -165,7 +165,8 @@ async fn a_missing_key_is_400_where_required_and_other_methods_pass() {
     let missing = f.client.post("/payments").json(&json!({})).send().await;
     let detail = missing.problem(StatusCode::BAD_REQUEST);
     assert!(detail.contains("Idempotency-Key"), "{detail}");
-    // PUT takes no key by default: forwarded untouched.
+    // PUT is not among the methods that require a key: without one it is
+    // forwarded untouched.
     let put = f
         .client
         .call(http::Method::PUT, "/echo")
@@ -304,7 +305,7 @@ async fn an_upstream_timeout_is_504_outcome_unknown_then_forwarded_again_after_t
     let f = start(Options {
         idempotency: IdempotencyConfig::default().lease(lease),
         upstream_timeout: Duration::from_millis(300),
-        admin: false,
+        ..Options::default()
     })
     .await;
     let timed_out = f.client.post("/hang").key("t-1").send().await;
@@ -351,7 +352,7 @@ async fn a_short_real_lease_ends_and_the_retry_is_forwarded_again() {
     let options = Options {
         idempotency,
         upstream_timeout: Duration::from_millis(200),
-        admin: false,
+        ..Options::default()
     };
     let gateway = Gateway::start(server.addr, store, options).await;
     let client = gateway.client();
@@ -525,16 +526,39 @@ async fn the_admin_listener_serves_metrics_and_health() {
     let scraped = admin.get("/metrics").send().await;
     assert_eq!(scraped.status, StatusCode::OK);
     let text = String::from_utf8(scraped.body.to_vec()).unwrap();
-    for line in [
-        "gateway_requests_total{outcome=\"forwarded_stored\"}",
-        "gateway_requests_total{outcome=\"replayed\"}",
-        "gateway_requests_total{outcome=\"idempotency-key-reused\"}",
-        "gateway_requests_total{outcome=\"passed_through\"}",
-        "duplicates_suppressed_total{scope=\"http\"}",
-        "idempotency_key_reuse_total{scope=\"http\"}",
-        "dedupe_records ",
-        "dedupe_oldest_record_age_seconds ",
+    for (name, labels) in [
+        (
+            "gateway_requests_total",
+            "outcome=\"forwarded_stored\",route=\"POST /payments\"",
+        ),
+        (
+            "gateway_requests_total",
+            "outcome=\"replayed\",route=\"POST /payments\"",
+        ),
+        (
+            "gateway_requests_total",
+            "outcome=\"idempotency-key-reused\",route=\"POST /payments\"",
+        ),
+        (
+            "gateway_requests_total",
+            "outcome=\"passed_through\",route=\"POST /payments\"",
+        ),
+        (
+            "duplicates_suppressed_total",
+            "scope=\"http\",route=\"POST /payments\"",
+        ),
+        (
+            "idempotency_key_reuse_total",
+            "scope=\"http\",route=\"POST /payments\"",
+        ),
     ] {
+        assert_eq!(
+            counter(&text, name, labels),
+            Some(1.0),
+            "{name}{{{labels}}} in:\n{text}"
+        );
+    }
+    for line in ["dedupe_records ", "dedupe_oldest_record_age_seconds "] {
         assert!(text.contains(line), "no {line} in:\n{text}");
     }
     let records: f64 = text
@@ -650,4 +674,279 @@ async fn two_gateways_sharing_postgres_apply_concurrent_duplicates_once() {
     }
     assert_eq!(upstream.effects(), 4);
     drop(gateways);
+}
+
+/// The value of the series `name{labels}` in a Prometheus text exposition
+/// (`labels` as `a="x",b="y"`, in any order in the text).
+fn counter(text: &str, name: &str, labels: &str) -> Option<f64> {
+    let mut wanted: Vec<&str> = labels.split("\",").collect();
+    wanted.sort_unstable();
+    text.lines().find_map(|line| {
+        let rest = line.strip_prefix(name)?.strip_prefix('{')?;
+        let (found, value) = rest.split_once("} ")?;
+        let mut found: Vec<&str> = found.split("\",").collect();
+        found.sort_unstable();
+        (found == wanted).then(|| value.trim().parse().ok())?
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn duplicates_and_conflicts_are_counted_per_route() {
+    let f = start(Options {
+        admin: true,
+        routes: vec!["/orders/{id}".to_owned(), "/slow".to_owned()],
+        ..Options::default()
+    })
+    .await;
+    // Two requests held by the upstream; their concurrent duplicates conflict.
+    let mut held = JoinSet::new();
+    for key in ["held-1", "held-2"] {
+        let client = f.client.clone();
+        held.spawn(async move { client.post("/slow").key(key).send().await });
+    }
+    while f.upstream.calls() < 2 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for _ in 0..3 {
+        f.client
+            .post("/slow")
+            .key("held-1")
+            .send()
+            .await
+            .problem(StatusCode::CONFLICT);
+    }
+    f.client
+        .post("/slow")
+        .key("held-2")
+        .send()
+        .await
+        .problem(StatusCode::CONFLICT);
+    // The upstream answers 404 to /orders/..., which is stored and replayed:
+    // one label for every order id.
+    for id in 1..=3 {
+        for _ in 0..2 {
+            f.client
+                .post(&format!("/orders/{id}"))
+                .key(&format!("order-{id}"))
+                .send()
+                .await;
+        }
+    }
+    f.upstream.open_gate(2);
+    for reply in held.join_all().await {
+        assert_eq!(reply.status, StatusCode::CREATED);
+    }
+
+    let text = String::from_utf8(
+        f.gateway
+            .admin_client()
+            .get("/metrics")
+            .send()
+            .await
+            .body
+            .to_vec(),
+    )
+    .unwrap();
+    let conflicts = "idempotency_key_conflicts_total";
+    assert_eq!(
+        counter(&text, conflicts, "scope=\"http\",route=\"POST /slow\""),
+        Some(4.0),
+        "{text}"
+    );
+    assert_eq!(
+        counter(
+            &text,
+            conflicts,
+            "scope=\"http\",route=\"POST /orders/{id}\""
+        ),
+        None,
+        "{text}"
+    );
+    let duplicates = "duplicates_suppressed_total";
+    assert_eq!(
+        counter(
+            &text,
+            duplicates,
+            "scope=\"http\",route=\"POST /orders/{id}\""
+        ),
+        Some(3.0),
+        "{text}"
+    );
+    assert_eq!(
+        counter(
+            &text,
+            "gateway_requests_total",
+            "outcome=\"forwarded_stored\",route=\"POST /orders/{id}\""
+        ),
+        Some(3.0),
+        "{text}"
+    );
+    assert!(!text.contains("/orders/1"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn past_the_limit_in_flight_requests_are_shed_at_once_with_retry_after() {
+    let f = start(Options {
+        admin: true,
+        max_in_flight: Some(2),
+        ..Options::default()
+    })
+    .await;
+    // Two requests admitted and held by the upstream...
+    let mut admitted = JoinSet::new();
+    for i in 0..2 {
+        let client = f.client.clone();
+        admitted.spawn(async move {
+            client
+                .post("/slow")
+                .key(&format!("admitted-{i}"))
+                .send()
+                .await
+        });
+    }
+    while f.upstream.calls() < 2 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // ...so five more, keyed or not, are answered 503 while those two are
+    // still held: none waits for a place.
+    let mut shed = JoinSet::new();
+    for i in 0..5 {
+        let client = f.client.clone();
+        shed.spawn(async move {
+            let call = client.post("/payments");
+            if i % 2 == 0 {
+                call.key(&format!("shed-{i}")).send().await
+            } else {
+                call.send().await
+            }
+        });
+    }
+    for reply in shed.join_all().await {
+        let detail = reply.problem(StatusCode::SERVICE_UNAVAILABLE);
+        assert!(detail.contains("took no effect"), "{detail}");
+        assert_eq!(reply.retry_after(), 1);
+    }
+    assert!(
+        admitted.len() == 2 && f.upstream.calls() == 2,
+        "the admitted requests are still held"
+    );
+    assert_eq!(f.upstream.effects(), 2, "nothing shed reached the upstream");
+
+    f.upstream.open_gate(2);
+    for reply in admitted.join_all().await {
+        assert_eq!(reply.status, StatusCode::CREATED);
+    }
+    // A place is free again, and a shed key was never claimed: its retry runs.
+    let retried = f.client.post("/payments").key("shed-0").send().await;
+    assert_eq!(retried.status, StatusCode::CREATED);
+    assert!(!retried.replayed());
+
+    let text = String::from_utf8(
+        f.gateway
+            .admin_client()
+            .get("/metrics")
+            .send()
+            .await
+            .body
+            .to_vec(),
+    )
+    .unwrap();
+    let shed_total: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("http_requests_shed_total "))
+        .expect("http_requests_shed_total")
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(shed_total, 5.0);
+    assert_eq!(
+        counter(
+            &text,
+            "gateway_requests_total",
+            "outcome=\"overloaded\",route=\"POST /payments\""
+        ),
+        Some(5.0),
+        "{text}"
+    );
+}
+
+/// The retrying client's timer in the test below: every sleep is written down
+/// and lasts until the test lets it end.
+#[derive(Debug, Clone)]
+struct HeldTimer {
+    slept: Arc<std::sync::Mutex<Vec<Duration>>>,
+    release: Arc<tokio::sync::Semaphore>,
+}
+
+impl Default for HeldTimer {
+    fn default() -> Self {
+        Self {
+            slept: Arc::default(),
+            release: Arc::new(tokio::sync::Semaphore::new(0)),
+        }
+    }
+}
+
+impl idem_retry::Timer for HeldTimer {
+    fn now(&self) -> std::time::Instant {
+        std::time::Instant::now()
+    }
+
+    fn sleep(&self, duration: Duration) -> idem_retry::Sleep {
+        self.slept.lock().unwrap().push(duration);
+        let release = Arc::clone(&self.release);
+        Box::pin(async move {
+            release.acquire().await.expect("open").forget();
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_retrying_client_waits_out_a_shed_answer_and_its_retry_runs_once() {
+    use http_body_util::Full;
+    use hyper_util::client::legacy::Client as HyperClient;
+    use hyper_util::rt::TokioExecutor;
+    use idem_retry::{HttpRetryLayer, HttpRetryPolicy, RetryBudget, RetryConfig};
+    use tower::{Layer, Service, ServiceExt};
+
+    let f = start(Options {
+        max_in_flight: Some(1),
+        ..Options::default()
+    })
+    .await;
+    let client = f.client.clone();
+    let held = tokio::spawn(async move { client.post("/slow").key("held").send().await });
+    while f.upstream.calls() < 1 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    let timer = HeldTimer::default();
+    let policy = HttpRetryPolicy::new(RetryConfig::default(), Arc::new(RetryBudget::default()))
+        .with_timer(timer.clone());
+    let http = HyperClient::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let mut retrying = HttpRetryLayer::new(policy).layer(http);
+    let request = idem_retry::with_idempotency_key(
+        http::Request::post(format!("http://{}/payments", f.gateway.addr))
+            .body(Full::new(Bytes::from_static(b"{\"amount\":5}")))
+            .unwrap(),
+        idem::IdempotencyKey::new("shed-then-run").unwrap(),
+    );
+    let call =
+        tokio::spawn(async move { retrying.ready().await.unwrap().call(request).await.unwrap() });
+
+    // The first attempt was shed: the client sleeps for the Retry-After.
+    while timer.slept.lock().unwrap().is_empty() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(*timer.slept.lock().unwrap(), [Duration::from_secs(1)]);
+    assert_eq!(f.upstream.effects(), 1, "the shed attempt reached nothing");
+
+    // The held request finishes; the retry finds a free place and runs.
+    f.upstream.open_gate(1);
+    assert_eq!(held.await.unwrap().status, StatusCode::CREATED);
+    timer.release.add_permits(1);
+    let answer = call.await.unwrap();
+    assert_eq!(answer.status(), StatusCode::CREATED);
+    assert_eq!(f.upstream.effects(), 2);
+    assert_eq!(timer.slept.lock().unwrap().len(), 1, "one retry");
 }

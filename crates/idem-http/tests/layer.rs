@@ -515,14 +515,17 @@ async fn a_service_that_dies_mid_request_keeps_the_key_reserved() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn methods_that_take_no_key_pass_through_untouched() {
+async fn safe_methods_pass_through_and_say_their_key_was_ignored() {
     let f = start(standard()).await;
     for _ in 0..2 {
         let reply = f.client.get("/payments").key("ignored").send().await;
         assert_eq!(reply.status, StatusCode::OK);
         assert!(!reply.replayed());
+        assert_eq!(reply.header("idempotency-key-ignored"), Some("true"));
     }
-    assert_eq!(f.upstream.reads.load(Ordering::SeqCst), 2);
+    let keyless = f.client.get("/payments").send().await;
+    assert!(keyless.header("idempotency-key-ignored").is_none());
+    assert_eq!(f.upstream.reads.load(Ordering::SeqCst), 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -590,4 +593,50 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     panic!("condition not reached within 10 s");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_load_shed_layer_answers_503_past_its_limit_and_admits_again_when_a_place_frees() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = SqliteStore::open(dir.path().join("idem.db"))
+        .await
+        .expect("store");
+    let upstream = Upstream::default();
+    let app = Router::new()
+        .route("/slow", post(slow))
+        .route("/payments", post(pay))
+        .layer(IdempotencyLayer::new(store, standard()))
+        .layer(idem_http::LoadShedLayer::new(1, Mode::Stripe))
+        .with_state(upstream.clone());
+    let server = Server::start(app).await;
+    let client = server.client();
+
+    let held = tokio::spawn({
+        let client = client.clone();
+        async move { client.post("/slow").key("held").send().await }
+    });
+    eventually(|| async { (upstream.effects() == 1).then_some(()) }).await;
+    // The limit is shared by every route: /payments is shed too, at once.
+    let shed = client
+        .post("/payments")
+        .key("shed")
+        .json(&json!({ "amount": 1 }))
+        .send()
+        .await;
+    shed.stripe_error(StatusCode::SERVICE_UNAVAILABLE, "api_error");
+    assert_eq!(shed.retry_after(), 1);
+    assert_eq!(upstream.effects(), 1, "the shed request ran nothing");
+
+    upstream.gate.add_permits(1);
+    assert_eq!(held.await.unwrap().status, StatusCode::CREATED);
+    // Its key was never claimed: the retry runs as the first attempt.
+    let retried = client
+        .post("/payments")
+        .key("shed")
+        .json(&json!({ "amount": 1 }))
+        .send()
+        .await;
+    assert_eq!(retried.status, StatusCode::CREATED);
+    assert!(!retried.replayed());
+    assert_eq!(upstream.effects(), 2);
 }

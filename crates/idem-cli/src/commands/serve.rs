@@ -90,6 +90,8 @@ fn resolve(store: Option<&str>, args: &ServeArgs) -> anyhow::Result<GatewaySetti
         principal_header: args.principal_header.clone(),
         methods: args.methods.clone(),
         sweep_every: args.sweep_every.clone(),
+        max_in_flight: args.max_in_flight.clone(),
+        routes: args.routes.clone(),
     };
     let text = args
         .config

@@ -14,6 +14,7 @@ use idem::{Applied, AtomicEffect, AtomicStore, Outcome, TxCall};
 use tower::Service;
 
 use super::{AtomicRequest, BoxError, Failure, Rollback, admit, answer, settle};
+use crate::observe::{self, route_label};
 use crate::{IdempotencyConfig, StoredResponse, StoredStatuses};
 
 /// A route whose handler's writes commit with the stored response, in the
@@ -103,6 +104,7 @@ where
         B::Error: Into<BoxError>,
     {
         let mode = self.config.mode;
+        let label = route_label(request.method(), request.uri(), request.extensions());
         let admitted = match admit(&self.config, request).await {
             Ok(admitted) => admitted,
             Err(refusal) => return refusal.to_response(mode),
@@ -124,7 +126,11 @@ where
         if keyed && applied.is_ok() {
             idem::crash::point(idem::crash::BEFORE_ANSWER);
         }
-        answer(&self.store, applied, keyed, mode)
+        let response = answer(&self.store, applied, keyed, mode);
+        if keyed {
+            observe::keyed_answer(&label, &response);
+        }
+        response
     }
 }
 

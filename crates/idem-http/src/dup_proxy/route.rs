@@ -5,6 +5,8 @@
 
 use http::Method;
 
+use crate::observe::looks_like_an_id;
+
 /// `POST /orders/{id}/refunds` for `POST /orders/42/refunds?x=1`.
 pub(crate) fn route_of(method: &Method, path: &str) -> String {
     let mut route = format!("{method} ");
@@ -21,28 +23,6 @@ pub(crate) fn route_of(method: &Method, path: &str) -> String {
         });
     }
     route
-}
-
-/// A number, a UUID, or a long run of hex digits (a hash, an object id).
-fn looks_like_an_id(segment: &str) -> bool {
-    if segment.is_empty() {
-        return false;
-    }
-    if segment.bytes().all(|b| b.is_ascii_digit()) {
-        return true;
-    }
-    let hex_digits = segment.bytes().filter(u8::is_ascii_hexdigit).count();
-    let dashes = segment.bytes().filter(|b| *b == b'-').count();
-    if hex_digits + dashes != segment.len() {
-        return false;
-    }
-    let uuid = segment.len() == 36
-        && dashes == 4
-        && [8, 13, 18, 23]
-            .iter()
-            .all(|&i| segment.as_bytes()[i] == b'-');
-    let long_hex = dashes == 0 && segment.len() >= 16;
-    uuid || long_hex
 }
 
 #[cfg(test)]

@@ -150,6 +150,8 @@ pub struct GatewayConfig {
     pub(crate) upstream: Upstream,
     pub(crate) upstream_timeout: Duration,
     pub(crate) shutdown_grace: Option<Duration>,
+    pub(crate) max_in_flight: Option<usize>,
+    pub(crate) routes: Vec<String>,
 }
 
 impl GatewayConfig {
@@ -159,6 +161,8 @@ impl GatewayConfig {
             upstream,
             upstream_timeout: DEFAULT_UPSTREAM_TIMEOUT,
             shutdown_grace: None,
+            max_in_flight: None,
+            routes: Vec::new(),
         }
     }
 
@@ -176,6 +180,23 @@ impl GatewayConfig {
     /// forwarded request gets its answer or its timeout).
     pub fn shutdown_grace(mut self, grace: Duration) -> Self {
         self.shutdown_grace = Some(grace);
+        self
+    }
+
+    /// At most `limit` requests in flight (at least one); past it a request
+    /// is answered 503 with `Retry-After: 1` at once, before its key is
+    /// claimed or its body read (default: no limit).
+    pub fn max_in_flight(mut self, limit: usize) -> Self {
+        self.max_in_flight = Some(limit.max(1));
+        self
+    }
+
+    /// The route templates (`/payments/{id}`, `/orders`) that name a
+    /// request's route in the metrics' `route` label; a `{name}` segment
+    /// matches any one segment. A request that matches none is labelled with
+    /// its first path segment.
+    pub fn routes<R: Into<String>>(mut self, routes: impl IntoIterator<Item = R>) -> Self {
+        self.routes = routes.into_iter().map(Into::into).collect();
         self
     }
 

@@ -27,7 +27,12 @@
 //! - `accept`: the accept loop and its graceful shutdown;
 //! - [`run`] (here): the accept loop, a `gateway` span per request (continuing
 //!   the request's `traceparent`), and graceful shutdown;
-//! - `observe`: requests by outcome.
+//! - `routes`: the route templates that name a request's `route` label;
+//! - `observe`: requests by outcome and route.
+//!
+//! With a limit of requests in flight ([`GatewayConfig::max_in_flight`]),
+//! the requests past it are answered 503 + `Retry-After` at once, before
+//! anything else is done with them.
 //!
 //! Its `/metrics` and `/healthz` are [`crate::admin`]'s.
 //!
@@ -51,11 +56,13 @@ mod config;
 pub(crate) mod hop;
 mod observe;
 mod proxy;
+mod routes;
 mod settings;
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use axum::body::Body;
 use axum::response::Response;
@@ -69,14 +76,17 @@ use tracing::Instrument;
 pub use config::{DEFAULT_UPSTREAM_TIMEOUT, GatewayConfig, Upstream, UpstreamError};
 pub use observe::REQUESTS_TOTAL;
 pub use settings::{
-    DEFAULT_LISTEN, DEFAULT_STORE, GatewaySettings, GivenSettings, SettingsError, SettingsFile,
-    parse_duration, parse_methods, parse_size,
+    DEFAULT_LISTEN, DEFAULT_STORE, GatewaySettings, GivenSettings, MAX_IN_FLIGHT, SettingsError,
+    SettingsFile, parse_duration, parse_limit, parse_methods, parse_routes, parse_size,
 };
 
+use crate::observe::RouteLabel;
+use crate::shed::InFlightLimit;
 use crate::{IdempotencyConfig, IdempotencyLayer, IdempotencyService};
 pub(crate) use accept::serve_connections;
 use proxy::Proxy;
 pub(crate) use proxy::{ClientAddr, rewrite_for, upstream_client};
+use routes::RouteTemplates;
 
 /// The idempotency layer over the reverse proxy, ready to [`run`].
 #[derive(Debug)]
@@ -124,8 +134,16 @@ where
     let proxy = Proxy::new(&gateway.config, idempotency.clone());
     let service = tower::Layer::layer(&gateway.layer, proxy);
     let grace = gateway.config.shutdown_grace_period();
+    let admission = Arc::new(Admission {
+        idempotency,
+        limit: gateway
+            .config
+            .max_in_flight
+            .map(|limit| InFlightLimit::new(limit, gateway.layer.config().vocabulary())),
+        routes: RouteTemplates::new(&gateway.config.routes),
+    });
     let per_request = move |request: Request<Incoming>, peer: SocketAddr| {
-        answer(service.clone(), idempotency.clone(), peer, request)
+        answer(service.clone(), Arc::clone(&admission), peer, request)
     };
     if !accept::serve_connections(listener, shutdown, grace, per_request).await {
         tracing::warn!(
@@ -136,18 +154,47 @@ where
     Ok(())
 }
 
-/// One request through the layer and the proxy, counted by outcome.
+/// What every request is admitted by: the layer's config, the limit of
+/// requests in flight, and the route templates of the metrics.
+struct Admission {
+    idempotency: IdempotencyConfig,
+    limit: Option<InFlightLimit>,
+    routes: RouteTemplates,
+}
+
+/// One request through the limit, the layer and the proxy, counted by
+/// outcome and route.
 async fn answer<St>(
     service: IdempotencyService<Proxy, St>,
-    idempotency: IdempotencyConfig,
+    admission: Arc<Admission>,
     peer: SocketAddr,
     mut request: Request<Incoming>,
 ) -> Result<Response, Infallible>
 where
     St: LeaseStore + 'static,
 {
+    let idempotency = &admission.idempotency;
+    let keyed = observe::is_keyed(idempotency, &request);
+    let route: Arc<str> = admission
+        .routes
+        .label(request.method(), request.uri().path())
+        .into();
+    // Shed before anything is read or claimed: the retry starts afresh.
+    let _in_flight = match &admission.limit {
+        None => None,
+        Some(limit) => match limit.admit() {
+            Some(permit) => Some(permit),
+            None => {
+                let shed = limit.shed();
+                observe::answered(observe::outcome(idempotency, keyed, &shed), &route);
+                return Ok(shed);
+            }
+        },
+    };
     request.extensions_mut().insert(ClientAddr(peer));
-    let keyed = observe::is_keyed(&idempotency, &request);
+    request
+        .extensions_mut()
+        .insert(RouteLabel(Arc::clone(&route)));
     let span = tracing::info_span!(
         "gateway",
         method = %request.method(),
@@ -155,6 +202,6 @@ where
     );
     idem_trace::continue_trace(&span, &idem_trace::HttpHeaders(request.headers()));
     let response: Response<Body> = service.oneshot(request).instrument(span).await?;
-    observe::answered(observe::outcome(&idempotency, keyed, &response));
+    observe::answered(observe::outcome(idempotency, keyed, &response), &route);
     Ok(response)
 }

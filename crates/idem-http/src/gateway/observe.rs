@@ -1,12 +1,15 @@
-//! The gateway's own metrics: requests by outcome.
+//! The gateway's own metrics: requests by outcome and route.
 //! The protocol's counters (`duplicates_suppressed_total`,
-//! `idempotency_key_conflicts_total`, `idempotency_key_reuse_total`,
-//! `lease_takeovers_total`) come from the store, through `idem-core`'s
-//! `observe`, into the same recorder.
+//! `idempotency_key_conflicts_total`, `idempotency_key_reuse_total`) come
+//! from the layer with the same `route` label ([`crate::observe`]);
+//! `lease_takeovers_total` from the store; shed requests are counted in
+//! `http_requests_shed_total` too ([`crate::shed`]).
 //!
 //! A request's outcome is read from its response, never from its body: the
 //! layer's refusals carry their problem type, upstream answers carry a marker,
 //! and replays carry `Idempotent-Replayed`.
+
+use std::sync::Arc;
 
 use axum::response::Response;
 use http::Request;
@@ -16,7 +19,8 @@ use crate::IdempotencyConfig;
 use crate::idempotency::problem::Refused;
 use crate::key_header::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 
-/// Requests answered by the gateway, labelled `outcome`.
+/// Requests answered by the gateway, labelled `outcome` and `route` (see
+/// [`crate::observe`] for the route's bounded form).
 pub const REQUESTS_TOTAL: &str = "gateway_requests_total";
 
 /// Whether the layer treats `request` as keyed (a malformed key counts: the
@@ -30,13 +34,14 @@ pub(crate) fn is_keyed<B>(config: &IdempotencyConfig, request: &Request<B>) -> b
 /// - `forwarded_stored`: keyed, the upstream answered, and the answer was stored;
 /// - `forwarded_released`: keyed, the upstream answered with a status that is
 ///   not stored (5xx, 408, 429), so the key was released;
-/// - `passed_through`: no key (or a method that takes none), forwarded as is;
+/// - `passed_through`: no key (or a safe method), forwarded as is;
 /// - `replayed`: a duplicate, answered from the store;
 /// - otherwise the refusal's problem type: `idempotency-key-in-flight`,
 ///   `idempotency-key-reused`, `missing-idempotency-key`,
 ///   `malformed-idempotency-key`, `request-too-large`,
 ///   `upstream-timeout-outcome-unknown`, `upstream-broke-outcome-unknown`,
-///   `upstream-unreachable`, `store-unavailable`, `idempotency-store-failure`, ...
+///   `upstream-unreachable`, `store-unavailable`, `idempotency-store-failure`,
+///   `overloaded` (shed: the limit of requests in flight was reached), ...
 pub(crate) fn outcome(
     config: &IdempotencyConfig,
     keyed: bool,
@@ -59,6 +64,7 @@ pub(crate) fn outcome(
 }
 
 /// Counts one answered request.
-pub(crate) fn answered(outcome: &'static str) {
-    metrics::counter!(REQUESTS_TOTAL, "outcome" => outcome).increment(1);
+pub(crate) fn answered(outcome: &'static str, route: &Arc<str>) {
+    metrics::counter!(REQUESTS_TOTAL, "outcome" => outcome, "route" => route.to_string())
+        .increment(1);
 }

@@ -59,7 +59,7 @@ pub struct GivenSettings {
     pub store: Option<String>,
     /// `--mode`: `ietf` or `stripe`.
     pub mode: Option<String>,
-    /// `--require-key`: refuse keyless requests on the protected methods.
+    /// `--require-key`: refuse keyless requests on the `--methods`.
     pub require_key: Option<bool>,
     /// `--max-body`: the largest keyed body read.
     pub max_body: Option<String>,
@@ -73,10 +73,15 @@ pub struct GivenSettings {
     pub upstream_timeout: Option<String>,
     /// `--principal-header`: the header naming the caller, or `none`.
     pub principal_header: Option<String>,
-    /// `--methods`: the methods deduplicated by their key.
+    /// `--methods`: the methods on which `--require-key` refuses keyless
+    /// requests.
     pub methods: Option<String>,
     /// `--sweep-every`: how often expired records are swept, or `off`.
     pub sweep_every: Option<String>,
+    /// `--max-in-flight`: the most requests answered at once, or `off`.
+    pub max_in_flight: Option<String>,
+    /// `--routes`: route templates for the metrics' `route` label.
+    pub routes: Option<String>,
 }
 
 /// A config file's text, and its path for messages.
@@ -106,25 +111,27 @@ struct FileSettings {
     store: Option<String>,
     mode: Option<String>,
     require_key: Option<bool>,
-    max_body: Option<Size>,
+    max_body: Option<NumberOrText>,
     lease: Option<String>,
     retention: Option<String>,
     admin_listen: Option<String>,
     upstream_timeout: Option<String>,
     principal_header: Option<String>,
-    methods: Option<Methods>,
+    methods: Option<Listed>,
     sweep_every: Option<String>,
+    max_in_flight: Option<NumberOrText>,
+    routes: Option<Listed>,
 }
 
-/// The method list in the file: `"POST,PUT"` or `["POST", "PUT"]`.
+/// A list in the file (methods, routes): `"POST,PUT"` or `["POST", "PUT"]`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
-enum Methods {
+enum Listed {
     Text(String),
     List(Vec<String>),
 }
 
-impl Methods {
+impl Listed {
     fn text(&self) -> String {
         match self {
             Self::Text(text) => text.clone(),
@@ -133,18 +140,19 @@ impl Methods {
     }
 }
 
-/// A size in the file: `"1MiB"`, or a number of bytes.
+/// A number in the file, bare or as text: `max_body = 65536` or `"1MiB"`,
+/// `max_in_flight = 256` or `"off"`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
-enum Size {
-    Bytes(u64),
+enum NumberOrText {
+    Number(u64),
     Text(String),
 }
 
-impl Size {
+impl NumberOrText {
     fn text(&self) -> String {
         match self {
-            Self::Bytes(n) => n.to_string(),
+            Self::Number(n) => n.to_string(),
             Self::Text(text) => text.clone(),
         }
     }
@@ -173,7 +181,7 @@ pub struct GatewaySettings {
     pub store: StoreLocation,
     /// The vocabulary of refusals.
     pub mode: Mode,
-    /// Whether keyless requests on the protected methods are refused.
+    /// Whether keyless requests on [`methods`](Self::methods) are refused.
     pub require_key: bool,
     /// The largest keyed body read, in bytes.
     pub max_body: usize,
@@ -187,11 +195,18 @@ pub struct GatewaySettings {
     pub upstream_timeout: Duration,
     /// `None`: one key space for every caller.
     pub principal_header: Option<HeaderName>,
-    /// The methods whose requests are deduplicated by their key.
+    /// The methods on which a keyless request is refused when
+    /// [`require_key`](Self::require_key) is set. A request that carries a
+    /// key is deduplicated whatever its unsafe method, listed here or not.
     pub methods: Vec<Method>,
     /// How often expired records are swept; `None`: never (a cron job runs
     /// `idem gc`).
     pub sweep_every: Option<Duration>,
+    /// The most requests answered at once; past it a request gets 503 +
+    /// `Retry-After` at once. `None`: no limit.
+    pub max_in_flight: Option<usize>,
+    /// Route templates (`/payments/{id}`) naming the metrics' `route` label.
+    pub routes: Vec<String>,
 }
 
 /// One setting's value and where it came from, for error messages.
@@ -326,7 +341,7 @@ impl GatewaySettings {
 
         let max_body =
             match sources.pick("max-body", "IDEM_MAX_BODY", given.max_body.as_ref(), |f| {
-                f.max_body.as_ref().map(Size::text)
+                f.max_body.as_ref().map(NumberOrText::text)
             }) {
                 None => DEFAULT_BODY_LIMIT,
                 Some(found) => parse_size(&found.value).map_err(|e| e.of(&found.origin))?,
@@ -377,7 +392,7 @@ impl GatewaySettings {
         };
 
         let methods = match sources.pick("methods", "IDEM_METHODS", given.methods.as_ref(), |f| {
-            f.methods.as_ref().map(Methods::text)
+            f.methods.as_ref().map(Listed::text)
         }) {
             None => vec![Method::POST, Method::PATCH],
             Some(found) => parse_methods(&found.value).map_err(|e| e.of(&found.origin))?,
@@ -394,6 +409,22 @@ impl GatewaySettings {
             Some(found) => Some(parse_duration(&found.value).map_err(|e| e.of(&found.origin))?),
         };
 
+        let max_in_flight = match sources.pick(
+            "max-in-flight",
+            "IDEM_MAX_IN_FLIGHT",
+            given.max_in_flight.as_ref(),
+            |f| f.max_in_flight.as_ref().map(NumberOrText::text),
+        ) {
+            None => None,
+            Some(found) => parse_limit(&found.value).map_err(|e| e.of(&found.origin))?,
+        };
+        let routes = match sources.pick("routes", "IDEM_ROUTES", given.routes.as_ref(), |f| {
+            f.routes.as_ref().map(Listed::text)
+        }) {
+            None => Vec::new(),
+            Some(found) => parse_routes(&found.value).map_err(|e| e.of(&found.origin))?,
+        };
+
         Ok(Self {
             upstream,
             listen,
@@ -408,6 +439,8 @@ impl GatewaySettings {
             principal_header,
             methods,
             sweep_every,
+            max_in_flight,
+            routes,
         })
     }
 
@@ -432,7 +465,13 @@ impl GatewaySettings {
 
     /// The gateway's configuration.
     pub fn gateway(&self) -> GatewayConfig {
-        GatewayConfig::new(self.upstream.clone()).upstream_timeout(self.upstream_timeout)
+        let config = GatewayConfig::new(self.upstream.clone())
+            .upstream_timeout(self.upstream_timeout)
+            .routes(self.routes.iter().cloned());
+        match self.max_in_flight {
+            Some(limit) => config.max_in_flight(limit),
+            None => config,
+        }
     }
 
     /// These settings as a config file that resolves to them again, every
@@ -480,6 +519,19 @@ impl GatewaySettings {
                         .map_or_else(|| "off".to_owned(), duration_text)
                 )
             ),
+            format!(
+                "max_in_flight = {}",
+                self.max_in_flight
+                    .map_or_else(|| quoted("off"), |limit| limit.to_string())
+            ),
+            format!(
+                "routes = [{}]",
+                self.routes
+                    .iter()
+                    .map(|r| quoted(r))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
         ];
         if let Some(admin) = self.admin_listen {
             lines.push(format!("admin_listen = {}", quoted(&admin.to_string())));
@@ -514,9 +566,9 @@ fn address(found: &Found) -> Result<SocketAddr, SettingsError> {
     })
 }
 
-/// A comma-separated method list such as `POST,PATCH,PUT,DELETE`. Safe
-/// methods are refused: a GET changes nothing, so there is nothing to
-/// deduplicate.
+/// A comma-separated method list such as `POST,PATCH,PUT,DELETE`: the
+/// methods on which a key is required. Safe methods are refused: a GET
+/// changes nothing, so a key on it protects nothing.
 pub fn parse_methods(text: &str) -> Result<Vec<Method>, SettingsError> {
     let mut methods = Vec::new();
     for name in text
@@ -528,7 +580,7 @@ pub fn parse_methods(text: &str) -> Result<Vec<Method>, SettingsError> {
             .map_err(|_| SettingsError::new(format!("{name:?} is not an HTTP method")))?;
         if method.is_safe() {
             return Err(SettingsError::new(format!(
-                "{method} changes nothing on the upstream, so a key on it protects nothing; list methods with effects, such as POST,PATCH,PUT,DELETE"
+                "{method} changes nothing on the upstream, so there is no reason to require a key on it; list methods with effects, such as POST,PATCH,PUT,DELETE"
             )));
         }
         if !methods.contains(&method) {
@@ -541,6 +593,67 @@ pub fn parse_methods(text: &str) -> Result<Vec<Method>, SettingsError> {
         ));
     }
     Ok(methods)
+}
+
+/// The most requests in flight at a time: a whole number from 1 to
+/// [`MAX_IN_FLIGHT`], or `off` (`None`) for no limit.
+pub fn parse_limit(text: &str) -> Result<Option<usize>, SettingsError> {
+    let text = text.trim();
+    if text.eq_ignore_ascii_case("off") {
+        return Ok(None);
+    }
+    let explain = || {
+        SettingsError::new(format!(
+            "{text:?} is not a number of requests; write a whole number from 1 to {MAX_IN_FLIGHT}, such as 256, or off for no limit"
+        ))
+    };
+    let limit: usize = text.parse().map_err(|_| explain())?;
+    if limit == 0 || limit > MAX_IN_FLIGHT {
+        return Err(explain());
+    }
+    Ok(Some(limit))
+}
+
+/// The largest `--max-in-flight`.
+pub const MAX_IN_FLIGHT: usize = 1 << 20;
+
+/// A comma-separated list of route templates such as
+/// `/payments/{id},/orders`: each starts with `/`, is visible ASCII, and
+/// writes a placeholder as a whole segment (`{id}`, or `{*rest}` last).
+/// Repeats are dropped; an empty list is no templates.
+pub fn parse_routes(text: &str) -> Result<Vec<String>, SettingsError> {
+    let mut routes: Vec<String> = Vec::new();
+    for route in text.split(',').map(str::trim).filter(|r| !r.is_empty()) {
+        let explain = |why: &str| {
+            SettingsError::new(format!(
+                "{route:?} is not a route template ({why}); write paths such as /payments/{{id}},/orders"
+            ))
+        };
+        if !route.starts_with('/') {
+            return Err(explain("it does not start with /"));
+        }
+        if !route.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(explain("only visible ASCII characters, no spaces"));
+        }
+        let segments: Vec<&str> = route.split('/').filter(|s| !s.is_empty()).collect();
+        for (i, segment) in segments.iter().enumerate() {
+            let braces = segment.contains(['{', '}']);
+            let whole = segment.len() > 2
+                && segment.starts_with('{')
+                && segment.ends_with('}')
+                && !segment[1..segment.len() - 1].contains(['{', '}']);
+            if braces && !whole {
+                return Err(explain("a placeholder is a whole segment, such as {id}"));
+            }
+            if whole && segment.starts_with("{*") && i + 1 != segments.len() {
+                return Err(explain("{*rest} can only be the last segment"));
+            }
+        }
+        if !routes.iter().any(|r| r == route) {
+            routes.push(route.to_owned());
+        }
+    }
+    Ok(routes)
 }
 
 /// A duration such as `300ms`, `60s`, `2m`, `7d`, `1h 30m`; more than zero.
@@ -596,7 +709,7 @@ impl fmt::Display for GatewaySettings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "store {}; mode {}; key {} on {}; max body {} bytes; lease {}; retention {}; upstream timeout {}; principal {}",
+            "store {}; mode {}; key {} on {}; max body {} bytes; lease {}; retention {}; upstream timeout {}; principal {}; in flight {}",
             self.store,
             mode_name(self.mode),
             if self.require_key {
@@ -616,6 +729,10 @@ impl fmt::Display for GatewaySettings {
             self.principal_header
                 .as_ref()
                 .map_or("none (one key space)", HeaderName::as_str),
+            self.max_in_flight.map_or_else(
+                || "unlimited".to_owned(),
+                |limit| format!("at most {limit}")
+            ),
         )
     }
 }
@@ -658,10 +775,57 @@ mod tests {
         assert_eq!(settings.principal_header, Some(http::header::AUTHORIZATION));
         assert_eq!(settings.methods, [Method::POST, Method::PATCH]);
         assert_eq!(settings.sweep_every, Some(Duration::from_secs(60)));
+        assert_eq!(settings.max_in_flight, None);
+        assert!(settings.routes.is_empty());
     }
 
     #[test]
-    fn put_and_delete_are_protected_when_listed() {
+    fn the_limit_in_flight_and_the_routes_read_from_flags_and_file() {
+        let text = "upstream = \"http://127.0.0.1:9000\"\nmax_in_flight = 256\nroutes = [\"/payments/{id}\", \"/orders\"]\n";
+        let mut given = GivenSettings::default();
+        let filed = from_file(&given, text).unwrap();
+        assert_eq!(filed.max_in_flight, Some(256));
+        assert_eq!(filed.routes, ["/payments/{id}", "/orders"]);
+        assert_eq!(filed.gateway().max_in_flight, Some(256));
+
+        given.max_in_flight = Some("off".into());
+        given.routes = Some("/files/{*path}, /orders,/orders".into());
+        let flagged = from_file(&given, text).unwrap();
+        assert_eq!(flagged.max_in_flight, None);
+        assert_eq!(flagged.routes, ["/files/{*path}", "/orders"]);
+        assert_eq!(from_file(&given, &flagged.to_toml()).unwrap(), flagged);
+
+        for (bad, says) in [
+            ("0", "from 1 to"),
+            ("many", "off for no limit"),
+            ("2000000", "from 1 to"),
+        ] {
+            given.max_in_flight = Some(bad.into());
+            let error = from_file(&given, text).unwrap_err().to_string();
+            assert!(
+                error.contains("--max-in-flight (or IDEM_MAX_IN_FLIGHT)") && error.contains(says),
+                "{bad}: {error}"
+            );
+        }
+        given.max_in_flight = None;
+        for (bad, says) in [
+            ("payments", "start with /"),
+            ("/a b", "no spaces"),
+            ("/pay{id}", "whole segment"),
+            ("/files/{*rest}/x", "last segment"),
+            ("/{}", "whole segment"),
+        ] {
+            given.routes = Some(bad.into());
+            let error = from_file(&given, text).unwrap_err().to_string();
+            assert!(
+                error.contains("--routes (or IDEM_ROUTES)") && error.contains(says),
+                "{bad}: {error}"
+            );
+        }
+    }
+
+    #[test]
+    fn put_and_delete_require_a_key_when_listed() {
         let text =
             "upstream = \"http://127.0.0.1:9000\"\nmethods = [\"post\", \"PUT\", \"DELETE\"]\n";
         let mut given = GivenSettings::default();
@@ -672,7 +836,12 @@ mod tests {
         );
         let config = settings.idempotency();
         assert!(config.accepts_key(&Method::PUT) && config.accepts_key(&Method::DELETE));
-        assert!(!config.accepts_key(&Method::PATCH));
+        // Not listed: keyless PATCH passes, keyed PATCH is still deduplicated.
+        assert!(config.accepts_key(&Method::PATCH));
+        assert_eq!(
+            config.key_methods(),
+            [Method::POST, Method::PUT, Method::DELETE]
+        );
 
         given.methods = Some("POST, PATCH,PUT".into());
         let flagged = from_file(&given, text).unwrap();
@@ -826,6 +995,25 @@ mod tests {
             from_file(&GivenSettings::default(), &defaults.to_toml()).unwrap(),
             defaults
         );
+    }
+
+    #[test]
+    fn the_fuzz_seeds_that_resolve_write_out_to_themselves() {
+        let seeds = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../fuzz/corpus/gateway_settings");
+        let mut resolved = 0;
+        for entry in std::fs::read_dir(seeds).expect("the seed corpus") {
+            let text = std::fs::read_to_string(entry.expect("a seed").path()).expect("a seed");
+            let Ok(settings) = from_file(&GivenSettings::default(), &text) else {
+                continue;
+            };
+            resolved += 1;
+            assert_eq!(
+                from_file(&GivenSettings::default(), &settings.to_toml()).unwrap(),
+                settings
+            );
+        }
+        assert!(resolved >= 3, "{resolved} seeds resolved");
     }
 
     #[test]

@@ -23,17 +23,20 @@ pub enum Mode {
     Stripe,
 }
 
-/// Where a request without a key is refused.
+/// Where a request without a key is refused. Only requests whose method is
+/// one of [`IdempotencyConfig::methods`] are ever refused for lack of a key;
+/// a request that carries a key is deduplicated whatever its unsafe method.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum KeyRequirement {
     /// A key is optional everywhere: requests without one pass through
     /// untouched (the default).
     #[default]
     Optional,
-    /// Every request whose method accepts a key must carry one.
+    /// Every request whose method is one of the configured methods must carry
+    /// one.
     Always,
     /// Only these routes (matched against the route template, else the path)
-    /// require a key.
+    /// require a key, on the configured methods.
     Routes(BTreeSet<String>),
 }
 
@@ -150,8 +153,16 @@ impl IdempotencyConfig {
         self
     }
 
-    /// The methods whose requests may carry a key (default POST and PATCH).
-    /// Requests with other methods pass through untouched, key or not.
+    /// The methods on which a missing key is refused where
+    /// [`require_key`](Self::require_key) says so (default POST and PATCH).
+    ///
+    /// This list does not decide what is deduplicated: a request that carries
+    /// a key is deduplicated whatever its method, as long as the method is
+    /// not safe (POST, PUT, PATCH, DELETE and any other method with effects).
+    /// A PUT or DELETE handler is idempotent only if its code makes it so; the
+    /// key is the client's word that a retry is the same operation. Requests
+    /// with a safe method (GET, HEAD, OPTIONS, TRACE) pass through untouched,
+    /// key or not; the answer then carries `Idempotency-Key-Ignored: true`.
     pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
         self.methods = methods.into_iter().collect();
         self
@@ -232,9 +243,22 @@ impl IdempotencyConfig {
         &self.require_key
     }
 
-    /// Whether requests with `method` may carry a key.
+    /// Whether a request with `method` that carries a key is deduplicated:
+    /// every method that is not safe (not GET, HEAD, OPTIONS or TRACE).
     pub fn accepts_key(&self, method: &Method) -> bool {
-        self.methods.contains(method)
+        !method.is_safe()
+    }
+
+    /// Whether a request with `method` to `route` is refused without a key:
+    /// its method is one of [`methods`](Self::methods) and the
+    /// [`KeyRequirement`] covers its route.
+    pub fn requires_key(&self, method: &Method, route: &str) -> bool {
+        self.methods.contains(method) && self.require_key.applies_to(route)
+    }
+
+    /// The methods on which a missing key may be refused.
+    pub fn key_methods(&self) -> &[Method] {
+        &self.methods
     }
 
     /// Lease and retention as store settings, for opening a store by hand:
@@ -254,8 +278,15 @@ mod tests {
     fn defaults_are_the_documented_ones() {
         let config = IdempotencyConfig::default();
         assert_eq!(config.mode, Mode::Ietf);
-        assert!(config.accepts_key(&Method::POST) && config.accepts_key(&Method::PATCH));
-        assert!(!config.accepts_key(&Method::GET) && !config.accepts_key(&Method::PUT));
+        for method in [Method::POST, Method::PUT, Method::PATCH, Method::DELETE] {
+            assert!(config.accepts_key(&method), "{method}");
+        }
+        let custom = Method::from_bytes(b"PURGE").unwrap();
+        assert!(config.accepts_key(&custom));
+        for method in [Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE] {
+            assert!(!config.accepts_key(&method), "{method}");
+        }
+        assert_eq!(config.key_methods(), [Method::POST, Method::PATCH]);
         assert!(!config.require_key.applies_to("/anything"));
         assert_eq!(config.principal_header, Some(AUTHORIZATION));
         assert_eq!(config.body_limit, 1024 * 1024);
@@ -264,6 +295,19 @@ mod tests {
             config.store_settings().retention,
             Duration::from_secs(7 * 24 * 3600)
         );
+    }
+
+    #[test]
+    fn a_key_is_required_only_on_the_listed_methods_and_routes() {
+        let config = IdempotencyConfig::default()
+            .methods([Method::POST, Method::PUT])
+            .require_key_on(["/payments"]);
+        assert!(config.requires_key(&Method::POST, "/payments"));
+        assert!(config.requires_key(&Method::PUT, "/payments"));
+        assert!(!config.requires_key(&Method::DELETE, "/payments"));
+        assert!(!config.requires_key(&Method::POST, "/orders"));
+        // Listed or not, a keyed DELETE is deduplicated.
+        assert!(config.accepts_key(&Method::DELETE));
     }
 
     #[test]

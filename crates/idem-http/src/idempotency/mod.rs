@@ -7,8 +7,9 @@
 //! answers HTTP), so its effect cannot join the store's transaction. The layer
 //! therefore uses the *leased* protocol:
 //!
-//! 1. read the key (none: pass through untouched, or 400 where one is
-//!    required), read the body under the limit (413 over it), derive the
+//! 1. read the key of a request with an unsafe method (none: pass through
+//!    untouched, or 400 where one is required; a safe method passes through
+//!    key or not, its key ignored and said so), read the body under the limit (413 over it), derive the
 //!    scope (principal hash, method, route) and fingerprint (method, route,
 //!    target, canonical body);
 //! 2. **claim** `(scope, key)`: a settled record is replayed with
@@ -57,7 +58,7 @@ use std::task::{Context, Poll};
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use http::Request;
+use http::{HeaderValue, Request};
 use http_body_util::BodyExt;
 use idem::{Claim, Claimed, LeaseStore};
 use tower::Service;
@@ -71,7 +72,8 @@ pub use problem::Refusal;
 use crate::StoredResponse;
 use crate::body::read_limited;
 use crate::identity::{fingerprint_of, principal_of, route_of, scope_of};
-use crate::key_header::read_key;
+use crate::key_header::{IDEMPOTENCY_KEY, IDEMPOTENCY_KEY_IGNORED, read_key};
+use crate::observe::{self, route_label};
 
 /// A response extension an inner service sets to say "I may or may not have
 /// applied the effect" (an upstream timed out after the request was sent, say).
@@ -167,12 +169,22 @@ where
     let config = &shared.config;
     let mode = config.mode;
     if !config.accepts_key(request.method()) {
-        return pass_through(inner, request).await;
+        // A safe method changes nothing: it runs as usual, key or not.
+        let keyed = request.headers().contains_key(IDEMPOTENCY_KEY);
+        let mut response = pass_through(inner, request).await?;
+        if keyed {
+            tracing::debug!("Idempotency-Key ignored on a request with a safe method");
+            response
+                .headers_mut()
+                .insert(IDEMPOTENCY_KEY_IGNORED, HeaderValue::from_static("true"));
+        }
+        return Ok(response);
     }
     let route = route_of(request.uri(), request.extensions());
+    let label = route_label(request.method(), request.uri(), request.extensions());
     let key = match read_key(request.headers()) {
         Ok(Some(key)) => key,
-        Ok(None) if config.require_key.applies_to(&route) => {
+        Ok(None) if config.requires_key(request.method(), &route) => {
             return Ok(Refusal::MissingKey.to_response(mode));
         }
         Ok(None) => return pass_through(inner, request).await,
@@ -197,9 +209,13 @@ where
     );
     // A retry of the request continues the trace its client sent.
     idem_trace::continue_trace(&span, &idem_trace::HttpHeaders(&parts.headers));
-    keyed(shared, inner, parts, body, scope, key, fingerprint)
+    let answered = keyed(shared, inner, parts, body, scope, key, fingerprint)
         .instrument(span)
-        .await
+        .await;
+    if let Ok(response) = &answered {
+        observe::keyed_answer(&label, response);
+    }
+    answered
 }
 
 /// A keyed request, read: claim its key, then replay the stored answer or run

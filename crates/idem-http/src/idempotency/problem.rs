@@ -17,6 +17,7 @@
 //! | store busy or unreachable, or its connection lost before the commit (nothing kept) | 503 + `Retry-After` | problem+json | `api_error` |
 //! | store's connection lost during the commit (outcome unknown) | 503 (+ `Retry-After` when keyed) | problem+json | `api_error` |
 //! | store failed otherwise            | 500    | problem+json        | `api_error`              |
+//! | too many requests in flight (shed, nothing done) | 503 + `Retry-After` | problem+json | `api_error` |
 //!
 //! Statuses are decided in one function, [`Refusal::status`]; everything else
 //! here only writes bodies.
@@ -118,6 +119,15 @@ pub enum Refusal {
         /// Why, as the HTTP client reported it.
         cause: String,
     },
+    /// The limit of requests in flight was reached, so this one was answered
+    /// at once without being read or run.
+    #[error(
+        "the server is already answering {limit} requests, its limit, so this one was not run and took no effect; retry it after the Retry-After delay (with the same Idempotency-Key, if it had one)"
+    )]
+    Overloaded {
+        /// The limit of requests in flight.
+        limit: usize,
+    },
 }
 
 const STORE_UNAVAILABLE_KEYED: &str = "the database could not be reached, went away or was too busy before this request's writes were committed, so nothing was kept. Retrying with the same Idempotency-Key after the Retry-After delay is safe: the stored response is replayed if an earlier attempt took effect, otherwise the request runs";
@@ -154,6 +164,21 @@ fn humane(duration: Duration) -> String {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Refused(pub(crate) &'static str);
 
+impl Refused {
+    /// A concurrent duplicate answered 409: its original is still running.
+    pub(crate) fn is_in_flight(&self) -> bool {
+        self.0 == IN_FLIGHT
+    }
+
+    /// A key sent again with a different request.
+    pub(crate) fn is_key_reuse(&self) -> bool {
+        self.0 == KEY_REUSED
+    }
+}
+
+const IN_FLIGHT: &str = "idempotency-key-in-flight";
+const KEY_REUSED: &str = "idempotency-key-reused";
+
 impl Refusal {
     /// The HTTP status of this refusal in `mode`: the only place refusals and
     /// store errors become statuses.
@@ -166,9 +191,9 @@ impl Refusal {
             | Self::UpstreamUnreachable { .. } => StatusCode::BAD_GATEWAY,
             Self::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::HandlerFailed | Self::Corrupt(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            Self::StoreUnavailable { .. } | Self::CommitUnknown { .. } => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Self::StoreUnavailable { .. }
+            | Self::CommitUnknown { .. }
+            | Self::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::Protocol(error) => match error {
                 Error::KeyReuse { .. } => match mode {
                     Mode::Ietf => StatusCode::UNPROCESSABLE_ENTITY,
@@ -196,7 +221,8 @@ impl Refusal {
             | Self::UpstreamBroke { reserved_for, .. } => (*reserved_for)?,
             Self::UpstreamUnreachable { .. }
             | Self::StoreUnavailable { .. }
-            | Self::CommitUnknown { keyed: true } => Duration::from_secs(1),
+            | Self::CommitUnknown { keyed: true }
+            | Self::Overloaded { .. } => Duration::from_secs(1),
             _ => return None,
         };
         Some(wait.as_millis().div_ceil(1000).max(1) as u64)
@@ -206,8 +232,8 @@ impl Refusal {
         match self {
             Self::MissingKey => "missing-idempotency-key",
             Self::Header(_) | Self::Protocol(Error::InvalidKey(_)) => "malformed-idempotency-key",
-            Self::Protocol(Error::KeyReuse { .. }) => "idempotency-key-reused",
-            Self::Protocol(Error::InFlight { .. }) => "idempotency-key-in-flight",
+            Self::Protocol(Error::KeyReuse { .. }) => KEY_REUSED,
+            Self::Protocol(Error::InFlight { .. }) => IN_FLIGHT,
             Self::BodyTooLarge { .. } => "request-too-large",
             Self::BodyUnreadable(_) => "request-unreadable",
             Self::OutcomeUnknown => "outcome-unknown",
@@ -218,6 +244,7 @@ impl Refusal {
             Self::UpstreamTimeout { .. } => "upstream-timeout-outcome-unknown",
             Self::UpstreamBroke { .. } => "upstream-broke-outcome-unknown",
             Self::UpstreamUnreachable { .. } => "upstream-unreachable",
+            Self::Overloaded { .. } => "overloaded",
         }
     }
 
@@ -245,6 +272,7 @@ impl Refusal {
             Self::UpstreamTimeout { .. } => "Upstream timed out; outcome unknown",
             Self::UpstreamBroke { .. } => "Upstream connection broke; outcome unknown",
             Self::UpstreamUnreachable { .. } => "Upstream unreachable; nothing was sent",
+            Self::Overloaded { .. } => "Too many requests in flight; nothing was done",
         }
     }
 
@@ -263,7 +291,8 @@ impl Refusal {
             | Self::Protocol(_)
             | Self::UpstreamTimeout { .. }
             | Self::UpstreamBroke { .. }
-            | Self::UpstreamUnreachable { .. } => "api_error",
+            | Self::UpstreamUnreachable { .. }
+            | Self::Overloaded { .. } => "api_error",
         }
     }
 
@@ -356,6 +385,9 @@ mod tests {
             );
             let busy = Refusal::Protocol(Error::Store(StoreError::new(ErrorKind::Busy, "busy")));
             assert_eq!(busy.status(mode), StatusCode::SERVICE_UNAVAILABLE);
+            let shed = Refusal::Overloaded { limit: 8 };
+            assert_eq!(shed.status(mode), StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(shed.retry_after(), Some(1));
         }
     }
 

@@ -252,6 +252,8 @@ pub struct Options {
     pub idempotency: IdempotencyConfig,
     pub upstream_timeout: Duration,
     pub admin: bool,
+    pub max_in_flight: Option<usize>,
+    pub routes: Vec<String>,
 }
 
 impl Default for Options {
@@ -260,6 +262,8 @@ impl Default for Options {
             idempotency: IdempotencyConfig::default(),
             upstream_timeout: Duration::from_secs(10),
             admin: false,
+            max_in_flight: None,
+            routes: Vec::new(),
         }
     }
 }
@@ -268,8 +272,12 @@ impl Gateway {
     /// A gateway in front of `upstream`, keeping records in `store`.
     pub async fn start(upstream: SocketAddr, store: AnyStore, options: Options) -> Gateway {
         let layer = IdempotencyLayer::new(store, options.idempotency);
-        let config = GatewayConfig::new(format!("http://{upstream}").parse().unwrap())
-            .upstream_timeout(options.upstream_timeout);
+        let mut config = GatewayConfig::new(format!("http://{upstream}").parse().unwrap())
+            .upstream_timeout(options.upstream_timeout)
+            .routes(options.routes);
+        if let Some(limit) = options.max_in_flight {
+            config = config.max_in_flight(limit);
+        }
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();

@@ -14,7 +14,8 @@
 //! loop can make another.
 //!
 //! What is retried: only requests it is safe to send twice. A request with a
-//! key (the receiver dedupes), with a safe method (GET, HEAD, OPTIONS, TRACE),
+//! key, whatever its method (the receiver dedupes: `idem-http`'s layer and
+//! gateway honour a key on POST, PUT, PATCH, DELETE alike), with a safe method (GET, HEAD, OPTIONS, TRACE),
 //! or on a route the caller named with
 //! [`HttpRetryPolicy::resend_without_key`]. A POST, PUT, PATCH or DELETE
 //! without a key is otherwise sent once: the handler is idempotent or not,

@@ -5,7 +5,9 @@
 //! cancels "the latest" order, does its effect twice when a lost answer makes
 //! the client resend it. So a request is resent only when one of these holds:
 //!
-//! - it carries an `Idempotency-Key`: the receiver dedupes;
+//! - it carries an `Idempotency-Key`, whatever its method: the receiver
+//!   dedupes (a receiver that honoured keys only on POST would apply a keyed
+//!   PUT twice; `idem-http` dedupes every keyed request with effects);
 //! - its method is *safe* — GET, HEAD, OPTIONS, TRACE — so it changes
 //!   nothing;
 //! - the caller named its route with
