@@ -57,8 +57,9 @@ mod key_header;
 mod stored;
 
 pub use idempotency::{
-    DEFAULT_BODY_LIMIT, IdempotencyConfig, IdempotencyLayer, IdempotencyService, KeyRequirement,
-    Mode, Refusal, ResponseFuture, StoredStatuses, UnknownOutcome,
+    DEFAULT_BODY_LIMIT, IDEMPOTENCY_RECONCILED, IdempotencyConfig, IdempotencyLayer,
+    IdempotencyService, KeyRequirement, Mode, Reconcile, Reconciled, Refusal, ResponseFuture,
+    Spool, SpoolError, StoredStatuses, UnknownOutcome,
 };
 pub use key_header::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, KeyHeaderError, parse_key, read_key};
 pub use stored::{NotAResponse, StoredResponse};

@@ -17,6 +17,7 @@
 //! | store busy or unreachable, or its connection lost before the commit (nothing kept) | 503 + `Retry-After` | problem+json | `api_error` |
 //! | store's connection lost during the commit (outcome unknown) | 503 (+ `Retry-After` when keyed) | problem+json | `api_error` |
 //! | store failed otherwise            | 500    | problem+json        | `api_error`              |
+//! | earlier attempt unknown and the service cannot say (reconcile) | 503 + `Retry-After` | problem+json | `api_error` |
 //!
 //! Statuses are decided in one function, [`Refusal::status`]; everything else
 //! here only writes bodies.
@@ -118,6 +119,19 @@ pub enum Refusal {
         /// Why, as the HTTP client reported it.
         cause: String,
     },
+    /// An earlier attempt with this key ended with an unknown outcome, and the
+    /// service could not say whether it was applied (see
+    /// [`Reconcile`](super::Reconcile)). Nothing was run; the key stays
+    /// reserved until its lease ends, and the retry after that asks again.
+    #[error(
+        "an earlier attempt with this Idempotency-Key ended without an answer, and the service could not say whether it took effect ({cause}); nothing was run now. Retry with the same key after {} (Retry-After): the service is asked again before anything runs", humane(*reserved_for)
+    )]
+    ReconcileUnknown {
+        /// What the service answered, or why it could not be asked.
+        cause: String,
+        /// How long the key stays reserved (the lease).
+        reserved_for: Duration,
+    },
 }
 
 const STORE_UNAVAILABLE_KEYED: &str = "the database could not be reached, went away or was too busy before this request's writes were committed, so nothing was kept. Retrying with the same Idempotency-Key after the Retry-After delay is safe: the stored response is replayed if an earlier attempt took effect, otherwise the request runs";
@@ -166,9 +180,9 @@ impl Refusal {
             | Self::UpstreamUnreachable { .. } => StatusCode::BAD_GATEWAY,
             Self::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::HandlerFailed | Self::Corrupt(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            Self::StoreUnavailable { .. } | Self::CommitUnknown { .. } => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Self::StoreUnavailable { .. }
+            | Self::CommitUnknown { .. }
+            | Self::ReconcileUnknown { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::Protocol(error) => match error {
                 Error::KeyReuse { .. } => match mode {
                     Mode::Ietf => StatusCode::UNPROCESSABLE_ENTITY,
@@ -194,6 +208,7 @@ impl Refusal {
             }
             Self::UpstreamTimeout { reserved_for, .. }
             | Self::UpstreamBroke { reserved_for, .. } => (*reserved_for)?,
+            Self::ReconcileUnknown { reserved_for, .. } => *reserved_for,
             Self::UpstreamUnreachable { .. }
             | Self::StoreUnavailable { .. }
             | Self::CommitUnknown { keyed: true } => Duration::from_secs(1),
@@ -218,6 +233,7 @@ impl Refusal {
             Self::UpstreamTimeout { .. } => "upstream-timeout-outcome-unknown",
             Self::UpstreamBroke { .. } => "upstream-broke-outcome-unknown",
             Self::UpstreamUnreachable { .. } => "upstream-unreachable",
+            Self::ReconcileUnknown { .. } => "reconcile-outcome-unknown",
         }
     }
 
@@ -245,6 +261,7 @@ impl Refusal {
             Self::UpstreamTimeout { .. } => "Upstream timed out; outcome unknown",
             Self::UpstreamBroke { .. } => "Upstream connection broke; outcome unknown",
             Self::UpstreamUnreachable { .. } => "Upstream unreachable; nothing was sent",
+            Self::ReconcileUnknown { .. } => "Earlier attempt unresolved; nothing was run",
         }
     }
 
@@ -263,7 +280,8 @@ impl Refusal {
             | Self::Protocol(_)
             | Self::UpstreamTimeout { .. }
             | Self::UpstreamBroke { .. }
-            | Self::UpstreamUnreachable { .. } => "api_error",
+            | Self::UpstreamUnreachable { .. }
+            | Self::ReconcileUnknown { .. } => "api_error",
         }
     }
 
