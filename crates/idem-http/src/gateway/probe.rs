@@ -13,7 +13,8 @@
 //! An applied answer is stored with the probe's body and headers, and the
 //! status in its `Idempotency-Original-Status` header (when that is a valid
 //! status), else the probe's own status. The probe request carries the key
-//! in `Idempotency-Key` (and in the path), and the caller's principal header
+//! in `Idempotency-Key` (an RFC 8941 String, `"key"`, as clients send it;
+//! and percent-encoded in the path), and the caller's principal header
 //! (`Authorization` by default), so the upstream can look the key up the
 //! way it stored it.
 
@@ -217,7 +218,7 @@ impl UpstreamProbe {
         let mut request = Request::builder()
             .method(Method::GET)
             .uri(uri)
-            .header(IDEMPOTENCY_KEY, HeaderValue::from_str(key.as_str())?);
+            .header(IDEMPOTENCY_KEY, HeaderValue::from_str(&quoted(key))?);
         if let Some(name) = &self.principal_header {
             for value in original.headers.get_all(name) {
                 request = request.header(name, value);
@@ -227,9 +228,23 @@ impl UpstreamProbe {
     }
 }
 
+/// The key as an RFC 8941 String, the form the header takes on requests.
+fn quoted(key: &IdempotencyKey) -> String {
+    let escaped = key.as_str().replace('\\', "\\\\").replace('"', "\\\"");
+    format!("\"{escaped}\"")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keys_are_sent_as_strings() {
+        assert_eq!(
+            quoted(&IdempotencyKey::new(r#"a"b\c"#).unwrap()),
+            r#""a\"b\\c""#
+        );
+    }
 
     #[test]
     fn probes_read_back_and_bad_ones_say_what_to_write() {
