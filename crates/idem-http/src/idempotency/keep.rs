@@ -24,8 +24,8 @@ use idem::{Claim, Error, LeaseStore, Outcome};
 use idem_retry::Backoff;
 use tracing::Instrument;
 
+use super::Shared;
 use super::spool::{Spool, SpoolError};
-use super::{Answers, Shared};
 
 /// The first delay between completion attempts, and the longest one.
 const FIRST_DELAY: Duration = Duration::from_millis(50);
@@ -57,7 +57,6 @@ fn judge(claim: &Claim, result: Result<(), Error>) -> Completion {
 /// in the background until stored; this returns once the answer may be sent.
 pub(super) async fn store_answer<St: LeaseStore + 'static>(
     shared: &Arc<Shared<St>>,
-    answers: &Answers,
     claim: Claim,
     outcome: Outcome,
 ) {
@@ -67,7 +66,7 @@ pub(super) async fn store_answer<St: LeaseStore + 'static>(
         Completion::TakenOver(error) => return given_up(&claim, &error),
         Completion::Failed(error) => error,
     };
-    let spooled = match &answers.spool {
+    let spooled = match &shared.answers.spool {
         Some(spool) => match spool.keep(&claim, &outcome).await {
             Ok(id) => Some((spool.clone(), id)),
             Err(spool_error) => {
@@ -86,7 +85,7 @@ pub(super) async fn store_answer<St: LeaseStore + 'static>(
     let shared = Arc::clone(shared);
     tokio::spawn(
         async move {
-            let kept = complete_until_stored(&shared.store, claim.clone(), &outcome, shared.config.lease).await;
+            let kept = complete_until_stored(&*shared.store, claim.clone(), &outcome, shared.config.lease).await;
             match kept {
                 Ok(()) => tracing::info!(scope = claim.scope.as_str(), "the response kept while the store was away is stored"),
                 Err(error) => given_up(&claim, &error),

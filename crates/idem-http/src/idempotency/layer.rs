@@ -27,7 +27,6 @@ use super::{Answers, IdempotencyConfig, IdempotencyService, Reconcile, Shared, S
 /// ```
 pub struct IdempotencyLayer<St> {
     shared: Arc<Shared<St>>,
-    answers: Answers,
 }
 
 impl<St: LeaseStore> IdempotencyLayer<St> {
@@ -36,8 +35,24 @@ impl<St: LeaseStore> IdempotencyLayer<St> {
     /// (the layer renews claims every third of the config's lease).
     pub fn new(store: St, config: IdempotencyConfig) -> Self {
         Self {
-            shared: Arc::new(Shared { store, config }),
-            answers: Answers::default(),
+            shared: Arc::new(Shared {
+                store: Arc::new(store),
+                config,
+                answers: Answers::default(),
+            }),
+        }
+    }
+
+    /// The same layer (the same store and config) with other `answers`.
+    fn with_answers(self, change: impl FnOnce(&mut Answers)) -> Self {
+        let mut answers = self.shared.answers.clone();
+        change(&mut answers);
+        Self {
+            shared: Arc::new(Shared {
+                store: Arc::clone(&self.shared.store),
+                config: self.shared.config.clone(),
+                answers,
+            }),
         }
     }
 
@@ -59,22 +74,20 @@ impl<St: LeaseStore> IdempotencyLayer<St> {
     /// assert_eq!(layer.flush_spool().await?, 0, "nothing left from an earlier run");
     /// # Ok(()) }
     /// ```
-    pub fn with_spool(mut self, spool: Spool) -> Self {
-        self.answers.spool = Some(spool);
-        self
+    pub fn with_spool(self, spool: Spool) -> Self {
+        self.with_answers(|answers| answers.spool = Some(spool))
     }
 
     /// Asks `reconcile` before running a request whose claim took over an
     /// expired one (an earlier attempt with an unknown outcome); see
     /// [`Reconcile`].
-    pub fn with_reconcile(mut self, reconcile: impl Reconcile) -> Self {
-        self.answers.reconcile = Some(Arc::new(reconcile));
-        self
+    pub fn with_reconcile(self, reconcile: impl Reconcile) -> Self {
+        self.with_answers(|answers| answers.reconcile = Some(Arc::new(reconcile)))
     }
 
     /// The spool, if the layer has one.
     pub fn spool(&self) -> Option<&Spool> {
-        self.answers.spool.as_ref()
+        self.shared.answers.spool.as_ref()
     }
 
     /// Stores the answers an earlier run left in the spool, each fenced by
@@ -82,9 +95,9 @@ impl<St: LeaseStore> IdempotencyLayer<St> {
     /// and marks them done. Waits while the store cannot be reached. Returns
     /// how many were stored; 0 without a spool.
     pub async fn flush_spool(&self) -> Result<usize, SpoolError> {
-        match &self.answers.spool {
+        match &self.shared.answers.spool {
             Some(spool) => {
-                super::keep::flush(&self.shared.store, spool, self.shared.config.lease).await
+                super::keep::flush(&*self.shared.store, spool, self.shared.config.lease).await
             }
             None => Ok(0),
         }
@@ -115,7 +128,6 @@ impl<St> Clone for IdempotencyLayer<St> {
     fn clone(&self) -> Self {
         Self {
             shared: Arc::clone(&self.shared),
-            answers: self.answers.clone(),
         }
     }
 }
@@ -124,8 +136,8 @@ impl<St> fmt::Debug for IdempotencyLayer<St> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotencyLayer")
             .field("config", &self.shared.config)
-            .field("spool", &self.answers.spool)
-            .field("reconciles", &self.answers.reconcile.is_some())
+            .field("spool", &self.shared.answers.spool)
+            .field("reconciles", &self.shared.answers.reconcile.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -137,7 +149,6 @@ impl<S, St> Layer<S> for IdempotencyLayer<St> {
         IdempotencyService {
             inner,
             shared: Arc::clone(&self.shared),
-            answers: self.answers.clone(),
         }
     }
 }

@@ -119,8 +119,9 @@ pub const IDEMPOTENCY_RECONCILED: http::HeaderName =
     http::HeaderName::from_static("idempotency-reconciled");
 
 pub(crate) struct Shared<St> {
-    pub(crate) store: St,
+    pub(crate) store: Arc<St>,
     pub(crate) config: IdempotencyConfig,
+    pub(crate) answers: Answers,
 }
 
 /// What the leased layer does about answers beyond the store: where it keeps
@@ -138,7 +139,6 @@ pub(crate) struct Answers {
 pub struct IdempotencyService<S, St> {
     inner: S,
     shared: Arc<Shared<St>>,
-    answers: Answers,
 }
 
 impl<S: Clone, St> Clone for IdempotencyService<S, St> {
@@ -146,7 +146,6 @@ impl<S: Clone, St> Clone for IdempotencyService<S, St> {
         Self {
             inner: self.inner.clone(),
             shared: Arc::clone(&self.shared),
-            answers: self.answers.clone(),
         }
     }
 }
@@ -185,18 +184,12 @@ where
         // The clone is not ready; the service that was polled ready is the one used.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::new(serve(
-            Arc::clone(&self.shared),
-            self.answers.clone(),
-            inner,
-            request,
-        ))
+        ResponseFuture::new(serve(Arc::clone(&self.shared), inner, request))
     }
 }
 
 async fn serve<S, St, ReqBody, ResBody>(
     shared: Arc<Shared<St>>,
-    answers: Answers,
     inner: S,
     request: Request<ReqBody>,
 ) -> Result<Response, S::Error>
@@ -243,17 +236,15 @@ where
     );
     // A retry of the request continues the trace its client sent.
     idem_trace::continue_trace(&span, &idem_trace::HttpHeaders(&parts.headers));
-    keyed(shared, answers, inner, parts, body, scope, key, fingerprint)
+    keyed(shared, inner, parts, body, scope, key, fingerprint)
         .instrument(span)
         .await
 }
 
 /// A keyed request, read: claim its key, then replay the stored answer or run
 /// the service.
-#[allow(clippy::too_many_arguments)]
 async fn keyed<S, St, ResBody>(
     shared: Arc<Shared<St>>,
-    answers: Answers,
     inner: S,
     parts: http::request::Parts,
     body: Bytes,
@@ -285,9 +276,8 @@ where
     // From here on the work finishes even if the client goes away: a claim
     // abandoned half-way would answer every retry 409 until its lease ended.
     let request = Request::from_parts(parts, Body::from(body));
-    let settle = tokio::spawn(
-        run_claimed(Arc::clone(&shared), answers, inner, request, claim).in_current_span(),
-    );
+    let settle =
+        tokio::spawn(run_claimed(Arc::clone(&shared), inner, request, claim).in_current_span());
     match settle.await {
         Ok(answer) => answer,
         Err(failed) => {
@@ -319,7 +309,6 @@ async fn renew_while_running<St: LeaseStore>(shared: Arc<Shared<St>>, mut claim:
 /// asks the [`Reconcile`] hook first, when there is one.
 async fn run_claimed<S, St, ResBody>(
     shared: Arc<Shared<St>>,
-    answers: Answers,
     mut inner: S,
     request: Request<Body>,
     claim: Claim,
@@ -333,7 +322,7 @@ where
     let config = &shared.config;
     let scope = claim.scope.as_str();
     let heartbeat = tokio::spawn(renew_while_running(Arc::clone(&shared), claim.clone()));
-    let request = match (&answers.reconcile, claim.took_over) {
+    let request = match (&shared.answers.reconcile, claim.took_over) {
         (Some(reconcile), true) => {
             let (parts, body) = request.into_parts();
             match reconcile.reconcile(&claim.scope, &claim.key, &parts).await {
@@ -354,7 +343,7 @@ where
                         IDEMPOTENCY_RECONCILED,
                         http::HeaderValue::from_static("true"),
                     );
-                    keep::store_answer(&shared, &answers, claim, stored.to_outcome()).await;
+                    keep::store_answer(&shared, claim, stored.to_outcome()).await;
                     return Ok(stored.into_replay());
                 }
                 Reconciled::Unknown(cause) => {
@@ -412,7 +401,7 @@ where
     // The effect happened and this is its answer: it is stored before the
     // client gets it, or kept (spooled) and stored as soon as the store
     // takes it.
-    keep::store_answer(&shared, &answers, claim, stored.to_outcome()).await;
+    keep::store_answer(&shared, claim, stored.to_outcome()).await;
     idem::crash::point(idem::crash::BEFORE_ANSWER);
     Ok(Response::from_parts(parts, Body::from(body)).into_response())
 }
