@@ -13,8 +13,10 @@
 //! was sent. It then says so (504/502 with a problem body: *outcome unknown*),
 //! keeps the claim until its lease ends, and forwards the next retry after that.
 //! Because the `Idempotency-Key` is forwarded unchanged, an upstream that
-//! dedupes on it closes that last gap; one that does not may apply such a
-//! request twice. That boundary is the honest one for any proxy.
+//! dedupes on it closes that last gap; so does one that answers the gateway's
+//! [`Probe`], asked before such a retry is forwarded. One that does neither
+//! may apply such a request twice. That boundary is the honest one for any
+//! proxy.
 //!
 //! # Layout
 //!
