@@ -62,8 +62,13 @@ pub enum Reconciled {
 ///         })
 ///     }
 /// }
-/// let layer_input = Ledger(Default::default());
-/// # drop(layer_input);
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let location = format!("sqlite://{}", dir.path().join("idem.db").display()).parse()?;
+/// let layer = idem_http::IdempotencyLayer::open(&location, Default::default())
+///     .await?
+///     .with_reconcile(Ledger(Default::default()));
+/// # drop(layer); Ok(()) }
 /// ```
 pub trait Reconcile: Send + Sync + 'static {
     /// The service's word on the earlier attempt.
