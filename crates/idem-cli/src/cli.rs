@@ -184,6 +184,17 @@ pub struct ServeArgs {
     /// unknown and the client gets 504 [default: 30s].
     #[arg(long, env = "IDEM_UPSTREAM_TIMEOUT", value_name = "DURATION")]
     pub upstream_timeout: Option<String>,
+    /// Ask the upstream before forwarding a retry whose earlier attempt ended
+    /// unknown, such as 'GET /payments/by-key/{key}': 2xx = applied (its
+    /// answer is stored and replayed), 404 = not applied (forwarded), anything
+    /// else = 503 [default: off].
+    #[arg(long, env = "IDEM_PROBE", value_name = "TEMPLATE")]
+    pub probe: Option<String>,
+    /// The local file where answers the store could not take yet are kept
+    /// (synced) until stored, also across a restart; `off` for none
+    /// [default: next to an SQLite store, STORE.spool; else idem.spool].
+    #[arg(long, env = "IDEM_SPOOL", value_name = "PATH")]
+    pub spool: Option<String>,
     /// The header that names the caller; keys are scoped by its hash, `none`
     /// to share one key space [default: authorization].
     #[arg(long, env = "IDEM_PRINCIPAL_HEADER", value_name = "HEADER")]
@@ -210,7 +221,7 @@ pub struct ServeArgs {
     pub routes: Option<String>,
     /// A TOML file with the same settings: upstream, listen, store, mode,
     /// require_key, max_body, lease, retention, admin_listen,
-    /// upstream_timeout, principal_header, methods, sweep_every,
+    /// upstream_timeout, probe, spool, principal_header, methods, sweep_every,
     /// max_in_flight, routes.
     #[arg(long, env = "IDEM_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,

@@ -494,6 +494,60 @@ fn bad_settings_are_refused_with_what_to_fix() {
 }
 
 #[test]
+fn a_bad_probe_and_a_spool_in_use_are_refused_with_what_to_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_in(&dir);
+    let out = idem()
+        .args([
+            "--store",
+            &store,
+            "serve",
+            "--upstream",
+            "http://127.0.0.1:9",
+        ])
+        .args(["--probe", "GET /payments"])
+        .output()
+        .expect("run idem");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("--probe") && stderr.contains("GET /payments/by-key/{key}"),
+        "{stderr}"
+    );
+
+    let spool = dir.path().join("shared.spool").display().to_string();
+    let first = Serve::start(
+        &[
+            "--store",
+            &store,
+            "serve",
+            "--upstream",
+            "http://127.0.0.1:9",
+        ],
+        &[("IDEM_LISTEN", "127.0.0.1:0"), ("IDEM_SPOOL", &spool)],
+    );
+    let other = format!("sqlite://{}", dir.path().join("other.db").display());
+    let out = idem()
+        .args([
+            "--store",
+            &other,
+            "serve",
+            "--upstream",
+            "http://127.0.0.1:9",
+        ])
+        .args(["--listen", "127.0.0.1:0", "--spool", &spool])
+        .output()
+        .expect("run idem");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("in use by another process") && stderr.contains("--spool"),
+        "{stderr}"
+    );
+    drop(first);
+}
+
+#[test]
 fn bench_http_measures_direct_and_gateway_in_one_run() {
     let out = idem()
         .args(["bench", "http", "--requests", "60", "--concurrency", "4"])

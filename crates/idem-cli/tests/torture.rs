@@ -172,6 +172,21 @@ fn a_short_campaign_kills_the_processes_and_finds_no_violation() {
 }
 
 #[test]
+fn a_short_campaign_with_a_probing_upstream_repeats_nothing_after_an_unknown_outcome() {
+    let report = Report::new();
+    let mut scenarios = vec!["gateway-sqlite-kill-probe"];
+    if up("PostgreSQL", "127.0.0.1:5432") {
+        scenarios.push("gateway-postgres-kill-probe");
+    }
+    let output = campaign(&scenarios, 2, report.path(), Duration::from_secs(120));
+    let rows = rows_are_clean(&output, &scenarios, 2, report.path());
+    for row in rows.as_array().unwrap() {
+        assert_eq!(row["repeats_after_unknown"], 0, "{row}");
+        assert_eq!(row["repeats_after_unstored_answer"], 0, "{row}");
+    }
+}
+
+#[test]
 fn a_short_campaign_cuts_and_restarts_the_dependencies_and_finds_no_violation() {
     let report = Report::new();
     let mut scenarios = Vec::new();

@@ -62,8 +62,9 @@ pub mod shed;
 mod stored;
 
 pub use idempotency::{
-    DEFAULT_BODY_LIMIT, IdempotencyConfig, IdempotencyLayer, IdempotencyService, KeyRequirement,
-    Mode, Refusal, ResponseFuture, StoredStatuses, UnknownOutcome,
+    DEFAULT_BODY_LIMIT, IDEMPOTENCY_RECONCILED, IdempotencyConfig, IdempotencyLayer,
+    IdempotencyService, KeyRequirement, Mode, Reconcile, Reconciled, Refusal, ResponseFuture,
+    Spool, SpoolError, StoredStatuses, UnknownOutcome,
 };
 pub use key_header::{
     IDEMPOTENCY_KEY, IDEMPOTENCY_KEY_IGNORED, IDEMPOTENT_REPLAYED, KeyHeaderError, parse_key,

@@ -5,8 +5,8 @@
 use std::io::Write;
 
 use anyhow::Context;
-use idem_http::IdempotencyLayer;
 use idem_http::gateway::{self, Gateway};
+use idem_http::{IdempotencyLayer, Spool};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -27,9 +27,20 @@ pub async fn run(
         idem_http::admin::metrics_recorder()?;
     }
     let idempotency = settings.idempotency().key_in_spans(key_in_spans);
-    let layer = IdempotencyLayer::open(&settings.store, idempotency)
+    let mut layer = IdempotencyLayer::open(&settings.store, idempotency)
         .await
         .with_context(|| format!("cannot open the store at {} (--store)", settings.store))?;
+    if let Some(path) = &settings.spool {
+        let spool = Spool::open(path).context("cannot open the answer spool (--spool)")?;
+        if spool.pending() > 0 {
+            eprintln!(
+                "idem serve: storing {} answers kept in the spool {} before serving",
+                spool.pending(),
+                path.display()
+            );
+        }
+        layer = layer.with_spool(spool);
+    }
     let listener = TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("cannot listen on {} (--listen)", settings.listen))?;
@@ -50,6 +61,18 @@ pub async fn run(
         )?;
     }
     writeln!(out, "idem serve: {settings}")?;
+    writeln!(
+        out,
+        "idem serve: answers the store cannot take yet are kept {}; {}",
+        settings.spool.as_ref().map_or_else(
+            || "in memory only (--spool off)".to_owned(),
+            |path| format!("in {}", path.display())
+        ),
+        settings.probe.as_ref().map_or_else(
+            || "no probe before a takeover".to_owned(),
+            |probe| format!("the upstream is asked '{probe}' before a takeover")
+        ),
+    )?;
     out.flush()?;
     drop(out);
 
@@ -87,6 +110,8 @@ fn resolve(store: Option<&str>, args: &ServeArgs) -> anyhow::Result<GatewaySetti
         retention: args.retention.clone(),
         admin_listen: args.admin_listen.clone(),
         upstream_timeout: args.upstream_timeout.clone(),
+        probe: args.probe.clone(),
+        spool: args.spool.clone(),
         principal_header: args.principal_header.clone(),
         methods: args.methods.clone(),
         sweep_every: args.sweep_every.clone(),

@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use http::uri::{Authority, PathAndQuery, Scheme, Uri};
 
+use super::Probe;
+
 /// How long the gateway waits for the upstream by default: 30 s.
 pub const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -150,6 +152,7 @@ pub struct GatewayConfig {
     pub(crate) upstream: Upstream,
     pub(crate) upstream_timeout: Duration,
     pub(crate) shutdown_grace: Option<Duration>,
+    pub(crate) probe: Option<Probe>,
     pub(crate) max_in_flight: Option<usize>,
     pub(crate) routes: Vec<String>,
 }
@@ -161,9 +164,22 @@ impl GatewayConfig {
             upstream,
             upstream_timeout: DEFAULT_UPSTREAM_TIMEOUT,
             shutdown_grace: None,
+            probe: None,
             max_in_flight: None,
             routes: Vec::new(),
         }
+    }
+
+    /// Asks the upstream with `probe` before a retry takes over a claim whose
+    /// earlier attempt ended unknown (see [`Probe`] for its contract).
+    pub fn probe(mut self, probe: Probe) -> Self {
+        self.probe = Some(probe);
+        self
+    }
+
+    /// The probe, if any.
+    pub fn probe_template(&self) -> Option<&Probe> {
+        self.probe.as_ref()
     }
 
     /// How long the gateway waits for the upstream's answer (the response

@@ -13,8 +13,10 @@
 //! was sent. It then says so (504/502 with a problem body: *outcome unknown*),
 //! keeps the claim until its lease ends, and forwards the next retry after that.
 //! Because the `Idempotency-Key` is forwarded unchanged, an upstream that
-//! dedupes on it closes that last gap; one that does not may apply such a
-//! request twice. That boundary is the honest one for any proxy.
+//! dedupes on it closes that last gap; so does one that answers the gateway's
+//! [`Probe`], asked before such a retry is forwarded. One that does neither
+//! may apply such a request twice. That boundary is the honest one for any
+//! proxy.
 //!
 //! # Layout
 //!
@@ -28,11 +30,21 @@
 //! - [`run`] (here): the accept loop, a `gateway` span per request (continuing
 //!   the request's `traceparent`), and graceful shutdown;
 //! - `routes`: the route templates that name a request's `route` label;
-//! - `observe`: requests by outcome and route.
+//! - `observe`: requests by outcome and route;
+//! - `probe`: [`Probe`], the question put to the upstream before a takeover
+//!   after an unknown outcome (`--probe`), and its contract.
 //!
 //! With a limit of requests in flight ([`GatewayConfig::max_in_flight`]),
 //! the requests past it are answered 503 + `Retry-After` at once, before
 //! anything else is done with them.
+//!
+//! # Answers the store could not take
+//!
+//! When the upstream answered and the store refuses the completion, the
+//! layer keeps the answer and retries until stored; with a
+//! [`Spool`](crate::Spool) on the layer the answer is synced to a local file
+//! first. [`run`] stores what an earlier run left in the spool before it
+//! serves.
 //!
 //! Its `/metrics` and `/healthz` are [`crate::admin`]'s.
 //!
@@ -55,6 +67,7 @@ mod accept;
 mod config;
 pub(crate) mod hop;
 mod observe;
+mod probe;
 mod proxy;
 mod routes;
 mod settings;
@@ -75,6 +88,7 @@ use tracing::Instrument;
 
 pub use config::{DEFAULT_UPSTREAM_TIMEOUT, GatewayConfig, Upstream, UpstreamError};
 pub use observe::REQUESTS_TOTAL;
+pub use probe::{IDEMPOTENCY_ORIGINAL_STATUS, Probe, ProbeError};
 pub use settings::{
     DEFAULT_LISTEN, DEFAULT_STORE, GatewaySettings, GivenSettings, MAX_IN_FLIGHT, SettingsError,
     SettingsFile, parse_duration, parse_limit, parse_methods, parse_routes, parse_size,
@@ -84,6 +98,7 @@ use crate::observe::RouteLabel;
 use crate::shed::InFlightLimit;
 use crate::{IdempotencyConfig, IdempotencyLayer, IdempotencyService};
 pub(crate) use accept::serve_connections;
+use probe::UpstreamProbe;
 use proxy::Proxy;
 pub(crate) use proxy::{ClientAddr, rewrite_for, upstream_client};
 use routes::RouteTemplates;
@@ -113,7 +128,9 @@ impl<St> Gateway<St> {
     }
 }
 
-/// Serves `gateway` on `listener` until `shutdown` completes, then shuts down
+/// First stores the answers an earlier run left in the layer's spool, if it
+/// has one (waiting while the store is away). Then serves `gateway` on
+/// `listener` until `shutdown` completes, then shuts down
 /// gracefully: stops accepting, lets the requests in flight finish (each
 /// keyed one stores or releases its claim as its upstream answer says, or
 /// keeps it until its lease ends when the upstream did not answer), closes
@@ -121,7 +138,8 @@ impl<St> Gateway<St> {
 /// period ([`GatewayConfig::shutdown_grace`]) are abandoned; their claims stay
 /// until their leases end, as after a crash.
 ///
-/// Errors only if accepting fails for good.
+/// Errors if the spool cannot be read or written, or if accepting fails for
+/// good.
 pub async fn run<St>(
     listener: TcpListener,
     gateway: Gateway<St>,
@@ -131,8 +149,29 @@ where
     St: LeaseStore + 'static,
 {
     let idempotency = gateway.layer.config().clone();
+    match gateway.layer.flush_spool().await {
+        Ok(0) => {}
+        Ok(stored) => tracing::info!(
+            stored,
+            "stored the answers an earlier run kept in the spool"
+        ),
+        Err(error) => return Err(std::io::Error::other(error)),
+    }
+    let layer = match &gateway.config.probe {
+        Some(probe) => gateway
+            .layer
+            .clone()
+            .with_reconcile(Arc::new(UpstreamProbe {
+                probe: probe.clone(),
+                client: upstream_client(gateway.config.connect_timeout()),
+                upstream: gateway.config.upstream.clone(),
+                timeout: gateway.config.upstream_timeout,
+                principal_header: idempotency.principal_header.clone(),
+            })),
+        None => gateway.layer.clone(),
+    };
     let proxy = Proxy::new(&gateway.config, idempotency.clone());
-    let service = tower::Layer::layer(&gateway.layer, proxy);
+    let service = tower::Layer::layer(&layer, proxy);
     let grace = gateway.config.shutdown_grace_period();
     let admission = Arc::new(Admission {
         idempotency,

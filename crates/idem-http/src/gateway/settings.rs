@@ -14,14 +14,14 @@
 
 use std::fmt;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use http::{HeaderName, Method};
 use idem::StoreLocation;
 use serde::Deserialize;
 
-use super::{DEFAULT_UPSTREAM_TIMEOUT, GatewayConfig, Upstream};
+use super::{DEFAULT_UPSTREAM_TIMEOUT, GatewayConfig, Probe, Upstream};
 use crate::{DEFAULT_BODY_LIMIT, IdempotencyConfig, KeyRequirement, Mode};
 
 /// Where the gateway listens by default.
@@ -29,6 +29,9 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 
 /// The store the gateway opens when none is given: the embedded one.
 pub const DEFAULT_STORE: &str = "sqlite://idem.db";
+
+/// The answer spool when the store is not a local file and none is given.
+pub const DEFAULT_SPOOL: &str = "idem.spool";
 
 /// A setting that cannot be used; the message says where it came from and
 /// what to write instead.
@@ -71,6 +74,10 @@ pub struct GivenSettings {
     pub admin_listen: Option<String>,
     /// `--upstream-timeout`: how long an upstream answer is awaited.
     pub upstream_timeout: Option<String>,
+    /// `--probe`: the upstream request asked before a takeover, or `off`.
+    pub probe: Option<String>,
+    /// `--spool`: the file of answers not yet stored, or `off`.
+    pub spool: Option<String>,
     /// `--principal-header`: the header naming the caller, or `none`.
     pub principal_header: Option<String>,
     /// `--methods`: the methods on which `--require-key` refuses keyless
@@ -116,6 +123,8 @@ struct FileSettings {
     retention: Option<String>,
     admin_listen: Option<String>,
     upstream_timeout: Option<String>,
+    probe: Option<String>,
+    spool: Option<String>,
     principal_header: Option<String>,
     methods: Option<Listed>,
     sweep_every: Option<String>,
@@ -193,6 +202,12 @@ pub struct GatewaySettings {
     pub admin_listen: Option<SocketAddr>,
     /// How long an upstream answer is awaited.
     pub upstream_timeout: Duration,
+    /// What the upstream is asked before a takeover after an unknown
+    /// outcome, if anything.
+    pub probe: Option<Probe>,
+    /// Where answers the store could not take yet are kept; `None`: in
+    /// memory only.
+    pub spool: Option<PathBuf>,
     /// `None`: one key space for every caller.
     pub principal_header: Option<HeaderName>,
     /// The methods on which a keyless request is refused when
@@ -375,6 +390,32 @@ impl GatewaySettings {
             )));
         }
 
+        let probe = match sources.pick("probe", "IDEM_PROBE", given.probe.as_ref(), |f| {
+            f.probe.clone()
+        }) {
+            None => None,
+            Some(found) if found.value.trim().eq_ignore_ascii_case("off") => None,
+            Some(found) => Some(
+                found
+                    .value
+                    .parse::<Probe>()
+                    .map_err(|e| SettingsError::new(format!("invalid {}: {e}", found.origin)))?,
+            ),
+        };
+        let spool = match sources.pick("spool", "IDEM_SPOOL", given.spool.as_ref(), |f| {
+            f.spool.clone()
+        }) {
+            None => Some(default_spool(&store)),
+            Some(found) if found.value.trim().eq_ignore_ascii_case("off") => None,
+            Some(found) if found.value.trim().is_empty() => {
+                return Err(SettingsError::new(format!(
+                    "invalid {}: no path given; write the path of a local file, such as /var/lib/idem/idem.spool, or off",
+                    found.origin
+                )));
+            }
+            Some(found) => Some(PathBuf::from(found.value)),
+        };
+
         let principal_header = match sources.pick(
             "principal-header",
             "IDEM_PRINCIPAL_HEADER",
@@ -436,6 +477,8 @@ impl GatewaySettings {
             retention,
             admin_listen,
             upstream_timeout,
+            probe,
+            spool,
             principal_header,
             methods,
             sweep_every,
@@ -465,11 +508,14 @@ impl GatewaySettings {
 
     /// The gateway's configuration.
     pub fn gateway(&self) -> GatewayConfig {
-        let config = GatewayConfig::new(self.upstream.clone())
+        let mut config = GatewayConfig::new(self.upstream.clone())
             .upstream_timeout(self.upstream_timeout)
             .routes(self.routes.iter().cloned());
-        match self.max_in_flight {
-            Some(limit) => config.max_in_flight(limit),
+        if let Some(limit) = self.max_in_flight {
+            config = config.max_in_flight(limit);
+        }
+        match &self.probe {
+            Some(probe) => config.probe(probe.clone()),
             None => config,
         }
     }
@@ -494,6 +540,15 @@ impl GatewaySettings {
             format!(
                 "upstream_timeout = {}",
                 quoted(&duration_text(self.upstream_timeout))
+            ),
+            format!(
+                "spool = {}",
+                quoted(
+                    &self
+                        .spool
+                        .as_ref()
+                        .map_or_else(|| "off".to_owned(), |p| p.display().to_string())
+                )
             ),
             format!(
                 "principal_header = {}",
@@ -536,7 +591,23 @@ impl GatewaySettings {
         if let Some(admin) = self.admin_listen {
             lines.push(format!("admin_listen = {}", quoted(&admin.to_string())));
         }
+        if let Some(probe) = &self.probe {
+            lines.push(format!("probe = {}", quoted(&probe.to_string())));
+        }
         lines.join("\n") + "\n"
+    }
+}
+
+/// The spool when none is given: next to an SQLite store's file
+/// (`idem.db.spool`), else `idem.spool` in the working directory.
+fn default_spool(store: &StoreLocation) -> PathBuf {
+    match store {
+        StoreLocation::Sqlite(path) => {
+            let mut name = path.as_os_str().to_owned();
+            name.push(".spool");
+            PathBuf::from(name)
+        }
+        StoreLocation::Postgres(_) => PathBuf::from(DEFAULT_SPOOL),
     }
 }
 
@@ -1014,6 +1085,53 @@ mod tests {
             );
         }
         assert!(resolved >= 3, "{resolved} seeds resolved");
+    }
+
+    #[test]
+    fn the_probe_and_the_spool_are_read_checked_and_written_out() {
+        let defaults = GatewaySettings::resolve(&upstream(), None).unwrap();
+        assert_eq!(defaults.probe, None);
+        assert_eq!(defaults.spool, Some(PathBuf::from("idem.db.spool")));
+        assert_eq!(defaults.gateway().probe_template(), None);
+
+        let text = "upstream = \"http://127.0.0.1:9000\"\nstore = \"postgres://127.0.0.1/idem\"\nprobe = \"GET /payments/by-key/{key}\"\n";
+        let filed = from_file(&GivenSettings::default(), text).unwrap();
+        assert_eq!(filed.spool, Some(PathBuf::from(DEFAULT_SPOOL)));
+        assert_eq!(
+            filed.probe.as_ref().map(ToString::to_string).as_deref(),
+            Some("GET /payments/by-key/{key}")
+        );
+        assert!(filed.gateway().probe_template().is_some());
+        assert_eq!(
+            from_file(&GivenSettings::default(), &filed.to_toml()).unwrap(),
+            filed
+        );
+
+        let mut given = upstream();
+        given.spool = Some("off".into());
+        given.probe = Some("off".into());
+        let off = GatewaySettings::resolve(&given, None).unwrap();
+        assert_eq!((off.spool.clone(), off.probe.clone()), (None, None));
+        assert_eq!(
+            from_file(&GivenSettings::default(), &off.to_toml()).unwrap(),
+            off
+        );
+
+        given.spool = Some(" ".into());
+        let empty = error(&given);
+        assert!(
+            empty.contains("--spool (or IDEM_SPOOL)") && empty.contains("off"),
+            "{empty}"
+        );
+        given.spool = None;
+        given.probe = Some("GET /payments".into());
+        let probe = error(&given);
+        assert!(
+            probe.contains("--probe (or IDEM_PROBE)")
+                && probe.contains("no {key}")
+                && probe.contains("GET /payments/by-key/{key}"),
+            "{probe}"
+        );
     }
 
     #[test]

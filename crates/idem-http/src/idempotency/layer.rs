@@ -7,7 +7,7 @@ use std::sync::Arc;
 use idem::{AnyStore, Error, LeaseStore, StoreLocation, SystemClock};
 use tower::Layer;
 
-use super::{IdempotencyConfig, IdempotencyService, Shared};
+use super::{Answers, IdempotencyConfig, IdempotencyService, Reconcile, Shared, Spool, SpoolError};
 
 /// Puts `Idempotency-Key` semantics in front of a service, with any
 /// [`LeaseStore`] keeping the records.
@@ -35,7 +35,71 @@ impl<St: LeaseStore> IdempotencyLayer<St> {
     /// (the layer renews claims every third of the config's lease).
     pub fn new(store: St, config: IdempotencyConfig) -> Self {
         Self {
-            shared: Arc::new(Shared { store, config }),
+            shared: Arc::new(Shared {
+                store: Arc::new(store),
+                config,
+                answers: Answers::default(),
+            }),
+        }
+    }
+
+    /// The same layer (the same store and config) with other `answers`.
+    fn with_answers(self, change: impl FnOnce(&mut Answers)) -> Self {
+        let mut answers = self.shared.answers.clone();
+        change(&mut answers);
+        Self {
+            shared: Arc::new(Shared {
+                store: Arc::clone(&self.shared.store),
+                config: self.shared.config.clone(),
+                answers,
+            }),
+        }
+    }
+
+    /// Keeps answers the store cannot take yet in `spool` (synced before the
+    /// answer is sent) as well as in memory, so they are stored even if this
+    /// process stops first: call [`flush_spool`](Self::flush_spool) at the
+    /// next start, before serving. Without a spool such answers are retried
+    /// in memory only.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_http::{IdempotencyConfig, IdempotencyLayer, Spool};
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let location = format!("sqlite://{}", dir.path().join("idem.db").display()).parse()?;
+    /// let layer = IdempotencyLayer::open(&location, IdempotencyConfig::default())
+    ///     .await?
+    ///     .with_spool(Spool::open(dir.path().join("idem.spool"))?);
+    /// assert_eq!(layer.flush_spool().await?, 0, "nothing left from an earlier run");
+    /// # Ok(()) }
+    /// ```
+    pub fn with_spool(self, spool: Spool) -> Self {
+        self.with_answers(|answers| answers.spool = Some(spool))
+    }
+
+    /// Asks `reconcile` before running a request whose claim took over an
+    /// expired one (an earlier attempt with an unknown outcome); see
+    /// [`Reconcile`].
+    pub fn with_reconcile(self, reconcile: impl Reconcile) -> Self {
+        self.with_answers(|answers| answers.reconcile = Some(Arc::new(reconcile)))
+    }
+
+    /// The spool, if the layer has one.
+    pub fn spool(&self) -> Option<&Spool> {
+        self.shared.answers.spool.as_ref()
+    }
+
+    /// Stores the answers an earlier run left in the spool, each fenced by
+    /// its claim's token (one taken over meanwhile is dropped and logged),
+    /// and marks them done. Waits while the store cannot be reached. Returns
+    /// how many were stored; 0 without a spool.
+    pub async fn flush_spool(&self) -> Result<usize, SpoolError> {
+        match &self.shared.answers.spool {
+            Some(spool) => {
+                super::keep::flush(&*self.shared.store, spool, self.shared.config.lease).await
+            }
+            None => Ok(0),
         }
     }
 
@@ -72,6 +136,8 @@ impl<St> fmt::Debug for IdempotencyLayer<St> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotencyLayer")
             .field("config", &self.shared.config)
+            .field("spool", &self.shared.answers.spool)
+            .field("reconciles", &self.shared.answers.reconcile.is_some())
             .finish_non_exhaustive()
     }
 }

@@ -22,6 +22,21 @@
 //!    default), or **release** the key (5xx, 408, 429) so the next retry runs
 //!    again.
 //!
+//! An answer is never handed out without being kept: when the store refuses
+//! the completion (the database restarts), the answer is kept — in a
+//! [`Spool`] file, synced before the answer is sent, when the layer has one —
+//! and the completion is retried in the background until stored, renewing
+//! the claim meanwhile. Copies that arrive meanwhile get 409, then the
+//! replay. [`IdempotencyLayer::flush_spool`] stores what a previous process
+//! left in the spool; call it before serving.
+//!
+//! A claim that took over an expired one (the earlier attempt timed out,
+//! broke off or died with its process) may follow an applied effect. With a
+//! [`Reconcile`] hook the layer asks the service first: an applied attempt's
+//! answer is stored and replayed (with `Idempotency-Reconciled: true`), a
+//! missing one lets the retry run, and "cannot tell" is a 503 that keeps the
+//! claim until the next takeover asks again.
+//!
 //! The gap between the inner service's effect and step 4 cannot be closed for
 //! an opaque service; it is narrowed. Steps 3 and 4 run in their own task, so a
 //! client that hangs up does not strand the claim half-way. If the inner
@@ -44,13 +59,19 @@
 //! - [`config`](IdempotencyConfig): what is keyed, required, stored, and how long;
 //! - `layer`: [`IdempotencyLayer`], which holds the store and the config;
 //! - `future`: [`ResponseFuture`];
+//! - `keep`: the completion retried until stored, and the spool flushed at start-up;
+//! - `spool`: [`Spool`], the local file of answers the store has not taken yet;
+//! - `reconcile`: [`Reconcile`], the question asked before a takeover;
 //! - `problem`: [`Refusal`], the answers the layer gives itself, and the one
 //!   function that maps them (and store errors) to HTTP statuses.
 
 mod config;
 mod future;
+mod keep;
 mod layer;
 pub(crate) mod problem;
+mod reconcile;
+mod spool;
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -68,6 +89,8 @@ pub use config::{DEFAULT_BODY_LIMIT, IdempotencyConfig, KeyRequirement, Mode, St
 pub use future::ResponseFuture;
 pub use layer::IdempotencyLayer;
 pub use problem::Refusal;
+pub use reconcile::{Reconcile, Reconciled};
+pub use spool::{Spool, SpoolError};
 
 use crate::StoredResponse;
 use crate::body::read_limited;
@@ -91,9 +114,25 @@ use crate::observe::{self, route_label};
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct UnknownOutcome;
 
+/// The header on an answer the service confirmed through [`Reconcile`]
+/// instead of running the request again: `Idempotency-Reconciled: true`,
+/// stored with the answer, so every replay of it says so too.
+pub const IDEMPOTENCY_RECONCILED: http::HeaderName =
+    http::HeaderName::from_static("idempotency-reconciled");
+
 pub(crate) struct Shared<St> {
-    pub(crate) store: St,
+    pub(crate) store: Arc<St>,
     pub(crate) config: IdempotencyConfig,
+    pub(crate) answers: Answers,
+}
+
+/// What the leased layer does about answers beyond the store: where it keeps
+/// those the store could not take yet, and whom it asks about an earlier
+/// attempt whose outcome is unknown.
+#[derive(Clone, Default)]
+pub(crate) struct Answers {
+    pub(crate) spool: Option<Spool>,
+    pub(crate) reconcile: Option<Arc<dyn Reconcile>>,
 }
 
 /// The middleware: applies `Idempotency-Key` semantics in front of `S`. Made by
@@ -282,7 +321,8 @@ async fn renew_while_running<St: LeaseStore>(shared: Arc<Shared<St>>, mut claim:
 }
 
 /// Calls the inner service for a claimed key, then completes or releases the
-/// claim according to the response.
+/// claim according to the response. A claim that took over an expired one
+/// asks the [`Reconcile`] hook first, when there is one.
 async fn run_claimed<S, St, ResBody>(
     shared: Arc<Shared<St>>,
     mut inner: S,
@@ -298,6 +338,45 @@ where
     let config = &shared.config;
     let scope = claim.scope.as_str();
     let heartbeat = tokio::spawn(renew_while_running(Arc::clone(&shared), claim.clone()));
+    let request = match (&shared.answers.reconcile, claim.took_over) {
+        (Some(reconcile), true) => {
+            let (parts, body) = request.into_parts();
+            match reconcile.reconcile(&claim.scope, &claim.key, &parts).await {
+                Reconciled::NotApplied => {
+                    tracing::info!(
+                        scope,
+                        "the earlier attempt was not applied; running the request"
+                    );
+                    Request::from_parts(parts, body)
+                }
+                Reconciled::Applied(stored) => {
+                    heartbeat.abort();
+                    tracing::info!(
+                        scope,
+                        "the earlier attempt was applied; storing and replaying its answer"
+                    );
+                    let stored = stored.with_header(
+                        IDEMPOTENCY_RECONCILED,
+                        http::HeaderValue::from_static("true"),
+                    );
+                    keep::store_answer(&shared, claim, stored.to_outcome()).await;
+                    return Ok(stored.into_replay());
+                }
+                Reconciled::Unknown(cause) => {
+                    heartbeat.abort();
+                    // The claim is kept: the retry after its lease takes it
+                    // over and asks again. Released, the next claim would not
+                    // be a takeover, and would run without asking.
+                    return Ok(Refusal::ReconcileUnknown {
+                        cause,
+                        reserved_for: config.lease,
+                    }
+                    .to_response(config.mode));
+                }
+            }
+        }
+        _ => request,
+    };
     let called = inner.call(request).await;
     heartbeat.abort();
     let response = match called {
@@ -335,11 +414,10 @@ where
     };
     let stored = StoredResponse::from_parts(parts.status, parts.headers.clone(), body.clone());
     idem::crash::point(idem::crash::INSIDE_EFFECT);
-    if let Err(error) = shared.store.complete(&claim, &stored.to_outcome()).await {
-        // The effect happened and this is its answer; only the record is
-        // missing, so a retry after the lease would run the request again.
-        tracing::warn!(scope, %error, "could not store the response; the client gets it, but a retry after the lease may run again");
-    }
+    // The effect happened and this is its answer: it is stored before the
+    // client gets it, or kept (spooled) and stored as soon as the store
+    // takes it.
+    keep::store_answer(&shared, claim, stored.to_outcome()).await;
     idem::crash::point(idem::crash::BEFORE_ANSWER);
     Ok(Response::from_parts(parts, Body::from(body)).into_response())
 }

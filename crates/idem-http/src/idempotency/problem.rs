@@ -17,6 +17,7 @@
 //! | store busy or unreachable, or its connection lost before the commit (nothing kept) | 503 + `Retry-After` | problem+json | `api_error` |
 //! | store's connection lost during the commit (outcome unknown) | 503 (+ `Retry-After` when keyed) | problem+json | `api_error` |
 //! | store failed otherwise            | 500    | problem+json        | `api_error`              |
+//! | earlier attempt unknown and the service cannot say (reconcile) | 503 + `Retry-After` | problem+json | `api_error` |
 //! | too many requests in flight (shed, nothing done) | 503 + `Retry-After` | problem+json | `api_error` |
 //!
 //! Statuses are decided in one function, [`Refusal::status`]; everything else
@@ -119,6 +120,19 @@ pub enum Refusal {
         /// Why, as the HTTP client reported it.
         cause: String,
     },
+    /// An earlier attempt with this key ended with an unknown outcome, and the
+    /// service could not say whether it was applied (see
+    /// [`Reconcile`](super::Reconcile)). Nothing was run; the key stays
+    /// reserved until its lease ends, and the retry after that asks again.
+    #[error(
+        "an earlier attempt with this Idempotency-Key ended without an answer, and the service could not say whether it took effect ({cause}); nothing was run now. Retry with the same key after {} (Retry-After): the service is asked again before anything runs", humane(*reserved_for)
+    )]
+    ReconcileUnknown {
+        /// What the service answered, or why it could not be asked.
+        cause: String,
+        /// How long the key stays reserved (the lease).
+        reserved_for: Duration,
+    },
     /// The limit of requests in flight was reached, so this one was answered
     /// at once without being read or run.
     #[error(
@@ -193,6 +207,7 @@ impl Refusal {
             Self::HandlerFailed | Self::Corrupt(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::StoreUnavailable { .. }
             | Self::CommitUnknown { .. }
+            | Self::ReconcileUnknown { .. }
             | Self::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::Protocol(error) => match error {
                 Error::KeyReuse { .. } => match mode {
@@ -219,6 +234,7 @@ impl Refusal {
             }
             Self::UpstreamTimeout { reserved_for, .. }
             | Self::UpstreamBroke { reserved_for, .. } => (*reserved_for)?,
+            Self::ReconcileUnknown { reserved_for, .. } => *reserved_for,
             Self::UpstreamUnreachable { .. }
             | Self::StoreUnavailable { .. }
             | Self::CommitUnknown { keyed: true }
@@ -244,6 +260,7 @@ impl Refusal {
             Self::UpstreamTimeout { .. } => "upstream-timeout-outcome-unknown",
             Self::UpstreamBroke { .. } => "upstream-broke-outcome-unknown",
             Self::UpstreamUnreachable { .. } => "upstream-unreachable",
+            Self::ReconcileUnknown { .. } => "reconcile-outcome-unknown",
             Self::Overloaded { .. } => "overloaded",
         }
     }
@@ -272,6 +289,7 @@ impl Refusal {
             Self::UpstreamTimeout { .. } => "Upstream timed out; outcome unknown",
             Self::UpstreamBroke { .. } => "Upstream connection broke; outcome unknown",
             Self::UpstreamUnreachable { .. } => "Upstream unreachable; nothing was sent",
+            Self::ReconcileUnknown { .. } => "Earlier attempt unresolved; nothing was run",
             Self::Overloaded { .. } => "Too many requests in flight; nothing was done",
         }
     }
@@ -292,6 +310,7 @@ impl Refusal {
             | Self::UpstreamTimeout { .. }
             | Self::UpstreamBroke { .. }
             | Self::UpstreamUnreachable { .. }
+            | Self::ReconcileUnknown { .. }
             | Self::Overloaded { .. } => "api_error",
         }
     }

@@ -31,6 +31,10 @@ pub struct Gateway {
     store: String,
     upstream: String,
     log: PathBuf,
+    /// Its answer spool, next to its log: its own across its restarts.
+    spool: PathBuf,
+    /// What it asks the upstream before a takeover, if anything.
+    probe: Option<String>,
     addr: Address,
     /// Where it listens: a free port the first time, then that port again.
     listen: SocketAddr,
@@ -38,19 +42,22 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// Starts `idem --store STORE serve --upstream UPSTREAM`, arming
-    /// `IDEM_CRASH=crash` when given, and waits for its "listening on" line.
-    /// Its stderr goes to `log`.
+    /// Starts `idem --store STORE serve --upstream UPSTREAM` (with `--probe
+    /// PROBE` when given), arming `IDEM_CRASH=crash` when given, and waits
+    /// for its "listening on" line. Its stderr goes to `log`.
     pub async fn start(
         store: String,
         upstream: String,
         log: &Path,
         crash: Option<&str>,
+        probe: Option<&str>,
     ) -> anyhow::Result<Self> {
         let mut gateway = Self {
             store,
             upstream,
             log: log.to_owned(),
+            spool: log.with_extension("spool"),
+            probe: probe.map(str::to_owned),
             addr: Arc::new(Mutex::new(SocketAddr::from(([127, 0, 0, 1], 9)))),
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             child: None,
@@ -97,6 +104,13 @@ impl Gateway {
             .args(["--listen", &listen, "--lease", &lease])
             .args(["--upstream-timeout", UPSTREAM_TIMEOUT])
             .args(["--sweep-every", "off", "--principal-header", "none"])
+            .arg("--spool")
+            .arg(&self.spool)
+            .args(
+                self.probe
+                    .iter()
+                    .flat_map(|probe| ["--probe", probe.as_str()]),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log))
@@ -150,8 +164,10 @@ impl Gateway {
     }
 }
 
-/// What `idem serve` logs when it answered a request but could not store the
-/// answer (its store failed at that moment).
+/// What `idem serve` logs when it gave up storing an answer it handed out:
+/// the store refused the completion, and by the time it could take it the
+/// claim had been taken over (an answer the store is only late to take is
+/// kept in the spool and stored, and not logged so).
 const UNSTORED: &str = "could not store the response";
 
 /// How many answers the gateway logged it could not store, over its runs.
@@ -172,9 +188,9 @@ mod tests {
         std::fs::write(
             &log,
             "idem serve: listening\n\
-             WARN could not store the response; the client gets it, but a retry after the lease may run again\n\
-             WARN the store is unavailable\n\
-             WARN could not store the response; the client gets it, but a retry after the lease may run again\n",
+             WARN could not store the response: its claim was taken over after its lease ran out, so a retry may run again\n\
+             WARN the store did not take the response yet; the client gets it, and its completion is retried until stored\n\
+             WARN could not store the response: its claim was taken over after its lease ran out, so a retry may run again\n",
         )
         .unwrap();
         assert_eq!(super::unstored_answers(&log).unwrap(), 2);

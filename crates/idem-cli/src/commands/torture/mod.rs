@@ -7,9 +7,12 @@
 //!
 //! The upstream never dedupes, so every extra effect is one the gateway let
 //! through. The leased gateway lets one through in exactly one case — it
-//! forwarded a request and could not store the answer — and its client then
-//! saw an unknown outcome. Extra effects that each follow such an attempt are
-//! that known cost and are counted apart; any other is a violation.
+//! forwarded a request and no answer was stored for it (the upstream timed
+//! out, the gateway died, or the claim was taken over before the store took
+//! the answer) — and its client then saw an unknown outcome. Extra effects
+//! that each follow such an attempt are that known cost and are counted
+//! apart; any other is a violation. In the probing scenarios the gateway asks
+//! the upstream (`--probe`) before such a retry, and the cost must be zero.
 //!
 //! The relay scenarios check the outbox path the same way: an application
 //! enqueues a message per request in its record's transaction, `idem relay`

@@ -24,7 +24,7 @@ use super::gateway::Gateway;
 use super::now_ms;
 use super::pgserver::{PrivatePostgres, Shutdown};
 use super::relay;
-use super::upstream::{EFFECTS_QUERY, Upstream};
+use super::upstream::{EFFECTS_QUERY, PROBE, Upstream};
 
 mod chain;
 
@@ -45,6 +45,14 @@ pub enum Scenario {
     /// The same, the gateway's store on PostgreSQL.
     #[value(name = "gateway-postgres-kill")]
     PostgresKill,
+    /// The embedded-store kill scenario with `idem serve --probe`: before a
+    /// retry takes over after an unknown outcome, the gateway asks the
+    /// upstream, which answers from its effects table. No repeat is expected.
+    #[value(name = "gateway-sqlite-kill-probe")]
+    SqliteKillProbe,
+    /// The same, the gateway's store on PostgreSQL.
+    #[value(name = "gateway-postgres-kill-probe")]
+    PostgresKillProbe,
     /// The gateway's PostgreSQL connection through the fault proxy: dropped,
     /// blackholed or delayed mid-load, then healed.
     #[value(name = "gateway-postgres-partition")]
@@ -98,9 +106,11 @@ enum Carrier {
 
 impl Scenario {
     /// Every scenario, in the order a campaign runs them.
-    pub const ALL: [Self; 11] = [
+    pub const ALL: [Self; 13] = [
         Self::SqliteKill,
         Self::PostgresKill,
+        Self::SqliteKillProbe,
+        Self::PostgresKillProbe,
         Self::PostgresPartition,
         Self::PostgresRestart,
         Self::DupProxyKill,
@@ -117,6 +127,8 @@ impl Scenario {
         match self {
             Self::SqliteKill => "gateway-sqlite-kill",
             Self::PostgresKill => "gateway-postgres-kill",
+            Self::SqliteKillProbe => "gateway-sqlite-kill-probe",
+            Self::PostgresKillProbe => "gateway-postgres-kill-probe",
             Self::PostgresPartition => "gateway-postgres-partition",
             Self::PostgresRestart => "gateway-postgres-restart",
             Self::DupProxyKill => "gateway-dup-proxy-kill",
@@ -133,8 +145,16 @@ impl Scenario {
     pub fn needs_postgres(self) -> bool {
         matches!(
             self,
-            Self::PostgresKill | Self::PostgresPartition | Self::ChainPostgres
+            Self::PostgresKill
+                | Self::PostgresKillProbe
+                | Self::PostgresPartition
+                | Self::ChainPostgres
         )
+    }
+
+    /// Whether the gateway asks the upstream (`--probe`) before a takeover.
+    fn probes(self) -> bool {
+        matches!(self, Self::SqliteKillProbe | Self::PostgresKillProbe)
     }
 
     /// Whether the scenario starts a PostgreSQL server of its own.
@@ -149,6 +169,8 @@ impl Scenario {
             self,
             Self::SqliteKill
                 | Self::PostgresKill
+                | Self::SqliteKillProbe
+                | Self::PostgresKillProbe
                 | Self::DupProxyKill
                 | Self::RelayKill
                 | Self::RelayRabbitmqKill
@@ -541,13 +563,17 @@ async fn gateway_trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> {
         _ => None,
     };
     let store = match (scenario, postgres, private) {
-        (Scenario::SqliteKill | Scenario::DupProxyKill, _, _) => {
+        (Scenario::SqliteKill | Scenario::SqliteKillProbe | Scenario::DupProxyKill, _, _) => {
             format!("sqlite://{}", dir.join("gateway.db").display())
         }
         (Scenario::PostgresRestart, _, Some((database, server))) => {
             format!("postgres://postgres@{}/{database}", server.addr())
         }
-        (Scenario::PostgresKill | Scenario::PostgresPartition, Some((database, server)), _) => {
+        (
+            Scenario::PostgresKill | Scenario::PostgresKillProbe | Scenario::PostgresPartition,
+            Some((database, server)),
+            _,
+        ) => {
             let addr = proxy.as_ref().map_or(server, FaultProxy::addr);
             format!("postgres://postgres@{addr}/{database}")
         }
@@ -572,6 +598,7 @@ async fn gateway_trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> {
         upstream.url(),
         &log,
         crash.as_ref().map(|c| c.1.as_str()),
+        scenario.probes().then_some(PROBE),
     )
     .await?;
     // The dup-proxy's own history: which of its copies ended unknown.
@@ -722,6 +749,13 @@ async fn gateway_trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> {
         explain.copies_unknown = copies_unknown(&copies);
     }
     let mut result = judge(index, faults, report, &events, &effects, &explain);
+    if scenario.probes() && result.expected_repeats > 0 {
+        // The upstream said what it had applied: a repeat is not a cost here.
+        result.violations.push(format!(
+            "{} effects repeated after an unknown outcome although the gateway asked the upstream first",
+            result.expected_repeats
+        ));
+    }
     result.samples = load.samples();
     result.history = history_path;
     result.proxy_copies = proxy_copies;

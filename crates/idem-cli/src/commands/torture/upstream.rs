@@ -2,6 +2,10 @@
 //! effect — a row of `effects`, committed in its own transaction — and is
 //! answered 201. It never dedupes, so every effect beyond the first for a key
 //! is one the gateway let through.
+//!
+//! It also answers the gateway's probe, `GET /pay/by-key/{key}`, from the same
+//! table: 200 with the answer `POST /pay` gave (and
+//! `Idempotency-Original-Status: 201`) when the key has an effect, else 404.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -9,14 +13,19 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
 use axum::Router;
+use axum::extract::Path as UrlPath;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use axum::routing::post;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
 use idem::rusqlite::{self, Connection};
 use tokio::task::JoinHandle;
 
 /// The effect log's query: one row per effect, in commit order.
 pub const EFFECTS_QUERY: &str = "SELECT key FROM effects ORDER BY seq";
+
+/// The probe the gateway is given in the probing scenarios.
+pub const PROBE: &str = "GET /pay/by-key/{key}";
 
 /// A running upstream; stops when dropped.
 #[derive(Debug)]
@@ -37,6 +46,7 @@ impl Upstream {
         )?;
         let app = Router::new()
             .route("/pay", post(pay))
+            .route("/pay/by-key/{key}", get(by_key))
             .with_state(Arc::new(Mutex::new(db)));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
@@ -79,7 +89,7 @@ async fn pay(State(db): State<Arc<Mutex<Connection>>>, headers: HeaderMap) -> (S
     else {
         return (StatusCode::BAD_REQUEST, "no Idempotency-Key".into());
     };
-    let answer = format!("{{\"paid\":\"{key}\"}}");
+    let answer = answer_for(&key);
     let at_ms = super::now_ms();
     let applied = tokio::task::spawn_blocking(move || -> rusqlite::Result<()> {
         let mut db = db.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -97,5 +107,38 @@ async fn pay(State(db): State<Arc<Mutex<Connection>>>, headers: HeaderMap) -> (S
             StatusCode::INTERNAL_SERVER_ERROR,
             "effect not applied".into(),
         ),
+    }
+}
+
+/// The answer for `key`: the same for the first forward, a later one, and
+/// the probe.
+fn answer_for(key: &str) -> String {
+    format!("{{\"paid\":\"{key}\"}}")
+}
+
+/// The probe: whether `key` has an effect, and if so the answer it got.
+async fn by_key(
+    State(db): State<Arc<Mutex<Connection>>>,
+    UrlPath(key): UrlPath<String>,
+) -> Response {
+    let lookup = key.clone();
+    let found = tokio::task::spawn_blocking(move || -> rusqlite::Result<bool> {
+        let db = db.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        db.query_row(
+            "SELECT EXISTS (SELECT 1 FROM effects WHERE key = ?1)",
+            [lookup],
+            |row| row.get(0),
+        )
+    })
+    .await;
+    match found {
+        Ok(Ok(true)) => (
+            StatusCode::OK,
+            [("idempotency-original-status", "201")],
+            answer_for(&key),
+        )
+            .into_response(),
+        Ok(Ok(false)) => StatusCode::NOT_FOUND.into_response(),
+        _ => (StatusCode::INTERNAL_SERVER_ERROR, "cannot read the effects").into_response(),
     }
 }

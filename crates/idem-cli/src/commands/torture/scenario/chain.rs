@@ -179,6 +179,7 @@ async fn run(
         format!("http://{}", app.addr),
         &gateway_log,
         gateway_crash.as_ref().map(|c| c.1.as_str()),
+        None,
     )
     .await?;
     let gateway_addr = *gateway.addr().lock().unwrap_or_else(|p| p.into_inner());
