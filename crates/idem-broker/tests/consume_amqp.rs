@@ -42,3 +42,16 @@ async fn quorum_queue_delivery_count_dead_letters_after_five() {
     assert_eq!(letters[0].key.as_str(), "poison-q");
     assert_eq!(letters[0].attempts, 5);
 }
+
+/// The connection is cut under the consumer: it connects again by itself,
+/// says so to the health while it is down, and applies every message once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keeps_consuming_across_a_connection_cut() {
+    consumer_support::cuts::consumes_across_a_cut::<Rabbit, consumer_support::SqliteBank>().await
+}
+
+/// The same on PostgreSQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keeps_consuming_across_a_connection_cut_on_postgres() {
+    consumer_support::cuts::consumes_across_a_cut::<Rabbit, consumer_support::PgBank>().await
+}

@@ -44,6 +44,8 @@ impl Default for NatsOptions {
 /// A JetStream pull consumer with explicit acks.
 pub struct NatsTransport {
     messages: pull::Stream,
+    /// False once the client reported its connection dropped.
+    connected: tokio::sync::watch::Receiver<bool>,
     route: Route,
     horizon: Option<BrokerHorizon>,
 }
@@ -75,7 +77,27 @@ impl NatsTransport {
         consumer: &str,
         options: NatsOptions,
     ) -> Result<Self, TransportError> {
-        let client = async_nats::connect(url).await.map_err(connect_failed)?;
+        // The client would reconnect by itself, unseen; the transport ends
+        // instead when the client says the connection dropped, so the one
+        // that reconnects (`Reconnecting`) sees it, reports it and makes a
+        // fresh client.
+        let (connected, watch) = tokio::sync::watch::channel(true);
+        let connected = std::sync::Arc::new(connected);
+        let client = async_nats::ConnectOptions::new()
+            .event_callback(move |event| {
+                let connected = std::sync::Arc::clone(&connected);
+                async move {
+                    match event {
+                        async_nats::Event::Disconnected | async_nats::Event::Closed => {
+                            connected.send_replace(false);
+                        }
+                        _ => {}
+                    }
+                }
+            })
+            .connect(url)
+            .await
+            .map_err(connect_failed)?;
         let js = jetstream::new(client);
         let mut found = js
             .get_stream(stream)
@@ -120,6 +142,7 @@ impl NatsTransport {
         let origin = format!("{}/{stream}/{consumer}", public.trim_end_matches('/'));
         Ok(Self {
             messages,
+            connected: watch,
             route: Route::subject(origin, url),
             horizon,
         })
@@ -149,7 +172,16 @@ impl Transport for NatsTransport {
     async fn receive(&mut self) -> Result<Option<Delivery<NatsSettle>>, TransportError> {
         use jetstream::consumer::pull::MessagesErrorKind as Kind;
         loop {
-            match self.messages.next().await {
+            let next = tokio::select! {
+                next = self.messages.next() => next,
+                _ = self.connected.wait_for(|up| !*up) => {
+                    return Err(TransportError::new(
+                        "receive from JetStream",
+                        "the connection to the NATS server dropped; the messages not acknowledged will be redelivered after the ack-wait",
+                    ));
+                }
+            };
+            match next {
                 None => {
                     return Err(TransportError::new(
                         "receive from JetStream",
