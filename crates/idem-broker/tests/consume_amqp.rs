@@ -55,3 +55,130 @@ async fn keeps_consuming_across_a_connection_cut() {
 async fn keeps_consuming_across_a_connection_cut_on_postgres() {
     consumer_support::cuts::consumes_across_a_cut::<Rabbit, consumer_support::PgBank>().await
 }
+
+/// What connecting again cannot fix stops the consumer at once, saying what
+/// to change: a queue that does not exist, credentials RabbitMQ refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_queue_or_refused_credentials_are_not_retried() {
+    use consumer_support::Broker;
+    use idem_broker::consume::{Source, SourceOptions, TransportErrorKind};
+
+    let Some(broker) = Rabbit::start().await else {
+        return;
+    };
+    let reconnect = consumer_support::cuts::quick();
+    let missing: Source = format!(
+        "{}/no-such-queue-{}",
+        broker.url,
+        consumer_support::suffix()
+    )
+    .replace("/%2f/", "/")
+    .parse()
+    .unwrap();
+    let error = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        missing.connect_reconnecting(SourceOptions::default(), reconnect),
+    )
+    .await
+    .expect("a missing queue is not waited for")
+    .unwrap_err();
+    assert_eq!(error.kind(), TransportErrorKind::Missing, "{error:?}");
+    assert!(
+        idem_core::error_chain(&error).contains("declare it"),
+        "{error:?}"
+    );
+
+    let refused: Source = format!(
+        "amqp://guest:wrong-password@{}/{}",
+        consumer_support::cuts::address(&broker.url),
+        broker.queue
+    )
+    .parse()
+    .unwrap();
+    let error = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        refused.connect_reconnecting(SourceOptions::default(), reconnect),
+    )
+    .await
+    .expect("refused credentials are not retried")
+    .unwrap_err();
+    assert_eq!(error.kind(), TransportErrorKind::Refused, "{error:?}");
+}
+
+/// An effect that hangs holds its delivery for ever; the watchdog notices
+/// that nothing was settled for its limit, restarts the consumer on a new
+/// connection, and the broker's redelivery is applied: one effect per key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watchdog_restarts_a_consumer_stuck_in_an_effect() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    use consumer_support::cuts::Cuttable;
+    use consumer_support::{Bank, Broker, Running, SqliteBank, config};
+    use idem::ApplyError;
+    use idem_broker::consume::{Apply, Consumer, KeyedMessage};
+
+    /// The bank's effect, except that the first delivery of `stuck` never ends.
+    struct HangsOnce<A> {
+        inner: A,
+        hung: AtomicBool,
+    }
+
+    impl<A: Apply> Apply for HangsOnce<A> {
+        type Error = A::Error;
+        type Store = A::Store;
+
+        fn store(&self) -> &A::Store {
+            self.inner.store()
+        }
+
+        async fn apply(
+            &self,
+            message: Arc<KeyedMessage>,
+        ) -> Result<idem::Applied, ApplyError<A::Error>> {
+            if message.key.as_str() == "stuck" && !self.hung.swap(true, Ordering::SeqCst) {
+                std::future::pending::<()>().await;
+            }
+            self.inner.apply(message).await
+        }
+    }
+
+    let Some(broker) = Rabbit::start().await else {
+        return;
+    };
+    let bank = SqliteBank::start().await.expect("sqlite");
+    let proxy = idem_testkit::faultproxy::FaultProxy::start(broker.server())
+        .await
+        .unwrap();
+    let transport = broker
+        .reconnecting(
+            proxy.addr(),
+            format!("watchdog-{}", consumer_support::suffix()),
+        )
+        .await;
+    let effect = HangsOnce {
+        inner: bank.apply(false),
+        hung: AtomicBool::new(false),
+    };
+    let consumer = Consumer::new(
+        transport,
+        effect,
+        config(broker.key_rule())
+            .concurrency(1)
+            .watchdog(Duration::from_millis(500)),
+    );
+    let running = Running::start(consumer.stats(), |stop| consumer.run(stop));
+    broker.publish(Some("stuck"), br#"{"amount": 1}"#).await;
+    for i in 0..3 {
+        broker
+            .publish(Some(&format!("after-{i}")), br#"{"amount": 1}"#)
+            .await;
+    }
+    running
+        .until("the stuck message and the rest applied", |s| s.applied >= 4)
+        .await;
+    running.stop().await;
+    let ledger = bank.ledger().await;
+    assert_eq!(ledger, ["after-0", "after-1", "after-2", "stuck"]);
+}
