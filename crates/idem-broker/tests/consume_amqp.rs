@@ -182,3 +182,90 @@ async fn the_watchdog_restarts_a_consumer_stuck_in_an_effect() {
     let ledger = bank.ledger().await;
     assert_eq!(ledger, ["after-0", "after-1", "after-2", "stuck"]);
 }
+
+/// RabbitMQ itself closes the consumer's connection (`rabbitmqctl
+/// close_connection`, the broker's `CONNECTION_FORCED`): the consumer
+/// connects again and applies what is published afterwards, once per key.
+/// Skipped where `rabbitmqctl` cannot reach the broker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keeps_consuming_after_the_broker_closes_its_connection() {
+    use std::process::Command;
+
+    use consumer_support::{Bank, Broker, Running, SqliteBank, config};
+    use idem_broker::consume::{Consumer, Reconnecting};
+
+    /// The `pid`s of the connections named `name`, as `rabbitmqctl` lists them.
+    fn connections(name: &str) -> Option<Vec<String>> {
+        let out = Command::new("rabbitmqctl")
+            .args(["-s", "list_connections", "pid", "client_properties"])
+            .output()
+            .ok()?;
+        if !out.status.success() {
+            return None;
+        }
+        Some(
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter(|line| line.contains(name))
+                .filter_map(|line| line.split_whitespace().next().map(str::to_owned))
+                .collect(),
+        )
+    }
+
+    let Some(broker) = Rabbit::start().await else {
+        return;
+    };
+    let bank = SqliteBank::start().await.expect("sqlite");
+    let (url, queue) = (broker.url.clone(), broker.queue.clone());
+    let transport = Reconnecting::connect("forced", consumer_support::cuts::quick(), move || {
+        let (url, queue) = (url.clone(), queue.clone());
+        async move { idem_broker::consume::AmqpTransport::connect(&url, &queue, 32).await }
+    })
+    .await
+    .unwrap();
+    let name = format!("idem consumer of {}", broker.queue);
+    let Some(pids) = connections(&name) else {
+        eprintln!("SKIPPED: rabbitmqctl cannot list the broker's connections here");
+        return;
+    };
+    assert_eq!(
+        pids.len(),
+        1,
+        "the consumer's connection is listed: {pids:?}"
+    );
+    let consumer = Consumer::new(transport, bank.apply(false), config(broker.key_rule()));
+    let running = Running::start(consumer.stats(), |stop| consumer.run(stop));
+    broker.publish(Some("before"), br#"{"amount": 1}"#).await;
+    running.until("the first applied", |s| s.applied >= 1).await;
+
+    let closed = Command::new("rabbitmqctl")
+        .args(["-q", "close_connection", &pids[0], "closed by the test"])
+        .status()
+        .expect("run rabbitmqctl");
+    assert!(closed.success());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let now = connections(&name).unwrap_or_default();
+        if now.len() == 1 && now[0] != pids[0] {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the consumer never connected again: {now:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    for i in 0..5 {
+        broker
+            .publish(Some(&format!("after-{i}")), br#"{"amount": 1}"#)
+            .await;
+    }
+    running.until("all six applied", |s| s.applied >= 6).await;
+    running.stop().await;
+    assert_eq!(
+        bank.ledger().await,
+        [
+            "after-0", "after-1", "after-2", "after-3", "after-4", "before"
+        ]
+    );
+}

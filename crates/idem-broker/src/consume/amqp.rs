@@ -101,7 +101,11 @@ impl AmqpTransport {
     /// percent-encoded: `%2f` for `/`), sets the prefetch limit, and starts a
     /// manual-ack consumer on `queue`, which must exist.
     pub async fn connect(url: &str, queue: &str, prefetch: u16) -> Result<Self, TransportError> {
-        let connection = Connection::connect(url, ConnectionProperties::default())
+        // Named after its queue, so an operator finds it in RabbitMQ's
+        // connection list.
+        let properties = ConnectionProperties::default()
+            .with_connection_name(format!("idem consumer of {queue}").into());
+        let connection = Connection::connect(url, properties)
             .await
             .map_err(fail("connect to RabbitMQ"))?;
         let channel = connection
