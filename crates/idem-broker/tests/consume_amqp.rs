@@ -50,6 +50,13 @@ async fn keeps_consuming_across_a_connection_cut() {
     consumer_support::cuts::consumes_across_a_cut::<Rabbit, consumer_support::SqliteBank>().await
 }
 
+/// The same in batch mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keeps_consuming_batches_across_a_connection_cut() {
+    consumer_support::cuts::consumes_batches_across_a_cut::<Rabbit, consumer_support::SqliteBank>()
+        .await
+}
+
 /// The same on PostgreSQL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keeps_consuming_across_a_connection_cut_on_postgres() {

@@ -104,3 +104,13 @@ async fn keeps_consuming_across_a_connection_cut() {
     >()
     .await
 }
+
+/// The same in batch mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keeps_consuming_batches_across_a_connection_cut() {
+    consumer_support::cuts::consumes_batches_across_a_cut::<
+        consumer_support::Jet,
+        consumer_support::SqliteBank,
+    >()
+    .await
+}

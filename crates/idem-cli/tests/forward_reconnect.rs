@@ -187,3 +187,35 @@ async fn idem_forward_outlives_a_cut_broker_connection_and_says_so_on_healthz() 
         .await
         .ok();
 }
+
+/// What connecting again cannot fix ends `idem forward` at once, with status
+/// 1 and what to change: here a queue that does not exist.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idem_forward_exits_for_a_missing_queue_saying_what_to_do() {
+    if let Err(error) = Connection::connect(AMQP_URL, ConnectionProperties::default()).await {
+        idem_testkit::services::missing_service("RabbitMQ", &error.to_string());
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("idem.db").display());
+    let from = format!(
+        "amqp://guest:guest@127.0.0.1:5672/no-such-queue-{}",
+        free_port()
+    );
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(["--store", &store, "forward", "--from", &from])
+            .args(["--to", "http://127.0.0.1:9/hook"])
+            .env_remove("IDEM_STORE")
+            .output()
+            .expect("run idem forward")
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("the queue does not exist: declare it"),
+        "{stderr}"
+    );
+}

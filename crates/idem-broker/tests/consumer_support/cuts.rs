@@ -68,6 +68,15 @@ fn reported_down(name: &str) -> bool {
 /// more published meanwhile and a copy of an early one), the connection back,
 /// ten more: thirty effects, one per key; the health said "down" while it was.
 pub async fn consumes_across_a_cut<B: Cuttable, K: Bank>() {
+    across_a_cut::<B, K>(false).await
+}
+
+/// The same in batch mode.
+pub async fn consumes_batches_across_a_cut<B: Cuttable, K: Bank>() {
+    across_a_cut::<B, K>(true).await
+}
+
+async fn across_a_cut<B: Cuttable, K: Bank>(batched: bool) {
     let Some(broker) = B::start().await else {
         return;
     };
@@ -79,8 +88,16 @@ pub async fn consumes_across_a_cut<B: Cuttable, K: Bank>() {
         .expect("start the fault proxy");
     let name = format!("cut-{}", suffix());
     let transport = broker.reconnecting(proxy.addr(), name.clone()).await;
-    let consumer = Consumer::new(transport, bank.apply(false), config(broker.key_rule()));
-    let running = Running::start(consumer.stats(), |stop| consumer.run(stop));
+    let consumer = Consumer::new(
+        transport,
+        bank.apply(false),
+        config(broker.key_rule()).batch(4, Duration::from_millis(10)),
+    );
+    let running = if batched {
+        Running::start(consumer.stats(), |stop| consumer.run_batched(stop))
+    } else {
+        Running::start(consumer.stats(), |stop| consumer.run(stop))
+    };
 
     for i in 0..10 {
         broker.publish(Some(&format!("before-{i}")), ORDER_1).await;
