@@ -226,6 +226,7 @@ impl<S: OutboxStore + DeadLetterStore> Relay<S> {
         };
         tokio::pin!(shutdown);
         let store_health = health::Connection::register("the relay's outbox store");
+        metrics::gauge!("relay_connected", "connection" => "store").set(1.0);
         let mut last_upkeep: Option<Instant> = None;
         let mut failures = 0u32;
         loop {
