@@ -100,7 +100,7 @@ pub struct Down {
     /// Its name.
     pub name: String,
     /// How long it has been down.
-    pub for_: Duration,
+    pub down_for: Duration,
     /// Why it was lost, or why the last attempt to make it again failed.
     pub last_error: String,
 }
@@ -111,7 +111,7 @@ impl fmt::Display for Down {
             f,
             "{}: reconnecting for {:.1}s; last error: {}",
             self.name,
-            self.for_.as_secs_f64(),
+            self.down_for.as_secs_f64(),
             self.last_error
         )
     }
@@ -124,7 +124,7 @@ pub fn unready() -> Vec<Down> {
         .filter_map(|entry| {
             entry.down_since.map(|since| Down {
                 name: entry.name.clone(),
-                for_: since.elapsed(),
+                down_for: since.elapsed(),
                 last_error: entry.last_error.clone(),
             })
         })
