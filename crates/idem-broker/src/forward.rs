@@ -36,7 +36,7 @@ use idem_trace::{Headers, HttpHeadersMut, KeyInSpans};
 use tracing::Instrument;
 
 use crate::consume::{
-    Apply, ConsumeError, Consumer, ConsumerConfig, ConsumerStore, KeyedMessage, Source,
+    Apply, ConsumeError, Consumer, ConsumerConfig, ConsumerStore, KeyedMessage, Reconnect, Source,
     SourceOptions, StatsSnapshot,
 };
 
@@ -56,6 +56,9 @@ pub struct ForwardConfig {
     pub timeout: Duration,
     /// How the key appears in the `forward` span (default as it is).
     pub key_in_spans: KeyInSpans,
+    /// How a lost broker connection is made again (default: full jitter from
+    /// 100 ms up to 30 s, for as long as it takes).
+    pub reconnect: Reconnect,
 }
 
 impl ForwardConfig {
@@ -65,6 +68,7 @@ impl ForwardConfig {
             to,
             timeout: Duration::from_secs(30),
             key_in_spans: KeyInSpans::Raw,
+            reconnect: Reconnect::default(),
         }
     }
 }
@@ -249,6 +253,12 @@ impl<S: ConsumerStore> Apply for HttpForward<S> {
 /// `forward`, keeps failure counts and dead letters in `store`, until
 /// `shutdown` completes. Terminal answers (4xx) are recorded as dead letters
 /// unless `consumer` says otherwise.
+///
+/// A lost broker connection is made again ([`Source::connect_reconnecting`]
+/// with `forward.reconnect`), and the consumer's watchdog, if `consumer` has
+/// one, restarts it in place. It returns with an error only for what a
+/// restart cannot fix: refused credentials, a missing queue, stream or topic,
+/// a wrong setting, a store that cannot be prepared.
 pub async fn run<S: ConsumerStore>(
     source: &Source,
     options: SourceOptions,
@@ -257,7 +267,9 @@ pub async fn run<S: ConsumerStore>(
     consumer: ConsumerConfig,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<StatsSnapshot, ConsumeError> {
-    let transport = source.connect(options).await?;
+    let transport = source
+        .connect_reconnecting(options, forward.reconnect)
+        .await?;
     tracing::info!(%source, to = %forward.to, "forwarding");
     Consumer::new(transport, HttpForward::new(store, forward), consumer)
         .run(shutdown)

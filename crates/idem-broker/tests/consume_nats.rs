@@ -93,3 +93,24 @@ async fn a_stream_kept_forever_stops_the_start_unless_replays_are_promised_away(
     running.stop().await;
     assert_eq!(bank.ledger().await, ["order-1"]);
 }
+
+/// The connection is cut under the consumer: it connects again by itself,
+/// says so to the health while it is down, and applies every message once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keeps_consuming_across_a_connection_cut() {
+    consumer_support::cuts::consumes_across_a_cut::<
+        consumer_support::Jet,
+        consumer_support::SqliteBank,
+    >()
+    .await
+}
+
+/// The same in batch mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keeps_consuming_batches_across_a_connection_cut() {
+    consumer_support::cuts::consumes_batches_across_a_cut::<
+        consumer_support::Jet,
+        consumer_support::SqliteBank,
+    >()
+    .await
+}

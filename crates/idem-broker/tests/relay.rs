@@ -294,3 +294,144 @@ async fn the_run_loop_wakes_on_notify_on_postgres() {
     stop.send(()).unwrap();
     running.await.unwrap().unwrap();
 }
+
+/// Waits (at most 60 s) until `rabbit` has handed out `count` messages of
+/// `queue` in all, adding them to `received`.
+async fn receive_until(
+    rabbit: &Rabbit,
+    queue: &str,
+    received: &mut Vec<Received>,
+    count: usize,
+    what: &str,
+) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        received.extend(rabbit.drain(queue).await);
+        let keys: HashSet<_> = received
+            .iter()
+            .filter_map(|r| r.message_id.clone())
+            .collect();
+        if keys.len() >= count {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}: {} keys received",
+            keys.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn health_until(name: &str, down: bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while idem::health::unready().iter().any(|d| d.name == name) != down {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {name} to be reported {}",
+            if down { "down" } else { "up" }
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `idem relay`'s loop outlives its connections: its broker connection is
+/// cut, then its database connection, with rows enqueued during each cut;
+/// the health reports each cut while it lasts, and every row is published
+/// and applied once by a consumer that dedupes on the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_outlives_cut_broker_and_database_connections() {
+    use idem_testkit::faultproxy::{FaultProxy, Mode};
+
+    let Some(db) = PgDb::new().await else { return };
+    let Some(rabbit) = Rabbit::new().await else {
+        return;
+    };
+    let queue = rabbit.queue().await;
+    let pg_proxy = FaultProxy::start("127.0.0.1:5432".parse().unwrap())
+        .await
+        .unwrap();
+    let amqp_proxy = FaultProxy::start("127.0.0.1:5672".parse().unwrap())
+        .await
+        .unwrap();
+    let mut url = url::Url::parse(&db.url).unwrap();
+    url.set_port(Some(pg_proxy.addr().port())).unwrap();
+    let relayed = AnyStore::Postgres(idem::PgStore::connect(url.as_str()).await.unwrap());
+    let direct = AnyStore::Postgres(idem::PgStore::connect(&db.url).await.unwrap());
+    outbox::migrate(&direct).await.unwrap();
+    let to: idem_broker::publish::Destination = format!(
+        "amqp://guest:guest@127.0.0.1:{}/%2f?queue={queue}",
+        amqp_proxy.addr().port()
+    )
+    .parse()
+    .unwrap();
+    let quick = idem_broker::consume::Reconnect::default()
+        .min(Duration::from_millis(20))
+        .max(Duration::from_millis(200));
+    let config = RelayConfig {
+        poll_interval: Duration::from_millis(50),
+        lease: Duration::from_secs(2),
+        max_attempts: 50,
+        backoff: idem_retry::Backoff::default()
+            .with_base(Duration::from_millis(10))
+            .with_cap(Duration::from_millis(100)),
+        reconnect: quick,
+        ..RelayConfig::default()
+    };
+    let relay = Relay::new(relayed, config);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(async move {
+        relay
+            .run(async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    let enqueue = async |prefix: &str| {
+        for i in 0..10 {
+            outbox::enqueue_now(&direct, Route::To(&to), &message(&format!("{prefix}-{i}")))
+                .await
+                .unwrap();
+        }
+    };
+    let mut received = Vec::new();
+
+    enqueue("before").await;
+    receive_until(&rabbit, &queue, &mut received, 10, "the first ten").await;
+
+    amqp_proxy.set(Mode::Drop);
+    enqueue("broker-cut").await;
+    health_until(&to.redacted(), true).await;
+    amqp_proxy.set(Mode::Pass);
+    receive_until(
+        &rabbit,
+        &queue,
+        &mut received,
+        20,
+        "the rows of the broker cut",
+    )
+    .await;
+    health_until(&to.redacted(), false).await;
+
+    pg_proxy.set(Mode::Drop);
+    enqueue("database-cut").await;
+    health_until("the relay's outbox store", true).await;
+    pg_proxy.set(Mode::Pass);
+    receive_until(
+        &rabbit,
+        &queue,
+        &mut received,
+        30,
+        "the rows of the database cut",
+    )
+    .await;
+    health_until("the relay's outbox store", false).await;
+
+    assert!(!running.is_finished(), "the relay is still running");
+    let _ = stop.send(());
+    running.await.unwrap().expect("the relay stopped cleanly");
+
+    let (_dir, consumer) = sqlite(&ManualClock::starting_now()).await;
+    let (applied, _replayed) = consume(&consumer, &received).await;
+    assert_eq!(applied, 30, "each row applied once by the consumer");
+}

@@ -24,6 +24,7 @@
 //! - [`attempts`](crate::AttemptStore): failed attempts per message, for consumers;
 //! - [`error`](crate::Error): refusals and store failures;
 //! - [`error_chain`]: an error and its causes on one line, for messages and logs;
+//! - [`health`]: whether the process's long-lived connections are up, for `/healthz`;
 //! - [`observe`]: metrics and logs for protocol events;
 //! - [`crash`]: named crash points a process can be made to abort at (`IDEM_CRASH`).
 #![forbid(unsafe_code)]
@@ -38,6 +39,7 @@ mod error;
 mod error_chain;
 mod fence;
 mod fingerprint;
+pub mod health;
 pub(crate) mod key;
 pub mod observe;
 mod outbox;

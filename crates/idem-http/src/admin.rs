@@ -136,7 +136,15 @@ pub async fn start_admin_without_store(
                 async move { prometheus_text(&metrics) }
             }),
         )
-        .route("/healthz", get(|| async { "ok\n" }));
+        .route(
+            "/healthz",
+            get(|| async {
+                match reconnecting() {
+                    Some(text) => (StatusCode::SERVICE_UNAVAILABLE, text),
+                    None => (StatusCode::OK, "ok\n".to_owned()),
+                }
+            }),
+        );
     spawn(addr, move |listener, shutdown| async move {
         axum::serve(listener, app)
             .with_graceful_shutdown(shutdown)
@@ -176,8 +184,10 @@ struct Admin<St> {
 
 /// Serves `/metrics` and `/healthz` on `listener` until `shutdown` completes.
 ///
-/// `/healthz` answers `200 ok` while the store answers a point lookup, `503`
-/// with the store's error otherwise.
+/// `/healthz` answers `200 ok` while the store answers a point lookup and
+/// every connection registered in [`idem::health`] is up; `503` otherwise,
+/// naming the connections being made again and their last errors, or the
+/// store's error.
 pub async fn serve_admin<St>(
     listener: TcpListener,
     store: St,
@@ -239,6 +249,9 @@ impl<St> Admin<St> {
 }
 
 async fn health<St: RecordStore>(State(admin): State<Arc<Admin<St>>>) -> impl IntoResponse {
+    if let Some(reconnecting) = reconnecting() {
+        return (StatusCode::SERVICE_UNAVAILABLE, reconnecting);
+    }
     let scope = Scope::new("healthz").expect("a valid scope");
     let key = IdempotencyKey::new("healthz").expect("a valid key");
     match admin.store.get(&scope, &key).await {
@@ -248,4 +261,18 @@ async fn health<St: RecordStore>(State(admin): State<Arc<Admin<St>>>) -> impl In
             format!("the idempotency store does not answer: {error}\n"),
         ),
     }
+}
+
+/// The not-ready answer while a broker or database connection of the process
+/// is being made again ([`idem::health`]); `None` while every one is up.
+fn reconnecting() -> Option<String> {
+    let down = idem::health::unready();
+    if down.is_empty() {
+        return None;
+    }
+    let mut text = String::from("not ready: a connection is down and being made again\n");
+    for connection in down {
+        text.push_str(&format!("{connection}\n"));
+    }
+    Some(text)
 }

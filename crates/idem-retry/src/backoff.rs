@@ -123,6 +123,24 @@ impl Backoff {
         }
     }
 
+    /// One full-jitter draw for retry `k`, uniform in `[0, ceiling(k)]`, for a
+    /// loop that keeps its own count and has no attempt limit (reconnecting
+    /// to a broker until it answers). Drawn from fresh entropy; the seed is
+    /// not used.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_retry::Backoff;
+    ///
+    /// let backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(1), 1);
+    /// assert!(backoff.draw(50) <= Duration::from_secs(1));
+    /// ```
+    pub fn draw(&self, k: u32) -> Duration {
+        let ceiling = self.ceiling(k);
+        let nanos = u64::try_from(ceiling.as_nanos()).unwrap_or(u64::MAX);
+        Duration::from_nanos(rand::rng().random_range(0..=nanos))
+    }
+
     /// The most that the delays before the first `retries` retries can add
     /// up to: the sum of their ceilings. With the attempts' own durations, it
     /// bounds how long after a first attempt the last one can start.

@@ -4,6 +4,7 @@
 //! - [`harness`]: the seam a store implements to run the conformance suite;
 //! - [`conformance`]: the suite itself, one async function per case;
 //! - [`crash`]: crash tests with real processes killed by SIGKILL;
+//! - [`faultproxy`]: a TCP proxy that cuts, holds or slows a client's connections;
 //! - `crash_point`: the points a crash test's child stops at;
 //! - [`fencing`]: fencing-token and guarded-write cases (pauses, reordering);
 //! - [`deliveries`]: at-least-once delivery simulated (duplicates, shuffles);
@@ -21,6 +22,7 @@ pub mod conformance;
 pub mod crash;
 mod crash_point;
 pub mod deliveries;
+pub mod faultproxy;
 pub mod fencing;
 pub mod harness;
 pub mod postgres;

@@ -20,12 +20,14 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use idem::redact_url;
-use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, QueueDeclareOptions,
+};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Acker, Channel, Connection, ConnectionProperties};
 
 use super::message::Message;
-use super::transport::{Delivery, Route, Settle, Transport, TransportError};
+use super::transport::{Delivery, Route, Settle, Transport, TransportError, TransportErrorKind};
 
 /// How often a waiting consumer looks at its connection's state.
 const CONNECTION_CHECK: Duration = Duration::from_secs(1);
@@ -36,6 +38,7 @@ pub struct AmqpTransport {
     connection: Connection,
     channel: Channel,
     consumer: lapin::Consumer,
+    queue: String,
     route: Route,
     /// When to look at the connection's state while waiting for a delivery.
     check: tokio::time::Interval,
@@ -49,7 +52,48 @@ pub struct AmqpSettle {
 }
 
 fn fail(context: &'static str) -> impl FnOnce(lapin::Error) -> TransportError {
-    move |error| TransportError::new(context, error)
+    move |error| classified(context, error)
+}
+
+/// A lapin failure, sorted: refused credentials, a missing queue or vhost and
+/// a refused setting are fatal; everything else is a lost connection.
+fn classified(context: impl Into<String>, error: lapin::Error) -> TransportError {
+    use lapin::protocol::{AMQPErrorKind, AMQPHardError, AMQPSoftError};
+    let (kind, advice) = match error.kind() {
+        lapin::ErrorKind::ProtocolError(amqp) => match amqp.kind() {
+            AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED) => (
+                TransportErrorKind::Refused,
+                "RabbitMQ refused the user or its permissions on the vhost: fix the user and password in the URL, or grant it read access (rabbitmqctl set_permissions)",
+            ),
+            AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND) => (
+                TransportErrorKind::Missing,
+                "the queue does not exist: declare it, or name an existing one in the URL",
+            ),
+            AMQPErrorKind::Hard(AMQPHardError::NOTALLOWED | AMQPHardError::INVALIDPATH) => (
+                TransportErrorKind::Config,
+                "the vhost does not exist or the user may not use it: fix the vhost in the URL (%2f for /)",
+            ),
+            AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED) => (
+                TransportErrorKind::Config,
+                "RabbitMQ refused a setting of the consumer",
+            ),
+            _ => (TransportErrorKind::Connection, ""),
+        },
+        lapin::ErrorKind::AuthProviderError(_) => (
+            TransportErrorKind::Refused,
+            "the credentials could not be used: fix the user and password in the URL",
+        ),
+        lapin::ErrorKind::InvalidProtocolVersion(_) => (
+            TransportErrorKind::Config,
+            "the server at that address does not speak AMQP 0-9-1: check the host and port",
+        ),
+        _ => (TransportErrorKind::Connection, ""),
+    };
+    if advice.is_empty() {
+        TransportError::of(kind, context, error)
+    } else {
+        TransportError::of(kind, context, format!("{error}; {advice}"))
+    }
 }
 
 impl AmqpTransport {
@@ -57,7 +101,11 @@ impl AmqpTransport {
     /// percent-encoded: `%2f` for `/`), sets the prefetch limit, and starts a
     /// manual-ack consumer on `queue`, which must exist.
     pub async fn connect(url: &str, queue: &str, prefetch: u16) -> Result<Self, TransportError> {
-        let connection = Connection::connect(url, ConnectionProperties::default())
+        // Named after its queue, so an operator finds it in RabbitMQ's
+        // connection list.
+        let properties = ConnectionProperties::default()
+            .with_connection_name(format!("idem consumer of {queue}").into());
+        let connection = Connection::connect(url, properties)
             .await
             .map_err(fail("connect to RabbitMQ"))?;
         let channel = connection
@@ -75,16 +123,41 @@ impl AmqpTransport {
         let consumer = channel
             .basic_consume(queue.into(), "".into(), options, FieldTable::default())
             .await
-            .map_err(|e| TransportError::new(format!("consume from queue {queue:?}"), e))?;
+            .map_err(|e| classified(format!("consume from queue {queue:?}"), e))?;
         let public = redact_url(url);
         let origin = format!("{}/{queue}", public.trim_end_matches('/'));
         Ok(Self {
             connection,
             channel,
             consumer,
+            queue: queue.to_owned(),
             route: Route::queue(origin, url, queue),
             check: connection_check(),
         })
+    }
+}
+
+impl AmqpTransport {
+    /// Why the consumer's stream ended: RabbitMQ cancels a consumer whose
+    /// queue was deleted (fatal: asked again, a passive declare answers
+    /// `NOT_FOUND`); otherwise the channel or connection went away, which
+    /// connecting again fixes.
+    async fn ended(&self) -> TransportError {
+        let passive = QueueDeclareOptions {
+            passive: true,
+            ..QueueDeclareOptions::default()
+        };
+        let asked = self
+            .channel
+            .queue_declare(self.queue.as_str().into(), passive, FieldTable::default())
+            .await;
+        match asked {
+            Err(error) => classified(format!("consume from {}", self.route.origin), error),
+            Ok(_) => TransportError::new(
+                "receive from RabbitMQ",
+                "the consumer was cancelled; the messages not acknowledged will be redelivered",
+            ),
+        }
     }
 }
 
@@ -164,8 +237,8 @@ impl Transport for AmqpTransport {
             tokio::select! {
                 next = self.consumer.next() => {
                     return match next {
-                        None => Ok(None),
-                        Some(Err(error)) => Err(TransportError::new("receive from RabbitMQ", error)),
+                        None => Err(self.ended().await),
+                        Some(Err(error)) => Err(classified("receive from RabbitMQ", error)),
                         Some(Ok(delivery)) => Ok(Some(convert(delivery))),
                     };
                 }

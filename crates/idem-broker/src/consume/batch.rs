@@ -30,7 +30,9 @@ use tokio::task::JoinSet;
 use super::apply::ApplyBatch;
 use super::config::Checkpoint;
 use super::message::KeyedMessage;
-use super::runtime::{ConsumeError, Consumer, Failure, Shared, classify, joined, prepare};
+use super::runtime::{
+    ConsumeError, Consumer, Failure, Shared, Watchdog, classify, joined, prepare, settle_lost,
+};
 use super::stats::{Settled, StatsSnapshot};
 use super::transport::{Delivery, Settle, Transport};
 
@@ -68,18 +70,29 @@ impl<T: Transport, A: ApplyBatch> Consumer<T, A> {
         let (size, linger, at_once) = (config.batch, config.batch_linger, config.batches_at_once);
         let mut working = JoinSet::new();
         let mut previous: Option<oneshot::Receiver<bool>> = None;
+        let mut watchdog = Watchdog::new(config.watchdog);
         let stopped = loop {
             let first = tokio::select! {
                 biased;
                 () = &mut shutdown => break Ok(()),
                 Some(done) = working.join_next(), if !working.is_empty() => {
+                    watchdog.progress();
                     match joined(done) {
+                        Ok(()) => continue,
+                        Err(error) => break Err(error),
+                    }
+                }
+                () = watchdog.stalled(), if watchdog.on() && !working.is_empty() => {
+                    // The batches after a dropped one must not wait for its turn.
+                    previous = None;
+                    match watchdog.restart(&mut self.transport, &mut working).await {
                         Ok(()) => continue,
                         Err(error) => break Err(error),
                     }
                 }
                 received = self.transport.receive(), if working.len() < at_once => received,
             };
+            watchdog.progress();
             let first = match first {
                 Ok(Some(delivery)) => delivery,
                 Ok(None) => break Ok(()),
@@ -146,10 +159,12 @@ async fn batch_in_turn<A: ApplyBatch, S: Settle>(
     };
     idem_core::crash::point(idem_core::crash::BEFORE_ACK);
     if clean {
-        S::ack_all(ready.acks).await?;
+        if let Err(error) = S::ack_all(ready.acks).await {
+            settle_lost("acked with its batch", &error);
+        }
     } else {
         for settle in &ready.acks {
-            settle.ack().await?;
+            shared.ack(settle).await;
         }
     }
     let replayed = ready

@@ -64,6 +64,7 @@ pub struct ConsumerConfig {
     pub(crate) replays_beyond_window: bool,
     pub(crate) manual_replay_allowance: Option<Duration>,
     pub(crate) key_in_spans: KeyInSpans,
+    pub(crate) watchdog: Option<Duration>,
 }
 
 impl fmt::Debug for ConsumerConfig {
@@ -88,6 +89,7 @@ impl fmt::Debug for ConsumerConfig {
             .field("replays_beyond_window", &self.replays_beyond_window)
             .field("manual_replay_allowance", &self.manual_replay_allowance)
             .field("key_in_spans", &self.key_in_spans)
+            .field("watchdog", &self.watchdog)
             .finish()
     }
 }
@@ -116,6 +118,7 @@ impl ConsumerConfig {
             replays_beyond_window: false,
             manual_replay_allowance: None,
             key_in_spans: KeyInSpans::Raw,
+            watchdog: None,
         }
     }
 
@@ -232,6 +235,20 @@ impl ConsumerConfig {
     /// hashed.
     pub fn key_in_spans(mut self, shown: KeyInSpans) -> Self {
         self.key_in_spans = shown;
+        self
+    }
+
+    /// Restarts the consumer when it holds deliveries and none was settled
+    /// (nor a new one received) for `after`: an effect that hangs, a broker
+    /// that stopped answering acks. The deliveries in hand are dropped
+    /// unsettled, the transport's connection is replaced
+    /// ([`Transport::restart`](super::Transport::restart)), and the broker
+    /// delivers them again; the store answers those whose effects committed.
+    /// A transport that cannot restart stops the consumer with
+    /// [`ConsumeError::Stalled`](super::ConsumeError::Stalled). Off by
+    /// default; choose `after` well above the longest an effect may take.
+    pub fn watchdog(mut self, after: Duration) -> Self {
+        self.watchdog = Some(after);
         self
     }
 

@@ -23,6 +23,8 @@
 //! - `kafka` (feature `kafka`): [`KafkaTransport`], a Kafka consumer group member
 //!   through rdkafka (offsets committed after the effect, partitions in parallel,
 //!   each in order);
+//! - `reconnect`: [`Reconnecting`], a transport that connects again after a
+//!   lost connection (full-jitter backoff, [`Reconnect`]), and says so to `/healthz`;
 //! - `source` (feature `amqp`, `nats` or `kafka`): [`Source`], a broker chosen by URL, and [`AnyTransport`];
 //! - `message`: [`Message`], broker-neutral, and [`KeyedMessage`];
 //! - `key`: [`KeyRule`], where keys come from and what to do without one;
@@ -44,6 +46,7 @@ mod key;
 mod message;
 #[cfg(feature = "nats")]
 mod nats;
+mod reconnect;
 mod runtime;
 #[cfg(any(feature = "amqp", feature = "nats", feature = "kafka"))]
 mod source;
@@ -66,10 +69,13 @@ pub use key::{KeyRule, KeySource, MissingKey, NoKey};
 pub use message::{KeyedMessage, Message};
 #[cfg(feature = "nats")]
 pub use nats::{NatsOptions, NatsSettle, NatsTransport};
+pub use reconnect::{
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_RECONNECT_MAX, DEFAULT_RECONNECT_MIN, Reconnect, Reconnecting,
+};
 pub use runtime::{ConsumeError, Consumer};
 #[cfg(any(feature = "amqp", feature = "nats", feature = "kafka"))]
 pub use source::{AnySettle, AnyTransport, InvalidSource, Source, SourceOptions};
 pub use stats::{Stats, StatsSnapshot};
 pub use store::ConsumerStore;
-pub use transport::{Delivery, Route, Settle, Transport, TransportError};
+pub use transport::{Delivery, Route, Settle, Transport, TransportError, TransportErrorKind};
 pub use window::{BrokerHorizon, WindowTerms};

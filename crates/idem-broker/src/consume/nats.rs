@@ -19,7 +19,7 @@ use idem::redact_url;
 
 use super::BrokerHorizon;
 use super::message::Message;
-use super::transport::{Delivery, Route, Settle, Transport, TransportError};
+use super::transport::{Delivery, Route, Settle, Transport, TransportError, TransportErrorKind};
 
 /// How the pull consumer is set up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,6 +44,8 @@ impl Default for NatsOptions {
 /// A JetStream pull consumer with explicit acks.
 pub struct NatsTransport {
     messages: pull::Stream,
+    /// False once the client reported its connection dropped.
+    connected: tokio::sync::watch::Receiver<bool>,
     route: Route,
     horizon: Option<BrokerHorizon>,
 }
@@ -75,14 +77,32 @@ impl NatsTransport {
         consumer: &str,
         options: NatsOptions,
     ) -> Result<Self, TransportError> {
-        let client = async_nats::connect(url)
+        // The client would reconnect by itself, unseen; the transport ends
+        // instead when the client says the connection dropped, so the one
+        // that reconnects (`Reconnecting`) sees it, reports it and makes a
+        // fresh client.
+        let (connected, watch) = tokio::sync::watch::channel(true);
+        let connected = std::sync::Arc::new(connected);
+        let client = async_nats::ConnectOptions::new()
+            .event_callback(move |event| {
+                let connected = std::sync::Arc::clone(&connected);
+                async move {
+                    match event {
+                        async_nats::Event::Disconnected | async_nats::Event::Closed => {
+                            connected.send_replace(false);
+                        }
+                        _ => {}
+                    }
+                }
+            })
+            .connect(url)
             .await
-            .map_err(|e| TransportError::new("connect to NATS", e))?;
+            .map_err(connect_failed)?;
         let js = jetstream::new(client);
         let mut found = js
             .get_stream(stream)
             .await
-            .map_err(|e| TransportError::new(format!("find JetStream stream {stream:?}"), e))?;
+            .map_err(|e| stream_failed(stream, e))?;
         let horizon = stream_horizon(
             stream,
             &found
@@ -102,9 +122,10 @@ impl NatsTransport {
         let pull: jetstream::consumer::PullConsumer = found
             .get_or_create_consumer(consumer, config)
             .await
-            .map_err(|e| TransportError::new(format!("open consumer {consumer:?}"), e))?;
+            .map_err(|e| consumer_failed(consumer, e))?;
         if pull.cached_info().config.ack_policy != AckPolicy::Explicit {
-            return Err(TransportError::new(
+            return Err(TransportError::of(
+                TransportErrorKind::Config,
                 format!("consumer {consumer:?} of stream {stream:?}"),
                 "it does not ack explicitly: an effectively-once consumer acks each message after its commit; create it with ack policy explicit",
             ));
@@ -121,6 +142,7 @@ impl NatsTransport {
         let origin = format!("{}/{stream}/{consumer}", public.trim_end_matches('/'));
         Ok(Self {
             messages,
+            connected: watch,
             route: Route::subject(origin, url),
             horizon,
         })
@@ -150,15 +172,41 @@ impl Transport for NatsTransport {
     async fn receive(&mut self) -> Result<Option<Delivery<NatsSettle>>, TransportError> {
         use jetstream::consumer::pull::MessagesErrorKind as Kind;
         loop {
-            match self.messages.next().await {
-                None => return Ok(None),
+            let next = tokio::select! {
+                next = self.messages.next() => next,
+                _ = self.connected.wait_for(|up| !*up) => {
+                    return Err(TransportError::new(
+                        "receive from JetStream",
+                        "the connection to the NATS server dropped; the messages not acknowledged will be redelivered after the ack-wait",
+                    ));
+                }
+            };
+            match next {
+                None => {
+                    return Err(TransportError::new(
+                        "receive from JetStream",
+                        "the pull subscription ended",
+                    ));
+                }
                 Some(Ok(message)) => return Ok(Some(convert(message))),
                 Some(Err(error)) => match error.kind() {
                     // The stream re-issues its pull requests itself.
                     Kind::MissingHeartbeat | Kind::Pull | Kind::NoResponders | Kind::Other => {
                         tracing::warn!(%error, "pulling from JetStream failed; pulling again");
                     }
-                    _ => return Err(TransportError::new("receive from JetStream", error)),
+                    // Connecting again creates the durable consumer again.
+                    Kind::ConsumerDeleted => {
+                        return Err(TransportError::new("receive from JetStream", error));
+                    }
+                    _ => {
+                        return Err(TransportError::of(
+                            TransportErrorKind::Config,
+                            "receive from JetStream",
+                            format!(
+                                "{error}; check the consumer's settings (a pull consumer, limits at least the prefetch)"
+                            ),
+                        ));
+                    }
                 },
             }
         }
@@ -170,6 +218,70 @@ impl Transport for NatsTransport {
 
     fn replay_horizon(&self) -> Option<BrokerHorizon> {
         self.horizon.clone()
+    }
+}
+
+/// A failed connection, sorted: refused credentials and a malformed address
+/// are fatal, the rest (refused, timed out, DNS) a lost connection.
+fn connect_failed(error: async_nats::ConnectError) -> TransportError {
+    use async_nats::ConnectErrorKind as Kind;
+    match error.kind() {
+        Kind::AuthorizationViolation | Kind::Authentication => TransportError::of(
+            TransportErrorKind::Refused,
+            "connect to NATS",
+            format!(
+                "{error}; fix the credentials in the URL (nats://USER:PASSWORD@HOST) or the server's authorization"
+            ),
+        ),
+        Kind::ServerParse | Kind::Tls => TransportError::of(
+            TransportErrorKind::Config,
+            "connect to NATS",
+            format!("{error}; fix the server address (nats://HOST:PORT)"),
+        ),
+        _ => TransportError::new("connect to NATS", error),
+    }
+}
+
+/// A stream that does not exist is fatal; a request that failed is not.
+fn stream_failed(stream: &str, error: jetstream::context::GetStreamError) -> TransportError {
+    use jetstream::context::GetStreamErrorKind as Kind;
+    let context = format!("find JetStream stream {stream:?}");
+    match error.kind() {
+        Kind::JetStream(api) if api.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND => {
+            TransportError::of(
+                TransportErrorKind::Missing,
+                context,
+                format!("{error}; create the stream (nats stream add), or name an existing one"),
+            )
+        }
+        Kind::EmptyName | Kind::InvalidStreamName => TransportError::of(
+            TransportErrorKind::Config,
+            context,
+            format!("{error}; fix the stream's name in the URL"),
+        ),
+        _ => TransportError::new(context, error),
+    }
+}
+
+/// A consumer that cannot be opened: its name or type is wrong (fatal), or
+/// the stream vanished (fatal), or the request failed (not).
+fn consumer_failed(consumer: &str, error: jetstream::stream::ConsumerError) -> TransportError {
+    use jetstream::stream::ConsumerErrorKind as Kind;
+    let context = format!("open consumer {consumer:?}");
+    match error.kind() {
+        Kind::InvalidConsumerType | Kind::InvalidName => TransportError::of(
+            TransportErrorKind::Config,
+            context,
+            format!("{error}; name a durable pull consumer"),
+        ),
+        Kind::JetStream(api) if api.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND => {
+            TransportError::of(
+                TransportErrorKind::Missing,
+                context,
+                format!("{error}; the stream was deleted: create it again"),
+            )
+        }
+        _ => TransportError::new(context, error),
     }
 }
 

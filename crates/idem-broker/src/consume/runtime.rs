@@ -78,6 +78,19 @@ pub enum ConsumeError {
         /// Every term, as found at start-up.
         terms: Box<WindowTerms>,
     },
+    /// The watchdog found the consumer holding deliveries without progress
+    /// for its limit ([`ConsumerConfig::watchdog`]) and the transport cannot
+    /// restart; the deliveries go back to the broker when the process ends.
+    #[error(
+        "the consumer held {held} deliveries without settling any for {}: an effect hangs or the broker stopped answering; restart the process (a transport that reconnects, such as Source::connect_reconnecting, is restarted in place)",
+        humantime::format_duration(*.after)
+    )]
+    Stalled {
+        /// The watchdog's limit.
+        after: Duration,
+        /// Deliveries in hand.
+        held: usize,
+    },
     /// The broker keeps messages longer than the dedupe window (a Kafka
     /// topic's retention, a JetStream stream's max age), so a replay of old
     /// messages would apply them again; the consumer did not start.
@@ -182,17 +195,25 @@ impl<T: Transport, A: Apply> Consumer<T, A> {
         let concurrency = self.shared.config.concurrency;
         let mut shutdown = pin!(shutdown);
         let mut working = JoinSet::new();
+        let mut watchdog = Watchdog::new(self.shared.config.watchdog);
         let stopped = loop {
             tokio::select! {
                 biased;
                 () = &mut shutdown => break Ok(()),
                 Some(done) = working.join_next(), if !working.is_empty() => {
+                    watchdog.progress();
                     if let Err(error) = joined(done) {
+                        break Err(error);
+                    }
+                }
+                () = watchdog.stalled(), if watchdog.on() && !working.is_empty() => {
+                    if let Err(error) = watchdog.restart(&mut self.transport, &mut working).await {
                         break Err(error);
                     }
                 }
                 received = self.transport.receive(), if working.len() < concurrency => match received {
                     Ok(Some(delivery)) => {
+                        watchdog.progress();
                         self.shared.stats.received(1);
                         working.spawn(Arc::clone(&self.shared).process(delivery));
                     }
@@ -241,6 +262,69 @@ impl<T: Transport, A: Apply> Consumer<T, A> {
             );
         }
         finished.map(|()| self.shared.stats.snapshot())
+    }
+}
+
+/// Notices a consumer that holds deliveries and makes no progress (nothing
+/// settled, nothing received) for its limit, and restarts it: the work in
+/// hand is dropped unsettled and the transport's connection replaced, so the
+/// broker delivers those messages again.
+pub(crate) struct Watchdog {
+    after: Option<Duration>,
+    last: tokio::time::Instant,
+}
+
+impl Watchdog {
+    pub(crate) fn new(after: Option<Duration>) -> Self {
+        Self {
+            after,
+            last: tokio::time::Instant::now(),
+        }
+    }
+
+    pub(crate) fn on(&self) -> bool {
+        self.after.is_some()
+    }
+
+    /// Something was received or settled.
+    pub(crate) fn progress(&mut self) {
+        self.last = tokio::time::Instant::now();
+    }
+
+    /// Completes when the limit has passed since the last progress (never
+    /// when off).
+    pub(crate) async fn stalled(&self) {
+        match self.after {
+            Some(after) => tokio::time::sleep_until(self.last + after).await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Drops the work in hand and restarts the transport, or says why it
+    /// cannot.
+    pub(crate) async fn restart<T: Transport>(
+        &mut self,
+        transport: &mut T,
+        working: &mut JoinSet<Result<(), ConsumeError>>,
+    ) -> Result<(), ConsumeError> {
+        let after = self.after.unwrap_or_default();
+        let held = working.len();
+        let origin = transport.route().origin;
+        tracing::error!(
+            source = origin.as_str(),
+            held,
+            after_s = after.as_secs(),
+            "the consumer held messages without settling any for too long; restarting it (the messages in hand are left for the broker to redeliver)"
+        );
+        metrics::counter!("consumer_watchdog_restarts_total", "origin" => origin).increment(1);
+        working.abort_all();
+        while working.join_next().await.is_some() {}
+        self.progress();
+        if transport.restart("the watchdog restarted the consumer") {
+            Ok(())
+        } else {
+            Err(ConsumeError::Stalled { after, held })
+        }
     }
 }
 
@@ -439,7 +523,7 @@ impl<A: Apply> Shared<A> {
                         .await;
                 }
                 crash::point(crash::BEFORE_ACK);
-                settle.ack().await?;
+                self.ack(settle).await;
                 if applied.is_replay() {
                     self.replayed(&keyed.message);
                     self.settled(Settled::Replayed);
@@ -527,9 +611,20 @@ impl<A: Apply> Shared<A> {
     }
 
     async fn requeue<S: Settle>(&self, settle: &S, delay: Duration) -> Result<(), ConsumeError> {
-        settle.requeue(delay).await?;
+        if let Err(error) = settle.requeue(delay).await {
+            settle_lost("given back", &error);
+        }
         self.settled(Settled::Requeued);
         Ok(())
+    }
+
+    /// Acks. A failed ack is not the consumer's end: its connection is gone
+    /// (the transport connects again by itself), the broker redelivers the
+    /// message, and the store answers the copy.
+    pub(crate) async fn ack<S: Settle>(&self, settle: &S) {
+        if let Err(error) = settle.ack().await {
+            settle_lost("acked", &error);
+        }
     }
 
     /// A message without a key: dead-lettered under a key made from its payload.
@@ -583,7 +678,7 @@ impl<A: Apply> Shared<A> {
                 if let Err(error) = store.forget_failures(&self.config.scope, &letter.key).await {
                     tracing::debug!(%error, "could not clear the failure count of a dead-lettered message");
                 }
-                settle.ack().await?;
+                self.ack(settle).await;
                 tracing::warn!(
                     dead_letter = id,
                     attempts,
@@ -636,6 +731,14 @@ impl<A: Apply> Shared<A> {
         )
         .increment(1);
     }
+}
+
+/// Logs a settlement that could not be sent.
+pub(crate) fn settle_lost(what: &str, error: &TransportError) {
+    tracing::warn!(
+        error = %idem_core::error_chain(error),
+        "a message could not be {what} (its broker connection is gone); the broker delivers it again and the store answers the copy"
+    );
 }
 
 /// Sorts a protocol refusal or store failure.

@@ -20,6 +20,7 @@ use super::amqp::{AmqpSettle, AmqpTransport};
 use super::kafka::{KafkaOptions, KafkaSettle, KafkaTransport};
 #[cfg(feature = "nats")]
 use super::nats::{NatsOptions, NatsSettle, NatsTransport};
+use super::reconnect::{Reconnect, Reconnecting};
 use super::transport::{Delivery, Route, Settle, Transport, TransportError};
 
 /// Where messages are consumed from.
@@ -265,10 +266,33 @@ impl Source {
     }
 }
 
+impl Source {
+    /// Connects to the source through a [`Reconnecting`] transport: a lost
+    /// connection is made again with `reconnect`'s backoff, declaring again
+    /// what [`connect`](Self::connect) declares (the prefetch and the
+    /// consumer on RabbitMQ, the durable consumer on JetStream, the group
+    /// membership on Kafka). A broker that does not answer at start is
+    /// waited for the same way; a fatal failure (refused credentials, a
+    /// missing queue, stream or topic) is returned at once.
+    pub async fn connect_reconnecting(
+        &self,
+        options: SourceOptions,
+        reconnect: Reconnect,
+    ) -> Result<Reconnecting<AnyTransport>, TransportError> {
+        let source = self.clone();
+        Reconnecting::connect(self.to_string(), reconnect, move || {
+            let source = source.clone();
+            async move { source.connect(options).await }
+        })
+        .await
+    }
+}
+
 /// The error for a source whose transport this build was made without.
 #[cfg(not(all(feature = "amqp", feature = "nats", feature = "kafka")))]
 fn left_out(broker: &str, feature: &str) -> TransportError {
-    TransportError::new(
+    TransportError::of(
+        super::transport::TransportErrorKind::Config,
         format!("connect to {broker}"),
         format!(
             "this build of idem-broker has no {broker} transport; enable its crate feature {feature}"

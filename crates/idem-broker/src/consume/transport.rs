@@ -13,25 +13,75 @@ use std::time::Duration;
 use super::message::Message;
 use crate::publish::Destination;
 
-/// A transport failure (connection lost, channel closed, protocol error).
+/// A transport failure (connection lost, channel closed, protocol error, or
+/// something a new connection would not fix: see [`TransportErrorKind`]).
 #[derive(Debug, thiserror::Error)]
 #[error("{context}")]
 pub struct TransportError {
     context: String,
+    kind: TransportErrorKind,
     #[source]
     source: Box<dyn std::error::Error + Send + Sync>,
 }
 
+/// What a transport failure means for the process: whether connecting again
+/// can fix it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TransportErrorKind {
+    /// The connection was lost or could not be made (a cut, a broker restart,
+    /// a timeout): connecting again fixes it.
+    Connection,
+    /// The broker refused the credentials or the permission (RabbitMQ
+    /// `ACCESS_REFUSED`, a NATS authorization violation).
+    Refused,
+    /// What the consumer reads from does not exist (a deleted queue, stream
+    /// or topic).
+    Missing,
+    /// The settings are wrong (a malformed URL, a consumer that does not ack
+    /// explicitly, a feature left out of the build).
+    Config,
+}
+
+impl TransportErrorKind {
+    /// Whether connecting again cannot fix it: only a changed setting, a
+    /// created queue or granted credentials can.
+    pub fn is_fatal(self) -> bool {
+        self != Self::Connection
+    }
+}
+
 impl TransportError {
-    /// A failure while doing `context`.
+    /// A lost or failed connection while doing `context`: connecting again
+    /// may fix it.
     pub fn new(
+        context: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Self::of(TransportErrorKind::Connection, context, source)
+    }
+
+    /// A failure of the given kind while doing `context`.
+    pub fn of(
+        kind: TransportErrorKind,
         context: impl Into<String>,
         source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
     ) -> Self {
         Self {
             context: context.into(),
+            kind,
             source: source.into(),
         }
+    }
+
+    /// What it means for the process.
+    pub fn kind(&self) -> TransportErrorKind {
+        self.kind
+    }
+
+    /// Whether connecting again cannot fix it.
+    pub fn is_fatal(&self) -> bool {
+        self.kind.is_fatal()
     }
 }
 
@@ -234,6 +284,17 @@ pub trait Transport: Send + 'static {
     /// this batch until they are all settled, so batches applied at once
     /// never hold two parts of one sequence. The default does nothing.
     fn end_batch(&mut self) {}
+
+    /// Drops the connection and makes a new one at the next receive, leaving
+    /// every delivery not settled yet to the broker, which delivers it again.
+    /// The runtime's watchdog calls it when the consumer made no progress for
+    /// too long. Returns whether the transport can; the default cannot, and
+    /// the consumer then stops instead ([`Reconnecting`](super::Reconnecting)
+    /// can).
+    fn restart(&mut self, why: &str) -> bool {
+        let _ = why;
+        false
+    }
 
     /// Closes the subscription; unsettled deliveries go back to the broker.
     fn close(self) -> impl Future<Output = ()> + Send

@@ -7,6 +7,7 @@ use std::time::Duration;
 use idem_retry::Backoff;
 use idem_trace::KeyInSpans;
 
+use crate::consume::Reconnect;
 use crate::publish::Destination;
 
 /// Attempts before a row is dead-lettered: 5.
@@ -17,6 +18,8 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 pub const DEFAULT_PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often the relay looks for due rows when nothing woke it.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// How long one pass may take before the watchdog restarts the relay's loop.
+pub const DEFAULT_WATCHDOG: Duration = Duration::from_secs(300);
 /// How long sent rows and dead letters are kept.
 pub const DEFAULT_RETENTION: Duration = idem_core::DEFAULT_RETENTION;
 
@@ -53,6 +56,15 @@ pub struct RelayConfig {
     pub sweep_batch: usize,
     /// How a row's key appears in its `publish` span (default as it is).
     pub key_in_spans: KeyInSpans,
+    /// The pauses after a pass failed because the store could not be
+    /// reached: full jitter from its min up to its max (default 100 ms to
+    /// 30 s), never shorter than the poll interval, for as long as it takes.
+    pub reconnect: Reconnect,
+    /// How long one pass may take before the relay gives up on it, drops its
+    /// broker connections and starts over (default 5 min; `None`: never).
+    /// The rows of the abandoned pass keep their claims and are published
+    /// again when their leases end.
+    pub watchdog: Option<Duration>,
 }
 
 impl Default for RelayConfig {
@@ -70,6 +82,8 @@ impl Default for RelayConfig {
             upkeep_interval: Duration::from_secs(60),
             sweep_batch: 1000,
             key_in_spans: KeyInSpans::Raw,
+            reconnect: Reconnect::default(),
+            watchdog: Some(DEFAULT_WATCHDOG),
         }
     }
 }

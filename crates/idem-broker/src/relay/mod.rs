@@ -42,6 +42,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
+use idem::health;
 use idem_core::{DeadLetterStore, Error, OutboxStore, SharedClock, Timestamp};
 use idem_retry::RetryBudget;
 
@@ -49,7 +50,7 @@ use crate::{dead_letter, outbox};
 
 pub use self::config::{
     DEFAULT_LEASE, DEFAULT_MAX_ATTEMPTS, DEFAULT_POLL_INTERVAL, DEFAULT_PUBLISH_TIMEOUT,
-    DEFAULT_RETENTION, FailPoint, RelayConfig,
+    DEFAULT_RETENTION, DEFAULT_WATCHDOG, FailPoint, RelayConfig,
 };
 pub use self::pass::Pass;
 use self::pass::Relaying;
@@ -206,7 +207,15 @@ impl<S: OutboxStore + DeadLetterStore> Relay<S> {
     /// Runs until `shutdown` completes: a pass whenever rows are enqueued
     /// (PostgreSQL NOTIFY) or the poll interval passes, right away again while
     /// passes come back full, and the upkeep every `upkeep_interval`.
-    /// Transient store failures are logged and retried; others end the run.
+    ///
+    /// It outlives its connections. A pass that fails because the store
+    /// cannot be reached is tried again after a full-jitter pause
+    /// ([`RelayConfig::reconnect`]) for as long as it takes, and the process's
+    /// health says the store is lost meanwhile; a destination whose
+    /// connection was lost is connected again at its next publish (its rows
+    /// retry on their own schedule); a pass that hangs past
+    /// [`RelayConfig::watchdog`] is abandoned. Only a store failure that
+    /// retrying cannot fix (a missing table, a refused login) ends the run.
     pub async fn run(&self, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
         let mut wake_ups = match self.store.wake_ups().await {
             Ok(listener) => listener,
@@ -216,6 +225,8 @@ impl<S: OutboxStore + DeadLetterStore> Relay<S> {
             }
         };
         tokio::pin!(shutdown);
+        let store_health = health::Connection::register("the relay's outbox store");
+        metrics::gauge!("relay_connected", "connection" => "store").set(1.0);
         let mut last_upkeep: Option<Instant> = None;
         let mut failures = 0u32;
         loop {
@@ -235,25 +246,37 @@ impl<S: OutboxStore + DeadLetterStore> Relay<S> {
                 }
                 last_upkeep = Some(Instant::now());
             }
-            let pause = match self.run_once().await {
-                Ok(pass) => {
+            let pause = match self.watched_pass().await {
+                Some(Ok(pass)) => {
+                    if failures > 0 {
+                        tracing::info!(failures, "the outbox store answers again");
+                        store_health.up();
+                        metrics::gauge!("relay_connected", "connection" => "store").set(1.0);
+                    }
                     failures = 0;
                     if pass.claimed >= self.config.batch.max(1) {
                         continue;
                     }
                     self.config.poll_interval
                 }
-                Err(error) if error.is_retryable() => {
-                    failures = failures.saturating_add(1);
+                Some(Err(error)) if error.is_retryable() => {
+                    if failures == 0 {
+                        metrics::counter!("relay_reconnects_total", "connection" => "store")
+                            .increment(1);
+                        metrics::gauge!("relay_connected", "connection" => "store").set(0.0);
+                    }
+                    store_health.down(&error);
                     let pause = self
                         .config
-                        .backoff
-                        .ceiling(failures.min(16))
+                        .reconnect
+                        .delay(failures.min(16))
                         .max(self.config.poll_interval);
-                    tracing::warn!(%error, pause_ms = pause.as_millis() as u64, "relay pass failed; trying again");
+                    failures = failures.saturating_add(1);
+                    tracing::warn!(%error, pause_ms = pause.as_millis() as u64, failures, "relay pass failed; trying again");
                     pause
                 }
-                Err(error) => return Err(error),
+                Some(Err(error)) => return Err(error),
+                None => self.config.poll_interval,
             };
             tokio::select! {
                 () = &mut shutdown => return Ok(()),
@@ -264,6 +287,27 @@ impl<S: OutboxStore + DeadLetterStore> Relay<S> {
                         None => std::future::pending().await,
                     }
                 } => {}
+            }
+        }
+    }
+
+    /// One pass under the watchdog: `None` when it took longer than
+    /// [`RelayConfig::watchdog`] and was abandoned (its connections dropped;
+    /// its rows are published again when their claims end).
+    async fn watched_pass(&self) -> Option<Result<Pass, Error>> {
+        let Some(limit) = self.config.watchdog else {
+            return Some(self.run_once().await);
+        };
+        match tokio::time::timeout(limit, self.run_once()).await {
+            Ok(done) => Some(done),
+            Err(_) => {
+                tracing::error!(
+                    limit_s = limit.as_secs(),
+                    "a relay pass made no progress for too long; abandoning it and connecting again (its rows are published again when their claims end)"
+                );
+                metrics::counter!("relay_watchdog_restarts_total").increment(1);
+                self.publishers.forget_all().await;
+                None
             }
         }
     }

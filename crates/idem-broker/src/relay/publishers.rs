@@ -1,10 +1,14 @@
 //! One connected publisher per destination, opened on first use and kept for
 //! the relay's life; dropped after a failure that says the connection is gone,
-//! so the next use reconnects.
+//! so the next use reconnects. Each destination's connection is registered
+//! with the process's health ([`idem::health`]) and reported as
+//! `relay_connected{connection}` (1 up, 0 lost) and
+//! `relay_reconnects_total{connection}` (connections lost).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use idem::health;
 use tokio::sync::Mutex;
 
 use crate::publish::{self, Destination, PublishError, PublishErrorKind, Publisher};
@@ -12,6 +16,7 @@ use crate::publish::{self, Destination, PublishError, PublishErrorKind, Publishe
 #[derive(Debug, Default)]
 pub(super) struct Publishers {
     open: Mutex<HashMap<Destination, Arc<Publisher>>>,
+    health: std::sync::Mutex<HashMap<Destination, health::Connection>>,
 }
 
 impl Publishers {
@@ -24,7 +29,14 @@ impl Publishers {
         if let Some(publisher) = open.get(destination) {
             return Ok(Arc::clone(publisher));
         }
-        let publisher = Arc::new(publish::connect(destination).await?);
+        let publisher = match publish::connect(destination).await {
+            Ok(publisher) => Arc::new(publisher),
+            Err(error) => {
+                self.mark(destination, Some(&error));
+                return Err(error);
+            }
+        };
+        self.mark(destination, None);
         open.insert(destination.clone(), Arc::clone(&publisher));
         Ok(publisher)
     }
@@ -32,8 +44,36 @@ impl Publishers {
     /// Forgets the publisher of `destination` after `error`, if the error
     /// means its connection is unusable.
     pub(super) async fn forget_after(&self, destination: &Destination, error: &PublishError) {
-        if error.kind() == PublishErrorKind::Unavailable {
-            self.open.lock().await.remove(destination);
+        if error.kind() == PublishErrorKind::Unavailable
+            && self.open.lock().await.remove(destination).is_some()
+        {
+            tracing::warn!(destination = %destination.redacted(), %error, "the connection to a destination was lost; the next publish connects again");
+            metrics::counter!("relay_reconnects_total", "connection" => destination.redacted())
+                .increment(1);
+            self.mark(destination, Some(error));
         }
+    }
+
+    /// Drops every connection: the next publish to each destination makes a
+    /// new one. For the watchdog.
+    pub(super) async fn forget_all(&self) {
+        self.open.lock().await.clear();
+    }
+
+    /// Records whether `destination`'s connection is up (`None`) or lost.
+    fn mark(&self, destination: &Destination, error: Option<&PublishError>) {
+        let mut health = self
+            .health
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let connection = health
+            .entry(destination.clone())
+            .or_insert_with(|| health::Connection::register(destination.redacted()));
+        match error {
+            None => connection.up(),
+            Some(error) => connection.down(error),
+        }
+        metrics::gauge!("relay_connected", "connection" => destination.redacted())
+            .set(if error.is_none() { 1.0 } else { 0.0 });
     }
 }

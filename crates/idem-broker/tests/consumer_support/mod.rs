@@ -11,6 +11,7 @@
 
 pub mod bank;
 pub mod brokers;
+pub mod cuts;
 pub mod scenarios;
 
 use std::future::Future;

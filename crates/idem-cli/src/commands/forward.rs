@@ -14,6 +14,7 @@ use idem_broker::consume::{ConsumerConfig, KeyRule, KeySource, MissingKey, Sourc
 use idem_broker::forward::{self, ForwardConfig};
 use idem_trace::KeyInSpans;
 
+use super::reconnect::{ReconnectArgs, Watchdog};
 use super::upkeep::{Upkeep, UpkeepArgs};
 
 /// `idem forward`
@@ -62,6 +63,14 @@ pub struct ForwardArgs {
     /// Ack terminal 4xx answers without recording them as dead letters.
     #[arg(long)]
     pub ack_rejected: bool,
+    /// Restart the consumer in place (a new broker connection; the messages
+    /// in hand are redelivered) when it holds messages and settles none for
+    /// this long, such as 2m; `off` to never. Keep it well above
+    /// --timeout.
+    #[arg(long, value_name = "DURATION", default_value = "2m")]
+    pub watchdog: Watchdog,
+    #[command(flatten)]
+    pub reconnect: ReconnectArgs,
     #[command(flatten)]
     pub upkeep: UpkeepArgs,
 }
@@ -77,15 +86,19 @@ pub async fn run(
     } else {
         MissingKey::DeadLetter
     };
-    let consumer = ConsumerConfig::new(scope)
+    let mut consumer = ConsumerConfig::new(scope)
         .key(KeyRule::new(args.key.clone()).or_else(missing))
         .max_attempts(args.max_attempts)
         .concurrency(args.concurrency)
         .dead_letter_terminal_failures(!args.ack_rejected)
         .key_in_spans(key_in_spans);
+    if let Watchdog(Some(after)) = args.watchdog {
+        consumer = consumer.watchdog(after);
+    }
     let mut forward = ForwardConfig::new(args.to.clone());
     forward.timeout = Duration::from(args.timeout);
     forward.key_in_spans = key_in_spans;
+    forward.reconnect = args.reconnect.reconnect();
     let options = SourceOptions {
         prefetch: args
             .prefetch
@@ -106,7 +119,12 @@ pub async fn run(
     upkeep.announce("idem forward");
     let forwarded = forward::run(&args.from, options, store, forward, consumer, shutdown).await;
     upkeep.stop().await;
-    let stats = forwarded.with_context(|| format!("forwarding from {} stopped", args.from))?;
+    let stats = forwarded.with_context(|| {
+        format!(
+            "forwarding from {} stopped on what reconnecting cannot fix",
+            args.from
+        )
+    })?;
     eprintln!(
         "stopped: {} applied, {} duplicates answered by the endpoint, {} dead-lettered, {} given back for redelivery",
         stats.applied, stats.replayed, stats.dead_lettered, stats.requeued

@@ -10,6 +10,7 @@ pub(crate) mod forward;
 mod gc;
 mod keys;
 mod migrate;
+mod reconnect;
 pub(crate) mod relay;
 mod serve;
 mod signals;

@@ -15,6 +15,7 @@ use idem_broker::publish::Destination;
 use idem_broker::relay::{Pass, Relay, RelayConfig};
 use idem_trace::KeyInSpans;
 
+use super::reconnect::{ReconnectArgs, Watchdog};
 use super::upkeep::{Upkeep, UpkeepArgs};
 
 /// `idem relay`
@@ -49,6 +50,13 @@ pub struct RelayArgs {
     /// How long sent rows and dead letters are kept.
     #[arg(long, default_value = "7d")]
     pub retention: humantime::Duration,
+    /// Abandon a pass that takes longer than this (its broker connections
+    /// are dropped and made again; its rows are published again when their
+    /// claims end), such as 5m; `off` to never.
+    #[arg(long, value_name = "DURATION", default_value = "5m")]
+    pub watchdog: Watchdog,
+    #[command(flatten)]
+    pub reconnect: ReconnectArgs,
     #[command(flatten)]
     pub upkeep: UpkeepArgs,
 }
@@ -67,6 +75,8 @@ pub async fn run(
         poll_interval: args.poll.into(),
         retention: args.retention.into(),
         key_in_spans,
+        reconnect: args.reconnect.reconnect(),
+        watchdog: args.watchdog.0,
         ..RelayConfig::default()
     };
     outbox::migrate(&store)

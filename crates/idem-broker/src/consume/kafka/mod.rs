@@ -43,7 +43,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use self::lanes::{Lanes, Partition, Take, Ticket};
 use super::BrokerHorizon;
 use super::message::Message;
-use super::transport::{Delivery, Route, Settle, Transport, TransportError};
+use super::transport::{Delivery, Route, Settle, Transport, TransportError, TransportErrorKind};
 use crate::kafka::{KEY_HEADER, Settings};
 
 /// How a Kafka consumer runs.
@@ -216,18 +216,21 @@ impl KafkaTransport {
         group: &str,
         options: KafkaOptions,
     ) -> Result<Self, TransportError> {
-        let config = options
-            .settings
-            .consumer(brokers, group)
-            .map_err(|e| TransportError::new("configure the Kafka consumer", e))?;
+        let config = options.settings.consumer(brokers, group).map_err(|e| {
+            TransportError::of(
+                TransportErrorKind::Config,
+                "configure the Kafka consumer",
+                e,
+            )
+        })?;
         let lanes = Arc::new(Lanes::new(options.per_partition, options.buffer));
         let context = Context {
             lanes: Arc::clone(&lanes),
             grace: options.revoke_grace,
         };
-        let consumer: BaseConsumer<Context> = config
-            .create_with_context(context)
-            .map_err(|e| TransportError::new("create the Kafka consumer", e))?;
+        let consumer: BaseConsumer<Context> = config.create_with_context(context).map_err(|e| {
+            TransportError::of(TransportErrorKind::Config, "create the Kafka consumer", e)
+        })?;
         let (consumer, checked) = {
             let topic = topic.to_owned();
             let brokers = brokers.to_owned();
@@ -322,7 +325,8 @@ fn check_topic(
     let found = metadata.topics().iter().find(|t| t.name() == topic);
     match found {
         Some(t) if t.error().is_none() && !t.partitions().is_empty() => Ok(()),
-        _ => Err(TransportError::new(
+        _ => Err(TransportError::of(
+            TransportErrorKind::Missing,
             format!("consume Kafka topic {topic:?}"),
             "the topic does not exist on the brokers; create it (with as many partitions as consumers should share)",
         )),
