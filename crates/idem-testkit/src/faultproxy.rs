@@ -189,6 +189,34 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn passes_holds_delays_and_drops() {
+        let proxy = FaultProxy::start(echo().await).await.unwrap();
+        let mut stream = TcpStream::connect(proxy.addr()).await.unwrap();
+        assert_eq!(&round_trip(&mut stream).await.unwrap(), b"ping");
+
+        proxy.set(Mode::Blackhole);
+        let held = tokio::time::timeout(Duration::from_millis(200), round_trip(&mut stream)).await;
+        assert!(held.is_err(), "a blackhole forwards nothing");
+        proxy.set(Mode::Pass);
+        let mut held = [0u8; 4];
+        stream.read_exact(&mut held).await.unwrap();
+        assert_eq!(&held, b"ping", "a healed partition delivers what it held");
+
+        proxy.set(Mode::Delay(Duration::from_millis(50)));
+        let started = std::time::Instant::now();
+        round_trip(&mut stream).await.unwrap();
+        assert!(started.elapsed() >= Duration::from_millis(100));
+
+        proxy.set(Mode::Drop);
+        assert!(round_trip(&mut stream).await.is_err());
+        let mut fresh = TcpStream::connect(proxy.addr()).await.unwrap();
+        assert!(
+            round_trip(&mut fresh).await.is_err(),
+            "new connections are closed"
+        );
+    }
+
+    #[tokio::test]
     async fn a_cut_closes_open_connections_and_lets_new_ones_through() {
         let proxy = FaultProxy::start(echo().await).await.unwrap();
         let mut stream = TcpStream::connect(proxy.addr()).await.unwrap();
@@ -200,5 +228,13 @@ mod tests {
         );
         let mut fresh = TcpStream::connect(proxy.addr()).await.unwrap();
         assert_eq!(&round_trip(&mut fresh).await.unwrap(), b"ping");
+    }
+
+    #[tokio::test]
+    async fn refuses_a_target_off_loopback() {
+        let error = FaultProxy::start("192.0.2.1:5432".parse().unwrap())
+            .await
+            .unwrap_err();
+        assert!(error.to_string().contains("loopback"));
     }
 }

@@ -24,7 +24,6 @@ mod broker;
 mod child;
 mod client;
 mod dupproxy;
-mod faultproxy;
 mod gateway;
 mod pgserver;
 mod plot;

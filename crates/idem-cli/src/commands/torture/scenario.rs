@@ -19,12 +19,12 @@ use super::broker::{self, Queue, Stream};
 use super::child::{Exit, Process};
 use super::client::{Load, Sample};
 use super::dupproxy::{DupProxy, Timing};
-use super::faultproxy::{FaultProxy, Mode};
 use super::gateway::Gateway;
 use super::now_ms;
 use super::pgserver::{PrivatePostgres, Shutdown};
 use super::relay;
 use super::upstream::{EFFECTS_QUERY, PROBE, Upstream};
+use idem_testkit::faultproxy::{FaultProxy, Mode};
 
 mod chain;
 

@@ -31,13 +31,13 @@ use super::super::broker;
 use super::super::child::{Exit, Process};
 use super::super::client::Load;
 use super::super::dupproxy::{DupProxy, Timing};
-use super::super::faultproxy::{FaultProxy, Mode};
 use super::super::gateway::Gateway;
 use super::super::{Database, now_ms, relay};
 use super::{
     CLIENTS, Carrier, DRAIN_WAIT, Explanations, Fault, Route, Setting, TrialResult, acked_keys,
     judge,
 };
+use idem_testkit::faultproxy::{FaultProxy, Mode};
 
 /// A hop of the chain, and the fault it takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
