@@ -236,3 +236,100 @@ mod rebalance {
         panic!("consumer A should have been frozen and killed, but it ended: {result:?}");
     }
 }
+
+mod restart {
+    //! A broker restart under a consumer: the test's own tansu broker is
+    //! killed (SIGKILL) with records unsent, started again on the same port
+    //! and file, and the consumer goes on by itself. Every key is applied
+    //! once, the copy of an early one is answered from the store, and
+    //! nothing published before, during or after the outage is lost.
+
+    use std::time::Duration;
+
+    use idem_broker::consume::{Consumer, Source, SourceOptions};
+
+    use super::consumer_support::brokers::kafka_test_settings;
+    use super::consumer_support::cuts::{quick, wait_until};
+    use super::consumer_support::tansu::Tansu;
+    use super::consumer_support::{
+        Bank, Broker, Kafka, OPENING_BALANCE, Running, SqliteBank, config,
+    };
+
+    const ORDER_1: &[u8] = br#"{"amount": 1}"#;
+
+    fn reported_down(name: &str) -> bool {
+        idem::health::unready().iter().any(|down| down.name == name)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_consumer_keeps_consuming_across_a_broker_restart() {
+        let Some(mut tansu) = Tansu::start().await else {
+            return;
+        };
+        let broker = Kafka::create_at(tansu.brokers(), 2, &[])
+            .await
+            .expect("create a topic on the test's own broker");
+        let bank = SqliteBank::start().await.expect("sqlite");
+        let source = Source::Kafka {
+            brokers: broker.brokers.clone(),
+            topic: broker.topic.clone(),
+            group: broker.group.clone(),
+            settings: kafka_test_settings(),
+        };
+        let name = source.to_string();
+        let transport = source
+            .connect_reconnecting(SourceOptions::default(), quick())
+            .await
+            .expect("consume the test topic");
+        let consumer = Consumer::new(transport, bank.apply(false), config(broker.key_rule()));
+        let running = Running::start(consumer.stats(), |stop| consumer.run(stop));
+
+        for i in 0..10 {
+            broker.publish(Some(&format!("before-{i}")), ORDER_1).await;
+        }
+        running.until("ten applied", |s| s.applied >= 10).await;
+
+        tansu.kill();
+        // Published while the broker is down: the producer holds them until
+        // it is back.
+        let during = async {
+            for i in 0..10 {
+                broker.publish(Some(&format!("during-{i}")), ORDER_1).await;
+            }
+        };
+        let back = async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            tansu.restart().await;
+        };
+        tokio::join!(during, back);
+
+        running
+            .until("the ten published during the outage applied", |s| {
+                s.applied >= 20
+            })
+            .await;
+        for i in 0..10 {
+            broker.publish(Some(&format!("after-{i}")), ORDER_1).await;
+        }
+        broker.publish(Some("before-3"), ORDER_1).await;
+        running
+            .until("thirty applied and the copy answered", |s| {
+                s.applied >= 30 && s.replayed >= 1
+            })
+            .await;
+        wait_until("the consumer reports its connection up", || {
+            !reported_down(&name)
+        })
+        .await;
+        let stats = running.stop().await;
+
+        let ledger = bank.ledger().await;
+        let mut keys = ledger.clone();
+        keys.sort();
+        keys.dedup();
+        assert_eq!(ledger.len(), 30, "one effect per key: {ledger:?}");
+        assert_eq!(keys.len(), 30, "no key applied twice: {ledger:?}");
+        assert_eq!(bank.balance().await, OPENING_BALANCE - 30);
+        assert_eq!(stats.applied, 30, "{stats:?}");
+    }
+}

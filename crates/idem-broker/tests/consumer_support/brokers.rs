@@ -371,6 +371,15 @@ impl Kafka {
 
     /// A fresh topic with these topic settings (`retention.ms`, ...).
     pub async fn create(partitions: i32, settings: &[(&str, &str)]) -> Option<Self> {
+        Self::create_at(kafka_brokers(), partitions, settings).await
+    }
+
+    /// A fresh topic on the broker at `brokers`.
+    pub async fn create_at(
+        brokers: String,
+        partitions: i32,
+        settings: &[(&str, &str)],
+    ) -> Option<Self> {
         if std::env::var_os("RUST_LOG").is_some() {
             let _ = tracing_subscriber::fmt()
                 .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -380,7 +389,6 @@ impl Kafka {
         use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
         use rdkafka::client::DefaultClientContext;
 
-        let brokers = kafka_brokers();
         let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
             .set("bootstrap.servers", &brokers)
             .create()

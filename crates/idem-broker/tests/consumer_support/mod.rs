@@ -4,7 +4,8 @@
 //!
 //! Brokers: `IDEM_TEST_AMQP_URL` (default `amqp://guest:guest@127.0.0.1:5672/%2f`),
 //! `IDEM_TEST_NATS_URL` (default `nats://127.0.0.1:4222`); PostgreSQL as in the
-//! store tests. A missing service skips the test, or fails it when
+//! store tests; a Kafka broker of a test's own is started by [`tansu`]. A
+//! missing service skips the test, or fails it when
 //! `IDEM_REQUIRE_SERVICES` is set.
 
 #![allow(dead_code, unused_imports)]
@@ -13,6 +14,7 @@ pub mod bank;
 pub mod brokers;
 pub mod cuts;
 pub mod scenarios;
+pub mod tansu;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -1,0 +1,127 @@
+//! A Kafka-protocol broker of the test's own: `tansu` on a free loopback
+//! port, its records in a SQLite file in a temporary directory, so a test
+//! can kill and restart it without touching the shared broker.
+//!
+//! The binary is `IDEM_TEST_TANSU`, or `tansu/bin/tansu` in the services
+//! cache (`IDEM_CACHE`, default `~/.cache/idem`), where the services script
+//! installs it. A missing binary skips the test, or fails it when
+//! `IDEM_REQUIRE_SERVICES` is set.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a starting broker may take to answer.
+const START: Duration = Duration::from_secs(20);
+
+/// A running (or killed) tansu broker on its own port and file.
+pub struct Tansu {
+    binary: PathBuf,
+    dir: tempfile::TempDir,
+    addr: SocketAddr,
+    child: Option<Child>,
+}
+
+fn binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("IDEM_TEST_TANSU") {
+        return path.into();
+    }
+    let cache = std::env::var_os("IDEM_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/idem")
+        });
+    cache.join("tansu/bin/tansu")
+}
+
+impl Tansu {
+    /// Starts a broker on a free port and waits until it answers, or `None`
+    /// when there is no tansu binary.
+    pub async fn start() -> Option<Self> {
+        let binary = binary();
+        if !binary.is_file() {
+            idem_testkit::services::missing_service(
+                "tansu (a Kafka-protocol broker)",
+                &format!("no binary at {}", binary.display()),
+            );
+            return None;
+        }
+        let addr = TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .expect("a free loopback port");
+        let mut broker = Self {
+            binary,
+            dir: tempfile::tempdir().expect("a data directory"),
+            addr,
+            child: None,
+        };
+        broker.restart().await;
+        Some(broker)
+    }
+
+    /// `host:port`, for `bootstrap.servers`.
+    pub fn brokers(&self) -> String {
+        self.addr.to_string()
+    }
+
+    /// Kills the broker (SIGKILL) and waits until it is gone.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the broker on the same port and file (after [`kill`](Self::kill))
+    /// and waits until it answers.
+    pub async fn restart(&mut self) {
+        assert!(self.child.is_none(), "the broker is running");
+        let url = format!("tcp://{}", self.addr);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("tansu.log"))
+            .expect("the broker's log file");
+        let child = Command::new(&self.binary)
+            .arg("broker")
+            .args(["--listener-url", &url])
+            .args(["--advertised-listener-url", &url])
+            .args(["--storage-engine", "sqlite://tansu.db"])
+            .current_dir(self.dir.path())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("the broker's log file"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {}: {e}", self.binary.display()));
+        self.child = Some(child);
+        let deadline = Instant::now() + START;
+        while TcpStream::connect_timeout(&self.addr, Duration::from_millis(200)).is_err() {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!("tansu exited at start ({status}): {}", self.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "tansu did not answer on {} within {START:?}: {}",
+                self.addr,
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The broker's output so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("tansu.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Tansu {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
