@@ -239,10 +239,11 @@ mod rebalance {
 
 mod restart {
     //! A broker restart under a consumer: the test's own tansu broker is
-    //! killed (SIGKILL) with records unsent, started again on the same port
-    //! and file, and the consumer goes on by itself. Every key is applied
-    //! once, the copy of an early one is answered from the store, and
-    //! nothing published before, during or after the outage is lost.
+    //! killed (SIGKILL), records are published while it is down, and it is
+    //! started again on the same port and file; the consumer goes on by
+    //! itself. Every key is applied once, the copy of an early one is
+    //! answered from the store, and nothing published before, during or
+    //! after the outage is lost.
 
     use std::time::Duration;
 
@@ -263,6 +264,15 @@ mod restart {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_consumer_keeps_consuming_across_a_broker_restart() {
+        across_a_restart(false).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_batched_consumer_keeps_consuming_across_a_broker_restart() {
+        across_a_restart(true).await
+    }
+
+    async fn across_a_restart(batched: bool) {
         let Some(mut tansu) = Tansu::start().await else {
             return;
         };
@@ -277,12 +287,24 @@ mod restart {
             settings: kafka_test_settings(),
         };
         let name = source.to_string();
+        let options = SourceOptions {
+            per_partition: if batched { 4 } else { 1 },
+            ..SourceOptions::default()
+        };
         let transport = source
-            .connect_reconnecting(SourceOptions::default(), quick())
+            .connect_reconnecting(options, quick())
             .await
             .expect("consume the test topic");
-        let consumer = Consumer::new(transport, bank.apply(false), config(broker.key_rule()));
-        let running = Running::start(consumer.stats(), |stop| consumer.run(stop));
+        let consumer = Consumer::new(
+            transport,
+            bank.apply(false),
+            config(broker.key_rule()).batch(4, Duration::from_millis(10)),
+        );
+        let running = if batched {
+            Running::start(consumer.stats(), |stop| consumer.run_batched(stop))
+        } else {
+            Running::start(consumer.stats(), |stop| consumer.run(stop))
+        };
 
         for i in 0..10 {
             broker.publish(Some(&format!("before-{i}")), ORDER_1).await;
