@@ -262,6 +262,13 @@ mod restart {
         idem::health::unready().iter().any(|down| down.name == name)
     }
 
+    /// Whether `/healthz` names a connection to `topic` as down.
+    fn topic_reported_down(topic: &str) -> bool {
+        idem::health::unready()
+            .iter()
+            .any(|down| down.name.contains(topic))
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_consumer_keeps_consuming_across_a_broker_restart() {
         across_a_restart(false).await
@@ -320,7 +327,10 @@ mod restart {
             }
         };
         let back = async {
-            tokio::time::sleep(Duration::from_secs(1)).await;
+            wait_until("the consumer reports its brokers unreachable", || {
+                topic_reported_down(&broker.topic)
+            })
+            .await;
             tansu.restart().await;
         };
         tokio::join!(during, back);
@@ -340,7 +350,7 @@ mod restart {
             })
             .await;
         wait_until("the consumer reports its connection up", || {
-            !reported_down(&name)
+            !reported_down(&name) && !topic_reported_down(&broker.topic)
         })
         .await;
         let stats = running.stop().await;

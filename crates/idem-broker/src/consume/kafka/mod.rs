@@ -34,10 +34,11 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use idem::redact_url;
+use idem::{health, redact_url};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
-use rdkafka::error::KafkaResult;
+use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Headers, Message as _};
+use rdkafka::statistics::Statistics;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use self::lanes::{Lanes, Partition, Take, Ticket};
@@ -131,13 +132,82 @@ impl Settle for KafkaSettle {
     }
 }
 
-/// What librdkafka calls back into: rebalances and commit results.
+/// What librdkafka calls back into: rebalances, commit results, and whether
+/// any broker is reachable.
 struct Context {
     lanes: Arc<Lanes>,
     grace: Duration,
+    brokers: Reachability,
 }
 
-impl ClientContext for Context {}
+/// Whether the consumer reaches any of its brokers, for `/healthz` and the
+/// `consumer_connected` gauge.
+///
+/// librdkafka reconnects to its brokers by itself, so a lost broker is not
+/// an error the transport sees: it reports `AllBrokersDown` through the error
+/// callback instead, and nothing when they are back. The statistics it emits
+/// every [`STATISTICS_EVERY`] say each broker's state; while the brokers are
+/// down, the first that shows one `UP` again marks the connection back.
+struct Reachability {
+    origin: String,
+    health: health::Connection,
+    down: AtomicBool,
+}
+
+/// How often librdkafka reports its statistics (each broker's state), unless
+/// the settings choose another interval.
+const STATISTICS_EVERY: &str = "1000";
+
+impl Reachability {
+    fn new(origin: &str) -> Self {
+        Self {
+            origin: origin.to_owned(),
+            health: health::Connection::register(origin),
+            down: AtomicBool::new(false),
+        }
+    }
+
+    fn lost(&self, reason: &str) {
+        self.health.down(reason);
+        metrics::gauge!("consumer_connected", "origin" => self.origin.clone()).set(0.0);
+        self.down.store(true, Ordering::Release);
+    }
+
+    fn back(&self) {
+        if self.down.swap(false, Ordering::AcqRel) {
+            self.health.up();
+            metrics::gauge!("consumer_connected", "origin" => self.origin.clone()).set(1.0);
+            metrics::counter!("consumer_reconnects_total", "origin" => self.origin.clone())
+                .increment(1);
+            tracing::info!(origin = %self.origin, "a Kafka broker is reachable again");
+        }
+    }
+}
+
+impl ClientContext for Context {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::AllBrokersDown) {
+            tracing::warn!(origin = %self.brokers.origin, %reason, "no Kafka broker is reachable; librdkafka keeps reconnecting, and the records in hand are committed once one is back");
+            self.brokers.lost(reason);
+        } else {
+            tracing::error!(%error, %reason, "librdkafka reported an error");
+        }
+    }
+
+    fn stats_raw(&self, statistics: &[u8]) {
+        // Read only while the brokers are down: the statistics are large.
+        if !self.brokers.down.load(Ordering::Acquire) {
+            return;
+        }
+        match serde_json::from_slice::<Statistics>(statistics) {
+            Ok(statistics) if statistics.brokers.values().any(|b| b.state == "UP") => {
+                self.brokers.back();
+            }
+            Ok(_) => {}
+            Err(error) => tracing::debug!(%error, "librdkafka's statistics could not be read"),
+        }
+    }
+}
 
 impl ConsumerContext for Context {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
@@ -216,17 +286,25 @@ impl KafkaTransport {
         group: &str,
         options: KafkaOptions,
     ) -> Result<Self, TransportError> {
-        let config = options.settings.consumer(brokers, group).map_err(|e| {
+        let mut config = options.settings.consumer(brokers, group).map_err(|e| {
             TransportError::of(
                 TransportErrorKind::Config,
                 "configure the Kafka consumer",
                 e,
             )
         })?;
+        if config.get("statistics.interval.ms").is_none() {
+            config.set("statistics.interval.ms", STATISTICS_EVERY);
+        }
+        let origin = format!(
+            "{}/{topic}?group={group}",
+            redact_url(&format!("kafka://{brokers}"))
+        );
         let lanes = Arc::new(Lanes::new(options.per_partition, options.buffer));
         let context = Context {
             lanes: Arc::clone(&lanes),
             grace: options.revoke_grace,
+            brokers: Reachability::new(&origin),
         };
         let consumer: BaseConsumer<Context> = config.create_with_context(context).map_err(|e| {
             TransportError::of(TransportErrorKind::Config, "create the Kafka consumer", e)
@@ -270,10 +348,6 @@ impl KafkaTransport {
                 })
                 .map_err(|e| TransportError::new("start the Kafka polling thread", e))?
         };
-        let origin = format!(
-            "{}/{topic}?group={group}",
-            redact_url(&format!("kafka://{brokers}"))
-        );
         let retention = retention(&config, topic).await;
         Ok(Self {
             lanes,
