@@ -247,9 +247,13 @@ async fn run(
             gateway_down = Some((what, now_ms()));
             tokio::time::sleep(pause()).await;
         }
-        // A gateway cannot start while its database is cut off: it is tried
-        // again on each turn, while the partition runs its course.
-        if let Some((what, at_ms)) = gateway_down.take() {
+        // A gateway cannot start while its database is cut off (behind a
+        // blackhole its start waits for the database): it is started once
+        // the partition has run its course.
+        let database_cut = partition
+            .as_ref()
+            .is_some_and(|cut| matches!(cut.hop, Hop::Database));
+        if !database_cut && let Some((what, at_ms)) = gateway_down.take() {
             match gateway.restart(None).await {
                 Ok(()) => faults.push(Fault {
                     what,
