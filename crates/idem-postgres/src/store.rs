@@ -385,7 +385,12 @@ impl PgStoreBuilder {
         let endpoint = Endpoint::new(&options, self.max_connections, self.acquire_timeout);
         let fail = |e| Error::Store(store_error(e, &endpoint));
 
-        let mut first = options.connect().await.map_err(fail)?;
+        // A server behind a partition may accept the connection and never
+        // answer: the first connection is bounded like any other acquire.
+        let mut first = match tokio::time::timeout(self.acquire_timeout, options.connect()).await {
+            Ok(connected) => connected.map_err(fail)?,
+            Err(_elapsed) => return Err(fail(sqlx::Error::PoolTimedOut)),
+        };
         if self.migrate {
             // `run_direct` on the connection itself: `run(&mut conn)` goes through
             // `Acquire`, which makes this future not provably `Send`.
