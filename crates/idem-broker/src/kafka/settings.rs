@@ -67,6 +67,7 @@ impl Settings {
         self.0.is_empty()
     }
 
+    #[cfg(feature = "kafka")]
     fn get(&self, names: &[&str]) -> Option<(&str, &str)> {
         names
             .iter()
@@ -175,6 +176,7 @@ impl FromIterator<(String, String)> for Settings {
     }
 }
 
+#[cfg(feature = "kafka")]
 fn is_false(value: &str) -> bool {
     matches!(value.to_ascii_lowercase().as_str(), "false" | "0" | "no")
 }
