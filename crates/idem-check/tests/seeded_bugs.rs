@@ -409,6 +409,7 @@ async fn write_report(
     });
     let guard = Guard::fence("reports", "id", "fence").unwrap();
     let (effect_key, name) = (key.to_owned(), resource.as_str().to_owned());
+    let fences = lab.store.clone();
     let applied = lab
         .store
         .apply(
@@ -417,7 +418,7 @@ async fn write_report(
             Fingerprint::of_bytes(body.as_bytes()),
             async move |tx| -> Result<Outcome, Error> {
                 if fenced {
-                    match idem::sqlite::advance(tx, &guard, &report, token) {
+                    match fences.advance(tx, &guard, &report, token) {
                         Ok(()) => {}
                         Err(Error::Stale { .. }) => return Ok(Outcome::terminal_failure("stale token")),
                         Err(other) => return Err(other),

@@ -13,6 +13,7 @@
 //! - [`outcome`](crate::Outcome): the stored result replayed to duplicates;
 //! - [`record`](crate::Record): record states and fencing tokens;
 //! - [`protocol`]: the decision table every store follows;
+//! - [`batch`](crate::decide_batch): in-batch dedupe, which operations of a batch share a key;
 //! - [`atomic`](crate::AtomicStore): the atomic contract, effect and record in one transaction;
 //! - [`store`](crate::LeaseStore): the leased contract, and inspection and retention of records;
 //! - [`clock`](crate::Clock): injectable time;
@@ -32,6 +33,7 @@
 
 mod atomic;
 mod attempts;
+mod batch;
 mod clock;
 pub mod crash;
 mod dead_letter;
@@ -53,6 +55,7 @@ pub use atomic::{
     AtomicEffect, AtomicStore, BatchApplied, SetApplied, TxCall, outcome_count_mismatch,
 };
 pub use attempts::{AttemptStore, Failures};
+pub use batch::{BatchPlan, decide_batch};
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock, Timestamp};
 pub use dead_letter::{DeadLetter, DeadLetterStats, DeadLetterStore, NewDeadLetter};
 pub use error::{ApplyError, Error, ErrorKind, StoreError};

@@ -13,46 +13,16 @@
 //! for all the new ones, and then answers the repeated keys from the records
 //! that effect's outcomes settled.
 
-use std::collections::HashMap;
-
 use idem_core::{
-    Applied, ApplyError, AtomicEffect, BatchApplied, Error, IdempotencyKey, Operation, Outcome,
-    Plan, Record, Scope, SetApplied, Timestamp, decide, observe, outcome_count_mismatch, protocol,
+    Applied, ApplyError, AtomicEffect, BatchApplied, BatchPlan, Error, IdempotencyKey, Operation,
+    Outcome, Plan, Record, Scope, SetApplied, Timestamp, decide, decide_batch, observe,
+    outcome_count_mismatch, protocol,
 };
 use sqlx::{PgConnection, Postgres, Transaction};
 
 use crate::decision::{Next, observed};
 use crate::store::PgStore;
 use crate::{lock, records};
-
-/// The batch's distinct keys, in the order they first occur.
-pub(crate) struct Keys<'a> {
-    pub(crate) slot: HashMap<(&'a Scope, &'a IdempotencyKey), usize>,
-    pub(crate) keys: Vec<(&'a Scope, &'a IdempotencyKey)>,
-    /// `slot_of[i]` is the key of `ops[i]`.
-    pub(crate) slot_of: Vec<usize>,
-}
-
-impl<'a> Keys<'a> {
-    pub(crate) fn of(ops: &'a [Operation]) -> Self {
-        let mut slot: HashMap<(&Scope, &IdempotencyKey), usize> = HashMap::new();
-        let mut keys: Vec<(&Scope, &IdempotencyKey)> = Vec::new();
-        let slot_of = ops
-            .iter()
-            .map(|op| {
-                *slot.entry((&op.scope, &op.key)).or_insert_with(|| {
-                    keys.push((&op.scope, &op.key));
-                    keys.len() - 1
-                })
-            })
-            .collect();
-        Self {
-            slot,
-            keys,
-            slot_of,
-        }
-    }
-}
 
 /// Each key's lock, and its record as the batch found it and then changed it.
 pub(crate) struct Held {
@@ -67,27 +37,23 @@ enum Step {
 }
 
 impl PgStore {
-    /// Tries the locks of all keys in one statement and reads the records of
-    /// those granted in another.
+    /// Tries the locks of all keys of `batch` in one statement and reads the
+    /// records of those granted in another; one of each per slot.
     pub(crate) async fn hold(
         &self,
         tx: &mut Transaction<'static, Postgres>,
-        keys: &Keys<'_>,
+        ops: &[Operation],
+        batch: &BatchPlan,
     ) -> Result<Held, Error> {
-        let lock_keys: Vec<i64> = keys
-            .keys
-            .iter()
-            .map(|(s, k)| lock::lock_key(s, k))
-            .collect();
+        let lock_keys: Vec<i64> = batch.keys(ops).map(|(s, k)| lock::lock_key(s, k)).collect();
         let granted = lock::try_lock_all(tx, &lock_keys)
             .await
             .map_err(|e| self.fail(e))?;
-        let locked: Vec<(&Scope, &IdempotencyKey)> = keys
-            .keys
-            .iter()
+        let locked: Vec<(&Scope, &IdempotencyKey)> = batch
+            .keys(ops)
             .zip(&granted)
             .filter(|(_, granted)| **granted)
-            .map(|(key, _)| *key)
+            .map(|(key, _)| key)
             .collect();
         // A separate statement from the locks, so it sees every commit made
         // before they were granted (see `lock`).
@@ -98,9 +64,9 @@ impl PgStore {
                 .await
                 .map_err(|e| self.fail(e))?
         };
-        let mut current: Vec<Option<Record>> = vec![None; keys.keys.len()];
+        let mut current: Vec<Option<Record>> = vec![None; batch.slots()];
         for record in found {
-            if let Some(&slot) = keys.slot.get(&(&record.scope, &record.key)) {
+            if let Some(slot) = batch.slot_of_key(&record.scope, &record.key) {
                 current[slot] = Some(record);
             }
         }
@@ -161,17 +127,17 @@ impl PgStore {
             return Ok(Vec::new());
         }
         let now = self.clock().now();
-        let keys = Keys::of(ops);
+        let batch = decide_batch(ops);
         let mut tx = self.begin().await?;
         let Held {
             granted,
             mut current,
-        } = self.hold(&mut tx, &keys).await?;
-        let mut written: Vec<Option<Record>> = vec![None; keys.keys.len()];
+        } = self.hold(&mut tx, ops, &batch).await?;
+        let mut written: Vec<Option<Record>> = vec![None; batch.slots()];
         let mut results = Vec::with_capacity(ops.len());
 
         for (i, op) in ops.iter().enumerate() {
-            let slot = keys.slot_of[i];
+            let slot = batch.slot_of(i);
             let plan = match self.step(op, granted[slot], current[slot].as_ref(), now) {
                 Step::Answer(answer) => {
                     results.push(answer);
@@ -214,20 +180,20 @@ impl PgStore {
             return Ok(Vec::new());
         }
         let now = self.clock().now();
-        let keys = Keys::of(ops);
+        let batch = decide_batch(ops);
         let mut tx = self.begin().await?;
         let Held {
             granted,
             mut current,
-        } = self.hold(&mut tx, &keys).await?;
+        } = self.hold(&mut tx, ops, &batch).await?;
 
         // First occurrences are decided against the records found; a key's
         // later occurrences wait for the record this batch settles for it.
         let mut results: Vec<Option<Result<Applied, Error>>> = Vec::with_capacity(ops.len());
-        let mut plans: Vec<Option<Plan>> = vec![None; keys.keys.len()];
+        let mut plans: Vec<Option<Plan>> = vec![None; batch.slots()];
         let (mut new, mut later) = (Vec::new(), Vec::new());
         for (i, op) in ops.iter().enumerate() {
-            let slot = keys.slot_of[i];
+            let slot = batch.slot_of(i);
             if granted[slot] && plans[slot].is_some() {
                 later.push(i);
                 results.push(None);
@@ -258,7 +224,7 @@ impl PgStore {
         let settled_at = self.clock().now();
         let mut written = Vec::with_capacity(new.len());
         for (&i, outcome) in new.iter().zip(outcomes) {
-            let slot = keys.slot_of[i];
+            let slot = batch.slot_of(i);
             let plan = plans[slot].take().expect("a new operation has a plan");
             let record = plan.settled(&ops[i], outcome.clone(), settled_at);
             current[slot] = Some(record.clone());
@@ -266,7 +232,7 @@ impl PgStore {
             results[i] = Some(Ok(Applied::Fresh(outcome)));
         }
         for i in later {
-            let slot = keys.slot_of[i];
+            let slot = batch.slot_of(i);
             results[i] = Some(
                 match self.step(&ops[i], true, current[slot].as_ref(), now) {
                     Step::Answer(answer) => answer,

@@ -8,10 +8,10 @@
 //! # Modules
 //!
 //! - `store`: [`PgStore`] and [`PgStoreBuilder`]: connecting, the pool, settings, clock;
-//! - `atomic`: [`AtomicStore`](idem_core::AtomicStore) — `apply`, `apply_claim_first`,
+//! - `atomic`: [`AtomicStore`](idem_core::AtomicStore) — `apply`, `apply_replay_first`,
 //!   `complete_with`, `transaction` — the effect and the record in one transaction,
 //!   and (in `atomic::locked`) the two simple-query round trips around the effect;
-//! - `batch`: `apply_batch`, N operations, one transaction;
+//! - `batch`: `apply_batch` and `apply_set`, N operations, one transaction;
 //! - `leased`: [`LeaseStore`](idem_core::LeaseStore) (claim, renew, complete,
 //!   release) and the leased completion with a database effect;
 //! - `inspect`: [`RecordStore`](idem_core::RecordStore): migrations, listing, counting, sweeping;

@@ -4,7 +4,7 @@
 use idem_core::{AttemptStore, Error, Failures, IdempotencyKey, Scope, Timestamp};
 use rusqlite::params;
 
-use crate::errors::map_err;
+use crate::error::map_error;
 use crate::store::SqliteStore;
 
 const RECORD: &str =
@@ -33,7 +33,7 @@ impl AttemptStore for SqliteStore {
                     first_at: Timestamp(row.get(1)?),
                 })
             })
-            .map_err(|e| map_err("record a consumer's failed attempt", e))
+            .map_err(|e| map_error("record a consumer's failed attempt", e))
         })
         .await?
     }
@@ -43,7 +43,7 @@ impl AttemptStore for SqliteStore {
         self.with_connection(move |conn| {
             conn.execute(FORGET, params![scope, key])
                 .map(drop)
-                .map_err(|e| map_err("forget a consumer's failed attempts", e))
+                .map_err(|e| map_error("forget a consumer's failed attempts", e))
         })
         .await?
     }
@@ -53,7 +53,7 @@ impl AttemptStore for SqliteStore {
         self.with_connection(move |conn| {
             conn.execute(SWEEP, params![before.0, limit])
                 .map(|n| n as u64)
-                .map_err(|e| map_err("sweep consumers' failed attempts", e))
+                .map_err(|e| map_error("sweep consumers' failed attempts", e))
         })
         .await?
     }

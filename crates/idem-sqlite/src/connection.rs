@@ -16,7 +16,7 @@ use idem_core::{Error, ErrorKind, StoreError};
 use rusqlite::{Connection, OpenFlags};
 use tokio::sync::{Semaphore, oneshot};
 
-use crate::errors::map_err;
+use crate::error::map_error;
 
 /// How hard SQLite works to make a commit durable (`PRAGMA synchronous`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -108,7 +108,7 @@ fn serve(conn: &mut Connection, jobs: &mpsc::Receiver<Job>) {
 
 fn commit_group(conn: &mut Connection, group: Vec<GroupedJob>) {
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
-        let error = map_err("begin a write transaction", e);
+        let error = map_error("begin a write transaction", e);
         for job in group {
             job(None)(Some(&error));
         }
@@ -126,7 +126,7 @@ fn commit_group(conn: &mut Connection, group: Vec<GroupedJob>) {
     }
     let committed = conn
         .execute_batch("COMMIT")
-        .map_err(|e| map_err("commit", e));
+        .map_err(|e| map_error("commit", e));
     if committed.is_err() && !conn.is_autocommit() {
         let _ = conn.execute_batch("ROLLBACK");
     }
@@ -160,12 +160,12 @@ fn open(path: &Path, options: &ConnectionOptions) -> Result<Connection, Error> {
             | OpenFlags::SQLITE_OPEN_CREATE
             | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
-    .map_err(|e| map_err(&doing, e))?;
+    .map_err(|e| map_error(&doing, e))?;
     conn.busy_timeout(options.busy_timeout)
-        .map_err(|e| map_err(&doing, e))?;
+        .map_err(|e| map_error(&doing, e))?;
     let mode: String = conn
         .query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))
-        .map_err(|e| map_err(&doing, e))?;
+        .map_err(|e| map_error(&doing, e))?;
     if !mode.eq_ignore_ascii_case("wal") {
         return Err(StoreError::new(
             ErrorKind::Config,
@@ -177,7 +177,7 @@ fn open(path: &Path, options: &ConnectionOptions) -> Result<Connection, Error> {
         .into());
     }
     conn.pragma_update(None, "synchronous", options.synchronous.pragma())
-        .map_err(|e| map_err(&doing, e))?;
+        .map_err(|e| map_error(&doing, e))?;
     conn.set_prepared_statement_cache_capacity(64);
     Ok(conn)
 }
@@ -335,7 +335,7 @@ fn in_savepoint<R, X: From<Error>>(
     job: impl FnOnce(&mut Connection) -> Result<R, X>,
 ) -> Result<R, X> {
     conn.execute_batch("SAVEPOINT idem_job")
-        .map_err(|e| map_err("open a savepoint", e))?;
+        .map_err(|e| map_error("open a savepoint", e))?;
     let outcome = catch_unwind(AssertUnwindSafe(|| job(conn)));
     if conn.is_autocommit() {
         return Err(Error::from(StoreError::new(
@@ -352,7 +352,7 @@ fn in_savepoint<R, X: From<Error>>(
         "ROLLBACK TO idem_job; RELEASE idem_job"
     };
     conn.execute_batch(close)
-        .map_err(|e| map_err("close a savepoint", e))?;
+        .map_err(|e| map_error("close a savepoint", e))?;
     match outcome {
         Ok(result) => result,
         Err(_) => Err(Error::from(StoreError::new(
@@ -397,7 +397,7 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(5));
                 let one: i64 = conn
                     .query_row("SELECT 1", [], |r| r.get(0))
-                    .map_err(|e| map_err("read", e))?;
+                    .map_err(|e| map_error("read", e))?;
                 running.fetch_sub(1, Ordering::SeqCst);
                 Ok(one)
             })

@@ -12,7 +12,7 @@ use idem_core::{
 };
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
-use crate::errors::{corrupt, map_err};
+use crate::error::{corrupt, map_error};
 use crate::headers;
 use crate::store::SqliteStore;
 
@@ -111,7 +111,7 @@ pub(crate) fn insert(
                 |row| row.get(0),
             )
         })
-        .map_err(|e| map_err("record a dead letter", e))
+        .map_err(|e| map_error("record a dead letter", e))
 }
 
 fn limit(limit: usize) -> i64 {
@@ -134,11 +134,11 @@ impl DeadLetterStore for SqliteStore {
         self.with_connection(move |conn| {
             let mut statement = conn
                 .prepare_cached(LIST)
-                .map_err(|e| map_err("list dead letters", e))?;
+                .map_err(|e| map_error("list dead letters", e))?;
             let rows = statement
                 .query_map(params![limit(limit_to), include_redriven], Raw::read)
-                .map_err(|e| map_err("list dead letters", e))?;
-            rows.map(|row| row.map_err(|e| map_err("read a dead letter", e))?.check())
+                .map_err(|e| map_error("list dead letters", e))?;
+            rows.map(|row| row.map_err(|e| map_error("read a dead letter", e))?.check())
                 .collect()
         })
         .await?
@@ -148,7 +148,7 @@ impl DeadLetterStore for SqliteStore {
         self.with_connection(move |conn| {
             conn.prepare_cached(GET)
                 .and_then(|mut statement| statement.query_row([id], Raw::read).optional())
-                .map_err(|e| map_err("read a dead letter", e))?
+                .map_err(|e| map_error("read a dead letter", e))?
                 .map(Raw::check)
                 .transpose()
         })
@@ -160,7 +160,7 @@ impl DeadLetterStore for SqliteStore {
         let changed = self
             .with_connection(move |conn| {
                 conn.execute(MARK_REDRIVEN, params![id, now.0])
-                    .map_err(|e| map_err("mark a dead letter redriven", e))
+                    .map_err(|e| map_error("mark a dead letter redriven", e))
             })
             .await??;
         if changed == 0 {
@@ -182,7 +182,7 @@ impl DeadLetterStore for SqliteStore {
                     oldest_waiting: row.get::<_, Option<i64>>(2)?.map(Timestamp),
                 })
             })
-            .map_err(|e| map_err("count dead letters", e))
+            .map_err(|e| map_error("count dead letters", e))
         })
         .await?
     }
@@ -192,7 +192,7 @@ impl DeadLetterStore for SqliteStore {
         self.with_connection(move |conn| {
             conn.execute(SWEEP, params![before, limit(limit_to)])
                 .map(|n| n as u64)
-                .map_err(|e| map_err("sweep dead letters", e))
+                .map_err(|e| map_error("sweep dead letters", e))
         })
         .await?
     }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use idem_core::Error;
 
-use crate::errors::corrupt;
+use crate::error::corrupt;
 
 /// Headers as JSON text.
 pub(crate) fn to_json(headers: &BTreeMap<String, String>) -> String {

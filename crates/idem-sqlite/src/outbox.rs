@@ -17,7 +17,7 @@ use idem_core::{
 };
 use rusqlite::{Connection, Row, params};
 
-use crate::errors::{corrupt, map_err};
+use crate::error::{corrupt, map_error};
 use crate::store::SqliteStore;
 use crate::write_tx::WriteTx;
 use crate::{dead_letters, headers};
@@ -74,7 +74,7 @@ pub(crate) fn insert(
                 now.0,
             ])
         })
-        .map_err(|e| map_err("enqueue an outbox message", e))?;
+        .map_err(|e| map_error("enqueue an outbox message", e))?;
     Ok(conn.last_insert_rowid())
 }
 
@@ -156,15 +156,15 @@ impl OutboxStore for SqliteStore {
                 let rows = {
                     let mut statement = tx
                         .prepare_cached(CLAIM)
-                        .map_err(|e| map_err("claim outbox rows", e))?;
+                        .map_err(|e| map_error("claim outbox rows", e))?;
                     statement
                         .query_map(
                             params![owner, until, now.0, limit(limit_to), with_default],
                             read,
                         )
-                        .map_err(|e| map_err("claim outbox rows", e))?
+                        .map_err(|e| map_error("claim outbox rows", e))?
                         .collect::<Result<Vec<_>, _>>()
-                        .map_err(|e| map_err("read claimed outbox rows", e))?
+                        .map_err(|e| map_error("read claimed outbox rows", e))?
                 };
                 tx.commit()?;
                 Ok::<_, Error>(rows)
@@ -183,11 +183,11 @@ impl OutboxStore for SqliteStore {
             {
                 let mut statement = tx
                     .prepare_cached(MARK_SENT)
-                    .map_err(|e| map_err("mark outbox rows sent", e))?;
+                    .map_err(|e| map_error("mark outbox rows sent", e))?;
                 for id in ids {
                     changed += statement
                         .execute(params![id, now.0])
-                        .map_err(|e| map_err("mark outbox rows sent", e))?
+                        .map_err(|e| map_error("mark outbox rows sent", e))?
                         as u64;
                 }
             }
@@ -212,7 +212,7 @@ impl OutboxStore for SqliteStore {
                 params![id, owner, i64::from(attempts), due.0, error],
             )
             .map(|n| n == 1)
-            .map_err(|e| map_err("reschedule an outbox row", e))
+            .map_err(|e| map_error("reschedule an outbox row", e))
         })
         .await?
     }
@@ -229,7 +229,7 @@ impl OutboxStore for SqliteStore {
             let tx = WriteTx::begin(conn)?;
             let deleted = tx
                 .execute(DELETE_HELD, params![id, owner])
-                .map_err(|e| map_err("remove a dead outbox row", e))?;
+                .map_err(|e| map_error("remove a dead outbox row", e))?;
             if deleted == 0 {
                 return Ok(None);
             }
@@ -244,7 +244,7 @@ impl OutboxStore for SqliteStore {
         self.with_connection(move |conn| {
             conn.execute(SWEEP_SENT, params![before.0, limit(limit_to)])
                 .map(|n| n as u64)
-                .map_err(|e| map_err("sweep sent outbox rows", e))
+                .map_err(|e| map_error("sweep sent outbox rows", e))
         })
         .await?
     }
@@ -258,7 +258,7 @@ impl OutboxStore for SqliteStore {
                     oldest_pending: row.get::<_, Option<i64>>(2)?.map(Timestamp),
                 })
             })
-            .map_err(|e| map_err("count outbox rows", e))
+            .map_err(|e| map_error("count outbox rows", e))
         })
         .await?
     }

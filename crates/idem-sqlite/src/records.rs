@@ -7,7 +7,7 @@ use idem_core::{
 };
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
-use crate::errors::{corrupt, map_err};
+use crate::error::{corrupt, map_error};
 
 const COLUMNS: &str = "scope, key, fingerprint, state, token, lease_until, outcome_kind, \
                        outcome_body, outcome_meta, created_at, updated_at, expires_at";
@@ -84,10 +84,10 @@ pub fn select(conn: &Connection, scope: &str, key: &str) -> Result<Option<Record
         .prepare_cached(&format!(
             "SELECT {COLUMNS} FROM idem_records WHERE scope = ?1 AND key = ?2"
         ))
-        .map_err(|e| map_err("prepare the record lookup", e))?;
+        .map_err(|e| map_error("prepare the record lookup", e))?;
     stmt.query_row(params![scope, key], raw)
         .optional()
-        .map_err(|e| map_err("read a record", e))?
+        .map_err(|e| map_error("read a record", e))?
         .map(RawRow::into_record)
         .transpose()
 }
@@ -100,12 +100,12 @@ pub fn select_many(conn: &Connection, pairs: &[(&str, &str)]) -> Result<Vec<Reco
             "SELECT {COLUMNS} FROM idem_records WHERE (scope, key) IN \
              (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(?1))"
         ))
-        .map_err(|e| map_err("prepare the batch lookup", e))?;
+        .map_err(|e| map_error("prepare the batch lookup", e))?;
     let rows = stmt
         .query_map(params![wanted], raw)
-        .map_err(|e| map_err("read records", e))?;
+        .map_err(|e| map_error("read records", e))?;
     rows.map(|row| {
-        row.map_err(|e| map_err("read records", e))
+        row.map_err(|e| map_error("read records", e))
             .and_then(RawRow::into_record)
     })
     .collect()
@@ -124,7 +124,7 @@ pub fn write(conn: &Connection, record: &Record) -> Result<(), Error> {
              outcome_meta = excluded.outcome_meta, created_at = excluded.created_at, \
              updated_at = excluded.updated_at, expires_at = excluded.expires_at"
         ))
-        .map_err(|e| map_err("prepare the record write", e))?;
+        .map_err(|e| map_error("prepare the record write", e))?;
     let outcome = record.outcome.as_ref();
     stmt.execute(params![
         record.scope.as_str(),
@@ -140,7 +140,7 @@ pub fn write(conn: &Connection, record: &Record) -> Result<(), Error> {
         record.updated_at.0,
         record.expires_at.0,
     ])
-    .map_err(|e| map_err("write a record", e))?;
+    .map_err(|e| map_error("write a record", e))?;
     Ok(())
 }
 
@@ -173,7 +173,7 @@ pub fn update_held(
                      outcome_meta = ?4, lease_until = NULL, updated_at = ?5 \
                      WHERE scope = ?6 AND key = ?7 AND token = ?8 AND state = 'in_flight'",
                 )
-                .map_err(|e| map_err("prepare the completion", e))?;
+                .map_err(|e| map_error("prepare the completion", e))?;
             stmt.execute(params![
                 RecordState::settled_by(outcome.kind).as_str(),
                 outcome.kind.as_str(),
@@ -184,7 +184,7 @@ pub fn update_held(
                 key,
                 token.get(),
             ])
-            .map_err(|e| map_err("complete a record", e))?
+            .map_err(|e| map_error("complete a record", e))?
         }
         HeldChange::Lease(until) => {
             let mut stmt = conn
@@ -192,9 +192,9 @@ pub fn update_held(
                     "UPDATE idem_records SET lease_until = ?1, updated_at = ?2 \
                      WHERE scope = ?3 AND key = ?4 AND token = ?5 AND state = 'in_flight'",
                 )
-                .map_err(|e| map_err("prepare the lease update", e))?;
+                .map_err(|e| map_error("prepare the lease update", e))?;
             stmt.execute(params![until.map(|t| t.0), now.0, scope, key, token.get()])
-                .map_err(|e| map_err("update a lease", e))?
+                .map_err(|e| map_error("update a lease", e))?
         }
     };
     Ok(changed == 1)
@@ -208,7 +208,7 @@ pub fn list(conn: &Connection, filter: &RecordFilter) -> Result<Vec<Record>, Err
              WHERE (?1 IS NULL OR scope = ?1) AND (?2 IS NULL OR state = ?2) \
              ORDER BY created_at DESC, scope, key LIMIT ?3"
         ))
-        .map_err(|e| map_err("prepare the listing", e))?;
+        .map_err(|e| map_error("prepare the listing", e))?;
     let limit = filter
         .limit
         .map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX));
@@ -221,9 +221,9 @@ pub fn list(conn: &Connection, filter: &RecordFilter) -> Result<Vec<Record>, Err
             ],
             raw,
         )
-        .map_err(|e| map_err("list records", e))?;
+        .map_err(|e| map_error("list records", e))?;
     rows.map(|row| {
-        row.map_err(|e| map_err("list records", e))
+        row.map_err(|e| map_error("list records", e))
             .and_then(RawRow::into_record)
     })
     .collect()
@@ -238,7 +238,7 @@ pub fn count(conn: &Connection, now: Timestamp) -> Result<(u64, u64), Error> {
             })
         })
         .map(|(total, expired)| (total.unsigned_abs(), expired.unsigned_abs()))
-        .map_err(|e| map_err("count records", e))
+        .map_err(|e| map_error("count records", e))
 }
 
 /// The gauges' figures: an exact count (SQLite keeps no estimate; the
@@ -258,7 +258,7 @@ pub fn glance(conn: &Connection, now: Timestamp) -> Result<RecordGlance, Error> 
         records: records.unsigned_abs(),
         oldest_age: oldest.map(|created| Timestamp(created).until(now)),
     })
-    .map_err(|e| map_err("glance at the records", e))
+    .map_err(|e| map_error("glance at the records", e))
 }
 
 /// Deletes at most `limit` records past retention, oldest first.
@@ -268,9 +268,9 @@ pub fn sweep_batch(conn: &Connection, now: Timestamp, limit: usize) -> Result<u6
             "DELETE FROM idem_records WHERE (scope, key) IN \
              (SELECT scope, key FROM idem_records WHERE expires_at <= ?1 ORDER BY expires_at LIMIT ?2)",
         )
-        .map_err(|e| map_err("prepare the sweep", e))?;
+        .map_err(|e| map_error("prepare the sweep", e))?;
     let deleted = stmt
         .execute(params![now.0, i64::try_from(limit).unwrap_or(i64::MAX)])
-        .map_err(|e| map_err("sweep expired records", e))?;
+        .map_err(|e| map_error("sweep expired records", e))?;
     Ok(deleted as u64)
 }

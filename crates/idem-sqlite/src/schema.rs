@@ -9,7 +9,7 @@
 
 use rusqlite::{Connection, TransactionBehavior};
 
-use crate::errors::map_err;
+use crate::error::map_error;
 use idem_core::Error;
 
 /// Migrations in order; migration `i` brings the schema to version `i + 1`.
@@ -110,10 +110,10 @@ pub fn migrate(conn: &mut Connection) -> Result<(), Error> {
     loop {
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(|e| map_err("start a migration", e))?;
+            .map_err(|e| map_error("start a migration", e))?;
         let version: i64 = tx
             .pragma_query_value(None, "user_version", |row| row.get(0))
-            .map_err(|e| map_err("read the schema version", e))?;
+            .map_err(|e| map_error("read the schema version", e))?;
         if version > SCHEMA_VERSION {
             return Err(idem_core::StoreError::new(
                 idem_core::ErrorKind::Corrupt,
@@ -128,9 +128,10 @@ pub fn migrate(conn: &mut Connection) -> Result<(), Error> {
         }
         let step = MIGRATIONS[usize::try_from(version).expect("schema version is not negative")];
         tx.execute_batch(step)
-            .map_err(|e| map_err("apply a migration", e))?;
+            .map_err(|e| map_error("apply a migration", e))?;
         tx.pragma_update(None, "user_version", version + 1)
-            .map_err(|e| map_err("record the schema version", e))?;
-        tx.commit().map_err(|e| map_err("commit a migration", e))?;
+            .map_err(|e| map_error("record the schema version", e))?;
+        tx.commit()
+            .map_err(|e| map_error("commit a migration", e))?;
     }
 }

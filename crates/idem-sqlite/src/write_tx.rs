@@ -12,7 +12,7 @@ use std::ops::{Deref, DerefMut};
 use idem_core::{Error, ErrorKind, StoreError};
 use rusqlite::Connection;
 
-use crate::errors::map_err;
+use crate::error::map_error;
 
 /// An open `BEGIN IMMEDIATE` transaction on `conn`; rolled back on drop
 /// unless committed.
@@ -26,7 +26,7 @@ impl<'c> WriteTx<'c> {
     /// reads that follow cannot be overtaken by another writer.
     pub(crate) fn begin(conn: &'c mut Connection) -> Result<Self, Error> {
         conn.execute_batch("BEGIN IMMEDIATE")
-            .map_err(|e| map_err("begin a write transaction", e))?;
+            .map_err(|e| map_error("begin a write transaction", e))?;
         Ok(Self { conn, open: true })
     }
 
@@ -43,7 +43,7 @@ impl<'c> WriteTx<'c> {
         }
         self.conn
             .execute_batch("COMMIT")
-            .map_err(|e| map_err("commit", e))
+            .map_err(|e| map_error("commit", e))
     }
 }
 

@@ -87,7 +87,7 @@ impl Harness for Sqlite {
     }
 
     async fn guarded_set_in(
-        _store: &SqliteStore,
+        store: &SqliteStore,
         tx: &mut Connection,
         guard: &Guard,
         register: &str,
@@ -99,7 +99,7 @@ impl Harness for Sqlite {
             params![register],
         )
         .unwrap();
-        idem_sqlite::advance(tx, guard, &register, carried)?;
+        store.advance(tx, guard, &register, carried)?;
         tx.execute(
             "UPDATE registers SET value = ?1 WHERE name = ?2",
             params![value, register],

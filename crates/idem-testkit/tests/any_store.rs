@@ -146,13 +146,13 @@ impl<const POSTGRES: bool> Harness for Any<POSTGRES> {
         carried: i64,
     ) -> Result<(), Error> {
         match (store, tx.connection()) {
-            (_, AnyConnection::Sqlite(conn)) => {
+            (AnyStore::Sqlite(sqlite), AnyConnection::Sqlite(conn)) => {
                 conn.execute(
                     "INSERT INTO registers (name) VALUES (?1) ON CONFLICT (name) DO NOTHING",
                     params![register],
                 )
                 .unwrap();
-                idem::sqlite::advance(conn, guard, &register, carried)?;
+                sqlite.advance(conn, guard, &register, carried)?;
                 conn.execute(
                     "UPDATE registers SET value = ?1 WHERE name = ?2",
                     params![value, register],

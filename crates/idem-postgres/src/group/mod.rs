@@ -34,12 +34,13 @@ use std::sync::{Arc, Weak};
 
 use idem_core::{
     Claim, Claimed, Error, ErrorKind, Operation, Outcome, Record, StoreError, Timestamp,
+    decide_batch,
 };
 use tokio::sync::{mpsc, oneshot};
 
 use self::queues::{ClaimJob, Queues, SettleJob};
 
-use crate::batch::{Held, Keys};
+use crate::batch::Held;
 use crate::decision::Next;
 use crate::lock;
 use crate::records::{self, Fence};
@@ -175,16 +176,16 @@ impl PgStore {
     /// up already; a key settled since is replayed from the locked read.)
     async fn claim_all(&self, ops: &[Operation]) -> Result<Vec<Result<Claimed, Error>>, Error> {
         let now = self.clock().now();
-        let keys = Keys::of(ops);
+        let batch = decide_batch(ops);
         let mut tx = self.begin().await?;
         let Held {
             granted: held,
             mut current,
-        } = self.hold(&mut tx, &keys).await?;
+        } = self.hold(&mut tx, ops, &batch).await?;
         let mut answers: Vec<Result<Claimed, Error>> = Vec::with_capacity(ops.len());
-        let mut written: Vec<Option<Record>> = vec![None; keys.keys.len()];
+        let mut written: Vec<Option<Record>> = vec![None; batch.slots()];
         for (i, op) in ops.iter().enumerate() {
-            let slot = keys.slot_of[i];
+            let slot = batch.slot_of(i);
             let decided = self.decide_read(
                 held[slot],
                 current[slot].as_ref(),

@@ -4,7 +4,7 @@ use idem_core::{Error, ErrorKind, StoreError};
 use rusqlite::ErrorCode;
 
 /// Maps a rusqlite error met while trying to `doing` something.
-pub fn map_err(doing: &str, error: rusqlite::Error) -> Error {
+pub fn map_error(doing: &str, error: rusqlite::Error) -> Error {
     let kind = kind_of(&error);
     let hint = match kind {
         ErrorKind::Busy => {

@@ -1,0 +1,121 @@
+//! Reading a record and deciding what to do with it: the step every claim path
+//! (`apply`, `apply_batch`, `claim`) shares.
+//!
+//! Two ways in. [`SqliteStore::admit`] is the fast path: a read on a reader
+//! connection answers most duplicates (a replay, a reused key, a live claim)
+//! without touching the writer, and the in-process hold answers a concurrent
+//! duplicate `InFlight` at once. Anything that would *write* goes to the
+//! writer, where `decide_in` reads the record again inside the transaction and
+//! decides on what that read found.
+
+use idem_core::{
+    Decision, Error, Operation, Outcome, Plan, Record, Scope, Settings, Timestamp, decide, observe,
+};
+use rusqlite::Connection;
+
+use crate::holds::Hold;
+use crate::records;
+use crate::store::SqliteStore;
+
+/// What the writer decided for one key.
+pub(crate) enum Step {
+    Answer(Result<Outcome, Error>),
+    Run(Decision),
+}
+
+/// On the writer, inside its transaction: reads the record and decides. `Err`
+/// carries the stored outcome to replay; refusals are errors.
+pub(crate) fn decide_in(
+    conn: &Connection,
+    protocol: &Protocol<'_>,
+    op: &Operation,
+) -> Result<Result<(Option<Record>, Decision), Outcome>, Error> {
+    let found = records::select(conn, op.scope.as_str(), op.key.as_str())?;
+    match protocol.step(found.as_ref(), op) {
+        Step::Answer(answer) => answer.map(Err),
+        Step::Run(decision) => Ok(Ok((found, decision))),
+    }
+}
+
+/// Reports a protocol answer through metrics and logs, and passes it on.
+fn observed(scope: &Scope, answer: Result<Decision, Error>) -> Step {
+    match answer {
+        Ok(Decision::Replay(outcome)) => {
+            observe::replayed(scope);
+            Step::Answer(Ok(outcome))
+        }
+        Ok(decision) => Step::Run(decision),
+        Err(refusal) => {
+            observe::refused(&refusal);
+            Step::Answer(Err(refusal))
+        }
+    }
+}
+
+/// The protocol at one moment: the store's settings and the clock's time.
+pub(crate) struct Protocol<'a> {
+    pub(crate) settings: &'a Settings,
+    pub(crate) now: Timestamp,
+}
+
+impl Protocol<'_> {
+    pub(crate) fn step(&self, found: Option<&Record>, op: &Operation) -> Step {
+        observed(
+            &op.scope,
+            decide(
+                found,
+                &op.scope,
+                &op.key,
+                &op.fingerprint,
+                self.now,
+                self.settings,
+            ),
+        )
+    }
+
+    /// What carrying out `decision` on `found` writes; a takeover is reported.
+    pub(crate) fn plan(&self, found: Option<&Record>, decision: &Decision, scope: &Scope) -> Plan {
+        let plan = Plan::of(decision, found, self.now, self.settings)
+            .expect("only claims and takeovers are carried out");
+        if plan.took_over {
+            observe::took_over(scope, plan.token);
+        }
+        plan
+    }
+}
+
+impl SqliteStore {
+    pub(crate) fn protocol(&self) -> Protocol<'_> {
+        Protocol {
+            settings: self.settings(),
+            now: self.clock().now(),
+        }
+    }
+
+    /// Answers from a reader connection when the record settles the matter
+    /// (replay, key reuse, a live lease); `None` when the writer must decide.
+    async fn answer_early(&self, op: &Operation) -> Result<Option<Outcome>, Error> {
+        let (scope, key) = (op.scope.to_string(), op.key.to_string());
+        let Some(found) = self
+            .connections()
+            .read(move |conn| records::select(conn, &scope, &key))
+            .await?
+        else {
+            return Ok(None);
+        };
+        match self.protocol().step(Some(&found), op) {
+            Step::Answer(answer) => answer.map(Some),
+            Step::Run(_) => Ok(None),
+        }
+    }
+
+    /// Lets a caller on to the writer: the stored outcome when a reader already
+    /// settles the matter, otherwise the in-process hold on the key (or
+    /// `InFlight` when another caller has it).
+    pub(crate) async fn admit(&self, op: &Operation) -> Result<Result<Hold, Outcome>, Error> {
+        if let Some(outcome) = self.answer_early(op).await? {
+            return Ok(Err(outcome));
+        }
+        self.hold(op).map(Ok)
+    }
+}

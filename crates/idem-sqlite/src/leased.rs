@@ -1,0 +1,162 @@
+//! Leased mode: claim a key with a lease, run the effect outside (or inside) the
+//! database, then settle the record fenced by the claim's token.
+//!
+//! `claim` follows the path of the atomic apply (a reader's answer, the
+//! in-process hold, then the writer's read and decision) and writes an
+//! in-flight record with the new token and a lease. `complete`, `renew` and
+//! `release` change the record on the writer only while it is in flight
+//! with the claim's token; otherwise the claim was taken over and the answer
+//! is `Fenced` with the current token.
+//!
+//! `complete_with` ([`AtomicStore`](idem_core::AtomicStore)) is the leased
+//! completion for an effect that *is* a write in this database: the effect and
+//! the fenced completion commit together, so a zombie worker whose claim was
+//! taken over cannot commit its effect either.
+
+use idem_core::{
+    ApplyError, AtomicEffect, Claim, Claimed, Error, Fingerprint, IdempotencyKey, LeaseStore,
+    Operation, Outcome, RecordState, Scope, Settings, Timestamp,
+};
+use rusqlite::Connection;
+
+use crate::decision::decide_in;
+use crate::records::{self, HeldChange};
+use crate::store::{SqliteStore, fenced, run_effect};
+use crate::write_tx::WriteTx;
+
+impl LeaseStore for SqliteStore {
+    async fn claim(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: Fingerprint,
+    ) -> Result<Claimed, Error> {
+        let op = Operation::new(scope.clone(), key.clone(), fingerprint);
+        let _hold = match self.admit(&op).await? {
+            Ok(hold) => hold,
+            Err(outcome) => return Ok(Claimed::Replayed(outcome)),
+        };
+        let store = self.clone();
+        self.connections()
+            .write_grouped(move |conn| {
+                let protocol = store.protocol();
+                let (found, decision) = match decide_in(conn, &protocol, &op)? {
+                    Ok(claim) => claim,
+                    Err(outcome) => return Ok(Claimed::Replayed(outcome)),
+                };
+                let plan = protocol.plan(found.as_ref(), &decision, &op.scope);
+                let record = plan.in_flight(&op, protocol.now, protocol.settings);
+                records::write(conn, &record)?;
+                Ok(Claimed::Fresh(Claim {
+                    scope: op.scope,
+                    key: op.key,
+                    token: record.token,
+                    lease_until: record.lease_until.expect("claims carry a lease"),
+                    took_over: plan.took_over,
+                }))
+            })
+            .await
+    }
+
+    async fn renew(&self, claim: &Claim) -> Result<Claim, Error> {
+        let lease = self.settings().lease;
+        let now = self
+            .change_held(claim, move |now, _| {
+                HeldChange::Lease(Some(now.plus(lease)))
+            })
+            .await?;
+        Ok(Claim {
+            lease_until: now.plus(lease),
+            ..claim.clone()
+        })
+    }
+
+    async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
+        let (claim, outcome, store) = (claim.clone(), outcome.clone(), self.clone());
+        self.connections()
+            .write_grouped(move |conn| {
+                let now = store.clock().now();
+                change_held_in(conn, &claim, HeldChange::Settle(&outcome), now)
+            })
+            .await
+    }
+
+    async fn release(&self, claim: &Claim) -> Result<(), Error> {
+        self.change_held(claim, |_, _| HeldChange::Lease(None))
+            .await
+            .map(drop)
+    }
+}
+
+impl SqliteStore {
+    /// Changes a held claim on the writer; `Fenced` when the token is no longer
+    /// current.
+    async fn change_held(
+        &self,
+        claim: &Claim,
+        change: impl FnOnce(Timestamp, &Settings) -> HeldChange<'static> + Send + 'static,
+    ) -> Result<Timestamp, Error> {
+        let claim = claim.clone();
+        let store = self.clone();
+        self.connections()
+            .write_grouped(move |conn| {
+                let now = store.clock().now();
+                change_held_in(conn, &claim, change(now, store.settings()), now)?;
+                Ok(now)
+            })
+            .await
+    }
+
+    /// Completes a leased claim whose effect is a write in this database: runs
+    /// `effect` in a transaction and settles the record in the same one, only if
+    /// `claim` still holds the key (see `AtomicStore::complete_with`).
+    pub(crate) async fn complete_in_transaction<F, E>(
+        &self,
+        claim: &Claim,
+        effect: F,
+    ) -> Result<Outcome, ApplyError<E>>
+    where
+        F: AtomicEffect<Connection, Outcome, E>,
+        E: Send + 'static,
+    {
+        let claim = claim.clone();
+        let store = self.clone();
+        self.connections()
+            .write(move |conn| {
+                let now = store.clock().now();
+                let mut tx = WriteTx::begin(conn)?;
+                let found = records::select(&tx, claim.scope.as_str(), claim.key.as_str())?;
+                match &found {
+                    Some(r) if r.token == claim.token && r.state == RecordState::InFlight => {}
+                    other => return Err(fenced(&claim, other.as_ref().map(|r| r.token)).into()),
+                }
+                let outcome = run_effect(effect, &mut tx).map_err(ApplyError::Effect)?;
+                records::update_held(
+                    &tx,
+                    claim.scope.as_str(),
+                    claim.key.as_str(),
+                    claim.token,
+                    HeldChange::Settle(&outcome),
+                    now,
+                )?;
+                tx.commit()?;
+                Ok(outcome)
+            })
+            .await?
+    }
+}
+
+/// Applies `change` to a held claim, or answers `Fenced` with the current token.
+fn change_held_in(
+    conn: &Connection,
+    claim: &Claim,
+    change: HeldChange<'_>,
+    now: Timestamp,
+) -> Result<(), Error> {
+    let (scope, key) = (claim.scope.as_str(), claim.key.as_str());
+    if records::update_held(conn, scope, key, claim.token, change, now)? {
+        return Ok(());
+    }
+    let current = records::select(conn, scope, key)?.map(|r| r.token);
+    Err(fenced(claim, current))
+}
