@@ -116,3 +116,13 @@ pub trait DeadLetterStore: Send + Sync {
         limit: usize,
     ) -> impl Future<Output = Result<u64, Error>> + Send;
 }
+
+/// The answer of [`DeadLetterStore::mark_redriven`] for an id no dead letter
+/// has.
+pub fn no_such_dead_letter(id: i64) -> Error {
+    crate::StoreError::new(
+        crate::ErrorKind::Other,
+        format!("no dead letter with id {id}; `idem dlq ls` lists them"),
+    )
+    .into()
+}

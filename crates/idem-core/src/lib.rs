@@ -57,7 +57,9 @@ pub use atomic::{
 pub use attempts::{AttemptStore, Failures};
 pub use batch::{BatchPlan, decide_batch};
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock, Timestamp};
-pub use dead_letter::{DeadLetter, DeadLetterStats, DeadLetterStore, NewDeadLetter};
+pub use dead_letter::{
+    DeadLetter, DeadLetterStats, DeadLetterStore, NewDeadLetter, no_such_dead_letter,
+};
 pub use error::{ApplyError, Error, ErrorKind, StoreError};
 pub use error_chain::error_chain;
 pub use fence::{FenceStore, Guard, IdentifierError, Lease, Ordering as GuardOrdering, Resource};

@@ -8,8 +8,8 @@
 use std::time::Duration;
 
 use idem_core::{
-    DeadLetter, DeadLetterStats, DeadLetterStore, Error, ErrorKind, IdempotencyKey, NewDeadLetter,
-    StoreError, Timestamp,
+    DeadLetter, DeadLetterStats, DeadLetterStore, Error, IdempotencyKey, NewDeadLetter, Timestamp,
+    no_such_dead_letter,
 };
 use sqlx::Row;
 use sqlx::postgres::{PgConnection, PgRow};
@@ -123,11 +123,7 @@ impl DeadLetterStore for PgStore {
             .map_err(|e| self.fail(e))?
             .rows_affected();
         if changed == 0 {
-            return Err(StoreError::new(
-                ErrorKind::Other,
-                format!("no dead letter with id {id}; `idem dlq ls` lists them"),
-            )
-            .into());
+            return Err(no_such_dead_letter(id));
         }
         Ok(())
     }

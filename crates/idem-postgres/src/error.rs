@@ -263,6 +263,8 @@ fn classify(error: &sqlx::Error, at: &Endpoint) -> (ErrorKind, String) {
 mod tests {
     use std::str::FromStr;
 
+    use idem_testkit::errors::Wrapped;
+
     use super::*;
 
     fn endpoint() -> Endpoint {
@@ -300,22 +302,6 @@ mod tests {
         assert!(error.to_string().contains("unknown"), "{error}");
         let error = commit_error(BadRow::into_sqlx("odd"), &endpoint());
         assert_eq!(error.kind(), ErrorKind::Corrupt);
-    }
-
-    /// An application's error that carries the driver's as its source.
-    #[derive(Debug)]
-    struct Wrapped<E>(E);
-
-    impl<E: std::error::Error + 'static> std::fmt::Display for Wrapped<E> {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("the handler failed")
-        }
-    }
-
-    impl<E: std::error::Error + 'static> std::error::Error for Wrapped<E> {
-        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-            Some(&self.0)
-        }
     }
 
     #[test]

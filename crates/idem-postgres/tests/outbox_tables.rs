@@ -6,10 +6,7 @@
 mod common;
 
 use common::TestDb;
-use idem_core::{
-    AtomicOutbox, AttemptStore, DeadLetterStore, ErrorKind, IdempotencyKey, OutboxMessage,
-    OutboxStore, RecordStore, Scope, Timestamp,
-};
+use idem_core::{AtomicOutbox, ErrorKind, IdempotencyKey, OutboxMessage, RecordStore};
 use idem_postgres::PgStore;
 use sqlx::{Connection, PgConnection};
 
@@ -60,35 +57,7 @@ async fn a_database_an_earlier_broker_made_upgrades_with_its_rows() {
             .unwrap();
     assert_eq!(triggers, 1);
 
-    let now = Timestamp(2_000);
-    let claimed = store
-        .claim_outbox("relay-a", now, std::time::Duration::from_secs(30), 10, true)
-        .await
-        .unwrap();
-    assert_eq!(claimed.len(), 1);
-    let row = &claimed[0];
-    assert_eq!(row.message.key.as_str(), "order-1/created");
-    assert_eq!(row.message.payload, b"{}");
-    assert_eq!(
-        row.message.headers.get("tenant").map(String::as_str),
-        Some("7")
-    );
-    assert_eq!((row.attempts, row.created_at), (1, Timestamp(1000)));
-
-    let letters = store.list_dead_letters(10, false).await.unwrap();
-    assert_eq!(letters.len(), 1);
-    assert_eq!(letters[0].key.as_str(), "order-0/created");
-    assert_eq!(letters[0].destination, "http://127.0.0.1:9/hook");
-
-    let failures = store
-        .record_failure(
-            &Scope::new("ledger").unwrap(),
-            &IdempotencyKey::new("poison-1").unwrap(),
-            "boom again",
-        )
-        .await
-        .unwrap();
-    assert_eq!((failures.count, failures.first_at), (3, Timestamp(500)));
+    idem_testkit::migrations::earlier_rows_read_back(&store).await;
     conn.close().await.ok();
 }
 

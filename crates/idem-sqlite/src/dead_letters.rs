@@ -7,8 +7,8 @@
 use std::time::Duration;
 
 use idem_core::{
-    DeadLetter, DeadLetterStats, DeadLetterStore, Error, ErrorKind, IdempotencyKey, NewDeadLetter,
-    StoreError, Timestamp,
+    DeadLetter, DeadLetterStats, DeadLetterStore, Error, IdempotencyKey, NewDeadLetter, Timestamp,
+    no_such_dead_letter,
 };
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
@@ -164,11 +164,7 @@ impl DeadLetterStore for SqliteStore {
             })
             .await??;
         if changed == 0 {
-            return Err(StoreError::new(
-                ErrorKind::Other,
-                format!("no dead letter with id {id}; `idem dlq ls` lists them"),
-            )
-            .into());
+            return Err(no_such_dead_letter(id));
         }
         Ok(())
     }

@@ -59,23 +59,9 @@ pub fn corrupt(message: String) -> Error {
 
 #[cfg(test)]
 mod tests {
+    use idem_testkit::errors::Wrapped;
+
     use super::*;
-
-    /// An application's error that carries the driver's as its source.
-    #[derive(Debug)]
-    struct Wrapped<E>(E);
-
-    impl<E: std::error::Error + 'static> std::fmt::Display for Wrapped<E> {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("the handler failed")
-        }
-    }
-
-    impl<E: std::error::Error + 'static> std::error::Error for Wrapped<E> {
-        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-            Some(&self.0)
-        }
-    }
 
     #[test]
     fn an_effects_error_is_classified_through_its_causes() {

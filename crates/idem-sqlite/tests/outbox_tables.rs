@@ -3,9 +3,6 @@
 //! already given those tables (with its own migrations and its own ledger of
 //! them) upgrades in place: its rows are kept and served.
 
-use std::time::Duration;
-
-use idem_core::{AttemptStore, DeadLetterStore, IdempotencyKey, OutboxStore, Scope, Timestamp};
 use idem_sqlite::{SCHEMA_VERSION, SqliteStore};
 
 #[tokio::test]
@@ -53,38 +50,5 @@ async fn a_file_an_earlier_broker_made_upgrades_with_its_rows() {
     assert_eq!(version, SCHEMA_VERSION);
     assert!(!ledger_left, "the earlier broker's ledger is dropped");
 
-    let claimed = store
-        .claim_outbox(
-            "relay-a",
-            Timestamp(2_000),
-            Duration::from_secs(30),
-            10,
-            true,
-        )
-        .await
-        .unwrap();
-    assert_eq!(claimed.len(), 1);
-    let row = &claimed[0];
-    assert_eq!(row.message.key.as_str(), "order-1/created");
-    assert_eq!(row.message.payload, b"{}");
-    assert_eq!(
-        row.message.headers.get("tenant").map(String::as_str),
-        Some("7")
-    );
-    assert_eq!((row.attempts, row.created_at), (1, Timestamp(1000)));
-
-    let letters = store.list_dead_letters(10, false).await.unwrap();
-    assert_eq!(letters.len(), 1);
-    assert_eq!(letters[0].key.as_str(), "order-0/created");
-    assert_eq!(letters[0].destination, "http://127.0.0.1:9/hook");
-
-    let failures = store
-        .record_failure(
-            &Scope::new("ledger").unwrap(),
-            &IdempotencyKey::new("poison-1").unwrap(),
-            "boom again",
-        )
-        .await
-        .unwrap();
-    assert_eq!((failures.count, failures.first_at), (3, Timestamp(500)));
+    idem_testkit::migrations::earlier_rows_read_back(&store).await;
 }

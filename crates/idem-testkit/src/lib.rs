@@ -6,7 +6,9 @@
 //! - [`crash`]: crash tests with real processes killed by SIGKILL;
 //! - [`faultproxy`]: a TCP proxy that cuts, holds or slows a client's connections;
 //! - `crash_point`: the points a crash test's child stops at;
+//! - [`migrations`]: rows of earlier outbox, dead-letter and attempt tables read back after migrating;
 //! - [`fencing`]: fencing-token and guarded-write cases (pauses, reordering);
+//! - [`errors`]: an application's error wrapping a driver's, for error classification tests;
 //! - [`deliveries`]: at-least-once delivery simulated (duplicates, shuffles);
 //! - [`postgres`]: a fresh PostgreSQL database per test;
 //! - [`services`]: whether a missing database fails or skips a test;
@@ -22,9 +24,11 @@ pub mod conformance;
 pub mod crash;
 mod crash_point;
 pub mod deliveries;
+pub mod errors;
 pub mod faultproxy;
 pub mod fencing;
 pub mod harness;
+pub mod migrations;
 pub mod postgres;
 pub mod services;
 #[cfg(feature = "spans")]
