@@ -18,7 +18,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::args::BenchApplyArgs;
 use crate::ledger::Ledger;
-use crate::ledger::Prefill;
+use crate::ledger::PREFILL_SCOPE;
 use crate::stores::given_or_temporary;
 use crate::workload::{Bank, Payment};
 
@@ -131,12 +131,13 @@ async fn prefill<S: Ledger>(
     let mut from = 0;
     while from < count {
         let chunk = PREFILL_CHUNK.min(count - from);
-        bank.prefill(Prefill {
+        bank.prefill(idem::RecordSeed {
+            scope: idem::Scope::new(PREFILL_SCOPE)?,
             tag: tag.clone(),
             from: i64::try_from(from)?,
             count: i64::try_from(chunk)?,
-            now_ms,
-            window_ms,
+            now: idem::Timestamp(now_ms),
+            window: idem::DEFAULT_RETENTION,
         })
         .await?;
         from += chunk;

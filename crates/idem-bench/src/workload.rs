@@ -11,7 +11,7 @@ use idem::{
     StoreLocation,
 };
 
-use crate::ledger::{DebitError, Ledger, Prefill};
+use crate::ledger::{DebitError, Ledger};
 pub use crate::payment::{Payment, Totals, scope};
 
 /// The workload's tables in one store's database, and the ways to debit them.
@@ -129,7 +129,7 @@ impl<S: Ledger> Bank<S> {
 
     /// Adds one chunk of completed records to the dedupe table, in a
     /// transaction of its own.
-    pub async fn prefill(&self, fill: Prefill) -> anyhow::Result<()> {
+    pub async fn prefill(&self, fill: idem::RecordSeed) -> anyhow::Result<()> {
         self.store
             .transaction(async move |tx| S::prefill(tx, fill).await)
             .await

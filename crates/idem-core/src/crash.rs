@@ -17,7 +17,7 @@
 //!
 //! | point | where |
 //! | --- | --- |
-//! | `apply.after-claim` | the key is claimed (atomic: the transaction is open; leased: the claim is committed), the effect has not run |
+//! | `apply.after-claim` | the key is claimed (atomic: the transaction is open; leased: the claim is committed; at most once: the key is recorded), the effect has not run |
 //! | `apply.inside-effect` | the effect ran; its record is not written (atomic: not committed; leased: not completed) |
 //! | `apply.after-commit` | the effect and its record are committed; the caller has not been told |
 //! | `http.before-answer` | the HTTP layer stored the answer; the response is not sent |

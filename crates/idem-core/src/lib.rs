@@ -68,7 +68,7 @@ pub use key::{IDEMPOTENCY_KEY_HEADER, IdempotencyKey, KeyError, MAX_KEY_LEN, Sco
 pub use outbox::{AtomicOutbox, OutboxMessage, OutboxStats, OutboxStore, Pending, WakeUps};
 pub use outcome::{Outcome, OutcomeKind, UnknownOutcomeKind};
 pub use protocol::{Decision, Plan, decide};
-pub use record::{FencingToken, Record, RecordState, UnknownState};
+pub use record::{FencingToken, Record, RecordSeed, RecordState, UnknownState};
 pub use settings::{DEFAULT_LEASE, DEFAULT_RETENTION, Settings};
 pub use store::{
     Applied, Claim, Claimed, LeaseStore, Operation, RecordCount, RecordFilter, RecordGlance,

@@ -217,3 +217,36 @@ mod tests {
         assert_eq!(FencingToken::first_at(Timestamp(-5)), FencingToken::FIRST);
     }
 }
+
+/// Settled records generated in bulk by a store's database, for tests and
+/// benchmarks that need a full dedupe table (`SqliteStore::seed_records`,
+/// `PgStore::seed_records`). A test hook, not part of the protocol: the
+/// records are written directly, without the protocol's locks and checks.
+///
+/// Each record is completed with an empty JSON outcome and a random
+/// fingerprint, under key `{tag}-{n}-{random hex}` for `n` in
+/// `from..from + count` (so chunks with the same tag never collide), created
+/// at a random moment of the `window` before `now`, and expiring `window`
+/// after it.
+#[derive(Debug, Clone)]
+pub struct RecordSeed {
+    /// The scope of every record.
+    pub scope: Scope,
+    /// Distinguishes one run's keys from another's.
+    pub tag: String,
+    /// The first key's number.
+    pub from: i64,
+    /// How many records.
+    pub count: i64,
+    /// The moment the records are made for.
+    pub now: Timestamp,
+    /// The retention window.
+    pub window: std::time::Duration,
+}
+
+impl RecordSeed {
+    /// The window in milliseconds, as the stores' SQL takes it.
+    pub fn window_ms(&self) -> i64 {
+        i64::try_from(self.window.as_millis()).unwrap_or(i64::MAX)
+    }
+}

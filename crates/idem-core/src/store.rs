@@ -219,6 +219,7 @@ pub trait LeaseStore: Send + Sync {
                 Claimed::Fresh(claim) => claim,
             };
             self.complete(&claim, &recorded).await?;
+            crate::crash::point(crate::crash::AFTER_CLAIM);
             effect(claim).await.map_err(crate::ApplyError::Effect)?;
             Ok(Applied::Fresh(recorded))
         }

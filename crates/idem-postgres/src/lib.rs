@@ -29,6 +29,7 @@
 //! - `dead_letters`: dead letters (`idem_dead_letters`);
 //! - `attempts`: consumers' failed attempts (`idem_consumer_attempts`);
 //! - `headers`: message headers as the JSON text the outbox and dead letters keep;
+//! - `seed`: test and benchmark hooks on the records table (bulk records, statistics, size);
 //! - `error`: the one mapping of sqlx errors to [`ErrorKind`](idem_core::ErrorKind),
 //!   public as [`map_error`] for code that runs its own SQL on the store's pool.
 //!
@@ -106,6 +107,7 @@ mod literal;
 mod lock;
 mod outbox;
 mod records;
+mod seed;
 mod store;
 #[cfg(test)]
 mod testing;

@@ -22,6 +22,7 @@
 //! - `dead_letters`: dead letters (`idem_dead_letters`);
 //! - `attempts`: consumers' failed attempts (`idem_consumer_attempts`);
 //! - `headers`: message headers as the JSON text the outbox and dead letters keep;
+//! - `seed`: test and benchmark hooks on the records table (bulk records, statistics, size);
 //! - `error`: SQLite error codes mapped to [`ErrorKind`](idem_core::ErrorKind),
 //!   public as [`map_error`] for code that runs its own SQL on the store's connection.
 //!
@@ -50,6 +51,7 @@ mod leased;
 mod outbox;
 mod records;
 mod schema;
+mod seed;
 mod store;
 mod write_tx;
 

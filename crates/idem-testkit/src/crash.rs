@@ -1,11 +1,14 @@
-//! Crash tests with real processes.
+//! Crash tests with real processes, killed at Idem's own crash points.
 //!
 //! The test binary runs itself again as a child (an ignored test that does
-//! nothing unless the crash variables are set). The child applies an operation
-//! and stops at a named [`CrashPoint`], printing a marker; the parent then kills
-//! it with SIGKILL — no destructors, no rollback by the child — and retries the
-//! operation the way a redelivery would. The effect, counted in the database,
-//! must end up applied exactly once.
+//! nothing unless started by [`crash_and_recover`]), with one of
+//! [`idem_core::crash`]'s points armed through `IDEM_CRASH`, the variable the
+//! binaries read. The child applies an operation and aborts itself when the
+//! store (or, for a test's own effect, the effect) reaches that point: no
+//! destructor, no rollback by the child, as with a `kill -9` at that instant.
+//! The parent then retries the operation the way a redelivery would. The
+//! effect, counted in the database, must end up applied exactly once (or, in
+//! the leased orders, repeated or lost exactly as the order promises).
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::ExitStatusExt;
@@ -13,37 +16,100 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use idem_core::{Applied, ApplyError, Claimed, Error, LeaseStore, ManualClock, Operation, Outcome};
+use idem_core::{
+    Applied, ApplyError, Claimed, Error, LeaseStore, ManualClock, Operation, Outcome, crash,
+};
 
-use crate::crash_point::MARKER;
-pub use crate::crash_point::{CrashPoint, reach};
 use crate::harness::{Effect, Harness, counter_outcome, op};
 
-const LOCATION: &str = "IDEM_CRASH_LOCATION";
-const POINT: &str = "IDEM_CRASH_POINT";
+/// Where the child finds the store ([`Harness::location`]).
+const STORE: &str = "IDEM_TESTKIT_CHILD_STORE";
+/// Which [`CrashCase`] the child runs.
+const CASE: &str = "IDEM_TESTKIT_CHILD_CASE";
 const AMOUNT: i64 = 10;
 const COUNTER: &str = "crash";
+
+/// A crash test: the path the child takes, and the crash point of
+/// [`idem_core::crash`] it dies at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CrashCase {
+    /// Atomic apply, at `apply.after-claim`: the key is held, the effect has
+    /// not written yet.
+    AfterClaim,
+    /// Atomic apply, at `apply.inside-effect`: the effect wrote, the record
+    /// and the commit have not happened.
+    InsideEffect,
+    /// Atomic apply, at `apply.after-commit`: committed, but the caller was
+    /// never told (no ack).
+    AfterCommit,
+    /// Leased apply, at `apply.after-claim`: the claim is committed, the
+    /// effect never runs.
+    LeasedAfterClaim,
+    /// Leased apply, record after the effect, at `apply.inside-effect`: the
+    /// effect outside the database happened, its record did not.
+    LeasedEffectBeforeRecord,
+    /// At most once, record before the effect, at `apply.after-claim`: the
+    /// record is committed, the effect never ran.
+    LeasedRecordBeforeEffect,
+}
+
+impl CrashCase {
+    /// Every case.
+    pub const ALL: [CrashCase; 6] = [
+        Self::AfterClaim,
+        Self::InsideEffect,
+        Self::AfterCommit,
+        Self::LeasedAfterClaim,
+        Self::LeasedEffectBeforeRecord,
+        Self::LeasedRecordBeforeEffect,
+    ];
+
+    /// The case's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::AfterClaim => "after-claim",
+            Self::InsideEffect => "inside-effect",
+            Self::AfterCommit => "after-commit",
+            Self::LeasedAfterClaim => "leased-after-claim",
+            Self::LeasedEffectBeforeRecord => "leased-effect-before-record",
+            Self::LeasedRecordBeforeEffect => "leased-record-before-effect",
+        }
+    }
+
+    /// The crash point (a name of [`idem_core::crash::POINTS`]) the child
+    /// dies at.
+    pub fn point(self) -> &'static str {
+        match self {
+            Self::AfterClaim | Self::LeasedAfterClaim | Self::LeasedRecordBeforeEffect => {
+                crash::AFTER_CLAIM
+            }
+            Self::InsideEffect | Self::LeasedEffectBeforeRecord => crash::INSIDE_EFFECT,
+            Self::AfterCommit => crash::AFTER_COMMIT,
+        }
+    }
+
+    fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| c.as_str() == name)
+    }
+}
 
 fn crash_op() -> Operation {
     op("crash", "payment-1", "debit 10")
 }
 
 /// The child's side: does nothing unless started by [`crash_and_recover`].
+/// The operation it starts never returns: the armed point aborts the process.
 pub async fn child<H: Harness>() {
-    let (Ok(location), Ok(point)) = (std::env::var(LOCATION), std::env::var(POINT)) else {
+    let (Ok(location), Ok(case)) = (std::env::var(STORE), std::env::var(CASE)) else {
         return;
     };
-    let point = CrashPoint::parse(&point).expect("known crash point");
+    let case = CrashCase::parse(&case).expect("known crash case");
+    crash::arm_from_env().expect("the parent arms a known crash point");
     let h = H::open(&location, ManualClock::starting_now()).await;
     let pay = crash_op();
-    match point {
-        CrashPoint::LeasedAfterClaim => {
-            let claimed = h.store().claim(&pay.scope, &pay.key, pay.fingerprint).await;
-            assert!(matches!(claimed, Ok(Claimed::Fresh(_))), "{claimed:?}");
-            reach(point)
-        }
-        CrashPoint::LeasedEffectBeforeRecord => {
-            let _ = h
+    match case {
+        CrashCase::LeasedAfterClaim => {
+            let result = h
                 .store()
                 .apply_leased(
                     &pay.scope,
@@ -51,46 +117,98 @@ pub async fn child<H: Harness>() {
                     pay.fingerprint,
                     async |_claim| -> Result<Outcome, String> {
                         h.add_outside(COUNTER, AMOUNT).await;
-                        reach(point)
+                        Ok(sent_outcome())
                     },
                 )
                 .await;
-            unreachable!("the child stops at {point:?}")
+            panic!("the child should have aborted at {case:?}, got {result:?}");
         }
-        CrashPoint::LeasedRecordBeforeEffect => {
-            let _ = h
+        CrashCase::LeasedEffectBeforeRecord => {
+            let result = h
+                .store()
+                .apply_leased(
+                    &pay.scope,
+                    &pay.key,
+                    pay.fingerprint,
+                    async |_claim| -> Result<Outcome, String> {
+                        h.add_outside(COUNTER, AMOUNT).await;
+                        Ok(sent_outcome())
+                    },
+                )
+                .await;
+            panic!("the child should have aborted at {case:?}, got {result:?}");
+        }
+        CrashCase::LeasedRecordBeforeEffect => {
+            let result = h
                 .store()
                 .apply_at_most_once(
                     &pay.scope,
                     &pay.key,
                     pay.fingerprint,
                     sent_outcome(),
-                    async |_claim| -> Result<(), String> { reach(point) },
+                    async |_claim| -> Result<(), String> {
+                        h.add_outside(COUNTER, AMOUNT).await;
+                        Ok(())
+                    },
                 )
                 .await;
-            unreachable!("the child stops at {point:?}")
+            panic!("the child should have aborted at {case:?}, got {result:?}");
         }
-        CrashPoint::AfterCommit => {
-            h.apply_add(&pay, COUNTER, AMOUNT, Effect::Succeed)
-                .await
-                .expect("apply");
-            reach(point)
-        }
-        CrashPoint::AfterClaim | CrashPoint::InsideEffect => {
-            let result = h
-                .apply_add(&pay, COUNTER, AMOUNT, Effect::Crash(point))
-                .await;
-            panic!("the effect should have stopped at {point:?}, got {result:?}");
+        CrashCase::AfterClaim | CrashCase::InsideEffect | CrashCase::AfterCommit => {
+            let result = h.apply_add(&pay, COUNTER, AMOUNT, Effect::Succeed).await;
+            panic!("the child should have aborted at {case:?}, got {result:?}");
         }
     }
 }
 
-/// Runs the child until it reaches `point`, kills it with SIGKILL, then retries
-/// the operation and checks it was applied exactly once. `child_test` is the
-/// full name of the test that calls [`child`].
-pub async fn crash_and_recover<H: Harness>(h: H, point: CrashPoint, child_test: &str) {
+/// Starts `child` (a test binary running one ignored test) with `point`
+/// armed through `IDEM_CRASH`, and waits until it aborts there: the child
+/// must say on stderr that it reached the point, and die by SIGABRT. Its
+/// stderr is passed on to this process's.
+pub fn run_until_crash(mut child: Command, point: &str) {
+    child
+        .env(crash::ENV, point)
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::piped());
+    let mut child = child.spawn().expect("start the child process");
+    let stderr = child.stderr.take().expect("piped stderr");
+    let (seen_tx, seen_rx) = mpsc::channel();
+    let expected = format!("crash point {point} reached");
+    std::thread::spawn(move || {
+        let mut seen = false;
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            eprintln!("{line}");
+            seen |= line.contains(&expected);
+        }
+        let _ = seen_tx.send(seen);
+    });
+    // The stderr reader ends when the child does.
+    let seen = match seen_rx.recv_timeout(Duration::from_secs(120)) {
+        Ok(seen) => seen,
+        Err(_) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the child never reached {point} in 120 s");
+        }
+    };
+    let status = child.wait().expect("reap the child");
+    assert!(seen, "the child ended without reaching {point}: {status:?}");
+    assert_eq!(
+        status.signal(),
+        Some(6),
+        "the child aborted itself (SIGABRT) at {point}: {status:?}"
+    );
+}
+
+/// Runs the child until it aborts at `case`'s crash point, then retries the
+/// operation and checks it was applied exactly once (or, for the leased
+/// orders, repeated or lost as promised). `child_test` is the full name of
+/// the test that calls [`child`].
+pub async fn crash_and_recover<H: Harness>(h: H, case: CrashCase, child_test: &str) {
     let exe = std::env::current_exe().expect("test binary path");
-    let mut child = Command::new(exe)
+    let mut child = Command::new(exe);
+    child
         .args([
             "--exact",
             child_test,
@@ -98,32 +216,13 @@ pub async fn crash_and_recover<H: Harness>(h: H, point: CrashPoint, child_test: 
             "--nocapture",
             "--test-threads=1",
         ])
-        .env(LOCATION, h.location())
-        .env(POINT, point.as_str())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start the child process");
-    let stdout = child.stdout.take().expect("piped stdout");
-    let (seen_tx, seen_rx) = mpsc::channel();
-    let expected = format!("{MARKER} {}", point.as_str());
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if line.contains(&expected) {
-                let _ = seen_tx.send(());
-            }
-        }
-    });
-    let reached = seen_rx.recv_timeout(Duration::from_secs(120));
-    child.kill().expect("SIGKILL the child");
-    let status = child.wait().expect("reap the child");
-    reached.unwrap_or_else(|_| panic!("the child never reached {point:?} (status {status:?})"));
-    assert_eq!(status.signal(), Some(9), "the child died by SIGKILL");
+        .env(STORE, h.location())
+        .env(CASE, case.as_str());
+    run_until_crash(child, case.point());
 
     let pay = crash_op();
-    match point {
-        CrashPoint::LeasedAfterClaim => {
+    match case {
+        CrashCase::LeasedAfterClaim => {
             assert_eq!(h.counter(COUNTER).await, 0);
             let held = h.store().claim(&pay.scope, &pay.key, pay.fingerprint).await;
             assert!(matches!(held, Err(Error::InFlight { .. })), "{held:?}");
@@ -139,7 +238,7 @@ pub async fn crash_and_recover<H: Harness>(h: H, point: CrashPoint, child_test: 
                 .await
                 .expect("complete");
         }
-        CrashPoint::LeasedEffectBeforeRecord => {
+        CrashCase::LeasedEffectBeforeRecord => {
             // Record after the effect: at least once. The effect happened, the
             // key is still claimed; after the lease the retry runs it again.
             assert_eq!(h.counter(COUNTER).await, AMOUNT);
@@ -171,7 +270,7 @@ pub async fn crash_and_recover<H: Harness>(h: H, point: CrashPoint, child_test: 
             assert_eq!(h.counter(COUNTER).await, 2 * AMOUNT);
             return;
         }
-        CrashPoint::LeasedRecordBeforeEffect => {
+        CrashCase::LeasedRecordBeforeEffect => {
             // Record before the effect: at most once. The key is recorded, the
             // effect never ran; every retry replays and none runs it.
             for _ in 0..2 {
@@ -201,7 +300,7 @@ pub async fn crash_and_recover<H: Harness>(h: H, point: CrashPoint, child_test: 
             return;
         }
         _ => {
-            let expected_before = if point == CrashPoint::AfterCommit {
+            let expected_before = if case == CrashCase::AfterCommit {
                 AMOUNT
             } else {
                 0
@@ -209,7 +308,7 @@ pub async fn crash_and_recover<H: Harness>(h: H, point: CrashPoint, child_test: 
             assert_eq!(h.counter(COUNTER).await, expected_before);
             let applied = retry_while_in_flight(&h, &pay).await;
             assert_eq!(applied.outcome(), &counter_outcome(AMOUNT));
-            assert_eq!(applied.is_replay(), point == CrashPoint::AfterCommit);
+            assert_eq!(applied.is_replay(), case == CrashCase::AfterCommit);
         }
     }
     assert_eq!(h.counter(COUNTER).await, AMOUNT, "applied exactly once");

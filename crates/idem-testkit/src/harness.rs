@@ -16,8 +16,6 @@ use idem_core::{
 };
 use tokio::sync::oneshot;
 
-use crate::crash_point::{CrashPoint, reach};
-
 /// What the test effect does besides adding to its counter.
 #[derive(Debug, Clone)]
 pub enum Effect {
@@ -29,8 +27,6 @@ pub enum Effect {
     FailTerminal,
     /// Signals that it started, then waits to be let through before adding.
     Gate(Arc<Gate>),
-    /// Stops the process for good at a crash point (see [`crate::crash`]).
-    Crash(CrashPoint),
 }
 
 /// A one-shot rendezvous with an effect that is running.
@@ -379,7 +375,6 @@ async fn run_effect<H: Harness>(
 ) -> Result<Outcome, String> {
     match &effect {
         Effect::FailTerminal => return Ok(terminal_outcome()),
-        Effect::Crash(CrashPoint::AfterClaim) => reach(CrashPoint::AfterClaim),
         Effect::Gate(gate) => {
             let _ = gate.enter().await;
         }
@@ -388,7 +383,6 @@ async fn run_effect<H: Harness>(
     let value = H::add(tx, counter, amount).await?;
     match effect {
         Effect::FailRetryable => Err(RETRYABLE_FAILURE.to_owned()),
-        Effect::Crash(point) => reach(point),
         _ => Ok(counter_outcome(value)),
     }
 }

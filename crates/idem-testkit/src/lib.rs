@@ -3,9 +3,8 @@
 //! Modules:
 //! - [`harness`]: the seam a store implements to run the conformance suite;
 //! - [`conformance`]: the suite itself, one async function per case;
-//! - [`crash`]: crash tests with real processes killed by SIGKILL;
+//! - [`crash`]: crash tests with real processes that abort at `idem_core::crash`'s points;
 //! - [`faultproxy`]: a TCP proxy that cuts, holds or slows a client's connections;
-//! - `crash_point`: the points a crash test's child stops at;
 //! - [`migrations`]: rows of earlier outbox, dead-letter and attempt tables read back after migrating;
 //! - [`fencing`]: fencing-token and guarded-write cases (pauses, reordering);
 //! - [`errors`]: an application's error wrapping a driver's, for error classification tests;
@@ -22,7 +21,6 @@
 
 pub mod conformance;
 pub mod crash;
-mod crash_point;
 pub mod deliveries;
 pub mod errors;
 pub mod faultproxy;
@@ -106,7 +104,7 @@ macro_rules! conformance_suite {
             }
         }
     )*};
-    (@crashes $harness:ty; $($name:ident => $point:ident),* $(,)?) => {$(
+    (@crashes $harness:ty; $($name:ident => $case:ident),* $(,)?) => {$(
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn $name() {
             if let Some(h) = <$harness as $crate::Harness>::fresh().await {
@@ -114,7 +112,7 @@ macro_rules! conformance_suite {
                     Some((_, module)) => format!("{module}::crash_child"),
                     None => "crash_child".to_owned(),
                 };
-                $crate::crash::crash_and_recover(h, $crate::crash::CrashPoint::$point, &child).await;
+                $crate::crash::crash_and_recover(h, $crate::crash::CrashCase::$case, &child).await;
             }
         }
     )*};

@@ -11,7 +11,6 @@ use std::sync::Arc;
 use idem::sqlite::rusqlite;
 use idem::{AtomicStore, Outcome, PgStore, RecordStore, SqliteStore};
 use idem_broker::consume::{ApplyBatch, AtomicApply, ConsumerStore, KeyedMessage};
-use idem_testkit::crash::{CrashPoint, reach};
 use sqlx::{AssertSqlSafe, Connection, PgConnection};
 
 /// The opening balance of account 1.
@@ -63,8 +62,9 @@ pub trait Bank: Sized + Send + Sync + 'static {
     /// Turns the `poison_fixed` switch on.
     fn set_poison_fixed(tx: &mut Tx<Self>) -> impl Future<Output = Result<(), String>> + Send;
 
-    /// The debit effect; with `crash_inside`, it writes, then stops the
-    /// process at [`CrashPoint::InsideEffect`] before anything commits.
+    /// The debit effect; with `crash_inside`, it marks the crash point
+    /// `apply.inside-effect` after its write, before anything commits (the
+    /// process aborts there when `IDEM_CRASH` arms it).
     fn apply(&self, crash_inside: bool) -> impl ApplyBatch<Store = Self::Store> {
         AtomicApply::new(self.store(), move |message: Arc<KeyedMessage>| {
             async move |tx: &mut Tx<Self>| -> Result<Outcome, String> {
@@ -74,7 +74,7 @@ pub trait Bank: Sized + Send + Sync + 'static {
                 }
                 Self::debit(tx, message.key.as_str(), order.amount).await?;
                 if crash_inside {
-                    reach(CrashPoint::InsideEffect);
+                    idem::crash::point(idem::crash::INSIDE_EFFECT);
                 }
                 Ok(Outcome::success(format!("debited {}", order.amount)))
             }

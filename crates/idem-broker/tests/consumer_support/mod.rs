@@ -120,7 +120,6 @@ macro_rules! consumer_tests {
         mod $store {
             use super::*;
             use consumer_support::scenarios;
-            use idem_testkit::crash::CrashPoint;
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn duplicates_and_redeliveries_apply_once() {
@@ -150,7 +149,7 @@ macro_rules! consumer_tests {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn killed_after_commit_before_ack_the_redelivery_is_suppressed() {
                 scenarios::crash::<$broker, $bank>(
-                    CrashPoint::AfterCommit,
+                    idem::crash::BEFORE_ACK,
                     concat!(stringify!($store), "::crash_child"),
                 )
                 .await
@@ -159,7 +158,7 @@ macro_rules! consumer_tests {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn killed_before_commit_the_redelivery_applies_it() {
                 scenarios::crash::<$broker, $bank>(
-                    CrashPoint::InsideEffect,
+                    idem::crash::INSIDE_EFFECT,
                     concat!(stringify!($store), "::crash_child"),
                 )
                 .await

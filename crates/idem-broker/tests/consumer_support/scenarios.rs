@@ -1,18 +1,14 @@
 //! The consumer scenarios, generic over the broker and the store. Effects are
 //! counted in the bank's ledger, never in logs.
 
-use std::io::{BufRead, BufReader};
-use std::os::unix::process::ExitStatusExt;
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::Duration;
 
-use idem_broker::consume::{
-    Apply, Checkpoint, ConsumeError, Consumer, MissingKey, Settle, Transport,
-};
+use idem::crash;
+use idem_broker::consume::{Apply, ConsumeError, Consumer, MissingKey, Settle, Transport};
 use idem_broker::dead_letter::{self, DeadLetterStore};
 use idem_broker::relay::RelayConfig;
-use idem_testkit::crash::{CrashPoint, reach};
+use idem_testkit::crash::run_until_crash;
 
 use super::{Bank, Broker, OPENING_BALANCE, Running, config};
 
@@ -289,14 +285,14 @@ pub async fn batches<B: Broker, K: Bank>() {
     assert_eq!(bank.balance().await, OPENING_BALANCE - 1000);
 }
 
-const CRASH_POINT: &str = "IDEM_T_CRASH_POINT";
 const CRASH_STORE: &str = "IDEM_T_CRASH_STORE";
 const CRASH_KEY: &str = "crash-1";
 
-/// The consumer process is killed with SIGKILL at `point` (inside the effect,
-/// before commit; or after commit, before ack); a fresh consumer then gets
+/// The consumer process aborts at crash `point` of [`idem::crash`]:
+/// `apply.inside-effect` (the effect wrote, nothing committed) or
+/// `consume.before-ack` (committed, not acked); a fresh consumer then gets
 /// the redelivery. One effect either way.
-pub async fn crash<B: Broker, K: Bank>(point: CrashPoint, child_test: &str) {
+pub async fn crash<B: Broker, K: Bank>(point: &'static str, child_test: &str) {
     let Some((broker, bank)) = start::<B, K>().await else {
         return;
     };
@@ -312,32 +308,13 @@ pub async fn crash<B: Broker, K: Bank>(point: CrashPoint, child_test: &str) {
             "--nocapture",
             "--test-threads=1",
         ])
-        .env(CRASH_POINT, point.as_str())
-        .env(CRASH_STORE, bank.location())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
+        .env(CRASH_STORE, bank.location());
     for (name, value) in broker.env() {
         child.env(name, value);
     }
-    let mut child = child.spawn().expect("start the child consumer");
-    let stdout = child.stdout.take().expect("piped stdout");
-    let (seen_tx, seen_rx) = mpsc::channel();
-    let marker = format!("IDEM-CRASH-POINT {}", point.as_str());
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if line.contains(&marker) {
-                let _ = seen_tx.send(());
-            }
-        }
-    });
-    let reached = seen_rx.recv_timeout(Duration::from_secs(120));
-    child.kill().expect("SIGKILL the child");
-    let status = child.wait().expect("reap the child");
-    reached.unwrap_or_else(|_| panic!("the child never reached {point:?} ({status:?})"));
-    assert_eq!(status.signal(), Some(9), "the child died by SIGKILL");
+    run_until_crash(child, point);
 
-    let committed = point == CrashPoint::AfterCommit;
+    let committed = point == crash::BEFORE_ACK;
     let before: &[&str] = if committed { &[CRASH_KEY] } else { &[] };
     assert_eq!(bank.ledger().await, before, "after the crash at {point:?}");
 
@@ -368,30 +345,21 @@ pub async fn crash<B: Broker, K: Bank>(point: CrashPoint, child_test: &str) {
     assert_eq!(bank.balance().await, OPENING_BALANCE - 10);
 }
 
-/// The child's side of [`crash`]: does nothing unless started by it.
+/// The child's side of [`crash`]: does nothing unless started by it. Its
+/// effect marks `apply.inside-effect` after its write; the consumer marks
+/// `consume.before-ack` after the commit; `IDEM_CRASH` says which aborts.
 pub async fn crash_child<B: Broker, K: Bank>() {
-    let (Ok(point), Ok(location)) = (std::env::var(CRASH_POINT), std::env::var(CRASH_STORE)) else {
+    let Ok(location) = std::env::var(CRASH_STORE) else {
         return;
     };
-    let point = CrashPoint::ALL
-        .into_iter()
-        .find(|p| p.as_str() == point)
-        .expect("known crash point");
+    crash::arm_from_env().expect("the parent arms a known crash point");
     let broker = B::from_env().await;
     let bank = K::at(&location).await;
-    let mut settings = config(broker.key_rule());
-    if point == CrashPoint::AfterCommit {
-        settings = settings.checkpoint(|at| {
-            if at == Checkpoint::AfterCommit {
-                reach(CrashPoint::AfterCommit)
-            }
-        });
-    }
     let consumer = Consumer::new(
         broker.transport().await,
-        bank.apply(point == CrashPoint::InsideEffect),
-        settings,
+        bank.apply(true),
+        config(broker.key_rule()),
     );
     let result = consumer.run(std::future::pending()).await;
-    panic!("the child should have been killed at {point:?}, but its consumer ended: {result:?}");
+    panic!("the child should have aborted at its crash point, but its consumer ended: {result:?}");
 }
