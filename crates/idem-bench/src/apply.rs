@@ -131,7 +131,7 @@ async fn prefill<S: Ledger>(
     let mut from = 0;
     while from < count {
         let chunk = PREFILL_CHUNK.min(count - from);
-        bank.prefill(idem::RecordSeed {
+        bank.prefill(idem::protocol::RecordSeed {
             scope: idem::Scope::new(PREFILL_SCOPE)?,
             tag: tag.clone(),
             from: i64::try_from(from)?,

@@ -7,11 +7,10 @@
 
 use std::future::Future;
 
+use idem::protocol::RecordSeed;
 use idem::rusqlite::{Connection, params};
 use idem::sqlx::PgConnection;
-use idem::{
-    AnyConnection, AnyStore, AnyTx, AtomicStore, Outcome, PgStore, RecordSeed, SqliteStore,
-};
+use idem::{AnyConnection, AnyStore, AnyTx, AtomicStore, Outcome, PgStore, SqliteStore};
 use serde_json::json;
 
 use crate::payment::{Payment, Totals};

@@ -129,7 +129,7 @@ impl<S: Ledger> Bank<S> {
 
     /// Adds one chunk of completed records to the dedupe table, in a
     /// transaction of its own.
-    pub async fn prefill(&self, fill: idem::RecordSeed) -> anyhow::Result<()> {
+    pub async fn prefill(&self, fill: idem::protocol::RecordSeed) -> anyhow::Result<()> {
         self.store
             .transaction(async move |tx| S::prefill(tx, fill).await)
             .await

@@ -11,7 +11,11 @@
 //! - [`AnyStore`]: a store chosen at run time, behind the shared traits, and
 //!   [`AnyTx`], the connection its atomic effects get;
 //! - [`redact_url`]: a URL with its password and query removed, for logs and errors;
-//! - [`Sweeper`]: retention that runs itself, a task deleting expired records.
+//! - [`Sweeper`]: retention that runs itself, a task deleting expired records;
+//! - [`protocol`]: the decision table and the pieces a store implementation
+//!   needs (not what an application writes);
+//! - [`crash`], [`health`], [`observe`]: named crash points (`IDEM_CRASH`),
+//!   the process's connections for `/healthz`, and the protocol's metrics.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -33,11 +37,37 @@
 
 mod any;
 mod location;
+pub mod protocol;
 mod redact;
 pub mod sweeper;
 
 pub use any::{AnyConnection, AnyStore, AnyTx};
-pub use idem_core::*;
+// What an application writes: keys, payloads and results.
+pub use idem_core::{
+    Fingerprint, FingerprintError, IDEMPOTENCY_KEY_HEADER, IdempotencyKey, KeyError, MAX_KEY_LEN,
+    Outcome, OutcomeKind, Scope, UnknownOutcomeKind,
+};
+// The effect and its record committed together; the leased protocol for
+// effects the store cannot see.
+pub use idem_core::{
+    Applied, AtomicEffect, AtomicStore, BatchApplied, Claim, Claimed, FencingToken, LeaseStore,
+    Operation, SetApplied,
+};
+// Records: inspection, retention and their settings; time.
+pub use idem_core::{
+    Clock, DEFAULT_LEASE, DEFAULT_RETENTION, ManualClock, Record, RecordCount, RecordFilter,
+    RecordGlance, RecordState, RecordStore, Settings, SharedClock, SystemClock, Timestamp,
+};
+// Errors.
+pub use idem_core::{ApplyError, Error, ErrorKind, StoreError, error_chain};
+// The outbox, dead letters and failed attempts per message.
+pub use idem_core::{
+    AtomicOutbox, AttemptStore, DeadLetter, DeadLetterStats, DeadLetterStore, Failures,
+    NewDeadLetter, OutboxMessage, OutboxStats, OutboxStore, Pending, WakeUps,
+};
+// Fencing tokens on named resources, and guarded writes.
+pub use idem_core::{FenceStore, Guard, GuardOrdering, IdentifierError, Lease, Resource};
+pub use idem_core::{crash, health, observe};
 pub use location::{LocationError, StoreLocation};
 pub use redact::redact_url;
 pub use sweeper::{SweepPass, Sweeper, SweeperTask};

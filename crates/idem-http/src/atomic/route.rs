@@ -10,7 +10,8 @@ use axum::response::Response;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use http::Request;
-use idem::{Applied, AtomicEffect, AtomicStore, Outcome, TxCall};
+use idem::protocol::TxCall;
+use idem::{Applied, AtomicEffect, AtomicStore, Outcome};
 use tower::Service;
 
 use super::{AtomicRequest, BoxError, Failure, Rollback, admit, answer, settle};
