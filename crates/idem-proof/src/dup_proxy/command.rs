@@ -1,8 +1,9 @@
 //! `idem dup-proxy`: a reverse proxy for staging that sends a share of the
 //! requests twice and reports the routes that answer the copy as a new
 //! request. Binds the listeners, announces them on stdout, serves until
-//! SIGTERM or Ctrl-C, then prints the report.
+//! the termination signal it is given, then prints the report.
 
+use std::future::Future;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -11,14 +12,10 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
-use idem_http::dup_proxy::{
-    self, CopyTiming, DupProxy, DupProxyConfig, EffectsUrl, Report, RouteVerdict, Share,
-};
-use idem_http::gateway::Upstream;
+use idem_http::gateway::{Upstream, parse_duration, parse_size};
 use tokio::net::TcpListener;
 
-use super::signals::terminated;
-use super::units::{parse_duration, parse_size};
+use super::{CopyTiming, DupProxy, DupProxyConfig, EffectsUrl, Report, RouteVerdict, Share};
 
 /// `idem dup-proxy`
 #[derive(Debug, Args)]
@@ -88,7 +85,14 @@ impl DupProxyArgs {
     }
 }
 
-pub async fn run(args: &DupProxyArgs) -> anyhow::Result<()> {
+/// Runs `idem dup-proxy`: binds the listeners, announces them on stdout,
+/// serves until `terminate` completes (SIGTERM or Ctrl-C for the command;
+/// create it before calling, so a signal sent as soon as the announcement is
+/// read stops the proxy gracefully), then prints the report.
+pub async fn run(
+    args: &DupProxyArgs,
+    terminate: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     // Before the first request, so no count is lost.
     if args.admin_listen.is_some() {
         idem_http::admin::metrics_recorder()?;
@@ -107,7 +111,6 @@ pub async fn run(args: &DupProxyArgs) -> anyhow::Result<()> {
         None => None,
     };
 
-    let terminate = terminated();
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
@@ -138,7 +141,7 @@ pub async fn run(args: &DupProxyArgs) -> anyhow::Result<()> {
         );
         stop.send(()).ok();
     });
-    let served = dup_proxy::run(listener, proxy.clone(), async {
+    let served = super::run(listener, proxy.clone(), async {
         stopping.await.ok();
     })
     .await;
