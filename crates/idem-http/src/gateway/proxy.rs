@@ -205,10 +205,7 @@ impl Shared {
 /// The request as the upstream gets it: its target on the upstream, the
 /// hop-by-hop headers removed, the `X-Forwarded-*` headers set, and the
 /// current span named in `traceparent`.
-pub fn rewrite_for<B>(
-    upstream: &Upstream,
-    request: Request<B>,
-) -> Result<Request<B>, http::Error> {
+pub fn rewrite_for<B>(upstream: &Upstream, request: Request<B>) -> Result<Request<B>, http::Error> {
     let (parts, body) = request.into_parts();
     let uri = upstream.uri_for(parts.uri.path_and_query())?;
     let mut headers = parts.headers;

@@ -93,9 +93,9 @@ pub use observe::{
 pub use report::{EffectCount, Report, RouteReport, RouteVerdict};
 pub use verdict::Verdict;
 
+use history::{Asked, History};
 use idem_http::gateway::{ClientAddr, serve_connections};
 use idem_http::{IDEMPOTENCY_KEY, Mode, Refusal, parse_key};
-use history::{Asked, History};
 use report::Tally;
 use send::{Held, Reply, RequestBody, Sender};
 
