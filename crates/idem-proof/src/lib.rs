@@ -4,14 +4,16 @@
 //!
 //! # Modules
 //!
-//! - [`dup_proxy`]: a reverse proxy for staging that sends a share of the
-//!   requests twice and reports the routes that answer the copy as a new
-//!   request (`idem dup-proxy`), built on the gateway's proxy pieces of
-//!   `idem-http`; its history is in `idem-check`'s format;
-//! - [`torture`]: a fault campaign over the real local stack (`idem
-//!   torture`): the scenarios, the processes under test and what they depend
-//!   on, the clients that write the history, the verdict per trial, and the
-//!   report with its plots.
+//! - [`dup_proxy`](mod@dup_proxy): a reverse proxy for staging that sends a
+//!   share of the requests twice and reports the routes that answer the copy
+//!   as a new request, built on the gateway's proxy pieces of `idem-http`;
+//!   its history is in `idem-check`'s format. [`dup_proxy()`] runs `idem
+//!   dup-proxy` with its flags ([`DupProxyArgs`]);
+//! - [`torture`](mod@torture): a fault campaign over the real local stack:
+//!   the scenarios, the processes under test and what they depend on, the
+//!   clients that write the history, the verdict per trial, and the report
+//!   with its plots. [`torture()`] runs `idem torture` with its flags
+//!   ([`TortureArgs`]).
 #![forbid(unsafe_code)]
 
 pub mod dup_proxy;
