@@ -15,6 +15,7 @@
 //!   with its plots. [`torture()`] runs `idem torture` with its flags
 //!   ([`TortureArgs`]).
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod dup_proxy;
 pub mod torture;
