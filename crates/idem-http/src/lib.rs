@@ -32,9 +32,6 @@
 //! - [`atomic`]: route wrappers that run a handler inside the store's atomic `apply`;
 //! - [`gateway`] (feature `gateway`, on by default): the layer in front of a
 //!   reverse proxy, the admin listener and graceful shutdown: `idem serve`;
-//! - [`dup_proxy`] (feature `gateway`): a reverse proxy that sends a share of
-//!   the requests twice and reports the routes that answer the copy as a new
-//!   request: `idem dup-proxy`;
 //! - `key_header`: reading `Idempotency-Key` (RFC 8941 String, or bare);
 //! - `identity`: the scope (principal hash, method, route) and the fingerprint
 //!   (method, route, target, canonical body) of a keyed request;
@@ -50,8 +47,6 @@
 pub mod admin;
 pub mod atomic;
 mod body;
-#[cfg(feature = "gateway")]
-pub mod dup_proxy;
 #[cfg(feature = "gateway")]
 pub mod gateway;
 pub mod idempotency;

@@ -82,7 +82,7 @@ pub(crate) fn first_segment_label(method: &Method, path: &str) -> String {
 }
 
 /// A number, a UUID, or a long run of hex digits (a hash, an object id).
-pub(crate) fn looks_like_an_id(segment: &str) -> bool {
+pub fn looks_like_an_id(segment: &str) -> bool {
     if segment.is_empty() {
         return false;
     }

@@ -1,6 +1,7 @@
 //! One module per subcommand; [`run`] picks the one asked for. The
-//! benchmarks (`idem bench …`) are the `idem-bench` crate's, apart from the
-//! product.
+//! benchmarks (`idem bench …`) are the `idem-bench` crate's, and the proof
+//! lab (`idem dup-proxy`, `idem torture`) the `idem-proof` crate's, apart
+//! from the product.
 
 pub(crate) mod check;
 mod demo;
@@ -15,7 +16,6 @@ pub(crate) mod relay;
 mod serve;
 mod signals;
 pub(crate) mod torture;
-mod units;
 mod upkeep;
 
 use anyhow::Context;

@@ -22,7 +22,7 @@ use tokio::net::TcpListener;
 /// stops accepting, lets the requests in flight finish, closes idle
 /// connections, and returns `false` when some were still running after
 /// `grace` (they are abandoned).
-pub(crate) async fn serve_connections<F, Fut>(
+pub async fn serve_connections<F, Fut>(
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
     grace: Duration,

@@ -20,7 +20,7 @@ const HOP_BY_HOP: [HeaderName; 9] = [
 
 /// Removes the hop-by-hop headers of one message: those the `Connection`
 /// header names first, then the fixed list (which includes `Connection`).
-pub(crate) fn strip(headers: &mut HeaderMap) {
+pub fn strip(headers: &mut HeaderMap) {
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()

@@ -23,10 +23,16 @@
 //! - `config`: [`GatewayConfig`] and [`Upstream`];
 //! - `proxy`: the reverse proxy on hyper-util's client (hop-by-hop headers,
 //!   forwarding headers, timeout, and the outcome-unknown marker);
-//! - `hop`: the hop-by-hop headers;
+//! - [`hop`]: the hop-by-hop headers;
 //! - `settings`: [`GatewaySettings`], resolved from flags, a TOML file and
 //!   the defaults, with errors that name where a bad value came from;
 //! - `accept`: the accept loop and its graceful shutdown;
+//!
+//! The pieces another proxy process builds on are public: the accept loop
+//! ([`serve_connections`]), the pooled client ([`upstream_client`]), the
+//! request as the upstream gets it ([`rewrite_for`], with the client's
+//! [`ClientAddr`]) and the [`hop`]-by-hop headers; `idem-proof`'s
+//! duplicate-injection proxy (`idem dup-proxy`) is one.
 //! - [`run`] (here): the accept loop, a `gateway` span per request (continuing
 //!   the request's `traceparent`), and graceful shutdown;
 //! - `routes`: the route templates that name a request's `route` label;
@@ -65,7 +71,7 @@
 
 mod accept;
 mod config;
-pub(crate) mod hop;
+pub mod hop;
 mod observe;
 mod probe;
 mod proxy;
@@ -97,10 +103,10 @@ pub use settings::{
 use crate::observe::RouteLabel;
 use crate::shed::InFlightLimit;
 use crate::{IdempotencyConfig, IdempotencyLayer, IdempotencyService};
-pub(crate) use accept::serve_connections;
+pub use accept::serve_connections;
 use probe::UpstreamProbe;
 use proxy::Proxy;
-pub(crate) use proxy::{ClientAddr, rewrite_for, upstream_client};
+pub use proxy::{ClientAddr, rewrite_for, upstream_client};
 use routes::RouteTemplates;
 
 /// The idempotency layer over the reverse proxy, ready to [`run`].

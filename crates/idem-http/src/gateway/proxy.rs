@@ -57,7 +57,7 @@ const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto
 /// The address of the client a request came from; the gateway's accept loop
 /// puts it in the request's extensions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct ClientAddr(pub(crate) SocketAddr);
+pub struct ClientAddr(pub SocketAddr);
 
 /// A response extension on every answer that came from the upstream (as
 /// opposed to one the layer or the gateway wrote), for counting outcomes.
@@ -205,10 +205,7 @@ impl Shared {
 /// The request as the upstream gets it: its target on the upstream, the
 /// hop-by-hop headers removed, the `X-Forwarded-*` headers set, and the
 /// current span named in `traceparent`.
-pub(crate) fn rewrite_for<B>(
-    upstream: &Upstream,
-    request: Request<B>,
-) -> Result<Request<B>, http::Error> {
+pub fn rewrite_for<B>(upstream: &Upstream, request: Request<B>) -> Result<Request<B>, http::Error> {
     let (parts, body) = request.into_parts();
     let uri = upstream.uri_for(parts.uri.path_and_query())?;
     let mut headers = parts.headers;
@@ -250,7 +247,7 @@ pub(crate) fn rewrite_for<B>(
 
 /// The pooled HTTP/1 client a proxy forwards on; opening a connection may
 /// take at most `connect_timeout`.
-pub(crate) fn upstream_client(connect_timeout: Duration) -> Client<HttpConnector, Body> {
+pub fn upstream_client(connect_timeout: Duration) -> Client<HttpConnector, Body> {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     connector.set_connect_timeout(Some(connect_timeout));

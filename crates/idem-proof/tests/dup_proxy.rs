@@ -18,7 +18,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use idem_check::history::Event;
-use idem_http::dup_proxy::{
+use idem_proof::dup_proxy::{
     self, CopyTiming, DupProxy, DupProxyConfig, Report, RouteReport, RouteVerdict, Share,
 };
 use tokio::net::TcpListener;

@@ -30,11 +30,16 @@
 //! - `route`: a request's route, identifiers written `{id}`;
 //! - `observe`: the proxy's metrics;
 //! - [`run`] (here): the accept loop, the choice of the requests sent twice,
-//!   and the three timings.
+//!   and the three timings;
+//! - [`command`]: the `idem dup-proxy` command: its flags ([`DupProxyArgs`]),
+//!   its listeners and its printed report.
+//!
+//! It is built on the gateway's pieces ([`idem_http::gateway`]): the pooled
+//! client, the hop-by-hop rules, the forwarding headers and the accept loop.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use idem_http::dup_proxy::{self, DupProxy, DupProxyConfig, Share};
+//! use idem_proof::dup_proxy::{self, DupProxy, DupProxyConfig, Share};
 //!
 //! let config = DupProxyConfig::new("http://127.0.0.1:9000".parse()?).share(Share::new(0.05)?);
 //! let proxy = DupProxy::new(config)?;
@@ -48,6 +53,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod command;
 mod config;
 mod effects;
 mod history;
@@ -76,6 +82,7 @@ use rand::{Rng, SeedableRng};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+pub use command::DupProxyArgs;
 pub use config::{
     CopyTiming, DEFAULT_SHARE, DupProxyConfig, EffectsUrl, EffectsUrlError, Share, ShareError,
 };
@@ -86,10 +93,9 @@ pub use observe::{
 pub use report::{EffectCount, Report, RouteReport, RouteVerdict};
 pub use verdict::Verdict;
 
-use crate::gateway::{ClientAddr, serve_connections};
-use crate::idempotency::{Mode, Refusal};
-use crate::key_header::{IDEMPOTENCY_KEY, parse_key};
 use history::{Asked, History};
+use idem_http::gateway::{ClientAddr, serve_connections};
+use idem_http::{IDEMPOTENCY_KEY, Mode, Refusal, parse_key};
 use report::Tally;
 use send::{Held, Reply, RequestBody, Sender};
 

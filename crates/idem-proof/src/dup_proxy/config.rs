@@ -9,8 +9,8 @@ use std::time::Duration;
 use http::Uri;
 use http::uri::Scheme;
 
-use crate::DEFAULT_BODY_LIMIT;
-use crate::gateway::{DEFAULT_UPSTREAM_TIMEOUT, Upstream};
+use idem_http::DEFAULT_BODY_LIMIT;
+use idem_http::gateway::{DEFAULT_UPSTREAM_TIMEOUT, Upstream};
 
 /// The share of requests sent twice by default: 5 %.
 pub const DEFAULT_SHARE: Share = Share(0.05);
@@ -18,12 +18,12 @@ pub const DEFAULT_SHARE: Share = Share(0.05);
 /// The share of requests that are sent twice: a number from 0 to 1.
 ///
 /// ```
-/// use idem_http::dup_proxy::Share;
+/// use idem_proof::dup_proxy::Share;
 ///
 /// assert_eq!("0.25".parse::<Share>()?.get(), 0.25);
 /// assert_eq!("10%".parse::<Share>()?.get(), 0.1);
 /// assert!("1.5".parse::<Share>().is_err());
-/// # Ok::<(), idem_http::dup_proxy::ShareError>(())
+/// # Ok::<(), idem_proof::dup_proxy::ShareError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
 pub struct Share(f64);
@@ -105,12 +105,12 @@ impl fmt::Display for CopyTiming {
 /// number, or an object with a numeric `count`.
 ///
 /// ```
-/// use idem_http::dup_proxy::EffectsUrl;
+/// use idem_proof::dup_proxy::EffectsUrl;
 ///
 /// let url: EffectsUrl = "http://127.0.0.1:9000/stats/orders".parse()?;
 /// assert_eq!(url.to_string(), "http://127.0.0.1:9000/stats/orders");
 /// assert!("127.0.0.1:9000/stats".parse::<EffectsUrl>().is_err());
-/// # Ok::<(), idem_http::dup_proxy::EffectsUrlError>(())
+/// # Ok::<(), idem_proof::dup_proxy::EffectsUrlError>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EffectsUrl(Uri);
@@ -162,7 +162,7 @@ impl fmt::Display for EffectsUrl {
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_http::dup_proxy::{CopyTiming, DupProxyConfig, Share};
+/// use idem_proof::dup_proxy::{CopyTiming, DupProxyConfig, Share};
 ///
 /// let config = DupProxyConfig::new("http://127.0.0.1:9000".parse()?)
 ///     .share(Share::new(0.1)?)

@@ -19,6 +19,21 @@
 //! (killed, or crashed after a publish) publishes it to a service that
 //! dedupes — directly, or through RabbitMQ and `idem forward` — and every
 //! acknowledged request must be applied there exactly once.
+//!
+//! # Layout
+//!
+//! - `scenario`: the catalogue of scenarios and one driver per family
+//!   (gateway, relay, the whole chain);
+//! - `verdict`: a trial's history and effects judged: the known cost apart,
+//!   violations counted;
+//! - `client`: the clients that retry under one key and write the history;
+//! - `upstream`, `relay`: the services under the gateway and the relay;
+//! - `gateway`, `dupproxy`, `child`: `idem serve`, `idem dup-proxy`, `idem
+//!   relay` and `idem forward` as child processes of the current binary;
+//! - `pgserver`: a PostgreSQL server of the campaign's own; `broker`: the
+//!   RabbitMQ queue and the JetStream stream of a trial;
+//! - `report`, `plot`: the table, the JSON, the HTML report and its plots;
+//! - [`run`] (here): the campaign: its databases, its trials, its report.
 
 mod broker;
 mod child;
@@ -31,6 +46,7 @@ mod relay;
 mod report;
 mod scenario;
 mod upstream;
+mod verdict;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -42,7 +58,8 @@ use idem::sqlx::{self, AssertSqlSafe, Connection};
 use rand::Rng;
 
 use report::Summary;
-use scenario::{Scenario, Setting};
+pub use scenario::Scenario;
+use scenario::Setting;
 
 /// `idem torture`
 #[derive(Debug, Args)]
@@ -90,6 +107,9 @@ pub(crate) fn now_ms() -> i64 {
         })
 }
 
+/// Runs `idem torture`: every trial of the scenarios asked for, the table
+/// (or JSON) on stdout, the HTML report when asked; an error when a trial
+/// found a violation.
 pub async fn run(args: &TortureArgs) -> anyhow::Result<()> {
     if !args.postgres.ip().is_loopback() {
         bail!(

@@ -27,17 +27,17 @@ use idem::PgStore;
 use rand::Rng;
 use rand::seq::SliceRandom;
 
-use super::super::broker;
-use super::super::child::{Exit, Process};
-use super::super::client::Load;
-use super::super::dupproxy::{DupProxy, Timing};
-use super::super::gateway::Gateway;
-use super::super::{Database, now_ms, relay};
-use super::{
-    CLIENTS, Carrier, DRAIN_WAIT, Explanations, Fault, Route, Setting, TrialResult, acked_keys,
-    judge,
-};
 use idem_testkit::faultproxy::{FaultProxy, Mode};
+
+use super::relay::{DRAIN_WAIT, Route, acked_keys};
+use super::{CLIENTS, Carrier, Fault, Setting, TrialResult};
+use crate::torture::broker;
+use crate::torture::child::{Exit, Process};
+use crate::torture::client::Load;
+use crate::torture::dupproxy::{DupProxy, Timing};
+use crate::torture::gateway::Gateway;
+use crate::torture::verdict::{Explanations, judge};
+use crate::torture::{Database, now_ms, relay};
 
 /// A hop of the chain, and the fault it takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,7 +5,7 @@
 
 use http::Method;
 
-use crate::observe::looks_like_an_id;
+use idem_http::observe::looks_like_an_id;
 
 /// `POST /orders/{id}/refunds` for `POST /orders/42/refunds?x=1`.
 pub(crate) fn route_of(method: &Method, path: &str) -> String {

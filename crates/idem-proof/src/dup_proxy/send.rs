@@ -18,9 +18,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use idem::error_chain;
 
 use super::verdict::Seen;
-use crate::gateway::{ClientAddr, Upstream, hop, rewrite_for, upstream_client};
-use crate::idempotency::{Mode, Refusal};
-use crate::key_header::IDEMPOTENT_REPLAYED;
+use idem_http::gateway::{ClientAddr, Upstream, hop, rewrite_for, upstream_client};
+use idem_http::{IDEMPOTENT_REPLAYED, Mode, Refusal};
 
 /// A request as it came, kept so it can be sent more than once.
 #[derive(Debug, Clone)]

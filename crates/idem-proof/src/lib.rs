@@ -1,0 +1,25 @@
+//! What users run to prove their own systems effectively-once, apart from the
+//! product: the `idem` binary's `idem dup-proxy` and `idem torture` commands
+//! are thin wrappers over this crate.
+//!
+//! # Modules
+//!
+//! - [`dup_proxy`](mod@dup_proxy): a reverse proxy for staging that sends a
+//!   share of the requests twice and reports the routes that answer the copy
+//!   as a new request, built on the gateway's proxy pieces of `idem-http`;
+//!   its history is in `idem-check`'s format. [`dup_proxy()`] runs `idem
+//!   dup-proxy` with its flags ([`DupProxyArgs`]);
+//! - [`torture`](mod@torture): a fault campaign over the real local stack:
+//!   the scenarios, the processes under test and what they depend on, the
+//!   clients that write the history, the verdict per trial, and the report
+//!   with its plots. [`torture()`] runs `idem torture` with its flags
+//!   ([`TortureArgs`]).
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod dup_proxy;
+pub mod torture;
+
+pub use dup_proxy::DupProxyArgs;
+pub use dup_proxy::command::run as dup_proxy;
+pub use torture::{TortureArgs, run as torture};

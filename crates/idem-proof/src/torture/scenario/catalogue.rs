@@ -1,0 +1,174 @@
+//! The catalogue of scenarios: their names on the command line, and what
+//! each needs and does (a kill or a cut, PostgreSQL, a broker).
+
+use clap::ValueEnum;
+
+/// A fault campaign's scenario.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Scenario {
+    /// The gateway on the embedded store, killed (SIGKILL) or crashed at a
+    /// crash point mid-load, restarted on the same file.
+    #[value(name = "gateway-sqlite-kill")]
+    SqliteKill,
+    /// The same, the gateway's store on PostgreSQL.
+    #[value(name = "gateway-postgres-kill")]
+    PostgresKill,
+    /// The embedded-store kill scenario with `idem serve --probe`: before a
+    /// retry takes over after an unknown outcome, the gateway asks the
+    /// upstream, which answers from its effects table. No repeat is expected.
+    #[value(name = "gateway-sqlite-kill-probe")]
+    SqliteKillProbe,
+    /// The same, the gateway's store on PostgreSQL.
+    #[value(name = "gateway-postgres-kill-probe")]
+    PostgresKillProbe,
+    /// The gateway's PostgreSQL connection through the fault proxy: dropped,
+    /// blackholed or delayed mid-load, then healed.
+    #[value(name = "gateway-postgres-partition")]
+    PostgresPartition,
+    /// The gateway's store on a PostgreSQL server of the campaign's own,
+    /// restarted mid-load (`pg_ctl restart -m fast` or `-m immediate`).
+    #[value(name = "gateway-postgres-restart")]
+    PostgresRestart,
+    /// The embedded-store kill scenario with `idem dup-proxy` between the
+    /// clients and the gateway, sending half the requests twice.
+    #[value(name = "gateway-dup-proxy-kill")]
+    DupProxyKill,
+    /// `idem relay`, publishing an outbox to a webhook that dedupes, killed
+    /// (SIGKILL) or crashed after a publish mid-load, restarted.
+    #[value(name = "relay-kill")]
+    RelayKill,
+    /// The same, the relay publishing to a RabbitMQ queue that `idem forward`
+    /// delivers to the webhook.
+    #[value(name = "relay-rabbitmq-kill")]
+    RelayRabbitmqKill,
+    /// The RabbitMQ stack with the relay's and `idem forward`'s broker
+    /// connections through the fault proxy, dropped or blackholed mid-load.
+    #[value(name = "relay-rabbitmq-partition")]
+    RelayRabbitmqPartition,
+    /// The relay killed or crashed, publishing to a JetStream stream that
+    /// `idem forward` delivers to the webhook.
+    #[value(name = "relay-nats-kill")]
+    RelayNatsKill,
+    /// The JetStream stack with the broker connections through the fault
+    /// proxy, dropped or blackholed mid-load.
+    #[value(name = "relay-nats-partition")]
+    RelayNatsPartition,
+    /// The whole chain on PostgreSQL: clients → `idem dup-proxy` → `idem
+    /// serve` → an application writing an outbox row in its own PostgreSQL
+    /// transaction → `idem relay` → RabbitMQ → `idem forward` → a downstream
+    /// that dedupes, with a fault at every hop in each trial.
+    #[value(name = "chain-postgres")]
+    ChainPostgres,
+}
+
+/// What carries the relay's messages to the downstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Carrier {
+    /// The relay posts to the downstream itself.
+    Webhook,
+    /// A RabbitMQ queue, and `idem forward`.
+    Rabbitmq,
+    /// A JetStream stream, and `idem forward`.
+    Nats,
+}
+
+impl Scenario {
+    /// Every scenario, in the order a campaign runs them.
+    pub const ALL: [Self; 13] = [
+        Self::SqliteKill,
+        Self::PostgresKill,
+        Self::SqliteKillProbe,
+        Self::PostgresKillProbe,
+        Self::PostgresPartition,
+        Self::PostgresRestart,
+        Self::DupProxyKill,
+        Self::RelayKill,
+        Self::RelayRabbitmqKill,
+        Self::RelayRabbitmqPartition,
+        Self::RelayNatsKill,
+        Self::RelayNatsPartition,
+        Self::ChainPostgres,
+    ];
+
+    /// The scenario's name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::SqliteKill => "gateway-sqlite-kill",
+            Self::PostgresKill => "gateway-postgres-kill",
+            Self::SqliteKillProbe => "gateway-sqlite-kill-probe",
+            Self::PostgresKillProbe => "gateway-postgres-kill-probe",
+            Self::PostgresPartition => "gateway-postgres-partition",
+            Self::PostgresRestart => "gateway-postgres-restart",
+            Self::DupProxyKill => "gateway-dup-proxy-kill",
+            Self::RelayKill => "relay-kill",
+            Self::RelayRabbitmqKill => "relay-rabbitmq-kill",
+            Self::RelayRabbitmqPartition => "relay-rabbitmq-partition",
+            Self::RelayNatsKill => "relay-nats-kill",
+            Self::RelayNatsPartition => "relay-nats-partition",
+            Self::ChainPostgres => "chain-postgres",
+        }
+    }
+
+    /// Whether the scenario needs the shared PostgreSQL server.
+    pub fn needs_postgres(self) -> bool {
+        matches!(
+            self,
+            Self::PostgresKill
+                | Self::PostgresKillProbe
+                | Self::PostgresPartition
+                | Self::ChainPostgres
+        )
+    }
+
+    /// Whether the gateway asks the upstream (`--probe`) before a takeover.
+    pub fn probes(self) -> bool {
+        matches!(self, Self::SqliteKillProbe | Self::PostgresKillProbe)
+    }
+
+    /// Whether the scenario starts a PostgreSQL server of its own.
+    pub fn needs_private_postgres(self) -> bool {
+        self == Self::PostgresRestart
+    }
+
+    /// Whether the scenario kills the process under test (or fires a crash
+    /// point in it); the others cut or restart what it depends on.
+    pub fn kills(self) -> bool {
+        matches!(
+            self,
+            Self::SqliteKill
+                | Self::PostgresKill
+                | Self::SqliteKillProbe
+                | Self::PostgresKillProbe
+                | Self::DupProxyKill
+                | Self::RelayKill
+                | Self::RelayRabbitmqKill
+                | Self::RelayNatsKill
+        )
+    }
+
+    /// What carries the relay's messages, for a relay scenario.
+    pub fn carrier(self) -> Option<Carrier> {
+        match self {
+            Self::RelayKill => Some(Carrier::Webhook),
+            Self::RelayRabbitmqKill | Self::RelayRabbitmqPartition => Some(Carrier::Rabbitmq),
+            Self::RelayNatsKill | Self::RelayNatsPartition => Some(Carrier::Nats),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::ValueEnum;
+
+    use super::*;
+
+    #[test]
+    fn every_scenario_runs_by_default_under_its_command_line_name() {
+        for scenario in Scenario::value_variants() {
+            assert!(Scenario::ALL.contains(scenario), "{scenario:?}");
+            let value = scenario.to_possible_value().unwrap();
+            assert_eq!(value.get_name(), scenario.name());
+        }
+    }
+}
