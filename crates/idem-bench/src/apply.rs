@@ -156,7 +156,10 @@ async fn prefill<S: Ledger>(
 }
 
 /// Runs the benchmark on `location`, or on a temporary SQLite file.
-pub async fn run(location: Option<StoreLocation>, args: &BenchApplyArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(
+    location: Option<StoreLocation>,
+    args: &BenchApplyArgs,
+) -> anyhow::Result<()> {
     anyhow::ensure!(
         args.ops > 0 && args.batch > 0 && args.accounts > 0,
         "--ops, --batch and --accounts must be positive"

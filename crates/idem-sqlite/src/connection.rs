@@ -40,7 +40,7 @@ impl Synchronous {
 
 /// How connections are opened.
 #[derive(Debug, Clone)]
-pub struct ConnectionOptions {
+pub(crate) struct ConnectionOptions {
     /// Durability of commits.
     pub synchronous: Synchronous,
     /// How long a statement waits for another process's write lock.
@@ -140,11 +140,11 @@ fn commit_group(conn: &mut Connection, group: Vec<GroupedJob>) {
 /// the pool is bounded: reads beyond this many wait for a connection instead
 /// of opening one more, and the store's memory does not follow its busiest
 /// moment.
-pub const MAX_READERS: usize = 8;
+pub(crate) const MAX_READERS: usize = 8;
 
 /// The writer thread's queue and a bounded pool of read connections.
 #[derive(Debug)]
-pub struct Connections {
+pub(crate) struct Connections {
     path: PathBuf,
     options: ConnectionOptions,
     writer: mpsc::Sender<Job>,
@@ -185,7 +185,7 @@ fn open(path: &Path, options: &ConnectionOptions) -> Result<Connection, Error> {
 impl Connections {
     /// Opens the write connection, runs `setup` on it (migrations), and starts
     /// the writer thread.
-    pub async fn open(
+    pub(crate) async fn open(
         path: PathBuf,
         options: ConnectionOptions,
         setup: impl FnOnce(&mut Connection) -> Result<(), Error> + Send + 'static,
@@ -229,14 +229,14 @@ impl Connections {
     }
 
     /// The database file.
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
     /// Runs `job` on the writer thread and waits for its result. A panic inside
     /// the job (for example in a user's effect) rolls back its transaction and is
     /// reported as an error; the writer keeps serving.
-    pub async fn write<R: Send + 'static>(
+    pub(crate) async fn write<R: Send + 'static>(
         &self,
         job: impl FnOnce(&mut Connection) -> R + Send + 'static,
     ) -> Result<R, Error> {
@@ -264,7 +264,7 @@ impl Connections {
     /// job undoes only its own changes), and answers once that transaction has
     /// committed. Under concurrency many claims and completions share one commit
     /// and one disk flush; alone, a job costs what a transaction of its own would.
-    pub async fn write_grouped<R, X>(
+    pub(crate) async fn write_grouped<R, X>(
         &self,
         job: impl FnOnce(&mut Connection) -> Result<R, X> + Send + 'static,
     ) -> Result<R, X>
@@ -295,7 +295,7 @@ impl Connections {
 
     /// Runs `job` on a read connection on the blocking pool, once one of the
     /// [`MAX_READERS`] is free.
-    pub async fn read<R: Send + 'static>(
+    pub(crate) async fn read<R: Send + 'static>(
         &self,
         job: impl FnOnce(&Connection) -> Result<R, Error> + Send + 'static,
     ) -> Result<R, Error> {

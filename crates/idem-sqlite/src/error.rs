@@ -53,7 +53,7 @@ fn kind_of(error: &rusqlite::Error) -> ErrorKind {
 }
 
 /// A stored value that this version cannot read back.
-pub fn corrupt(message: String) -> Error {
+pub(crate) fn corrupt(message: String) -> Error {
     StoreError::new(ErrorKind::Corrupt, message).into()
 }
 

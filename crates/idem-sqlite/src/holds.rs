@@ -15,18 +15,18 @@ type Pair = (String, String);
 
 /// The set of keys held by callers in this process.
 #[derive(Debug, Default, Clone)]
-pub struct Holds(Arc<Mutex<HashSet<Pair>>>);
+pub(crate) struct Holds(Arc<Mutex<HashSet<Pair>>>);
 
 /// A held key; dropping it releases the hold.
 #[derive(Debug)]
-pub struct Hold {
+pub(crate) struct Hold {
     set: Arc<Mutex<HashSet<Pair>>>,
     pair: Pair,
 }
 
 impl Holds {
     /// Takes the hold on `(scope, key)`, or `None` if another caller has it.
-    pub fn try_hold(&self, scope: &str, key: &str) -> Option<Hold> {
+    pub(crate) fn try_hold(&self, scope: &str, key: &str) -> Option<Hold> {
         let pair = (scope.to_owned(), key.to_owned());
         let inserted = self
             .0

@@ -79,7 +79,7 @@ impl RawRow {
 }
 
 /// Reads one record.
-pub fn select(conn: &Connection, scope: &str, key: &str) -> Result<Option<Record>, Error> {
+pub(crate) fn select(conn: &Connection, scope: &str, key: &str) -> Result<Option<Record>, Error> {
     let mut stmt = conn
         .prepare_cached(&format!(
             "SELECT {COLUMNS} FROM idem_records WHERE scope = ?1 AND key = ?2"
@@ -93,7 +93,7 @@ pub fn select(conn: &Connection, scope: &str, key: &str) -> Result<Option<Record
 }
 
 /// Reads the records for many `(scope, key)` pairs with one statement.
-pub fn select_many(conn: &Connection, pairs: &[(&str, &str)]) -> Result<Vec<Record>, Error> {
+pub(crate) fn select_many(conn: &Connection, pairs: &[(&str, &str)]) -> Result<Vec<Record>, Error> {
     let wanted = serde_json::to_string(pairs).expect("string pairs always serialize");
     let mut stmt = conn
         .prepare_cached(&format!(
@@ -114,7 +114,7 @@ pub fn select_many(conn: &Connection, pairs: &[(&str, &str)]) -> Result<Vec<Reco
 /// Writes a whole record, inserting it or replacing the one stored under the
 /// same `(scope, key)`. Callers have decided, inside the same transaction, that
 /// the replacement is allowed.
-pub fn write(conn: &Connection, record: &Record) -> Result<(), Error> {
+pub(crate) fn write(conn: &Connection, record: &Record) -> Result<(), Error> {
     let mut stmt = conn
         .prepare_cached(&format!(
             "INSERT INTO idem_records ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12) \
@@ -146,7 +146,7 @@ pub fn write(conn: &Connection, record: &Record) -> Result<(), Error> {
 
 /// A change to an in-flight record, accepted only from the holder of its token.
 #[derive(Debug)]
-pub enum HeldChange<'a> {
+pub(crate) enum HeldChange<'a> {
     /// Store the outcome and settle the record. Its window (`created_at`,
     /// `expires_at`) stays as the first claim set it.
     Settle(&'a Outcome),
@@ -157,7 +157,7 @@ pub enum HeldChange<'a> {
 
 /// Applies `change` if `token` is still the record's token and it is in flight.
 /// Returns whether a row was changed.
-pub fn update_held(
+pub(crate) fn update_held(
     conn: &Connection,
     scope: &str,
     key: &str,
@@ -201,7 +201,7 @@ pub fn update_held(
 }
 
 /// Records matching `filter`, newest first.
-pub fn list(conn: &Connection, filter: &RecordFilter) -> Result<Vec<Record>, Error> {
+pub(crate) fn list(conn: &Connection, filter: &RecordFilter) -> Result<Vec<Record>, Error> {
     let mut stmt = conn
         .prepare_cached(&format!(
             "SELECT {COLUMNS} FROM idem_records \
@@ -230,7 +230,7 @@ pub fn list(conn: &Connection, filter: &RecordFilter) -> Result<Vec<Record>, Err
 }
 
 /// `(all records, records past retention)`.
-pub fn count(conn: &Connection, now: Timestamp) -> Result<(u64, u64), Error> {
+pub(crate) fn count(conn: &Connection, now: Timestamp) -> Result<(u64, u64), Error> {
     conn.prepare_cached("SELECT count(*), coalesce(sum(expires_at <= ?1), 0) FROM idem_records")
         .and_then(|mut stmt| {
             stmt.query_row(params![now.0], |row| {
@@ -244,7 +244,7 @@ pub fn count(conn: &Connection, now: Timestamp) -> Result<(u64, u64), Error> {
 /// The gauges' figures: an exact count (SQLite keeps no estimate; the
 /// sweeper reads it once per pass, not per scrape) and the creation time of
 /// the record that expires first, from the expiry index.
-pub fn glance(conn: &Connection, now: Timestamp) -> Result<RecordGlance, Error> {
+pub(crate) fn glance(conn: &Connection, now: Timestamp) -> Result<RecordGlance, Error> {
     conn.prepare_cached(
         "SELECT (SELECT count(*) FROM idem_records), \
                 (SELECT created_at FROM idem_records ORDER BY expires_at LIMIT 1)",
@@ -262,7 +262,7 @@ pub fn glance(conn: &Connection, now: Timestamp) -> Result<RecordGlance, Error> 
 }
 
 /// Deletes at most `limit` records past retention, oldest first.
-pub fn sweep_batch(conn: &Connection, now: Timestamp, limit: usize) -> Result<u64, Error> {
+pub(crate) fn sweep_batch(conn: &Connection, now: Timestamp, limit: usize) -> Result<u64, Error> {
     let mut stmt = conn
         .prepare_cached(
             "DELETE FROM idem_records WHERE (scope, key) IN \

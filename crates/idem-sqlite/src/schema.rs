@@ -106,7 +106,7 @@ pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
 /// Brings the database up to [`SCHEMA_VERSION`]. Refuses a database written by a
 /// newer version rather than guessing.
-pub fn migrate(conn: &mut Connection) -> Result<(), Error> {
+pub(crate) fn migrate(conn: &mut Connection) -> Result<(), Error> {
     loop {
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)

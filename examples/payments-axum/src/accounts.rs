@@ -10,7 +10,7 @@ use idem::sqlx::{self, PgConnection};
 
 /// The accounts and payments tables, on the connection of a store's
 /// transaction.
-pub trait Accounts: Send {
+pub(crate) trait Accounts: Send {
     /// The driver's error.
     type Error: std::error::Error + Send + Sync + 'static;
 

@@ -7,13 +7,13 @@ use serde_json::json;
 
 /// A debit: `{"account": "acc-1", "amount": 250}` (cents).
 #[derive(Debug, Deserialize)]
-pub struct Payment {
+pub(crate) struct Payment {
     pub account: String,
     pub amount: i64,
 }
 
 /// Parses and checks a payment; the error says what is wrong with it.
-pub fn parse(body: &[u8]) -> Result<Payment, String> {
+pub(crate) fn parse(body: &[u8]) -> Result<Payment, String> {
     let payment: Payment = serde_json::from_slice(body)
         .map_err(|e| format!("the body must be {{\"account\": \"...\", \"amount\": N}}: {e}"))?;
     if payment.amount <= 0 {
@@ -23,12 +23,12 @@ pub fn parse(body: &[u8]) -> Result<Payment, String> {
 }
 
 /// 400: the payment makes no sense. Stored: the same body is as wrong next time.
-pub fn invalid(problem: String) -> StoredResponse {
+pub(crate) fn invalid(problem: String) -> StoredResponse {
     rejected(StatusCode::BAD_REQUEST, problem)
 }
 
 /// 201: the payment was taken; `balance` is what is left.
-pub fn taken(id: i64, payment: &Payment, balance: i64) -> StoredResponse {
+pub(crate) fn taken(id: i64, payment: &Payment, balance: i64) -> StoredResponse {
     StoredResponse::json(
         StatusCode::CREATED,
         &json!({ "payment": id, "account": payment.account, "amount": payment.amount, "balance": balance }),
@@ -37,7 +37,7 @@ pub fn taken(id: i64, payment: &Payment, balance: i64) -> StoredResponse {
 }
 
 /// 402: not enough money. Stored like a success: a retry gets the same answer.
-pub fn declined(payment: &Payment, balance: i64) -> StoredResponse {
+pub(crate) fn declined(payment: &Payment, balance: i64) -> StoredResponse {
     rejected(
         StatusCode::PAYMENT_REQUIRED,
         format!(
@@ -48,7 +48,7 @@ pub fn declined(payment: &Payment, balance: i64) -> StoredResponse {
 }
 
 /// 404: no such account.
-pub fn unknown_account(payment: &Payment) -> StoredResponse {
+pub(crate) fn unknown_account(payment: &Payment) -> StoredResponse {
     rejected(
         StatusCode::NOT_FOUND,
         format!("no account {}", payment.account),
@@ -61,18 +61,21 @@ fn rejected(status: StatusCode, message: impl Into<String>) -> StoredResponse {
 
 /// `GET /balance?account=...` (default: the demo account).
 #[derive(Debug, Deserialize)]
-pub struct BalanceQuery {
+pub(crate) struct BalanceQuery {
     pub account: Option<String>,
 }
 
 impl BalanceQuery {
-    pub fn account(&self) -> &str {
+    pub(crate) fn account(&self) -> &str {
         self.account.as_deref().unwrap_or(crate::DEMO_ACCOUNT.0)
     }
 }
 
 /// The `GET /balance` answer.
-pub fn balance(account: &str, balance: Option<i64>) -> (StatusCode, axum::Json<serde_json::Value>) {
+pub(crate) fn balance(
+    account: &str,
+    balance: Option<i64>,
+) -> (StatusCode, axum::Json<serde_json::Value>) {
     match balance {
         Some(balance) => (
             StatusCode::OK,

@@ -15,12 +15,12 @@ use crate::payment::{self, BalanceQuery};
 
 /// A store the API runs on: its effects get a connection that speaks
 /// [`Accounts`].
-pub trait PaymentStore: AtomicStore<Tx: Accounts> + Clone + 'static {}
+pub(crate) trait PaymentStore: AtomicStore<Tx: Accounts> + Clone + 'static {}
 
 impl<S: AtomicStore<Tx: Accounts> + Clone + 'static> PaymentStore for S {}
 
 /// Creates the tables and opens the demo account if they are missing.
-pub async fn prepare<S: PaymentStore>(store: &S) -> anyhow::Result<()> {
+pub(crate) async fn prepare<S: PaymentStore>(store: &S) -> anyhow::Result<()> {
     let (account, balance) = crate::DEMO_ACCOUNT;
     store
         .transaction(async move |tx: &mut S::Tx| tx.prepare(account, balance).await)
@@ -29,7 +29,7 @@ pub async fn prepare<S: PaymentStore>(store: &S) -> anyhow::Result<()> {
 }
 
 /// The routes on `store`.
-pub fn router<S: PaymentStore>(store: S, config: IdempotencyConfig) -> Router {
+pub(crate) fn router<S: PaymentStore>(store: S, config: IdempotencyConfig) -> Router {
     Router::new()
         .route(
             "/payments",

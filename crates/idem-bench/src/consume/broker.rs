@@ -239,11 +239,13 @@ async fn nats_context(url: &str) -> anyhow::Result<async_nats::jetstream::Contex
 }
 
 mod amqp {
-    pub use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
-    pub use lapin::types::FieldTable;
-    pub use lapin::{BasicProperties, Connection};
+    pub(super) use lapin::options::{
+        BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
+    };
+    pub(super) use lapin::types::FieldTable;
+    pub(super) use lapin::{BasicProperties, Connection};
 
-    pub async fn connect(url: &str) -> anyhow::Result<Connection> {
+    pub(super) async fn connect(url: &str) -> anyhow::Result<Connection> {
         use anyhow::Context;
         Connection::connect(url, lapin::ConnectionProperties::default())
             .await
@@ -267,7 +269,11 @@ mod kafka {
             .with_context(|| format!("cannot make a Kafka admin client for {brokers}"))
     }
 
-    pub async fn create_topic(brokers: &str, name: &str, partitions: i32) -> anyhow::Result<()> {
+    pub(super) async fn create_topic(
+        brokers: &str,
+        name: &str,
+        partitions: i32,
+    ) -> anyhow::Result<()> {
         let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
         let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
         for result in admin(brokers)?
@@ -283,7 +289,7 @@ mod kafka {
 
     /// Produces `messages` records, each with its key in the
     /// `idempotency-key` header, with the idempotent producer.
-    pub async fn fill(
+    pub(super) async fn fill(
         brokers: &str,
         topic: &str,
         messages: usize,

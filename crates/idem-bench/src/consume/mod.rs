@@ -63,7 +63,10 @@ const PHASES: [(Consumer, Mode); 4] = [
 
 /// Runs the benchmark on `store`, or on a fresh PostgreSQL database made on
 /// `--postgres-server` for the run.
-pub async fn run(store: Option<StoreLocation>, args: &BenchConsumeArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(
+    store: Option<StoreLocation>,
+    args: &BenchConsumeArgs,
+) -> anyhow::Result<()> {
     anyhow::ensure!(
         args.messages > 0 && args.batch > 0 && args.concurrency > 0 && args.accounts > 0,
         "--messages, --batch, --concurrency and --accounts must be positive"

@@ -258,7 +258,10 @@ async fn measure(
 
 /// Runs the benchmark with the gateway on `location`, or on a temporary
 /// SQLite file per upstream.
-pub async fn run(location: Option<StoreLocation>, args: &BenchHttpArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(
+    location: Option<StoreLocation>,
+    args: &BenchHttpArgs,
+) -> anyhow::Result<()> {
     anyhow::ensure!(
         args.requests > 0 && args.concurrency > 0,
         "--requests and --concurrency must be positive"

@@ -24,7 +24,7 @@ use super::error::{PublishError, PublishErrorKind};
 use super::message::{Message, Publish};
 
 /// How long one webhook call may take, answer included.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+pub(super) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
 type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
 

@@ -14,7 +14,7 @@ use idem_broker::consume::{ApplyBatch, AtomicApply, ConsumerStore, KeyedMessage}
 use sqlx::{AssertSqlSafe, Connection, PgConnection};
 
 /// The opening balance of account 1.
-pub const OPENING_BALANCE: i64 = 1_000_000;
+pub(crate) const OPENING_BALANCE: i64 = 1_000_000;
 
 #[derive(Debug, serde::Deserialize)]
 struct Order {
@@ -28,11 +28,11 @@ fn order(message: &KeyedMessage) -> Result<Order, String> {
 }
 
 /// The bank's connection: the store's, inside its transaction.
-pub type Tx<B> = <<B as Bank>::Store as AtomicStore>::Tx;
+pub(crate) type Tx<B> = <<B as Bank>::Store as AtomicStore>::Tx;
 
 /// A store with the bank's tables, and the effect that writes them. A bank
 /// gives the SQL for its database; the effect and the reads are written once.
-pub trait Bank: Sized + Send + Sync + 'static {
+pub(crate) trait Bank: Sized + Send + Sync + 'static {
     /// The store.
     type Store: AtomicStore + RecordStore + ConsumerStore + std::fmt::Debug;
     /// What the bank calls itself in test output.
@@ -115,7 +115,7 @@ pub trait Bank: Sized + Send + Sync + 'static {
 use std::future::Future;
 
 /// The bank on the embedded store, in a temporary directory.
-pub struct SqliteBank {
+pub(crate) struct SqliteBank {
     store: SqliteStore,
     _dir: Option<tempfile::TempDir>,
 }
@@ -210,7 +210,7 @@ impl Bank for SqliteBank {
 }
 
 /// The bank on PostgreSQL, in a database of its own, dropped after.
-pub struct PgBank {
+pub(crate) struct PgBank {
     store: PgStore,
     url: String,
     _db: Option<TestDb>,
@@ -302,13 +302,13 @@ impl Bank for PgBank {
 }
 
 /// A throwaway PostgreSQL database, dropped when the test ends.
-pub struct TestDb {
+pub(crate) struct TestDb {
     pub url: String,
     _database: idem_testkit::postgres::TestDatabase,
 }
 
 impl TestDb {
-    pub async fn new() -> Option<TestDb> {
+    pub(crate) async fn new() -> Option<TestDb> {
         let database = idem_testkit::postgres::TestDatabase::create("idem_broker_t").await?;
         Some(TestDb {
             url: database.url().to_owned(),
@@ -318,4 +318,4 @@ impl TestDb {
 }
 
 /// Shares a bank between the test and a consumer task.
-pub type Shared<B> = Arc<B>;
+pub(crate) type Shared<B> = Arc<B>;

@@ -18,7 +18,7 @@ use lapin::{BasicProperties, Connection, ConnectionProperties};
 use super::suffix;
 
 /// A broker the scenarios run against.
-pub trait Broker: Sized + Send + Sync + 'static {
+pub(crate) trait Broker: Sized + Send + Sync + 'static {
     /// Its transport.
     type Transport: Transport;
     /// What it calls itself in test output.
@@ -49,7 +49,7 @@ fn nats_url() -> String {
 }
 
 /// A RabbitMQ queue of the test's own (classic, or quorum for delivery counts).
-pub struct Rabbit {
+pub(crate) struct Rabbit {
     pub url: String,
     pub queue: String,
     _connection: Connection,
@@ -59,7 +59,7 @@ pub struct Rabbit {
 
 impl Rabbit {
     /// A queue of the given type (`classic` or `quorum`).
-    pub async fn declare(kind: &str) -> Option<Self> {
+    pub(crate) async fn declare(kind: &str) -> Option<Self> {
         let url = amqp_url();
         let connection = match Connection::connect(&url, ConnectionProperties::default()).await {
             Ok(connection) => connection,
@@ -198,7 +198,7 @@ impl Drop for Rabbit {
 /// Keys travel in an `Idem-Key` header here, not in `Nats-Msg-Id`: the
 /// tests publish true duplicates, which JetStream's own dedupe window would
 /// otherwise drop before any consumer saw them.
-pub struct Jet {
+pub(crate) struct Jet {
     pub url: String,
     pub stream: String,
     pub subject: String,
@@ -207,7 +207,7 @@ pub struct Jet {
 }
 
 /// The durable consumer the tests use.
-pub const WORKER: &str = "worker";
+pub(crate) const WORKER: &str = "worker";
 
 impl Jet {
     async fn connect() -> Option<jetstream::Context> {
@@ -221,7 +221,7 @@ impl Jet {
     }
 
     /// A stream of its own keeping messages for `max_age` (zero: forever).
-    pub async fn with_max_age(max_age: Duration) -> Option<Self> {
+    pub(crate) async fn with_max_age(max_age: Duration) -> Option<Self> {
         let js = Self::connect().await?;
         let name = suffix();
         let stream = format!("IDEM_T_{}", name.to_uppercase());
@@ -244,7 +244,7 @@ impl Jet {
     }
 
     /// Publishes with `Nats-Msg-Id` set (JetStream dedupes a repeat of it).
-    pub async fn publish_with_msg_id(&self, id: &str, payload: &[u8]) {
+    pub(crate) async fn publish_with_msg_id(&self, id: &str, payload: &[u8]) {
         let mut headers = HeaderMap::new();
         headers.insert("Nats-Msg-Id", id);
         self.js
@@ -343,7 +343,7 @@ fn kafka_brokers() -> String {
 
 /// The librdkafka settings of the tests' consumers: a dead member leaves the
 /// group after 6 s instead of 45 s.
-pub fn kafka_test_settings() -> idem_broker::kafka::Settings {
+pub(crate) fn kafka_test_settings() -> idem_broker::kafka::Settings {
     let settings = idem_broker::kafka::Settings::new()
         .set("session.timeout.ms", "6000")
         .set("heartbeat.interval.ms", "500");
@@ -355,7 +355,7 @@ pub fn kafka_test_settings() -> idem_broker::kafka::Settings {
 
 /// A Kafka topic of the test's own (2 partitions) and a consumer group of
 /// its own. Keys travel in the `idempotency-key` header, the default rule.
-pub struct Kafka {
+pub(crate) struct Kafka {
     pub brokers: String,
     pub topic: String,
     pub group: String,
@@ -365,17 +365,17 @@ pub struct Kafka {
 
 impl Kafka {
     /// A fresh topic with `partitions` partitions, or `None` when no broker answers.
-    pub async fn with_partitions(partitions: i32) -> Option<Self> {
+    pub(crate) async fn with_partitions(partitions: i32) -> Option<Self> {
         Self::create(partitions, &[]).await
     }
 
     /// A fresh topic with these topic settings (`retention.ms`, ...).
-    pub async fn create(partitions: i32, settings: &[(&str, &str)]) -> Option<Self> {
+    pub(crate) async fn create(partitions: i32, settings: &[(&str, &str)]) -> Option<Self> {
         Self::create_at(kafka_brokers(), partitions, settings).await
     }
 
     /// A fresh topic on the broker at `brokers`.
-    pub async fn create_at(
+    pub(crate) async fn create_at(
         brokers: String,
         partitions: i32,
         settings: &[(&str, &str)],
@@ -429,7 +429,7 @@ impl Kafka {
     }
 
     /// A transport with these options (the test settings added).
-    pub async fn transport_with(
+    pub(crate) async fn transport_with(
         &self,
         mut options: idem_broker::consume::KafkaOptions,
     ) -> idem_broker::consume::KafkaTransport {
@@ -447,7 +447,7 @@ impl Kafka {
     }
 
     /// Publishes with a record key (records with one key share a partition).
-    pub async fn publish_keyed(&self, record_key: &str, key: Option<&str>, payload: &[u8]) {
+    pub(crate) async fn publish_keyed(&self, record_key: &str, key: Option<&str>, payload: &[u8]) {
         self.send(Some(record_key), key, payload).await;
     }
 

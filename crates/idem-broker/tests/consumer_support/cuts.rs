@@ -15,7 +15,7 @@ use super::{Bank, Broker, OPENING_BALANCE, Running, config, suffix};
 const ORDER_1: &[u8] = br#"{"amount": 1}"#;
 
 /// A broker a consumer can reach through a fault proxy.
-pub trait Cuttable: Broker {
+pub(crate) trait Cuttable: Broker {
     /// The broker's own address (the proxy's target).
     fn server(&self) -> SocketAddr;
     /// A reconnecting transport that connects through `via`, named `name` in
@@ -28,7 +28,7 @@ pub trait Cuttable: Broker {
 }
 
 /// The backoff of the tests: quick attempts.
-pub fn quick() -> Reconnect {
+pub(crate) fn quick() -> Reconnect {
     Reconnect::default()
         .min(Duration::from_millis(50))
         .max(Duration::from_millis(500))
@@ -36,7 +36,7 @@ pub fn quick() -> Reconnect {
 }
 
 /// The address in `url` (`scheme://[user@]host:port/...`).
-pub fn address(url: &str) -> SocketAddr {
+pub(crate) fn address(url: &str) -> SocketAddr {
     let parsed = url::Url::parse(url).expect("a URL");
     let host = parsed.host_str().expect("a host");
     let port = parsed.port().expect("a port");
@@ -44,7 +44,7 @@ pub fn address(url: &str) -> SocketAddr {
 }
 
 /// `url` with its host and port replaced by `via`.
-pub fn through(url: &str, via: SocketAddr) -> String {
+pub(crate) fn through(url: &str, via: SocketAddr) -> String {
     let mut parsed = url::Url::parse(url).expect("a URL");
     parsed.set_ip_host(via.ip()).expect("an IP host");
     parsed.set_port(Some(via.port())).expect("a port");
@@ -52,7 +52,7 @@ pub fn through(url: &str, via: SocketAddr) -> String {
 }
 
 /// Waits (at most 30 s) until `done` holds.
-pub async fn wait_until(what: &str, done: impl Fn() -> bool) {
+pub(crate) async fn wait_until(what: &str, done: impl Fn() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while !done() {
         assert!(Instant::now() < deadline, "timed out waiting until {what}");
@@ -67,12 +67,12 @@ fn reported_down(name: &str) -> bool {
 /// Ten messages, a cut (the connection closed and refused for a while, ten
 /// more published meanwhile and a copy of an early one), the connection back,
 /// ten more: thirty effects, one per key; the health said "down" while it was.
-pub async fn consumes_across_a_cut<B: Cuttable, K: Bank>() {
+pub(crate) async fn consumes_across_a_cut<B: Cuttable, K: Bank>() {
     across_a_cut::<B, K>(false).await
 }
 
 /// The same in batch mode.
-pub async fn consumes_batches_across_a_cut<B: Cuttable, K: Bank>() {
+pub(crate) async fn consumes_batches_across_a_cut<B: Cuttable, K: Bank>() {
     across_a_cut::<B, K>(true).await
 }
 

@@ -10,11 +10,11 @@
 
 #![allow(dead_code, unused_imports)]
 
-pub mod bank;
-pub mod brokers;
-pub mod cuts;
-pub mod scenarios;
-pub mod tansu;
+pub(crate) mod bank;
+pub(crate) mod brokers;
+pub(crate) mod cuts;
+pub(crate) mod scenarios;
+pub(crate) mod tansu;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -25,12 +25,12 @@ use idem_broker::consume::{ConsumeError, ConsumerConfig, KeyRule, Stats, StatsSn
 use idem_retry::Backoff;
 use tokio::sync::oneshot;
 
-pub use bank::{Bank, OPENING_BALANCE, PgBank, SqliteBank};
+pub(crate) use bank::{Bank, OPENING_BALANCE, PgBank, SqliteBank};
 #[allow(unused_imports)]
-pub use brokers::{Broker, Jet, Kafka, Rabbit};
+pub(crate) use brokers::{Broker, Jet, Kafka, Rabbit};
 
 /// A random lower-case hex suffix.
-pub fn suffix() -> String {
+pub(crate) fn suffix() -> String {
     use std::hash::{BuildHasher, RandomState};
     format!(
         "{:012x}",
@@ -39,7 +39,7 @@ pub fn suffix() -> String {
 }
 
 /// The consumer config of the tests: fast redeliveries.
-pub fn config(rule: KeyRule) -> ConsumerConfig {
+pub(crate) fn config(rule: KeyRule) -> ConsumerConfig {
     ConsumerConfig::new(Scope::new("ledger").unwrap())
         .key(rule)
         .concurrency(4)
@@ -51,7 +51,7 @@ pub fn config(rule: KeyRule) -> ConsumerConfig {
 }
 
 /// A consumer running in its own task until [`Running::stop`].
-pub struct Running {
+pub(crate) struct Running {
     stats: Arc<Stats>,
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<Result<StatsSnapshot, ConsumeError>>,
@@ -59,7 +59,7 @@ pub struct Running {
 
 impl Running {
     /// Starts `run(shutdown)` (a consumer's `run` or `run_batched`).
-    pub fn start<F, Fut>(stats: Arc<Stats>, run: F) -> Running
+    pub(crate) fn start<F, Fut>(stats: Arc<Stats>, run: F) -> Running
     where
         F: FnOnce(futures::future::BoxFuture<'static, ()>) -> Fut,
         Fut: Future<Output = Result<StatsSnapshot, ConsumeError>> + Send + 'static,
@@ -77,7 +77,11 @@ impl Running {
     }
 
     /// Waits (at most 60 s) until `done` holds for the counters.
-    pub async fn until(&self, what: &str, done: impl Fn(&StatsSnapshot) -> bool) -> StatsSnapshot {
+    pub(crate) async fn until(
+        &self,
+        what: &str,
+        done: impl Fn(&StatsSnapshot) -> bool,
+    ) -> StatsSnapshot {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let now = self.stats.snapshot();
@@ -97,7 +101,7 @@ impl Running {
     }
 
     /// Stops the consumer and returns its final counters.
-    pub async fn stop(mut self) -> StatsSnapshot {
+    pub(crate) async fn stop(mut self) -> StatsSnapshot {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }

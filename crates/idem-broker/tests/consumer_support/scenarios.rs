@@ -25,7 +25,7 @@ async fn start<B: Broker, K: Bank>() -> Option<(B, K)> {
 
 /// The same message published twice, one delivery given back to the broker
 /// (nack/requeue), and a late copy after the first was acked: one effect.
-pub async fn duplicates_and_redeliveries<B: Broker, K: Bank>() {
+pub(crate) async fn duplicates_and_redeliveries<B: Broker, K: Bank>() {
     let Some((broker, bank)) = start::<B, K>().await else {
         return;
     };
@@ -67,7 +67,7 @@ pub async fn duplicates_and_redeliveries<B: Broker, K: Bank>() {
 /// A dedupe window shorter than the producer's retry horizon stops the
 /// consumer at start-up, before it applies anything; a horizon inside the
 /// window (a relay's, with the defaults) lets the next one run.
-pub async fn window_shorter_than_the_producer_horizon<B: Broker, K: Bank>() {
+pub(crate) async fn window_shorter_than_the_producer_horizon<B: Broker, K: Bank>() {
     let Some((broker, bank)) = start::<B, K>().await else {
         return;
     };
@@ -127,7 +127,7 @@ pub async fn window_shorter_than_the_producer_horizon<B: Broker, K: Bank>() {
 
 /// A message whose effect always fails is dead-lettered after 5 attempts
 /// with its key; the others go on. After a fix, its redrive is applied once.
-pub async fn poison_then_redrive<B: Broker, K: Bank>() {
+pub(crate) async fn poison_then_redrive<B: Broker, K: Bank>() {
     let Some((broker, bank)) = start::<B, K>().await else {
         return;
     };
@@ -186,7 +186,7 @@ pub async fn poison_then_redrive<B: Broker, K: Bank>() {
 /// A message without a key is dead-lettered with the reason; with the
 /// coordinates fallback it is applied under `STREAM/SEQUENCE` (NATS) or
 /// `TOPIC/PARTITION/OFFSET` (Kafka).
-pub async fn keyless<B: Broker, K: Bank>() {
+pub(crate) async fn keyless<B: Broker, K: Bank>() {
     let Some((broker, bank)) = start::<B, K>().await else {
         return;
     };
@@ -247,7 +247,7 @@ pub async fn keyless<B: Broker, K: Bank>() {
 
 /// Batch mode end to end: 200 orders, 50 of them published twice, one
 /// without a key and one poison; batches of 100.
-pub async fn batches<B: Broker, K: Bank>() {
+pub(crate) async fn batches<B: Broker, K: Bank>() {
     let Some((broker, bank)) = start::<B, K>().await else {
         return;
     };
@@ -292,7 +292,7 @@ const CRASH_KEY: &str = "crash-1";
 /// `apply.inside-effect` (the effect wrote, nothing committed) or
 /// `consume.before-ack` (committed, not acked); a fresh consumer then gets
 /// the redelivery. One effect either way.
-pub async fn crash<B: Broker, K: Bank>(point: &'static str, child_test: &str) {
+pub(crate) async fn crash<B: Broker, K: Bank>(point: &'static str, child_test: &str) {
     let Some((broker, bank)) = start::<B, K>().await else {
         return;
     };
@@ -348,7 +348,7 @@ pub async fn crash<B: Broker, K: Bank>(point: &'static str, child_test: &str) {
 /// The child's side of [`crash`]: does nothing unless started by it. Its
 /// effect marks `apply.inside-effect` after its write; the consumer marks
 /// `consume.before-ack` after the commit; `IDEM_CRASH` says which aborts.
-pub async fn crash_child<B: Broker, K: Bank>() {
+pub(crate) async fn crash_child<B: Broker, K: Bank>() {
     let Ok(location) = std::env::var(CRASH_STORE) else {
         return;
     };

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 const START: Duration = Duration::from_secs(20);
 
 /// A running (or killed) tansu broker on its own port and file.
-pub struct Tansu {
+pub(crate) struct Tansu {
     binary: PathBuf,
     dir: tempfile::TempDir,
     addr: SocketAddr,
@@ -38,7 +38,7 @@ fn binary() -> PathBuf {
 impl Tansu {
     /// Starts a broker on a free port and waits until it answers, or `None`
     /// when there is no tansu binary.
-    pub async fn start() -> Option<Self> {
+    pub(crate) async fn start() -> Option<Self> {
         let binary = binary();
         if !binary.is_file() {
             idem_testkit::services::missing_service(
@@ -61,12 +61,12 @@ impl Tansu {
     }
 
     /// `host:port`, for `bootstrap.servers`.
-    pub fn brokers(&self) -> String {
+    pub(crate) fn brokers(&self) -> String {
         self.addr.to_string()
     }
 
     /// Kills the broker (SIGKILL) and waits until it is gone.
-    pub fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
@@ -75,7 +75,7 @@ impl Tansu {
 
     /// Starts the broker on the same port and file (after [`kill`](Self::kill))
     /// and waits until it answers.
-    pub async fn restart(&mut self) {
+    pub(crate) async fn restart(&mut self) {
         assert!(self.child.is_none(), "the broker is running");
         let url = format!("tcp://{}", self.addr);
         let log = std::fs::OpenOptions::new()
@@ -115,7 +115,7 @@ impl Tansu {
     }
 
     /// The broker's output so far.
-    pub fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("tansu.log")).unwrap_or_default()
     }
 }

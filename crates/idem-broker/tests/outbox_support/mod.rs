@@ -22,26 +22,26 @@ use lapin::options::{BasicGetOptions, QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::FieldTable;
 
 /// A random lowercase suffix for queue, stream, subject and database names.
-pub fn unique(prefix: &str) -> String {
+pub(crate) fn unique(prefix: &str) -> String {
     format!(
         "{prefix}_{:012x}",
         RandomState::new().hash_one(std::time::SystemTime::now()) & 0xffff_ffff_ffff
     )
 }
 
-pub const AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
-pub const NATS_URL: &str = "nats://127.0.0.1:4222";
+pub(crate) const AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+pub(crate) const NATS_URL: &str = "nats://127.0.0.1:4222";
 
 // ---- PostgreSQL ----
 
 /// A throwaway database, dropped with the value.
-pub struct PgDb {
+pub(crate) struct PgDb {
     pub url: String,
     _database: idem_testkit::postgres::TestDatabase,
 }
 
 impl PgDb {
-    pub async fn new() -> Option<PgDb> {
+    pub(crate) async fn new() -> Option<PgDb> {
         let database = idem_testkit::postgres::TestDatabase::create("idem_broker_t").await?;
         Some(PgDb {
             url: database.url().to_owned(),
@@ -50,7 +50,7 @@ impl PgDb {
     }
 
     /// A store on this database reading `clock`.
-    pub async fn store(&self, clock: &ManualClock) -> PgStore {
+    pub(crate) async fn store(&self, clock: &ManualClock) -> PgStore {
         PgStore::builder(&self.url)
             .clock(Arc::new(clock.clone()))
             .connect()
@@ -62,7 +62,7 @@ impl PgDb {
 // ---- SQLite ----
 
 /// A store in a fresh temporary directory reading `clock`.
-pub async fn sqlite(clock: &ManualClock) -> (tempfile::TempDir, SqliteStore) {
+pub(crate) async fn sqlite(clock: &ManualClock) -> (tempfile::TempDir, SqliteStore) {
     let dir = tempfile::tempdir().expect("temp dir");
     let store = SqliteStore::builder(dir.path().join("idem.db"))
         .clock(Arc::new(clock.clone()))
@@ -76,20 +76,20 @@ pub async fn sqlite(clock: &ManualClock) -> (tempfile::TempDir, SqliteStore) {
 
 /// One received AMQP message.
 #[derive(Debug, Clone)]
-pub struct Received {
+pub(crate) struct Received {
     pub message_id: Option<String>,
     pub payload: Vec<u8>,
 }
 
 /// A connection to RabbitMQ and the queues a test declared (deleted on drop).
-pub struct Rabbit {
+pub(crate) struct Rabbit {
     connection: lapin::Connection,
     channel: lapin::Channel,
     queues: Mutex<Vec<String>>,
 }
 
 impl Rabbit {
-    pub async fn new() -> Option<Rabbit> {
+    pub(crate) async fn new() -> Option<Rabbit> {
         let connection = match lapin::Connection::connect(
             AMQP_URL,
             lapin::ConnectionProperties::default(),
@@ -111,7 +111,7 @@ impl Rabbit {
     }
 
     /// Declares a queue with a random name; returns the name.
-    pub async fn queue(&self) -> String {
+    pub(crate) async fn queue(&self) -> String {
         let name = unique("idem_relay_q");
         self.channel
             .queue_declare(
@@ -126,14 +126,14 @@ impl Rabbit {
     }
 
     /// The destination of the default exchange to `queue`.
-    pub fn destination(queue: &str) -> idem_broker::publish::Destination {
+    pub(crate) fn destination(queue: &str) -> idem_broker::publish::Destination {
         format!("{AMQP_URL}?queue={queue}")
             .parse()
             .expect("destination")
     }
 
     /// Takes every message waiting in `queue`.
-    pub async fn drain(&self, queue: &str) -> Vec<Received> {
+    pub(crate) async fn drain(&self, queue: &str) -> Vec<Received> {
         let mut received = Vec::new();
         while let Some(message) = self
             .channel
@@ -189,19 +189,19 @@ impl Drop for Rabbit {
 
 /// One message stored in a stream.
 #[derive(Debug, Clone)]
-pub struct Stored {
+pub(crate) struct Stored {
     pub msg_id: Option<String>,
     pub payload: Vec<u8>,
 }
 
 /// A connection to NATS and the streams a test created (deleted on drop).
-pub struct Nats {
+pub(crate) struct Nats {
     pub jetstream: jetstream::Context,
     streams: Mutex<Vec<String>>,
 }
 
 impl Nats {
-    pub async fn new() -> Option<Nats> {
+    pub(crate) async fn new() -> Option<Nats> {
         match async_nats::connect(NATS_URL).await {
             Ok(client) => Some(Nats {
                 jetstream: jetstream::new(client),
@@ -216,7 +216,7 @@ impl Nats {
 
     /// Creates a stream with a random name over a random subject; returns
     /// (stream, subject).
-    pub async fn stream(&self) -> (String, String) {
+    pub(crate) async fn stream(&self) -> (String, String) {
         let name = unique("IDEM_RELAY");
         let subject = format!("{}.events", name.to_lowercase());
         self.jetstream
@@ -232,14 +232,14 @@ impl Nats {
         (name, subject)
     }
 
-    pub fn destination(subject: &str) -> idem_broker::publish::Destination {
+    pub(crate) fn destination(subject: &str) -> idem_broker::publish::Destination {
         format!("{NATS_URL}/{subject}")
             .parse()
             .expect("destination")
     }
 
     /// Every message the stream holds, in order.
-    pub async fn messages(&self, stream: &str) -> Vec<Stored> {
+    pub(crate) async fn messages(&self, stream: &str) -> Vec<Stored> {
         let mut handle = self.jetstream.get_stream(stream).await.expect("stream");
         let state = handle.info().await.expect("stream info").state.clone();
         let mut stored = Vec::new();
@@ -294,7 +294,7 @@ impl Drop for Nats {
 // ---- a webhook that dedupes on Idempotency-Key ----
 
 #[derive(Debug, Default)]
-pub struct HookState {
+pub(crate) struct HookState {
     /// Status answered to every call (200 unless a test changes it).
     pub answer: Option<StatusCode>,
     /// Calls received, duplicates included.
@@ -308,13 +308,13 @@ pub struct HookState {
 
 /// A local webhook on 127.0.0.1:<random port>.
 #[derive(Clone)]
-pub struct Hook {
+pub(crate) struct Hook {
     pub state: Arc<Mutex<HookState>>,
     pub addr: SocketAddr,
 }
 
 impl Hook {
-    pub async fn start() -> Hook {
+    pub(crate) async fn start() -> Hook {
         let state = Arc::new(Mutex::new(HookState::default()));
         let app = axum::Router::new()
             .route("/hook", axum::routing::post(receive))
@@ -329,25 +329,25 @@ impl Hook {
         Hook { state, addr }
     }
 
-    pub fn destination(&self) -> idem_broker::publish::Destination {
+    pub(crate) fn destination(&self) -> idem_broker::publish::Destination {
         format!("http://{}/hook", self.addr)
             .parse()
             .expect("destination")
     }
 
-    pub fn answer(&self, status: u16) {
+    pub(crate) fn answer(&self, status: u16) {
         self.state.lock().unwrap().answer = Some(StatusCode::from_u16(status).unwrap());
     }
 
-    pub fn calls(&self) -> u32 {
+    pub(crate) fn calls(&self) -> u32 {
         self.state.lock().unwrap().calls
     }
 
-    pub fn effects(&self) -> u32 {
+    pub(crate) fn effects(&self) -> u32 {
         self.state.lock().unwrap().effects
     }
 
-    pub fn keys(&self) -> HashMap<String, u32> {
+    pub(crate) fn keys(&self) -> HashMap<String, u32> {
         self.state.lock().unwrap().keys.clone()
     }
 }

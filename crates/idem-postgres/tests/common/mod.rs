@@ -16,7 +16,7 @@ use idem_testkit::postgres::TestDatabase;
 use sqlx::{Connection, PgConnection};
 
 /// A throwaway database (see `idem_testkit::postgres`) with a small bank in it.
-pub struct TestDb {
+pub(crate) struct TestDb {
     /// URL of the database.
     pub url: String,
     _database: TestDatabase,
@@ -28,7 +28,7 @@ fn admin_url() -> String {
 
 /// A connection to the server's maintenance database, or `None` (after
 /// reporting it) when the server cannot be reached.
-pub async fn admin() -> Option<PgConnection> {
+pub(crate) async fn admin() -> Option<PgConnection> {
     match PgConnection::connect(&admin_url()).await {
         Ok(conn) => Some(conn),
         Err(error) => {
@@ -39,7 +39,7 @@ pub async fn admin() -> Option<PgConnection> {
 }
 
 /// `url` with its database replaced by `database`.
-pub fn server_url_with(database: &str) -> String {
+pub(crate) fn server_url_with(database: &str) -> String {
     with_database(&admin_url(), database)
 }
 
@@ -51,7 +51,7 @@ impl TestDb {
     /// Creates `idem_t_<random hex>` and a bank table in it:
     /// `accounts(id, balance)` with account 1 holding 100. `None` when the
     /// server cannot be reached and services are not required.
-    pub async fn new() -> Option<TestDb> {
+    pub(crate) async fn new() -> Option<TestDb> {
         let database = TestDatabase::create("idem_t").await?;
         let db = TestDb {
             url: database.url().to_owned(),
@@ -72,19 +72,19 @@ impl TestDb {
     }
 
     /// A migrated store with default settings and the system clock.
-    pub async fn store(&self) -> PgStore {
+    pub(crate) async fn store(&self) -> PgStore {
         PgStore::connect(&self.url).await.expect("connect store")
     }
 
     /// A migrated store reading `clock`, with a 60 s lease and a 1 h retention.
-    pub async fn store_at(&self, clock: &ManualClock) -> PgStore {
+    pub(crate) async fn store_at(&self, clock: &ManualClock) -> PgStore {
         self.store_with(clock, false).await
     }
 
     /// As [`store_at`](Self::store_at), with leased claims and completions
     /// committed in groups.
     #[allow(dead_code)]
-    pub async fn grouped_store_at(&self, clock: &ManualClock) -> PgStore {
+    pub(crate) async fn grouped_store_at(&self, clock: &ManualClock) -> PgStore {
         self.store_with(clock, true).await
     }
 
@@ -103,7 +103,7 @@ impl TestDb {
     }
 
     /// The balance of account `id`.
-    pub async fn balance(&self, store: &PgStore, id: i32) -> i64 {
+    pub(crate) async fn balance(&self, store: &PgStore, id: i32) -> i64 {
         sqlx::query_scalar("SELECT balance FROM accounts WHERE id = $1")
             .bind(id)
             .fetch_one(store.pool())
@@ -113,7 +113,7 @@ impl TestDb {
 }
 
 /// A manual clock at a fixed, realistic time.
-pub fn clock() -> ManualClock {
+pub(crate) fn clock() -> ManualClock {
     let clock = ManualClock::new(0);
     clock.set(Timestamp(1_750_000_000_000));
     clock
