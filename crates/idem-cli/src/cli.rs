@@ -7,7 +7,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 /// Idem: at-least-once delivery, effectively-once processing by idempotency keys.
 #[derive(Debug, Parser)]
 #[command(name = "idem", version, about, long_about = None)]
-pub struct Cli {
+pub(crate) struct Cli {
     /// Where the store lives: sqlite://PATH or postgres://USER@HOST:PORT/DATABASE
     /// [default: sqlite://idem.db; `demo` and `bench` default to a temporary file].
     #[arg(long, env = "IDEM_STORE", global = true)]
@@ -22,7 +22,7 @@ pub struct Cli {
 
 /// What to do.
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Create or upgrade the store's schema.
     Migrate,
     /// Look at stored idempotency records.
@@ -62,7 +62,7 @@ pub enum Command {
 
 /// `idem keys ...`
 #[derive(Debug, Subcommand)]
-pub enum KeysCommand {
+pub(crate) enum KeysCommand {
     /// List records, newest first.
     Ls(LsArgs),
     /// Show one record in full.
@@ -71,7 +71,7 @@ pub enum KeysCommand {
 
 /// How records are printed.
 #[derive(Debug, Args)]
-pub struct OutputArgs {
+pub(crate) struct OutputArgs {
     /// Print JSON for scripts instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -79,7 +79,7 @@ pub struct OutputArgs {
 
 /// `idem keys ls`
 #[derive(Debug, Args)]
-pub struct LsArgs {
+pub(crate) struct LsArgs {
     /// Only this scope.
     #[arg(long)]
     pub scope: Option<String>,
@@ -95,7 +95,7 @@ pub struct LsArgs {
 
 /// `idem keys show`
 #[derive(Debug, Args)]
-pub struct ShowArgs {
+pub(crate) struct ShowArgs {
     /// The record's scope.
     pub scope: String,
     /// The idempotency key.
@@ -106,7 +106,7 @@ pub struct ShowArgs {
 
 /// A record state, as typed on the command line.
 #[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum StateArg {
+pub(crate) enum StateArg {
     /// Claimed, effect running (or its worker died).
     #[value(name = "in_flight", alias = "in-flight")]
     InFlight,
@@ -118,7 +118,7 @@ pub enum StateArg {
 
 /// `idem gc`
 #[derive(Debug, Args)]
-pub struct GcArgs {
+pub(crate) struct GcArgs {
     /// Records deleted per transaction.
     #[arg(long, default_value_t = 1000)]
     pub batch: usize,
@@ -126,7 +126,7 @@ pub struct GcArgs {
 
 /// `idem demo`
 #[derive(Debug, Args)]
-pub struct DemoArgs {
+pub(crate) struct DemoArgs {
     /// Payments in the workload.
     #[arg(long, default_value_t = 2000)]
     pub payments: usize,
@@ -145,7 +145,7 @@ pub struct DemoArgs {
 /// variable, else the `--config` file, else the default. The store is the
 /// global `--store` (or `IDEM_STORE`, or `store` in the file) [default: sqlite://idem.db].
 #[derive(Debug, Args)]
-pub struct ServeArgs {
+pub(crate) struct ServeArgs {
     /// The service to forward to: http://HOST:PORT, optionally with a base path.
     #[arg(long, env = "IDEM_UPSTREAM", value_name = "URL")]
     pub upstream: Option<String>,

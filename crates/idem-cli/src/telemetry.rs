@@ -20,7 +20,7 @@ use tracing_subscriber::{EnvFilter, Layer, Registry};
 
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
+pub(crate) enum LogFormat {
     /// One line of text per event.
     #[default]
     Text,
@@ -30,7 +30,7 @@ pub enum LogFormat {
 
 /// Flags every command takes.
 #[derive(Debug, Args)]
-pub struct TelemetryArgs {
+pub(crate) struct TelemetryArgs {
     /// How log lines on stderr are written: text, or json (one object per line).
     #[arg(
         long,
@@ -54,7 +54,7 @@ pub struct TelemetryArgs {
 
 /// Keeps the span exporter running; flushes it when dropped.
 #[derive(Debug)]
-pub struct Telemetry {
+pub(crate) struct Telemetry {
     #[cfg(feature = "otlp")]
     provider: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
 }
@@ -72,7 +72,7 @@ impl Drop for Telemetry {
 
 /// Installs the process's subscriber: logs on stderr, and spans over OTLP when
 /// built with `otlp` and an endpoint is configured.
-pub fn install(args: &TelemetryArgs) -> Telemetry {
+pub(crate) fn install(args: &TelemetryArgs) -> Telemetry {
     let filter = EnvFilter::try_from_env("IDEM_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
     let logs = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)

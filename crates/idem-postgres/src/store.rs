@@ -31,8 +31,8 @@ pub const DEFAULT_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 ///
 /// Cheap to clone: clones share one connection pool. Implements
 /// [`LeaseStore`](idem_core::LeaseStore) and [`RecordStore`](idem_core::RecordStore),
-/// and offers the atomic mode ([`PgStore::apply`], [`PgStore::apply_batch`],
-/// [`PgStore::complete_with`]) where the effect runs in the store's transaction.
+/// and the atomic mode ([`AtomicStore`](idem_core::AtomicStore): `apply`,
+/// `apply_batch`, `apply_set`) where the effect runs in the store's transaction.
 #[derive(Clone)]
 pub struct PgStore {
     inner: Arc<Inner>,
@@ -83,7 +83,7 @@ impl PgStore {
     /// Does not migrate: call [`RecordStore::migrate`](idem_core::RecordStore::migrate)
     /// once if the schema may be missing.
     ///
-    /// [`PgStore::apply`] uses a few statements that each session prepares
+    /// The atomic `apply` uses a few statements that each session prepares
     /// (named `idem_*_v1`). The store's own pool prepares them when it opens a
     /// connection; over this pool, each connection prepares them the first
     /// time it needs them, after one failed `EXECUTE` that the server logs.

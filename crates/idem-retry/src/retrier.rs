@@ -16,9 +16,9 @@
 //! `tokio::spawn` and axum handlers.
 //!
 //! Each round: run the attempt; ask the [`Classify`] for a verdict; take the
-//! next delay from the [`Backoff`](crate::Backoff) (none left: stop); raise it to
+//! next delay from the [`Backoff`] (none left: stop); raise it to
 //! the server's hint and check it against the deadline
-//! ([`next_delay`](crate::next_delay)); ask the [`RetryBudget`] for a retry
+//! ([`next_delay`]); ask the [`RetryBudget`] for a retry
 //! (refused: stop at once, without sleeping); sleep; go again.
 
 use std::future::Future;

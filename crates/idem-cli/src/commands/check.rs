@@ -19,7 +19,7 @@ use idem_check::{Effect, Event, effects, history};
         .required(true)
         .args(["effects", "effects_query"])
 ))]
-pub struct CheckArgs {
+pub(crate) struct CheckArgs {
     /// The history: JSON Lines, one invoke, ok, fail or unknown event per
     /// line, in the order they happened; `-` reads it from standard input.
     #[arg(value_name = "HISTORY")]
@@ -42,7 +42,7 @@ pub struct CheckArgs {
 /// unreachable store. The command exits 2 for it, apart from the 1 of a
 /// history with violations.
 #[derive(Debug)]
-pub struct BadInput(anyhow::Error);
+pub(crate) struct BadInput(anyhow::Error);
 
 impl fmt::Display for BadInput {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -56,7 +56,7 @@ fn bad_input(error: anyhow::Error) -> anyhow::Error {
     anyhow::Error::new(BadInput(error))
 }
 
-pub async fn run(store: Option<&str>, args: &CheckArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(store: Option<&str>, args: &CheckArgs) -> anyhow::Result<()> {
     let (history, effects) = read_input(store, args).await.map_err(bad_input)?;
     let report = idem_check::check(&history, &effects);
     if args.json {

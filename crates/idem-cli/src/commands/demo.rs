@@ -39,7 +39,7 @@ struct Run {
     ledger: Totals,
 }
 
-pub async fn run(location: Option<StoreLocation>, args: &DemoArgs) -> anyhow::Result<()> {
+pub(super) async fn run(location: Option<StoreLocation>, args: &DemoArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.accounts > 0, "--accounts must be at least 1");
     anyhow::ensure!(args.workers > 0, "--workers must be at least 1");
     let (_temporary, location) = given_or_temporary(location)?;

@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 
 /// `idem dlq ...`
 #[derive(Debug, Subcommand)]
-pub enum DlqCommand {
+pub(crate) enum DlqCommand {
     /// List dead letters, oldest first.
     Ls(LsArgs),
     /// Show one dead letter in full.
@@ -27,7 +27,7 @@ pub enum DlqCommand {
 
 /// `idem dlq ls`
 #[derive(Debug, Args)]
-pub struct LsArgs {
+pub(crate) struct LsArgs {
     /// Include letters already redriven.
     #[arg(long)]
     pub all: bool,
@@ -41,7 +41,7 @@ pub struct LsArgs {
 
 /// `idem dlq show`
 #[derive(Debug, Args)]
-pub struct ShowArgs {
+pub(crate) struct ShowArgs {
     /// The letter's id (from `idem dlq ls`).
     pub id: i64,
     /// Print JSON for scripts instead of a table.
@@ -52,7 +52,7 @@ pub struct ShowArgs {
 /// `idem dlq redrive`
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("which").required(true).args(["id", "all"])))]
-pub struct RedriveArgs {
+pub(crate) struct RedriveArgs {
     /// The letter to redrive.
     pub id: Option<i64>,
     /// Every letter not redriven yet.
@@ -60,7 +60,7 @@ pub struct RedriveArgs {
     pub all: bool,
 }
 
-pub async fn run(store: AnyStore, command: DlqCommand) -> anyhow::Result<()> {
+pub(crate) async fn run(store: AnyStore, command: DlqCommand) -> anyhow::Result<()> {
     match command {
         DlqCommand::Ls(args) => list(&store, &args).await,
         DlqCommand::Show(args) => show(&store, &args).await,

@@ -19,7 +19,7 @@ use super::upkeep::{Upkeep, UpkeepArgs};
 
 /// `idem forward`
 #[derive(Debug, Args)]
-pub struct ForwardArgs {
+pub(crate) struct ForwardArgs {
     /// Where messages come from: amqp://[USER:PASS@]HOST[:PORT]/[VHOST/]QUEUE,
     /// nats://HOST[:PORT]/STREAM/CONSUMER (a durable pull consumer, created
     /// with explicit acks if missing), or
@@ -75,7 +75,7 @@ pub struct ForwardArgs {
     pub upkeep: UpkeepArgs,
 }
 
-pub async fn run(
+pub(crate) async fn run(
     store: AnyStore,
     args: &ForwardArgs,
     key_in_spans: KeyInSpans,

@@ -6,7 +6,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::cli::GcArgs;
 
-pub async fn run(store: &AnyStore, args: &GcArgs) -> anyhow::Result<()> {
+pub(super) async fn run(store: &AnyStore, args: &GcArgs) -> anyhow::Result<()> {
     let batch = args.batch.max(1);
     let expired = store.count().await.context("cannot count records")?.expired;
     let bar = ProgressBar::new(expired).with_style(

@@ -77,7 +77,7 @@ fn to_json(record: &Record) -> Value {
     })
 }
 
-pub async fn list(store: &AnyStore, args: &LsArgs) -> anyhow::Result<()> {
+pub(super) async fn list(store: &AnyStore, args: &LsArgs) -> anyhow::Result<()> {
     let filter = RecordFilter {
         scope: args.scope.as_deref().map(Scope::new).transpose()?,
         state: args.state.map(state),
@@ -116,7 +116,7 @@ pub async fn list(store: &AnyStore, args: &LsArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub async fn show(store: &AnyStore, args: &ShowArgs) -> anyhow::Result<()> {
+pub(super) async fn show(store: &AnyStore, args: &ShowArgs) -> anyhow::Result<()> {
     let scope = Scope::new(args.scope.as_str())?;
     let key = IdempotencyKey::new(args.key.as_str())?;
     let record = store

@@ -3,7 +3,7 @@
 use anyhow::Context;
 use idem::{AnyStore, RecordStore, StoreLocation};
 
-pub async fn run(location: &StoreLocation) -> anyhow::Result<()> {
+pub(super) async fn run(location: &StoreLocation) -> anyhow::Result<()> {
     let store = AnyStore::open(location)
         .await
         .with_context(|| format!("cannot open the store at {location}"))?;

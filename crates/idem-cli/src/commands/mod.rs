@@ -24,10 +24,10 @@ use idem::{AnyStore, StoreLocation};
 use crate::cli::{Cli, Command, KeysCommand};
 
 /// The store used when neither `--store` nor `IDEM_STORE` is given.
-pub use idem_http::gateway::DEFAULT_STORE;
+pub(crate) use idem_http::gateway::DEFAULT_STORE;
 
 /// Runs the command.
-pub async fn run(cli: Cli) -> anyhow::Result<()> {
+pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
     idem::crash::arm_from_env()?;
     let store = cli.store.as_deref();
     let key_in_spans = cli.telemetry.key_in_spans;
@@ -50,7 +50,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
 
 /// The exit status of a command that failed: 2 for input `idem check` could
 /// not read, 1 for everything else.
-pub fn exit_code(error: &anyhow::Error) -> std::process::ExitCode {
+pub(crate) fn exit_code(error: &anyhow::Error) -> std::process::ExitCode {
     if error.is::<check::BadInput>() {
         std::process::ExitCode::from(2)
     } else {

@@ -9,7 +9,7 @@ use idem_broker::consume::Reconnect;
 
 /// `--reconnect-min`, `--reconnect-max`, `--watchdog`.
 #[derive(Debug, Clone, Args)]
-pub struct ReconnectArgs {
+pub(crate) struct ReconnectArgs {
     /// The first ceiling of the full-jitter backoff between attempts to make
     /// a lost broker or database connection again.
     #[arg(long, value_name = "DURATION", default_value = "100ms")]
@@ -22,7 +22,7 @@ pub struct ReconnectArgs {
 
 impl ReconnectArgs {
     /// The backoff asked for.
-    pub fn reconnect(&self) -> Reconnect {
+    pub(crate) fn reconnect(&self) -> Reconnect {
         Reconnect::default()
             .min(self.reconnect_min.into())
             .max(Duration::from(self.reconnect_max).max(self.reconnect_min.into()))
@@ -31,7 +31,7 @@ impl ReconnectArgs {
 
 /// `--watchdog`: a duration, or `off`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Watchdog(pub Option<Duration>);
+pub(crate) struct Watchdog(pub Option<Duration>);
 
 impl FromStr for Watchdog {
     type Err = String;

@@ -20,7 +20,7 @@ use super::upkeep::{Upkeep, UpkeepArgs};
 
 /// `idem relay`
 #[derive(Debug, Args)]
-pub struct RelayArgs {
+pub(crate) struct RelayArgs {
     /// Where rows enqueued without a destination go:
     /// amqp://USER:PASS@HOST:PORT/VHOST?queue=Q (or ?exchange=X&routing_key=K),
     /// nats://HOST:PORT/SUBJECT, kafka://HOST:PORT/TOPIC, or http(s)://HOST/PATH. Rows that name their
@@ -61,7 +61,7 @@ pub struct RelayArgs {
     pub upkeep: UpkeepArgs,
 }
 
-pub async fn run(
+pub(crate) async fn run(
     store: AnyStore,
     args: &RelayArgs,
     key_in_spans: KeyInSpans,

@@ -16,7 +16,7 @@ use crate::cli::ServeArgs;
 use idem_http::gateway::{GatewaySettings, GivenSettings, SettingsFile};
 use idem_trace::KeyInSpans;
 
-pub async fn run(
+pub(super) async fn run(
     store: Option<&str>,
     args: &ServeArgs,
     key_in_spans: KeyInSpans,

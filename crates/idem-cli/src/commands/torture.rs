@@ -2,8 +2,8 @@
 //! Its trials start `idem serve`, `idem relay`, `idem forward` and `idem
 //! dup-proxy` as child processes of this binary.
 
-pub use idem_proof::TortureArgs;
+pub(crate) use idem_proof::TortureArgs;
 
-pub async fn run(args: &TortureArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(args: &TortureArgs) -> anyhow::Result<()> {
     idem_proof::torture(args).await
 }

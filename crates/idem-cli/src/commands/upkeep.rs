@@ -15,7 +15,7 @@ use idem_http::admin::{self, AdminServer};
 /// The flags `idem relay` and `idem forward` share (`idem serve` has the same
 /// two among its settings).
 #[derive(Debug, Clone, Args)]
-pub struct UpkeepArgs {
+pub(crate) struct UpkeepArgs {
     /// Serve /metrics (Prometheus) and /healthz on this address [default: off].
     #[arg(long, env = "IDEM_ADMIN_LISTEN", value_name = "ADDR")]
     pub admin_listen: Option<SocketAddr>,
@@ -32,7 +32,7 @@ pub struct UpkeepArgs {
 
 /// `--sweep-every`: a duration, or `off`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SweepEvery(pub Option<Duration>);
+pub(crate) struct SweepEvery(pub Option<Duration>);
 
 impl FromStr for SweepEvery {
     type Err = String;
@@ -55,7 +55,7 @@ const DEAD_LETTER_GAUGES_EVERY: Duration = Duration::from_secs(30);
 
 /// The admin listener, the sweeper and the gauge refresher of one process,
 /// stopped together.
-pub struct Upkeep {
+pub(super) struct Upkeep {
     admin: Option<AdminServer>,
     sweeper: Option<SweeperTask>,
     gauges: Option<tokio::task::JoinHandle<()>>,
@@ -63,7 +63,7 @@ pub struct Upkeep {
 
 impl Upkeep {
     /// Starts what is asked for.
-    pub async fn start(
+    pub(super) async fn start(
         store: &AnyStore,
         admin_listen: Option<SocketAddr>,
         sweep_every: Option<Duration>,
@@ -90,7 +90,7 @@ impl Upkeep {
     /// every 30 s, for a process that writes dead letters but runs no relay
     /// (whose upkeep publishes them otherwise). Only with an admin listener:
     /// without one nothing would read them.
-    pub fn with_dead_letter_gauges(mut self, store: &AnyStore) -> Self {
+    pub(super) fn with_dead_letter_gauges(mut self, store: &AnyStore) -> Self {
         if self.admin.is_some() {
             let store = store.clone();
             self.gauges = Some(tokio::spawn(async move {
@@ -109,19 +109,19 @@ impl Upkeep {
     }
 
     /// The admin listener's address, if there is one.
-    pub fn admin_addr(&self) -> Option<SocketAddr> {
+    pub(super) fn admin_addr(&self) -> Option<SocketAddr> {
         self.admin.as_ref().map(AdminServer::local_addr)
     }
 
     /// Says where the admin listener is, on stderr.
-    pub fn announce(&self, command: &str) {
+    pub(super) fn announce(&self, command: &str) {
         if let Some(addr) = self.admin_addr() {
             eprintln!("{command}: admin on http://{addr} (/metrics, /healthz)");
         }
     }
 
     /// Stops the sweeper between two batches and the admin listener.
-    pub async fn stop(self) {
+    pub(super) async fn stop(self) {
         if let Some(gauges) = self.gauges {
             gauges.abort();
         }

@@ -1,5 +1,5 @@
 //! Atomic handlers: route handlers whose own SQL and the stored response commit
-//! in **one** transaction, on any [`AtomicStore`](idem::AtomicStore) — SQLite,
+//! in **one** transaction, on any [`AtomicStore`] — SQLite,
 //! PostgreSQL, or an [`AnyStore`](idem::AnyStore) chosen at run time.
 //!
 //! # Why a route wrapper and not an extractor
@@ -42,7 +42,7 @@
 //!
 //! Requests without a key on a route that does not require one run the effect
 //! each time in a plain transaction of the store
-//! ([`AtomicStore::transaction`](idem::AtomicStore::transaction)), committed or
+//! ([`AtomicStore::transaction`]), committed or
 //! rolled back by the same rule.
 //!
 //! # The handler

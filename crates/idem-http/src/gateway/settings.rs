@@ -31,7 +31,7 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 pub const DEFAULT_STORE: &str = "sqlite://idem.db";
 
 /// The answer spool when the store is not a local file and none is given.
-pub const DEFAULT_SPOOL: &str = "idem.spool";
+pub(super) const DEFAULT_SPOOL: &str = "idem.spool";
 
 /// A setting that cannot be used; the message says where it came from and
 /// what to write instead.

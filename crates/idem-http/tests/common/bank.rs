@@ -26,7 +26,7 @@ use super::{Client, Server};
 
 /// The bank's SQL on one database, run on the connection of the store's
 /// transaction.
-pub trait Accounts: Send {
+pub(crate) trait Accounts: Send {
     /// Creates the tables and `acc-1` with 100.
     fn create(&mut self) -> impl Future<Output = Result<(), Failure>> + Send;
     /// The balance of `account`, locked until the transaction ends.
@@ -160,18 +160,18 @@ impl Accounts for dyn AnyTx {
 }
 
 /// A store the bank runs on: one whose connection speaks [`Accounts`].
-pub trait BankStore: AtomicStore<Tx: Accounts> + Clone + 'static {}
+pub(crate) trait BankStore: AtomicStore<Tx: Accounts> + Clone + 'static {}
 
 impl<S: AtomicStore<Tx: Accounts> + Clone + 'static> BankStore for S {}
 
 #[derive(Debug, Deserialize)]
-pub struct Debit {
+pub(crate) struct Debit {
     pub account: String,
     pub amount: i64,
 }
 
 /// The handler: the debit's effect for one request.
-pub fn debit<Tx>(request: AtomicRequest) -> impl AtomicEffect<Tx, StoredResponse, Failure>
+pub(crate) fn debit<Tx>(request: AtomicRequest) -> impl AtomicEffect<Tx, StoredResponse, Failure>
 where
     Tx: Accounts + ?Sized + 'static,
 {
@@ -239,7 +239,7 @@ fn unreadable(error: serde_json::Error) -> StoredResponse {
 
 /// The bank served on a real socket: `/debit` requires a key (body limit
 /// 16 KiB), `/debit-optional` does not.
-pub struct Bank<S> {
+pub(crate) struct Bank<S> {
     pub client: Client,
     store: S,
     _server: Server,
@@ -248,7 +248,7 @@ pub struct Bank<S> {
 
 impl Bank<SqliteStore> {
     /// The bank on a SQLite file in a temporary directory.
-    pub async fn sqlite() -> Option<Self> {
+    pub(crate) async fn sqlite() -> Option<Self> {
         let dir = tempfile::tempdir().expect("temp dir");
         let store = SqliteStore::open(dir.path().join("bank.db"))
             .await
@@ -260,7 +260,7 @@ impl Bank<SqliteStore> {
 impl Bank<AnyStore> {
     /// The bank on a SQLite file behind an [`AnyStore`], whose effects get
     /// `&mut dyn AnyTx`.
-    pub async fn any_sqlite() -> Option<Self> {
+    pub(crate) async fn any_sqlite() -> Option<Self> {
         let dir = tempfile::tempdir().expect("temp dir");
         let location = format!("sqlite://{}", dir.path().join("bank.db").display())
             .parse()
@@ -274,7 +274,7 @@ impl Bank<AnyStore> {
 impl Bank<idem::PgStore> {
     /// The bank on a PostgreSQL database of its own; `None` when the server
     /// cannot be reached and services are not required.
-    pub async fn postgres() -> Option<Self> {
+    pub(crate) async fn postgres() -> Option<Self> {
         let db = super::pg::PgDatabase::create().await?;
         let store = idem::PgStore::connect(&db.url).await.expect("store");
         Some(Bank::open(store, db).await)
@@ -284,7 +284,7 @@ impl Bank<idem::PgStore> {
 impl<S: BankStore> Bank<S> {
     /// Creates the bank's tables on `store` and serves it; `database` is kept
     /// until the bank is dropped.
-    pub async fn open(store: S, database: impl Any + Send + Sync) -> Self {
+    pub(crate) async fn open(store: S, database: impl Any + Send + Sync) -> Self {
         store
             .transaction(async |tx: &mut S::Tx| tx.create().await)
             .await
@@ -315,7 +315,7 @@ impl<S: BankStore> Bank<S> {
     }
 
     /// The balance of `acc-1`.
-    pub async fn balance(&self) -> i64 {
+    pub(crate) async fn balance(&self) -> i64 {
         self.store
             .transaction(async |tx: &mut S::Tx| tx.balance("acc-1").await)
             .await
@@ -324,7 +324,7 @@ impl<S: BankStore> Bank<S> {
     }
 
     /// How many debits were recorded.
-    pub async fn debits(&self) -> i64 {
+    pub(crate) async fn debits(&self) -> i64 {
         self.store
             .transaction(async |tx: &mut S::Tx| tx.debits().await)
             .await
@@ -336,7 +336,7 @@ fn body(amount: i64) -> serde_json::Value {
     json!({ "account": "acc-1", "amount": amount })
 }
 
-pub async fn duplicates_debit_once<S: BankStore>(bank: &Bank<S>) {
+pub(crate) async fn duplicates_debit_once<S: BankStore>(bank: &Bank<S>) {
     let client = &bank.client;
     let first = client
         .post("/debit")
@@ -373,7 +373,7 @@ pub async fn duplicates_debit_once<S: BankStore>(bank: &Bank<S>) {
     assert_eq!(bank.debits().await, 2);
 }
 
-pub async fn a_declined_debit_is_stored_and_replayed<S: BankStore>(bank: &Bank<S>) {
+pub(crate) async fn a_declined_debit_is_stored_and_replayed<S: BankStore>(bank: &Bank<S>) {
     let client = &bank.client;
     let declined = client
         .post("/debit")
@@ -395,7 +395,7 @@ pub async fn a_declined_debit_is_stored_and_replayed<S: BankStore>(bank: &Bank<S
     assert_eq!(bank.debits().await, 0);
 }
 
-pub async fn concurrent_duplicates_debit_once<S: BankStore>(bank: &Bank<S>) {
+pub(crate) async fn concurrent_duplicates_debit_once<S: BankStore>(bank: &Bank<S>) {
     let mut calls = JoinSet::new();
     for _ in 0..64 {
         let client = bank.client.clone();
@@ -425,7 +425,9 @@ pub async fn concurrent_duplicates_debit_once<S: BankStore>(bank: &Bank<S>) {
     assert_eq!(bank.debits().await, 1);
 }
 
-pub async fn a_failed_handler_leaves_nothing_and_the_retry_runs<S: BankStore>(bank: &Bank<S>) {
+pub(crate) async fn a_failed_handler_leaves_nothing_and_the_retry_runs<S: BankStore>(
+    bank: &Bank<S>,
+) {
     let client = &bank.client;
     let failed = client
         .post("/debit")
@@ -462,7 +464,7 @@ pub async fn a_failed_handler_leaves_nothing_and_the_retry_runs<S: BankStore>(ba
     assert_eq!(bank.debits().await, 1);
 }
 
-pub async fn refusals_follow_the_table<S: BankStore>(bank: &Bank<S>) {
+pub(crate) async fn refusals_follow_the_table<S: BankStore>(bank: &Bank<S>) {
     let client = &bank.client;
     client.post("/debit").key("k").json(&body(10)).send().await;
     let reused = client.post("/debit").key("k").json(&body(11)).send().await;
@@ -487,7 +489,7 @@ pub async fn refusals_follow_the_table<S: BankStore>(bank: &Bank<S>) {
     assert_eq!(bank.debits().await, 1);
 }
 
-pub async fn keyless_requests_run_each_time_where_allowed<S: BankStore>(bank: &Bank<S>) {
+pub(crate) async fn keyless_requests_run_each_time_where_allowed<S: BankStore>(bank: &Bank<S>) {
     let client = &bank.client;
     // After `refusals_follow_the_table`: 90, one debit.
     refusals_follow_the_table(bank).await;

@@ -27,7 +27,7 @@ use super::{Client, Server};
 
 /// The upstream's state: what it applied and what it saw.
 #[derive(Clone)]
-pub struct Upstream {
+pub(crate) struct Upstream {
     effects: Arc<AtomicUsize>,
     calls: Arc<AtomicUsize>,
     seen: Arc<Mutex<Vec<HeaderMap>>>,
@@ -49,22 +49,22 @@ impl Default for Upstream {
 
 impl Upstream {
     /// Effects applied.
-    pub fn effects(&self) -> usize {
+    pub(crate) fn effects(&self) -> usize {
         self.effects.load(Ordering::SeqCst)
     }
 
     /// Requests received on the effect routes.
-    pub fn calls(&self) -> usize {
+    pub(crate) fn calls(&self) -> usize {
         self.calls.load(Ordering::SeqCst)
     }
 
     /// The headers of every request received, in order.
-    pub fn seen(&self) -> Vec<HeaderMap> {
+    pub(crate) fn seen(&self) -> Vec<HeaderMap> {
         self.seen.lock().unwrap().clone()
     }
 
     /// Lets `n` requests waiting in `/slow` (or the first `/hang`) answer.
-    pub fn open_gate(&self, n: usize) {
+    pub(crate) fn open_gate(&self, n: usize) {
         self.gate.add_permits(n);
     }
 
@@ -88,7 +88,7 @@ impl Upstream {
     /// - `POST /hang`: an effect; the first call then waits for the gate, later
     ///   calls answer at once;
     /// - `POST|PUT /echo`: streams the request body back.
-    pub async fn start(&self) -> Server {
+    pub(crate) async fn start(&self) -> Server {
         let app = Router::new()
             .route("/payments", post(pay))
             .route("/dedupe", post(dedupe))
@@ -181,14 +181,14 @@ async fn echo(body: Body) -> Response {
 
 /// An upstream that reads a request and then closes the connection without
 /// answering: the request was sent, the outcome is unknown. Counts requests.
-pub struct Hangup {
+pub(crate) struct Hangup {
     pub addr: SocketAddr,
     pub requests: Arc<AtomicUsize>,
     task: JoinHandle<()>,
 }
 
 impl Hangup {
-    pub async fn start() -> Hangup {
+    pub(crate) async fn start() -> Hangup {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let requests = Arc::new(AtomicUsize::new(0));
@@ -230,7 +230,11 @@ impl Drop for Hangup {
 }
 
 /// The embedded store in `dir`, with the config's lease and retention and `clock`.
-pub async fn embedded(dir: &Path, config: &IdempotencyConfig, clock: SharedClock) -> AnyStore {
+pub(crate) async fn embedded(
+    dir: &Path,
+    config: &IdempotencyConfig,
+    clock: SharedClock,
+) -> AnyStore {
     let location = StoreLocation::Sqlite(dir.join("idem.db"));
     AnyStore::open_with(&location, config.store_settings(), clock)
         .await
@@ -238,7 +242,7 @@ pub async fn embedded(dir: &Path, config: &IdempotencyConfig, clock: SharedClock
 }
 
 /// A running gateway; stopped (abruptly) when dropped.
-pub struct Gateway {
+pub(crate) struct Gateway {
     pub addr: SocketAddr,
     pub admin: Option<SocketAddr>,
     pub layer: IdempotencyLayer<AnyStore>,
@@ -248,7 +252,7 @@ pub struct Gateway {
 }
 
 /// How to start a gateway.
-pub struct Options {
+pub(crate) struct Options {
     pub idempotency: IdempotencyConfig,
     pub upstream_timeout: Duration,
     pub admin: bool,
@@ -270,7 +274,7 @@ impl Default for Options {
 
 impl Gateway {
     /// A gateway in front of `upstream`, keeping records in `store`.
-    pub async fn start(upstream: SocketAddr, store: AnyStore, options: Options) -> Gateway {
+    pub(crate) async fn start(upstream: SocketAddr, store: AnyStore, options: Options) -> Gateway {
         let layer = IdempotencyLayer::new(store, options.idempotency);
         let mut config = GatewayConfig::new(format!("http://{upstream}").parse().unwrap())
             .upstream_timeout(options.upstream_timeout)
@@ -309,16 +313,16 @@ impl Gateway {
         }
     }
 
-    pub fn client(&self) -> Client {
+    pub(crate) fn client(&self) -> Client {
         Client::to(self.addr)
     }
 
-    pub fn admin_client(&self) -> Client {
+    pub(crate) fn admin_client(&self) -> Client {
         Client::to(self.admin.expect("started with an admin listener"))
     }
 
     /// Asks for a graceful shutdown; the returned handle ends when it is done.
-    pub fn shut_down(&mut self) -> JoinHandle<std::io::Result<()>> {
+    pub(crate) fn shut_down(&mut self) -> JoinHandle<std::io::Result<()>> {
         self.shutdown.take().expect("running").send(()).ok();
         self.task.take().expect("running")
     }

@@ -20,19 +20,19 @@ use hyper_util::rt::TokioExecutor;
 use idem_http::IDEMPOTENCY_KEY;
 use serde_json::Value;
 
-pub mod bank;
+pub(crate) mod bank;
 #[cfg(feature = "gateway")]
-pub mod gateway;
-pub mod pg;
+pub(crate) mod gateway;
+pub(crate) mod pg;
 
 /// A running server; stopped when dropped.
-pub struct Server {
+pub(crate) struct Server {
     pub addr: SocketAddr,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl Server {
-    pub async fn start(app: Router) -> Server {
+    pub(crate) async fn start(app: Router) -> Server {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind 127.0.0.1:0");
@@ -43,7 +43,7 @@ impl Server {
         Server { addr, task }
     }
 
-    pub fn client(&self) -> Client {
+    pub(crate) fn client(&self) -> Client {
         Client::to(self.addr)
     }
 }
@@ -58,29 +58,29 @@ type Body = BoxBody<Bytes, Infallible>;
 
 /// A client for one server.
 #[derive(Clone)]
-pub struct Client {
+pub(crate) struct Client {
     base: String,
     http: HyperClient<HttpConnector, Body>,
 }
 
 impl Client {
     /// A client for the server at `addr`.
-    pub fn to(addr: SocketAddr) -> Client {
+    pub(crate) fn to(addr: SocketAddr) -> Client {
         Client {
             base: format!("http://{}", addr),
             http: HyperClient::builder(TokioExecutor::new()).build_http(),
         }
     }
 
-    pub fn post(&self, path: &str) -> Call {
+    pub(crate) fn post(&self, path: &str) -> Call {
         self.call(Method::POST, path)
     }
 
-    pub fn get(&self, path: &str) -> Call {
+    pub(crate) fn get(&self, path: &str) -> Call {
         self.call(Method::GET, path)
     }
 
-    pub fn call(&self, method: Method, path: &str) -> Call {
+    pub(crate) fn call(&self, method: Method, path: &str) -> Call {
         Call {
             client: self.clone(),
             method,
@@ -92,7 +92,7 @@ impl Client {
 }
 
 /// One request being built.
-pub struct Call {
+pub(crate) struct Call {
     client: Client,
     method: Method,
     path: String,
@@ -102,12 +102,12 @@ pub struct Call {
 
 impl Call {
     /// Adds `Idempotency-Key: "key"` (the RFC 8941 String form).
-    pub fn key(self, key: &str) -> Call {
+    pub(crate) fn key(self, key: &str) -> Call {
         self.raw_key(format!("\"{key}\"").as_bytes())
     }
 
     /// Adds an `Idempotency-Key` header with exactly these bytes.
-    pub fn raw_key(mut self, value: &[u8]) -> Call {
+    pub(crate) fn raw_key(mut self, value: &[u8]) -> Call {
         self.headers.append(
             IDEMPOTENCY_KEY,
             HeaderValue::from_bytes(value).expect("header value"),
@@ -115,7 +115,7 @@ impl Call {
         self
     }
 
-    pub fn header(mut self, name: &str, value: &str) -> Call {
+    pub(crate) fn header(mut self, name: &str, value: &str) -> Call {
         self.headers.append(
             HeaderName::from_bytes(name.as_bytes()).expect("header name"),
             HeaderValue::from_str(value).expect("header value"),
@@ -123,7 +123,7 @@ impl Call {
         self
     }
 
-    pub fn json(mut self, value: &Value) -> Call {
+    pub(crate) fn json(mut self, value: &Value) -> Call {
         self.headers.insert(
             http::header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
@@ -132,19 +132,19 @@ impl Call {
         self
     }
 
-    pub fn bytes(mut self, body: impl Into<Bytes>) -> Call {
+    pub(crate) fn bytes(mut self, body: impl Into<Bytes>) -> Call {
         self.body = Full::new(body.into()).boxed();
         self
     }
 
     /// A body sent in chunks with no `Content-Length`.
-    pub fn chunked(mut self, chunks: Vec<Bytes>) -> Call {
+    pub(crate) fn chunked(mut self, chunks: Vec<Bytes>) -> Call {
         let frames = futures::stream::iter(chunks).map(|c| Ok::<_, Infallible>(Frame::data(c)));
         self.body = BodyExt::boxed(StreamBody::new(frames));
         self
     }
 
-    pub async fn send(self) -> Reply {
+    pub(crate) async fn send(self) -> Reply {
         let mut request = Request::builder()
             .method(self.method)
             .uri(format!("{}{}", self.client.base, self.path))
@@ -174,30 +174,30 @@ impl Call {
 
 /// A response, read whole.
 #[derive(Debug, Clone)]
-pub struct Reply {
+pub(crate) struct Reply {
     pub status: StatusCode,
     pub headers: HeaderMap,
     pub body: Bytes,
 }
 
 impl Reply {
-    pub fn json(&self) -> Value {
+    pub(crate) fn json(&self) -> Value {
         serde_json::from_slice(&self.body)
             .unwrap_or_else(|e| panic!("body is not JSON ({e}): {:?}", self.body))
     }
 
-    pub fn replayed(&self) -> bool {
+    pub(crate) fn replayed(&self) -> bool {
         self.headers
             .get("idempotent-replayed")
             .is_some_and(|v| v == "true")
     }
 
-    pub fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).and_then(|v| v.to_str().ok())
     }
 
     /// Checks the reply is an IETF problem with `status`, and returns its detail.
-    pub fn problem(&self, status: StatusCode) -> String {
+    pub(crate) fn problem(&self, status: StatusCode) -> String {
         assert_eq!(self.status, status, "{:?}", self.body);
         assert_eq!(
             self.header("content-type"),
@@ -212,7 +212,7 @@ impl Reply {
 
     /// Checks the reply is a Stripe-style error with `status` and `type`, and
     /// returns its message.
-    pub fn stripe_error(&self, status: StatusCode, kind: &str) -> String {
+    pub(crate) fn stripe_error(&self, status: StatusCode, kind: &str) -> String {
         assert_eq!(self.status, status, "{:?}", self.body);
         let body = self.json();
         assert_eq!(body["error"]["type"], kind, "{body}");
@@ -223,7 +223,7 @@ impl Reply {
     }
 
     /// The `Retry-After` header as whole seconds.
-    pub fn retry_after(&self) -> u64 {
+    pub(crate) fn retry_after(&self) -> u64 {
         self.header("retry-after")
             .expect("Retry-After header")
             .parse()
@@ -234,7 +234,7 @@ impl Reply {
 /// Sends `n` concurrent POSTs to `path` with one key and one body, and checks
 /// the answers are consistent: exactly one was produced fresh (201), every other
 /// one is a replay of the same body or a 409 with `Retry-After`.
-pub async fn race_one_key(client: &Client, path: &'static str, n: usize, body: Value) {
+pub(crate) async fn race_one_key(client: &Client, path: &'static str, n: usize, body: Value) {
     let mut calls = tokio::task::JoinSet::new();
     for _ in 0..n {
         let (client, body) = (client.clone(), body.clone());

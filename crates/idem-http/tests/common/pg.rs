@@ -3,7 +3,7 @@
 use idem_testkit::postgres::TestDatabase;
 
 /// A database of its own for one test.
-pub struct PgDatabase {
+pub(crate) struct PgDatabase {
     /// Its URL.
     pub url: String,
     _database: TestDatabase,
@@ -12,7 +12,7 @@ pub struct PgDatabase {
 impl PgDatabase {
     /// Creates `idem_http_t_<random>`; `None` (after saying so) when the server
     /// cannot be reached and services are not required.
-    pub async fn create() -> Option<PgDatabase> {
+    pub(crate) async fn create() -> Option<PgDatabase> {
         let database = TestDatabase::create("idem_http_t").await?;
         Some(PgDatabase {
             url: database.url().to_owned(),

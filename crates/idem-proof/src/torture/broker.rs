@@ -9,7 +9,7 @@ use anyhow::Context;
 use async_nats::jetstream;
 
 /// A RabbitMQ queue of the trial's own, deleted by [`Queue::delete`].
-pub struct Queue {
+pub(super) struct Queue {
     channel: lapin::Channel,
     connection: lapin::Connection,
     pub name: String,
@@ -17,7 +17,7 @@ pub struct Queue {
 
 impl Queue {
     /// Declares `name` on the broker at `url` (`amqp://USER:PASS@HOST:PORT/%2f`).
-    pub async fn declare(url: &str, name: String) -> anyhow::Result<Self> {
+    pub(super) async fn declare(url: &str, name: String) -> anyhow::Result<Self> {
         let connection = lapin::Connection::connect(url, lapin::ConnectionProperties::default())
             .await
             .with_context(|| format!("cannot reach RabbitMQ at {}", idem::redact_url(url)))?;
@@ -37,7 +37,7 @@ impl Queue {
     }
 
     /// Messages ready in the queue, and its consumers.
-    pub async fn depth(&self) -> anyhow::Result<(u32, u32)> {
+    pub(super) async fn depth(&self) -> anyhow::Result<(u32, u32)> {
         let options = lapin::options::QueueDeclareOptions {
             passive: true,
             ..lapin::options::QueueDeclareOptions::default()
@@ -54,7 +54,7 @@ impl Queue {
     }
 
     /// Deletes the queue and closes the connection.
-    pub async fn delete(self) {
+    pub(super) async fn delete(self) {
         let options = lapin::options::QueueDeleteOptions::default();
         let _ = self
             .channel
@@ -66,7 +66,7 @@ impl Queue {
 
 /// A JetStream stream of the trial's own, capturing one subject; deleted
 /// by [`Stream::delete`].
-pub struct Stream {
+pub(super) struct Stream {
     jetstream: jetstream::Context,
     pub name: String,
     pub subject: String,
@@ -76,7 +76,7 @@ impl Stream {
     /// Creates stream `name` on the server at `url` (`nats://HOST:PORT`),
     /// capturing `name` as its subject. It keeps messages an hour: past the
     /// trial, within the consumer's dedupe window.
-    pub async fn create(url: &str, name: String) -> anyhow::Result<Self> {
+    pub(super) async fn create(url: &str, name: String) -> anyhow::Result<Self> {
         let client = async_nats::connect(url)
             .await
             .with_context(|| format!("cannot reach NATS at {}", idem::redact_url(url)))?;
@@ -101,13 +101,13 @@ impl Stream {
     }
 
     /// Deletes the stream, and its consumers with it.
-    pub async fn delete(self) {
+    pub(super) async fn delete(self) {
         let _ = self.jetstream.delete_stream(&self.name).await;
     }
 }
 
 /// The host and port a broker URL names, resolved (`localhost` included).
-pub fn address(url: &str) -> anyhow::Result<SocketAddr> {
+pub(super) fn address(url: &str) -> anyhow::Result<SocketAddr> {
     let (_, authority) = split(url);
     let host_port = authority
         .rsplit_once('@')
@@ -127,7 +127,7 @@ pub fn address(url: &str) -> anyhow::Result<SocketAddr> {
 
 /// `url` with its host and port replaced by `addr`, credentials and path
 /// kept: how a client is pointed at the fault proxy instead.
-pub fn through(url: &str, addr: SocketAddr) -> String {
+pub(super) fn through(url: &str, addr: SocketAddr) -> String {
     let (scheme, authority) = split(url);
     let rest = &url[scheme.len() + 3 + authority.len()..];
     let credentials = authority

@@ -12,7 +12,7 @@ use tokio::process::{Child, Command};
 
 /// How a child process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Exit {
+pub(super) enum Exit {
     /// A crash point fired (SIGABRT).
     Crashed,
     /// Any other way.
@@ -22,7 +22,7 @@ pub enum Exit {
 /// The current binary as a child command: no `IDEM_*` variable of this
 /// process, `IDEM_CRASH=crash` when given, and the log file (appended to)
 /// for its stderr.
-pub fn idem_command(log: &Path, crash: Option<&str>) -> anyhow::Result<(Command, File)> {
+pub(super) fn idem_command(log: &Path, crash: Option<&str>) -> anyhow::Result<(Command, File)> {
     let exe = std::env::current_exe().context("cannot find the idem binary")?;
     let log = File::options()
         .create(true)
@@ -43,7 +43,7 @@ pub fn idem_command(log: &Path, crash: Option<&str>) -> anyhow::Result<(Command,
 
 /// A command of the current binary, across its restarts; killed when dropped.
 #[derive(Debug)]
-pub struct Process {
+pub(super) struct Process {
     name: &'static str,
     args: Vec<String>,
     log: PathBuf,
@@ -53,7 +53,7 @@ pub struct Process {
 impl Process {
     /// `idem --store STORE relay --to TO`, polling often, with a short lease
     /// so a killed relay's rows are taken over within a trial.
-    pub fn relay(store: &str, to: &str, log: &Path) -> Self {
+    pub(super) fn relay(store: &str, to: &str, log: &Path) -> Self {
         let args = [
             "--store",
             store,
@@ -74,7 +74,7 @@ impl Process {
 
     /// `idem --store STORE forward --from FROM --to TO`, keyed by the
     /// message id the relay set.
-    pub fn forward(from: &str, to: &str, store: &str, log: &Path) -> Self {
+    pub(super) fn forward(from: &str, to: &str, store: &str, log: &Path) -> Self {
         let args = [
             "--store",
             store,
@@ -107,13 +107,13 @@ impl Process {
     }
 
     /// The subcommand's name.
-    pub fn name(&self) -> &'static str {
+    pub(super) fn name(&self) -> &'static str {
         self.name
     }
 
     /// Starts a process (the previous one must be gone), arming
     /// `IDEM_CRASH=crash` when given; its stderr goes to the log.
-    pub fn start(&mut self, crash: Option<&str>) -> anyhow::Result<()> {
+    pub(super) fn start(&mut self, crash: Option<&str>) -> anyhow::Result<()> {
         let (mut command, log) = idem_command(&self.log, crash)?;
         command
             .args(&self.args)
@@ -129,14 +129,14 @@ impl Process {
     }
 
     /// SIGKILL, then waits for the process to be gone.
-    pub async fn kill(&mut self) {
+    pub(super) async fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill().await;
         }
     }
 
     /// Whether the process has ended, and how.
-    pub fn exited(&mut self) -> Option<Exit> {
+    pub(super) fn exited(&mut self) -> Option<Exit> {
         let status = self.child.as_mut()?.try_wait().ok()??;
         self.child = None;
         Some(if status.signal() == Some(6) {

@@ -32,7 +32,7 @@ const DUPLICATE_SHARE: f64 = 0.25;
 
 /// How one attempt ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub(super) enum Outcome {
     /// 2xx.
     Ok,
     /// 4xx, or nothing sent.
@@ -43,7 +43,7 @@ pub enum Outcome {
 
 /// One attempt, for the plots.
 #[derive(Debug, Clone, Copy)]
-pub struct Sample {
+pub(super) struct Sample {
     /// When it was sent, ms since the Unix epoch.
     pub start_ms: i64,
     /// When it ended.
@@ -53,7 +53,7 @@ pub struct Sample {
 }
 
 /// What the clients of one trial share.
-pub struct Load {
+pub(super) struct Load {
     /// The key prefix, unique to the trial.
     pub tag: String,
     /// Operations to run.
@@ -74,7 +74,7 @@ pub struct Load {
 impl Load {
     /// A load of `ops` operations writing its history to `history`, that
     /// starts no operation after `deadline`.
-    pub fn new(
+    pub(super) fn new(
         tag: String,
         ops: u64,
         addr: Address,
@@ -102,7 +102,7 @@ impl Load {
     }
 
     /// The attempts made so far.
-    pub fn samples(&self) -> Vec<Sample> {
+    pub(super) fn samples(&self) -> Vec<Sample> {
         self.samples
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -116,7 +116,7 @@ impl Load {
     }
 
     /// Runs one client until the operations run out.
-    pub async fn client(self: Arc<Self>, process: String) {
+    pub(super) async fn client(self: Arc<Self>, process: String) {
         loop {
             let op = self.next.fetch_add(1, Ordering::SeqCst);
             if op > self.ops || Instant::now() > self.deadline {

@@ -23,7 +23,7 @@ const SHARE: &str = "0.5";
 
 /// When the copy is sent, varied from trial to trial.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Timing {
+pub(super) enum Timing {
     /// Alongside the original.
     Concurrent,
     /// 100 ms after the original's answer.
@@ -34,7 +34,7 @@ pub enum Timing {
 
 impl Timing {
     /// A trial's timing.
-    pub fn of_trial(index: usize) -> Self {
+    pub(super) fn of_trial(index: usize) -> Self {
         [Self::Concurrent, Self::After, Self::Ahead][index % 3]
     }
 
@@ -49,7 +49,7 @@ impl Timing {
 
 /// A running `idem dup-proxy`; killed when dropped.
 #[derive(Debug)]
-pub struct DupProxy {
+pub(super) struct DupProxy {
     addr: SocketAddr,
     admin: SocketAddr,
     _child: Child,
@@ -59,7 +59,7 @@ impl DupProxy {
     /// Starts the proxy in front of `upstream` (the gateway, which must keep
     /// its address across restarts), writing its own history to `history`,
     /// and waits for its addresses.
-    pub async fn start(
+    pub(super) async fn start(
         upstream: SocketAddr,
         timing: Timing,
         log: &Path,
@@ -117,12 +117,12 @@ impl DupProxy {
     }
 
     /// Where the clients send.
-    pub fn addr(&self) -> SocketAddr {
+    pub(super) fn addr(&self) -> SocketAddr {
         self.addr
     }
 
     /// Requests the proxy sent twice, from its `/report`.
-    pub async fn duplicated(&self) -> anyhow::Result<u64> {
+    pub(super) async fn duplicated(&self) -> anyhow::Result<u64> {
         let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
         let uri: http::Uri = format!("http://{}/report", self.admin).parse()?;
         let answer = tokio::time::timeout(Duration::from_secs(5), async {

@@ -17,17 +17,17 @@ use super::child::{Exit, idem_command};
 
 /// The lease the gateway is started with: short, so a retry after an
 /// unknown outcome is forwarded again within a trial.
-pub const LEASE: Duration = Duration::from_secs(2);
+pub(super) const LEASE: Duration = Duration::from_secs(2);
 
 /// How long the gateway waits for the upstream.
 const UPSTREAM_TIMEOUT: &str = "3s";
 
 /// Where the clients find the gateway; changes on each restart.
-pub type Address = Arc<Mutex<SocketAddr>>;
+pub(super) type Address = Arc<Mutex<SocketAddr>>;
 
 /// One gateway, across its restarts.
 #[derive(Debug)]
-pub struct Gateway {
+pub(super) struct Gateway {
     store: String,
     upstream: String,
     log: PathBuf,
@@ -45,7 +45,7 @@ impl Gateway {
     /// Starts `idem --store STORE serve --upstream UPSTREAM` (with `--probe
     /// PROBE` when given), arming `IDEM_CRASH=crash` when given, and waits
     /// for its "listening on" line. Its stderr goes to `log`.
-    pub async fn start(
+    pub(super) async fn start(
         store: String,
         upstream: String,
         log: &Path,
@@ -67,13 +67,13 @@ impl Gateway {
     }
 
     /// The address the clients send to.
-    pub fn addr(&self) -> Address {
+    pub(super) fn addr(&self) -> Address {
         Arc::clone(&self.addr)
     }
 
     /// Starts a new process on the same store and port (the old one must be
     /// gone). A port the killed process held may take a moment to be free.
-    pub async fn restart(&mut self, crash: Option<&str>) -> anyhow::Result<()> {
+    pub(super) async fn restart(&mut self, crash: Option<&str>) -> anyhow::Result<()> {
         let mut tries = 0;
         let (child, addr) = loop {
             tries += 1;
@@ -145,14 +145,14 @@ impl Gateway {
     }
 
     /// SIGKILL, then waits for the process to be gone.
-    pub async fn kill(&mut self) {
+    pub(super) async fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill().await;
         }
     }
 
     /// Whether the process has ended, and how.
-    pub fn exited(&mut self) -> Option<Exit> {
+    pub(super) fn exited(&mut self) -> Option<Exit> {
         let child = self.child.as_mut()?;
         let status: ExitStatus = child.try_wait().ok()??;
         self.child = None;
@@ -173,7 +173,7 @@ const UNSTORED: &str = "could not store the response";
 /// How many answers the gateway logged it could not store, over its runs.
 /// Each leaves the key claimed until its lease ends, and a retry after that
 /// is forwarded again although its client was answered.
-pub fn unstored_answers(log: &Path) -> anyhow::Result<usize> {
+pub(super) fn unstored_answers(log: &Path) -> anyhow::Result<usize> {
     let text =
         std::fs::read_to_string(log).with_context(|| format!("cannot read {}", log.display()))?;
     Ok(text.lines().filter(|line| line.contains(UNSTORED)).count())

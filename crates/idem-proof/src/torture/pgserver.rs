@@ -15,7 +15,7 @@ use anyhow::{Context, bail};
 
 /// How the server is restarted (`pg_ctl restart -m MODE`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Shutdown {
+pub(super) enum Shutdown {
     /// Sessions are ended and the server shuts down cleanly.
     Fast,
     /// The server stops at once, as in a crash, and recovers from its WAL
@@ -25,7 +25,7 @@ pub enum Shutdown {
 
 impl Shutdown {
     /// The mode's name, for `pg_ctl` and the report.
-    pub fn name(self) -> &'static str {
+    pub(super) fn name(self) -> &'static str {
         match self {
             Self::Fast => "fast",
             Self::Immediate => "immediate",
@@ -35,7 +35,7 @@ impl Shutdown {
 
 /// A running private server; stopped and removed when dropped.
 #[derive(Debug)]
-pub struct PrivatePostgres {
+pub(super) struct PrivatePostgres {
     bin: PathBuf,
     // Removed (with the data) when the server is dropped.
     dir: tempfile::TempDir,
@@ -45,7 +45,7 @@ pub struct PrivatePostgres {
 
 impl PrivatePostgres {
     /// Creates a cluster and starts it on a free loopback port.
-    pub fn start() -> anyhow::Result<Self> {
+    pub(super) fn start() -> anyhow::Result<Self> {
         let bin = binaries_under(Path::new(INSTALLED))?;
         let dir = tempfile::Builder::new()
             .prefix("idem-torture-pg-")
@@ -89,12 +89,12 @@ impl PrivatePostgres {
     }
 
     /// Where the server listens.
-    pub fn addr(&self) -> SocketAddr {
+    pub(super) fn addr(&self) -> SocketAddr {
         self.addr
     }
 
     /// Restarts the server in `mode` and waits until it accepts connections.
-    pub async fn restart(&self, mode: Shutdown) -> anyhow::Result<()> {
+    pub(super) async fn restart(&self, mode: Shutdown) -> anyhow::Result<()> {
         let options = self.options();
         let args = [
             "restart",

@@ -11,9 +11,9 @@ use plotters::prelude::*;
 use super::client::Outcome;
 
 /// The plots show this long before each fault, in ms.
-pub const BEFORE_MS: i64 = 1_000;
+pub(super) const BEFORE_MS: i64 = 1_000;
 /// And this long after it starts.
-pub const AFTER_MS: i64 = 6_000;
+pub(super) const AFTER_MS: i64 = 6_000;
 /// Throughput buckets.
 const BUCKET_MS: i64 = 100;
 /// Each plot's size, in pixels.
@@ -27,7 +27,7 @@ const LINE: RGBColor = RGBColor(0x33, 0x66, 0xcc);
 
 /// One attempt, in time relative to a fault.
 #[derive(Debug, Clone, Copy)]
-pub struct Point {
+pub(super) struct Point {
     /// When it was sent, ms after the fault started.
     pub at: i64,
     /// How long it took, ms.
@@ -38,7 +38,7 @@ pub struct Point {
 
 /// The attempts around one fault, and how long the fault lasted.
 #[derive(Debug)]
-pub struct Window {
+pub(super) struct Window {
     pub points: Vec<Point>,
     pub length_ms: i64,
 }
@@ -47,7 +47,7 @@ type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;
 type Drawn = Result<(), Box<dyn std::error::Error>>;
 
 /// Each attempt's latency (log scale) against when it was sent.
-pub fn latency(around: &[Window]) -> String {
+pub(super) fn latency(around: &[Window]) -> String {
     render(|root| {
         let max = around
             .iter()
@@ -108,7 +108,7 @@ pub fn latency(around: &[Window]) -> String {
 
 /// Acknowledged attempts per second, by when they were answered, averaged
 /// over the faults.
-pub fn throughput(around: &[Window]) -> String {
+pub(super) fn throughput(around: &[Window]) -> String {
     let rates = rates(around);
     render(|root| {
         let max = rates.iter().map(|(_, rate)| *rate).fold(1.0, f64::max) * 1.15;

@@ -20,11 +20,11 @@ use idem_http::{IdempotencyConfig, KeyRequirement, StoredResponse};
 use tokio::task::JoinHandle;
 
 /// The downstream's effect log.
-pub const EFFECTS_QUERY: &str = "SELECT key FROM effects ORDER BY seq";
+pub(super) const EFFECTS_QUERY: &str = "SELECT key FROM effects ORDER BY seq";
 
 /// A service on a loopback port; stops when dropped.
 #[derive(Debug)]
-pub struct Service {
+pub(super) struct Service {
     pub addr: SocketAddr,
     server: JoinHandle<()>,
 }
@@ -50,7 +50,7 @@ fn required_key() -> IdempotencyConfig {
 
 /// The application: `POST /pay` enqueues a message keyed by the request's
 /// key for the relay's default destination.
-pub async fn application<S>(store: &S) -> anyhow::Result<Service>
+pub(super) async fn application<S>(store: &S) -> anyhow::Result<Service>
 where
     S: AtomicOutbox + RecordStore + Clone + Send + Sync + 'static,
 {
@@ -80,7 +80,7 @@ where
 /// The downstream: `POST /deliver` writes one row of `effects` per key, in
 /// the transaction of its idempotency record; `deliveries` counts every
 /// request it received.
-pub async fn downstream(
+pub(super) async fn downstream(
     store: &SqliteStore,
     deliveries: Arc<AtomicUsize>,
 ) -> anyhow::Result<Service> {
@@ -109,7 +109,7 @@ pub async fn downstream(
 
 /// The downstream of the chain on PostgreSQL: as [`downstream`], its
 /// effects and records in a PostgreSQL database.
-pub async fn downstream_postgres(
+pub(super) async fn downstream_postgres(
     store: &PgStore,
     deliveries: Arc<AtomicUsize>,
 ) -> anyhow::Result<Service> {
@@ -138,6 +138,6 @@ pub async fn downstream_postgres(
 }
 
 /// Rows not yet published.
-pub async fn pending<S: OutboxStore>(store: &S) -> anyhow::Result<u64> {
+pub(super) async fn pending<S: OutboxStore>(store: &S) -> anyhow::Result<u64> {
     Ok(store.outbox_stats().await?.pending)
 }

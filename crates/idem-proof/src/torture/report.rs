@@ -14,7 +14,7 @@ use super::scenario::TrialResult;
 
 /// One scenario's totals.
 #[derive(Debug)]
-pub struct Summary {
+pub(super) struct Summary {
     scenario: &'static str,
     trials: usize,
     operations: usize,
@@ -39,7 +39,7 @@ pub struct Summary {
 }
 
 impl Summary {
-    pub fn new(scenario: &'static str) -> Self {
+    pub(super) fn new(scenario: &'static str) -> Self {
         Self {
             scenario,
             trials: 0,
@@ -61,7 +61,7 @@ impl Summary {
         }
     }
 
-    pub fn add(&mut self, trial: TrialResult) {
+    pub(super) fn add(&mut self, trial: TrialResult) {
         let counts = &trial.report.counts;
         self.trials += 1;
         self.operations += counts.operations;
@@ -162,7 +162,7 @@ const HEADER: [&str; 11] = [
 ];
 
 /// The table printed at the end.
-pub fn table(summaries: &[Summary]) -> String {
+pub(super) fn table(summaries: &[Summary]) -> String {
     let mut table = Table::new();
     table.set_header(HEADER);
     for s in summaries {
@@ -192,7 +192,7 @@ fn row(s: &Summary) -> Vec<String> {
 }
 
 /// The table as JSON.
-pub fn json(summaries: &[Summary]) -> serde_json::Value {
+pub(super) fn json(summaries: &[Summary]) -> serde_json::Value {
     summaries
         .iter()
         .map(|s| {
@@ -218,7 +218,7 @@ pub fn json(summaries: &[Summary]) -> serde_json::Value {
 }
 
 /// The HTML report, and its plots as files of their own.
-pub struct Page {
+pub(super) struct Page {
     /// `index.html`.
     pub html: String,
     /// Per scenario, `SCENARIO/latency.svg` and `SCENARIO/throughput.svg`.
@@ -226,7 +226,7 @@ pub struct Page {
 }
 
 /// The HTML report.
-pub fn html(summaries: &[Summary], ops: u64) -> Page {
+pub(super) fn html(summaries: &[Summary], ops: u64) -> Page {
     let mut page = String::from(
         "<!doctype html><meta charset=\"utf-8\"><title>idem torture</title>\
          <style>body{font-family:sans-serif;max-width:62em;margin:2em auto}td,th{border:1px solid #ccc;padding:.2em .5em}table{border-collapse:collapse}</style>\

@@ -22,14 +22,14 @@ use idem::rusqlite::{self, Connection};
 use tokio::task::JoinHandle;
 
 /// The effect log's query: one row per effect, in commit order.
-pub const EFFECTS_QUERY: &str = "SELECT key FROM effects ORDER BY seq";
+pub(super) const EFFECTS_QUERY: &str = "SELECT key FROM effects ORDER BY seq";
 
 /// The probe the gateway is given in the probing scenarios.
-pub const PROBE: &str = "GET /pay/by-key/{key}";
+pub(super) const PROBE: &str = "GET /pay/by-key/{key}";
 
 /// A running upstream; stops when dropped.
 #[derive(Debug)]
-pub struct Upstream {
+pub(super) struct Upstream {
     addr: SocketAddr,
     path: PathBuf,
     server: JoinHandle<()>,
@@ -38,7 +38,7 @@ pub struct Upstream {
 impl Upstream {
     /// Creates the effects table in a new SQLite file at `path` and serves
     /// `POST /pay` on a loopback port.
-    pub async fn start(path: &Path) -> anyhow::Result<Self> {
+    pub(super) async fn start(path: &Path) -> anyhow::Result<Self> {
         let db = Connection::open(path).context("cannot create the upstream's database")?;
         db.execute_batch(
             "PRAGMA journal_mode = WAL;
@@ -61,12 +61,12 @@ impl Upstream {
     }
 
     /// Where the gateway forwards.
-    pub fn url(&self) -> String {
+    pub(super) fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
 
     /// The database file holding the effects.
-    pub fn path(&self) -> &Path {
+    pub(super) fn path(&self) -> &Path {
         &self.path
     }
 }

@@ -13,7 +13,7 @@ use super::scenario::{Fault, TrialResult};
 
 /// What, besides the clients' unknown outcomes, may explain an extra effect.
 #[derive(Debug, Default)]
-pub struct Explanations {
+pub(super) struct Explanations {
     /// Answers the gateway logged it could not store: each explains one.
     pub unstored: usize,
     /// Per key, the copies `idem dup-proxy` sent whose outcome was unknown:
@@ -27,7 +27,7 @@ pub struct Explanations {
 }
 
 /// Per key, the copies in a dup-proxy history whose outcome was unknown.
-pub fn copies_unknown(events: &[Event]) -> HashMap<String, usize> {
+pub(super) fn copies_unknown(events: &[Event]) -> HashMap<String, usize> {
     let copies: HashSet<u64> = events
         .iter()
         .filter_map(|event| match event {
@@ -52,7 +52,7 @@ pub fn copies_unknown(events: &[Event]) -> HashMap<String, usize> {
 
 /// Splits the checker's double effects into the leased gateway's known cost
 /// and violations, and counts the rest.
-pub fn judge(
+pub(super) fn judge(
     index: usize,
     faults: Vec<Fault>,
     report: Report,

@@ -7,7 +7,7 @@ use rdkafka::ClientConfig;
 use super::super::Settings;
 use super::PipeError;
 
-/// What a [`TransactionalPipe`] reads, writes, and how it batches.
+/// What a [`TransactionalPipe`](super::TransactionalPipe) reads, writes, and how it batches.
 ///
 /// Build it with [`PipeConfig::new`] and change the defaults with struct
 /// update syntax: `PipeConfig { batch_size: 100, ..PipeConfig::new(...) }`.

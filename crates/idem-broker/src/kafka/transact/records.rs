@@ -44,7 +44,7 @@ impl Input {
 /// One record the transform asks to write.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Output {
-    /// The topic; one of [`PipeConfig::output_topics`].
+    /// The topic; one of [`PipeConfig::output_topics`](super::PipeConfig::output_topics).
     pub topic: String,
     /// The record key (the partition is chosen from it), if any.
     pub key: Option<Bytes>,

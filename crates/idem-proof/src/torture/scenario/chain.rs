@@ -113,7 +113,7 @@ impl Databases {
 }
 
 /// Runs one trial of the chain, dropping its databases however it ends.
-pub async fn trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> {
+pub(super) async fn trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> {
     let (databases, server) = Databases::create(setting).await?;
     let result = run(setting, &databases, server).await;
     databases.drop().await;

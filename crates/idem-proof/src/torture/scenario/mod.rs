@@ -24,14 +24,15 @@ mod chain;
 mod gateway;
 mod relay;
 
-pub use catalogue::{Carrier, Scenario};
+pub(crate) use catalogue::Carrier;
+pub use catalogue::Scenario;
 
 /// Concurrent clients per trial.
 const CLIENTS: usize = 4;
 
 /// A fault, as injected.
 #[derive(Debug, Clone)]
-pub struct Fault {
+pub(super) struct Fault {
     /// What: `sigkill`, `crash apply.after-claim`, `drop`, …
     pub what: String,
     /// When it started, ms since the Unix epoch.
@@ -41,7 +42,7 @@ pub struct Fault {
 }
 
 /// Where a trial runs.
-pub struct Setting<'a> {
+pub(super) struct Setting<'a> {
     /// The scenario.
     pub scenario: Scenario,
     /// The trial's number, from 1.
@@ -66,7 +67,7 @@ pub struct Setting<'a> {
 
 /// What one trial found.
 #[derive(Debug)]
-pub struct TrialResult {
+pub(super) struct TrialResult {
     /// The trial's number.
     pub index: usize,
     /// The faults injected (a crash point counts once it fired).
@@ -107,7 +108,7 @@ pub struct TrialResult {
 }
 
 /// Runs one trial.
-pub async fn trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> {
+pub(super) async fn trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> {
     match setting.scenario.carrier() {
         _ if setting.scenario == Scenario::ChainPostgres => chain::trial(setting).await,
         Some(carrier) => relay::trial(setting, carrier).await,
