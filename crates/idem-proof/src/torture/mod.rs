@@ -24,6 +24,7 @@
 //!
 //! - `scenario`: the catalogue of scenarios and one driver per family
 //!   (gateway, relay, the whole chain);
+//! - `findings`: what a trial found (its faults, counts and violations);
 //! - `verdict`: a trial's history and effects judged: the known cost apart,
 //!   violations counted;
 //! - `client`: the clients that retry under one key and write the history;
@@ -39,6 +40,7 @@ mod broker;
 mod child;
 mod client;
 mod dupproxy;
+mod findings;
 mod gateway;
 mod pgserver;
 mod plot;

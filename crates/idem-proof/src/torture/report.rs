@@ -9,8 +9,8 @@ use comfy_table::Table;
 use serde_json::json;
 
 use super::client::Outcome;
+use super::findings::TrialResult;
 use super::plot::{self, AFTER_MS, BEFORE_MS, Point, Window};
-use super::scenario::TrialResult;
 
 /// One scenario's totals.
 #[derive(Debug)]

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use idem_check::history::Event;
 use idem_check::{Report, ViolationKind};
 
-use super::scenario::{Fault, TrialResult};
+use super::findings::{Fault, TrialResult};
 
 /// What, besides the clients' unknown outcomes, may explain an extra effect.
 #[derive(Debug, Default)]
@@ -176,7 +176,7 @@ mod tests {
     use idem_check::history::Answer;
 
     use super::*;
-    use crate::torture::scenario::TrialResult;
+    use crate::torture::findings::TrialResult;
 
     fn invoke(op: u64, key: &str) -> Event {
         Event::Invoke {
