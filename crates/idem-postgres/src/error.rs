@@ -149,21 +149,59 @@ impl BadRow {
 
 const RUN_MIGRATIONS: &str = "run the migrations (PgStore::builder(url).migrate(true), or RecordStore::migrate) against this database";
 
+/// A TLS failure: a certificate that did not verify, said so, apart from
+/// the rest.
+fn tls_failure(error: &rustls::Error, at: &Endpoint) -> (ErrorKind, String) {
+    use rustls::CertificateError as C;
+    let message = match error {
+        rustls::Error::InvalidCertificate(
+            C::NotValidForName | C::NotValidForNameContext { .. },
+        ) => {
+            format!(
+                "the TLS certificate of PostgreSQL at {at} did not verify: it is not issued for the host name in the URL ({error}); connect by a name the certificate lists, or use sslmode=verify-ca to check the signing authority only"
+            )
+        }
+        rustls::Error::InvalidCertificate(_) => format!(
+            "the TLS certificate of PostgreSQL at {at} did not verify ({error}); sslrootcert in the URL must name the PEM file of the authority that signed the server's certificate (without sslrootcert, the system's trust store is used)"
+        ),
+        other => format!(
+            "TLS with PostgreSQL at {at} failed: {other}; check the sslmode, sslrootcert, sslcert and sslkey in the URL"
+        ),
+    };
+    (ErrorKind::Config, message)
+}
+
 fn classify(error: &sqlx::Error, at: &Endpoint) -> (ErrorKind, String) {
     use sqlx::Error as E;
     match error {
-        E::Io(e) => (
-            ErrorKind::Unavailable,
-            format!(
-                "cannot reach PostgreSQL at {at}: {e}; is the server running and accepting connections there?"
+        E::Io(e) => match e
+            .get_ref()
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        {
+            // The TLS handshake reports through I/O errors.
+            Some(tls) => tls_failure(tls, at),
+            None => (
+                ErrorKind::Unavailable,
+                format!(
+                    "cannot reach PostgreSQL at {at}: {e}; is the server running and accepting connections there?"
+                ),
             ),
-        ),
-        E::Tls(e) => (
-            ErrorKind::Config,
-            format!(
-                "TLS with PostgreSQL at {at} failed: {e}; check the sslmode and certificates in the URL"
+        },
+        E::Tls(e) => match e.downcast_ref::<rustls::Error>() {
+            Some(tls) => tls_failure(tls, at),
+            None if e.to_string().contains("does not support TLS") => (
+                ErrorKind::Config,
+                format!(
+                    "PostgreSQL at {at} does not offer TLS, and the URL's sslmode (require, verify-ca or verify-full) demands it; turn ssl on in the server's configuration, or connect to one that has it"
+                ),
             ),
-        ),
+            None => (
+                ErrorKind::Config,
+                format!(
+                    "TLS with PostgreSQL at {at} failed: {e}; check the sslmode, sslrootcert, sslcert and sslkey in the URL"
+                ),
+            ),
+        },
         E::PoolTimedOut => (
             ErrorKind::Unavailable,
             format!(
@@ -191,6 +229,14 @@ fn classify(error: &sqlx::Error, at: &Endpoint) -> (ErrorKind, String) {
         E::Database(db) => {
             let code = db.code().unwrap_or_default();
             let message = db.message();
+            if code == "28000" && message.contains("no encryption") {
+                return (
+                    ErrorKind::Config,
+                    format!(
+                        "PostgreSQL at {at} requires TLS: it refused a connection without it ({message}); add sslmode=require to the URL, or better sslmode=verify-full&sslrootcert=PATH-TO-CA.pem to check the server's certificate too"
+                    ),
+                );
+            }
             let kind = match &*code {
                 "23505" => ErrorKind::UniqueViolation,
                 "40001" | "40P01" => ErrorKind::SerializationFailure,
@@ -211,6 +257,9 @@ fn classify(error: &sqlx::Error, at: &Endpoint) -> (ErrorKind, String) {
                 (_, ErrorKind::Busy) => "a lock was not available; retry shortly".to_owned(),
                 (_, ErrorKind::Unavailable) => {
                     "the server is shutting down, starting up or out of connections; retry once it is back".to_owned()
+                }
+                ("28P01", _) => {
+                    "authentication failed: check the user and the password (in the URL, PGPASSWORD or the passfile)".to_owned()
                 }
                 ("3D000", _) => {
                     "create the database (CREATE DATABASE ...) or fix its name in the URL".to_owned()

@@ -106,6 +106,7 @@ mod leased;
 mod literal;
 mod lock;
 mod outbox;
+mod passfile;
 mod records;
 mod seed;
 mod store;

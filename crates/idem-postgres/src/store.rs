@@ -295,7 +295,7 @@ pub struct PgStoreBuilder {
 impl fmt::Debug for PgStoreBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // The URL may carry a password: show where it points, never the URL.
-        let target = take_group_commit(&self.url)
+        let target = take_idem_params(&self.url)
             .ok()
             .and_then(|(url, _)| PgConnectOptions::from_str(&url).ok())
             .map(|o| Endpoint::new(&o, self.max_connections, self.acquire_timeout).to_string())
@@ -368,10 +368,11 @@ impl PgStoreBuilder {
     /// parameters, which sets [`group_commit`](Self::group_commit): a way to
     /// choose it where only a URL is given, as with `idem --store`.
     pub async fn connect(mut self) -> Result<PgStore, Error> {
-        let (url, group_commit) = take_group_commit(&self.url)?;
-        if let Some(group) = group_commit {
+        let (url, params) = take_idem_params(&self.url)?;
+        if let Some(group) = params.group_commit {
             self.group_commit = group;
         }
+        check_files(&params.files)?;
         let options = PgConnectOptions::from_str(&url).map_err(|e| {
             // Said without the URL itself, which may hold a password.
             Error::Store(StoreError::with_source(
@@ -382,6 +383,7 @@ impl PgStoreBuilder {
                 e,
             ))
         })?;
+        let options = apply_passfile(options, &params)?;
         let endpoint = Endpoint::new(&options, self.max_connections, self.acquire_timeout);
         let fail = |e| Error::Store(store_error(e, &endpoint));
 
@@ -427,17 +429,40 @@ impl PgStoreBuilder {
     }
 }
 
-/// The URL without its `group_commit` parameter, and that parameter's value.
-fn take_group_commit(url: &str) -> Result<(String, Option<bool>), Error> {
-    let Some((base, query)) = url.split_once('?') else {
-        return Ok((url.to_owned(), None));
+/// The parameters of a store URL that Idem reads itself (sqlx does not know
+/// them), taken out of the URL before sqlx parses it.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct IdemParams {
+    /// `group_commit=on|off`.
+    group_commit: Option<bool>,
+    /// `passfile=PATH`: libpq's password file, read when the URL and
+    /// `PGPASSWORD` give no password.
+    passfile: Option<String>,
+    /// Whether the URL itself carries a password (`user:PASSWORD@` or
+    /// `password=`).
+    has_password: bool,
+    /// The certificate and key files the URL names (`sslrootcert`,
+    /// `sslcert`, `sslkey`), with the parameter that named each.
+    files: Vec<(String, String)>,
+}
+
+/// The URL without the parameters only Idem reads, and those parameters.
+fn take_idem_params(url: &str) -> Result<(String, IdemParams), Error> {
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let mut params = IdemParams {
+        has_password: base
+            .split_once("://")
+            .map(|(_, rest)| rest.split('/').next().unwrap_or(rest))
+            .and_then(|authority| authority.rsplit_once('@'))
+            .is_some_and(|(userinfo, _)| userinfo.contains(':')),
+        ..IdemParams::default()
     };
-    let mut group = None;
     let mut kept = Vec::new();
-    for pair in query.split('&') {
-        match pair.split_once('=') {
-            Some(("group_commit", value)) => {
-                group = Some(match value {
+    for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        match key {
+            "group_commit" => {
+                params.group_commit = Some(match value {
                     "on" | "true" => true,
                     "off" | "false" => false,
                     other => {
@@ -450,7 +475,18 @@ fn take_group_commit(url: &str) -> Result<(String, Option<bool>), Error> {
                     }
                 });
             }
-            _ => kept.push(pair),
+            "passfile" => params.passfile = Some(percent_decoded(value)),
+            _ => {
+                match key {
+                    "password" => params.has_password = true,
+                    "sslrootcert" | "ssl-root-cert" | "ssl-ca" | "sslcert" | "ssl-cert"
+                    | "sslkey" | "ssl-key" => {
+                        params.files.push((key.to_owned(), percent_decoded(value)));
+                    }
+                    _ => {}
+                }
+                kept.push(pair);
+            }
         }
     }
     let url = if kept.is_empty() {
@@ -458,32 +494,160 @@ fn take_group_commit(url: &str) -> Result<(String, Option<bool>), Error> {
     } else {
         format!("{base}?{}", kept.join("&"))
     };
-    Ok((url, group))
+    Ok((url, params))
+}
+
+/// A query value with `%XX` and `+` decoded (as sqlx decodes it).
+fn percent_decoded(value: &str) -> String {
+    let bytes = value.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| char::from(b).to_digit(16);
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                (Some(high), Some(low)) => {
+                    out.push(u8::try_from(high * 16 + low).unwrap_or(b'?'));
+                    i += 3;
+                    continue;
+                }
+                _ => out.push(b'%'),
+            },
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Refuses certificate and key files that cannot be read, before a
+/// connection is tried: sqlx would report them as an I/O error, which reads
+/// like an unreachable server.
+fn check_files(files: &[(String, String)]) -> Result<(), Error> {
+    for (param, path) in files {
+        if path.starts_with("-----BEGIN") {
+            continue;
+        }
+        if let Err(e) = std::fs::File::open(path) {
+            return Err(Error::Store(StoreError::with_source(
+                ErrorKind::Config,
+                format!(
+                    "{param}={path} in the PostgreSQL URL cannot be read: {e}; name a PEM file this process can read"
+                ),
+                e,
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Sets the password from `passfile` when nothing else gave one (libpq's
+/// order: the URL, then `PGPASSWORD`, then the password file).
+fn apply_passfile(
+    options: PgConnectOptions,
+    params: &IdemParams,
+) -> Result<PgConnectOptions, Error> {
+    let Some(path) = &params.passfile else {
+        return Ok(options);
+    };
+    if params.has_password || std::env::var_os("PGPASSWORD").is_some() {
+        return Ok(options);
+    }
+    let target = crate::passfile::Target {
+        host: if options.get_socket().is_some() {
+            "localhost"
+        } else {
+            options.get_host()
+        },
+        port: options.get_port(),
+        database: options
+            .get_database()
+            .unwrap_or_else(|| options.get_username()),
+        user: options.get_username(),
+    };
+    match crate::passfile::lookup(std::path::Path::new(path), target) {
+        Ok(Some(password)) => Ok(options.password(&password)),
+        Ok(None) => Ok(options),
+        Err(e) => Err(Error::Store(StoreError::with_source(
+            ErrorKind::Config,
+            format!(
+                "passfile={path} in the PostgreSQL URL cannot be read: {e}; name a password file (host:port:database:user:password lines) this process can read"
+            ),
+            e,
+        ))),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn group_commit(url: &str) -> Result<(String, Option<bool>), Error> {
+        take_idem_params(url).map(|(url, params)| (url, params.group_commit))
+    }
+
     #[test]
     fn group_commit_is_read_from_the_url_and_removed_from_it() {
         let url = "postgres://u@h/db";
-        assert_eq!(take_group_commit(url).unwrap(), (url.to_owned(), None));
+        assert_eq!(group_commit(url).unwrap(), (url.to_owned(), None));
         assert_eq!(
-            take_group_commit("postgres://u@h/db?group_commit=off").unwrap(),
+            group_commit("postgres://u@h/db?group_commit=off").unwrap(),
             ("postgres://u@h/db".to_owned(), Some(false))
         );
         assert_eq!(
-            take_group_commit(
-                "postgres://u@h/db?sslmode=disable&group_commit=on&application_name=x"
-            )
-            .unwrap(),
+            group_commit("postgres://u@h/db?sslmode=disable&group_commit=on&application_name=x")
+                .unwrap(),
             (
                 "postgres://u@h/db?sslmode=disable&application_name=x".to_owned(),
                 Some(true)
             )
         );
-        let err = take_group_commit("postgres://u@h/db?group_commit=maybe").unwrap_err();
+        let err = group_commit("postgres://u@h/db?group_commit=maybe").unwrap_err();
         assert!(err.to_string().contains("group_commit=off"), "{err}");
+    }
+
+    #[test]
+    fn passfile_is_taken_out_and_certificate_files_and_passwords_are_noticed() {
+        let (url, params) = take_idem_params(
+            "postgres://u@h/db?sslmode=verify-full&sslrootcert=%2Fetc%2Fca.pem&passfile=/home/u/.pg%20pass",
+        )
+        .unwrap();
+        assert_eq!(
+            url,
+            "postgres://u@h/db?sslmode=verify-full&sslrootcert=%2Fetc%2Fca.pem"
+        );
+        assert_eq!(params.passfile.as_deref(), Some("/home/u/.pg pass"));
+        assert_eq!(
+            params.files,
+            [("sslrootcert".to_owned(), "/etc/ca.pem".to_owned())]
+        );
+        assert!(!params.has_password);
+        for url in [
+            "postgres://u:pw@h/db",
+            "postgres://u:pw@h:5432/db?passfile=x",
+            "postgres://u@h/db?password=pw",
+        ] {
+            assert!(take_idem_params(url).unwrap().1.has_password, "{url}");
+        }
+        assert!(!take_idem_params("postgres://h/db").unwrap().1.has_password);
+    }
+
+    #[test]
+    fn an_unreadable_certificate_file_is_a_config_error_that_names_it() {
+        let files = [(
+            "sslrootcert".to_owned(),
+            "/nonexistent/idem-ca.pem".to_owned(),
+        )];
+        let err = check_files(&files).unwrap_err();
+        assert!(
+            matches!(&err, Error::Store(e) if e.kind() == ErrorKind::Config),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string()
+                .contains("sslrootcert=/nonexistent/idem-ca.pem"),
+            "{err}"
+        );
     }
 }

@@ -11,6 +11,7 @@
 //! - [`deliveries`]: at-least-once delivery simulated (duplicates, shuffles);
 //! - [`postgres`]: a fresh PostgreSQL database per test;
 //! - [`services`]: whether a missing database fails or skips a test;
+//! - [`tls_postgres`]: a throwaway PostgreSQL that requires TLS and a password;
 //! - `spans` (feature `spans`): the spans a test process finished, collected
 //!   in memory, to check trace context across hops.
 //!
@@ -31,6 +32,7 @@ pub mod postgres;
 pub mod services;
 #[cfg(feature = "spans")]
 pub mod spans;
+pub mod tls_postgres;
 
 pub use harness::{Effect, Gate, GateControl, Harness, TxOf};
 

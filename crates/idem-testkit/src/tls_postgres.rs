@@ -1,0 +1,441 @@
+//! A throwaway PostgreSQL server that accepts only TLS connections with a
+//! password, for tests of how clients connect securely.
+//!
+//! [`TlsPostgres::start`] makes a certificate authority and a server
+//! certificate for `localhost` (only: not for `127.0.0.1`, so that a test
+//! can tell `verify-full` from `verify-ca`) signed by it (with `rcgen`),
+//! runs `initdb` into a temporary directory with a password for `postgres` and
+//! SCRAM authentication, allows only `hostssl` connections from 127.0.0.1
+//! (`hostnossl` is rejected), and starts the server on a free loopback port.
+//! The server is stopped and its directory removed when the value is dropped.
+//!
+//! PostgreSQL refuses to run as root: a test run as root runs the server as
+//! the `postgres` system user, in a directory that user owns.
+//!
+//! The server programs are looked for under `/usr/lib/postgresql/VERSION/bin`
+//! (the newest version), or in `IDEM_TEST_POSTGRES_BIN` if set. When they are
+//! missing or the server cannot start, [`TlsPostgres::start`] skips the test
+//! with a message, or fails it when `IDEM_REQUIRE_SERVICES` is set.
+
+use std::fmt;
+use std::io::Write as _;
+use std::net::TcpStream;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose,
+};
+
+/// The variable naming a directory with `initdb`, `pg_ctl` and `postgres`.
+pub const BIN_VARIABLE: &str = "IDEM_TEST_POSTGRES_BIN";
+
+/// Where Debian and Ubuntu install the server programs, one directory per
+/// major version.
+const INSTALLED: &str = "/usr/lib/postgresql";
+
+/// Why the server could not be started.
+#[derive(Debug)]
+pub struct StartError(String);
+
+impl fmt::Display for StartError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for StartError {}
+
+fn fail(message: impl Into<String>) -> StartError {
+    StartError(message.into())
+}
+
+/// A running server that requires TLS and a password; stopped and removed
+/// when dropped.
+pub struct TlsPostgres {
+    bin: PathBuf,
+    // Removed (with the data) when the server is dropped.
+    dir: tempfile::TempDir,
+    run_as: Option<String>,
+    port: u16,
+    password: String,
+    ca_file: PathBuf,
+    other_ca_file: PathBuf,
+}
+
+impl fmt::Debug for TlsPostgres {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Without the password.
+        f.debug_struct("TlsPostgres")
+            .field("dir", &self.dir.path())
+            .field("port", &self.port)
+            .field("ca_file", &self.ca_file)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TlsPostgres {
+    /// Starts a server whose user `postgres` has `password`; `None` (after
+    /// saying so) when it cannot start and services are not required, a
+    /// panic when they are.
+    pub fn start(password: &str) -> Option<TlsPostgres> {
+        match Self::try_start(password) {
+            Ok(server) => Some(server),
+            Err(error) => {
+                crate::services::missing_service("a private PostgreSQL with TLS", &error.0);
+                None
+            }
+        }
+    }
+
+    /// Starts a server whose user `postgres` has `password`.
+    pub fn try_start(password: &str) -> Result<TlsPostgres, StartError> {
+        let bin = match std::env::var_os(BIN_VARIABLE) {
+            Some(dir) => PathBuf::from(dir),
+            None => binaries_under(Path::new(INSTALLED))?,
+        };
+        let dir = tempfile::Builder::new()
+            .prefix("idem-tls-pg-")
+            .tempdir()
+            .map_err(|e| fail(format!("cannot create a temporary directory: {e}")))?;
+        let owner = if running_as_root()? {
+            let (uid, gid) = system_user("postgres")?;
+            std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid))
+                .map_err(|e| fail(format!("cannot hand the directory to `postgres`: {e}")))?;
+            Some((uid, gid))
+        } else {
+            None
+        };
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .map_err(|e| fail(format!("cannot find a free port: {e}")))?
+            .port();
+
+        let pki = Pki::generate()?;
+        let ca_file = dir.path().join("ca.crt");
+        let other_ca_file = dir.path().join("other-ca.crt");
+        let cert_file = dir.path().join("server.crt");
+        let key_file = dir.path().join("server.key");
+        let pwfile = dir.path().join("pwfile");
+        for (path, text, mode) in [
+            (&ca_file, pki.ca_pem.as_str(), 0o644),
+            (&other_ca_file, pki.other_ca_pem.as_str(), 0o644),
+            (&cert_file, pki.server_pem.as_str(), 0o644),
+            (&key_file, pki.server_key_pem.as_str(), 0o600),
+            (&pwfile, password, 0o600),
+        ] {
+            write_file(path, text, mode, owner)?;
+        }
+
+        let server = TlsPostgres {
+            bin,
+            dir,
+            run_as: owner.map(|_| "postgres".to_owned()),
+            port,
+            password: password.to_owned(),
+            ca_file,
+            other_ca_file,
+        };
+        let data = server.data();
+        server.run(
+            "initdb",
+            &[
+                "-D",
+                &data.display().to_string(),
+                "-U",
+                "postgres",
+                &format!("--pwfile={}", pwfile.display()),
+                "--auth=scram-sha-256",
+                "--no-sync",
+                "--encoding=UTF8",
+            ],
+        )?;
+        std::fs::remove_file(&pwfile).ok();
+
+        let config = format!(
+            "\n# idem-testkit: TLS only, loopback only\n\
+             listen_addresses = '127.0.0.1'\n\
+             port = {port}\n\
+             unix_socket_directories = '{dir}'\n\
+             ssl = on\n\
+             ssl_cert_file = '{cert}'\n\
+             ssl_key_file = '{key}'\n\
+             password_encryption = 'scram-sha-256'\n\
+             fsync = off\n",
+            dir = server.dir.path().display(),
+            cert = cert_file.display(),
+            key = key_file.display(),
+        );
+        append_file(&data.join("postgresql.conf"), &config)?;
+        let hba = "# idem-testkit: TLS and a password, from 127.0.0.1 only\n\
+                   hostnossl all all 0.0.0.0/0 reject\n\
+                   hostssl all all 127.0.0.1/32 scram-sha-256\n";
+        write_file(&data.join("pg_hba.conf"), hba, 0o600, owner)?;
+
+        let log = server.log().display().to_string();
+        server.run(
+            "pg_ctl",
+            &[
+                "-D",
+                &data.display().to_string(),
+                "-l",
+                &log,
+                "-w",
+                "-t",
+                "60",
+                "start",
+            ],
+        )?;
+        server.wait_until_it_accepts()?;
+        Ok(server)
+    }
+
+    /// The loopback port the server listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The password of user `postgres`.
+    pub fn password(&self) -> &str {
+        &self.password
+    }
+
+    /// The PEM file of the authority that signed the server's certificate.
+    pub fn ca_file(&self) -> &Path {
+        &self.ca_file
+    }
+
+    /// The PEM file of another authority, which did not sign it.
+    pub fn other_ca_file(&self) -> &Path {
+        &self.other_ca_file
+    }
+
+    /// `postgres://postgres:PASSWORD@HOST:PORT/postgres?QUERY` (no `?` when
+    /// `query` is empty); `password` is put in the URL percent-encoded.
+    pub fn url(&self, host: &str, password: &str, query: &str) -> String {
+        let password: String = password
+            .bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                    char::from(b).to_string()
+                }
+                _ => format!("%{b:02X}"),
+            })
+            .collect();
+        let query = if query.is_empty() {
+            String::new()
+        } else {
+            format!("?{query}")
+        };
+        format!(
+            "postgres://postgres:{password}@{host}:{}/postgres{query}",
+            self.port
+        )
+    }
+
+    /// The URL with the right password and `sslmode=verify-full` against
+    /// [`ca_file`](Self::ca_file).
+    pub fn verified_url(&self) -> String {
+        self.url(
+            "localhost",
+            &self.password,
+            &format!("sslmode=verify-full&sslrootcert={}", self.ca_file.display()),
+        )
+    }
+
+    /// The server's log so far, to explain a failure.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(self.log()).unwrap_or_default()
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    fn log(&self) -> PathBuf {
+        self.dir.path().join("server.log")
+    }
+
+    fn wait_until_it_accepts(&self) -> Result<(), StartError> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(fail(format!(
+                    "PostgreSQL did not accept connections on port {} within 30 s; its log:\n{}",
+                    self.port,
+                    self.log_text()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn run(&self, program: &str, args: &[&str]) -> Result<(), StartError> {
+        let path = self.bin.join(program);
+        let mut command = match &self.run_as {
+            Some(user) => {
+                let mut command = Command::new("runuser");
+                command.args(["-u", user, "--"]).arg(&path);
+                command
+            }
+            None => Command::new(&path),
+        };
+        command
+            .args(args)
+            .current_dir(self.dir.path())
+            .stdin(Stdio::null());
+        check(&format!("{}", path.display()), command.output()).map_err(|e| {
+            let log = self.log_text();
+            if log.is_empty() {
+                e
+            } else {
+                fail(format!("{e}; the server's log:\n{log}"))
+            }
+        })
+    }
+}
+
+impl Drop for TlsPostgres {
+    fn drop(&mut self) {
+        let data = self.data().display().to_string();
+        let stopped = self.run("pg_ctl", &["-D", &data, "stop", "-m", "immediate", "-w"]);
+        if let Err(error) = stopped {
+            eprintln!(
+                "warning: the private PostgreSQL in {} may still be running: {error}",
+                self.dir.path().display()
+            );
+        }
+    }
+}
+
+/// The certificates: an authority, a server certificate it signed, and an
+/// unrelated authority.
+struct Pki {
+    ca_pem: String,
+    other_ca_pem: String,
+    server_pem: String,
+    server_key_pem: String,
+}
+
+impl Pki {
+    fn generate() -> Result<Pki, StartError> {
+        let bad = |e: rcgen::Error| fail(format!("cannot make the test certificates: {e}"));
+        let authority = |name: &str| -> Result<CertifiedIssuer<'static, KeyPair>, rcgen::Error> {
+            let mut params = CertificateParams::new(Vec::<String>::new())?;
+            params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+            params.distinguished_name.push(DnType::CommonName, name);
+            params.key_usages = vec![
+                KeyUsagePurpose::KeyCertSign,
+                KeyUsagePurpose::CrlSign,
+                KeyUsagePurpose::DigitalSignature,
+            ];
+            CertifiedIssuer::self_signed(params, KeyPair::generate()?)
+        };
+        let ca = authority("idem test CA").map_err(bad)?;
+        let other = authority("idem other test CA").map_err(bad)?;
+        let server_key = KeyPair::generate().map_err(bad)?;
+        let mut params = CertificateParams::new(vec!["localhost".to_owned()]).map_err(bad)?;
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "localhost");
+        let server = params.signed_by(&server_key, &ca).map_err(bad)?;
+        Ok(Pki {
+            ca_pem: ca.pem(),
+            other_ca_pem: other.pem(),
+            server_pem: server.pem(),
+            server_key_pem: server_key.serialize_pem(),
+        })
+    }
+}
+
+fn write_file(
+    path: &Path,
+    text: &str,
+    mode: u32,
+    owner: Option<(u32, u32)>,
+) -> Result<(), StartError> {
+    let written = (|| {
+        std::fs::write(path, text)?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+        if let Some((uid, gid)) = owner {
+            std::os::unix::fs::chown(path, Some(uid), Some(gid))?;
+        }
+        Ok::<_, std::io::Error>(())
+    })();
+    written.map_err(|e| fail(format!("cannot write {}: {e}", path.display())))
+}
+
+fn append_file(path: &Path, text: &str) -> Result<(), StartError> {
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(path)
+        .and_then(|mut file| file.write_all(text.as_bytes()))
+        .map_err(|e| fail(format!("cannot append to {}: {e}", path.display())))
+}
+
+fn check(program: &str, output: std::io::Result<Output>) -> Result<(), StartError> {
+    let output = output.map_err(|e| fail(format!("cannot run {program}: {e}")))?;
+    if !output.status.success() {
+        return Err(fail(format!(
+            "{program} failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        )));
+    }
+    Ok(())
+}
+
+/// The newest `ROOT/VERSION/bin` that has `initdb`, `pg_ctl` and `postgres`.
+fn binaries_under(root: &Path) -> Result<PathBuf, StartError> {
+    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir(root)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let version = entry.file_name().to_str()?.parse::<u32>().ok()?;
+            let bin = entry.path().join("bin");
+            let complete = ["initdb", "pg_ctl", "postgres"]
+                .iter()
+                .all(|program| bin.join(program).is_file());
+            complete.then_some((version, bin))
+        })
+        .collect();
+    found.sort();
+    match found.pop() {
+        Some((_, bin)) => Ok(bin),
+        None => Err(fail(format!(
+            "the PostgreSQL server programs (initdb, pg_ctl, postgres under {}/VERSION/bin, or in ${BIN_VARIABLE}) are not installed; install the `postgresql` package",
+            root.display()
+        ))),
+    }
+}
+
+fn running_as_root() -> Result<bool, StartError> {
+    let output = Command::new("id")
+        .arg("-u")
+        .output()
+        .map_err(|e| fail(format!("cannot run id: {e}")))?;
+    Ok(String::from_utf8_lossy(&output.stdout).trim() == "0")
+}
+
+/// A system user's uid and gid.
+fn system_user(name: &str) -> Result<(u32, u32), StartError> {
+    let id = |flag: &str| -> Option<u32> {
+        let output = Command::new("id").args([flag, name]).output().ok()?;
+        if !output.status.success() {
+            return None;
+        }
+        String::from_utf8_lossy(&output.stdout).trim().parse().ok()
+    };
+    match (id("-u"), id("-g")) {
+        (Some(uid), Some(gid)) => Ok((uid, gid)),
+        _ => Err(fail(format!(
+            "PostgreSQL refuses to run as root, and there is no `{name}` user to run it as"
+        ))),
+    }
+}
