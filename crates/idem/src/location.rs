@@ -38,6 +38,14 @@ pub enum LocationError {
         /// The text as given.
         url: String,
     },
+    /// The text has no `scheme://` part and does not look like a file path
+    /// (it has `@`, `=`, `:` or spaces, as in `user:password@host` or libpq's
+    /// `host=... password=...`): it is not repeated, as it may hold a
+    /// password.
+    #[error(
+        "the store is not a URL (it is not repeated here, as it may hold a password): write postgres://USER:PASSWORD@HOST:PORT/DATABASE (with ?sslmode=... for TLS), or sqlite://PATH for an embedded SQLite file"
+    )]
+    NotAUrl,
     /// `sqlite://` with no path.
     #[error(
         "store URL {url:?} has no file path: write sqlite://idem.db or sqlite:///absolute/path.db"
@@ -53,6 +61,9 @@ impl FromStr for StoreLocation {
 
     fn from_str(url: &str) -> Result<Self, LocationError> {
         let Some((scheme, rest)) = url.split_once("://") else {
+            if url.contains(['@', '=', ':']) || url.contains(char::is_whitespace) {
+                return Err(LocationError::NotAUrl);
+            }
             return Err(LocationError::NoScheme {
                 url: url.to_owned(),
             });
@@ -123,6 +134,21 @@ mod tests {
             "sqlite://".parse::<StoreLocation>(),
             Err(LocationError::EmptyPath { .. })
         ));
+    }
+
+    #[test]
+    fn text_that_is_not_a_url_is_not_repeated_when_it_may_hold_a_password() {
+        for text in [
+            "app:hunter2@db:5432/idem",
+            "host=db user=app password=hunter2",
+            "postgres:/app:hunter2@db/idem",
+        ] {
+            let err = text.parse::<StoreLocation>().unwrap_err();
+            assert_eq!(err, LocationError::NotAUrl, "{text}");
+            let shown = format!("{err} {err:?}");
+            assert!(!shown.contains("hunter2"), "{shown}");
+            assert!(shown.contains("postgres://USER:PASSWORD@"), "{shown}");
+        }
     }
 
     #[test]
