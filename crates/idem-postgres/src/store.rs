@@ -483,7 +483,26 @@ fn take_idem_params(url: &str) -> Result<(String, IdemParams), Error> {
                     | "sslkey" | "ssl-key" => {
                         params.files.push((key.to_owned(), percent_decoded(value)));
                     }
-                    _ => {}
+                    "sslmode"
+                    | "ssl-mode"
+                    | "statement-cache-capacity"
+                    | "host"
+                    | "hostaddr"
+                    | "port"
+                    | "dbname"
+                    | "user"
+                    | "application_name"
+                    | "options" => {}
+                    k if k.starts_with("options[") => {}
+                    _ => {
+                        // sqlx would ignore it too, but log its value, which
+                        // may be a misspelt password.
+                        tracing::warn!(
+                            parameter = key,
+                            "ignoring a parameter of the PostgreSQL URL that is not understood"
+                        );
+                        continue;
+                    }
                 }
                 kept.push(pair);
             }
@@ -631,6 +650,10 @@ mod tests {
             assert!(take_idem_params(url).unwrap().1.has_password, "{url}");
         }
         assert!(!take_idem_params("postgres://h/db").unwrap().1.has_password);
+        // Not understood: dropped here, so that sqlx does not log its value.
+        let (url, _) =
+            take_idem_params("postgres://u@h/db?pasword=hunter2&sslmode=require").unwrap();
+        assert_eq!(url, "postgres://u@h/db?sslmode=require");
     }
 
     #[test]
