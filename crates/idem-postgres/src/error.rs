@@ -371,6 +371,39 @@ mod tests {
     }
 
     #[test]
+    fn tls_failures_are_config_errors_that_say_what_did_not_verify() {
+        let handshake = |error: rustls::Error| {
+            sqlx::Error::Io(std::io::Error::new(std::io::ErrorKind::InvalidData, error))
+        };
+        let cases = [
+            (
+                handshake(rustls::Error::InvalidCertificate(
+                    rustls::CertificateError::UnknownIssuer,
+                )),
+                "did not verify (invalid peer certificate: UnknownIssuer); sslrootcert",
+            ),
+            (
+                handshake(rustls::Error::InvalidCertificate(
+                    rustls::CertificateError::NotValidForName,
+                )),
+                "not issued for the host name",
+            ),
+            (
+                sqlx::Error::Tls("server does not support TLS".into()),
+                "does not offer TLS",
+            ),
+        ];
+        for (error, said) in cases {
+            let error = store_error(error, &endpoint());
+            assert_eq!(error.kind(), ErrorKind::Config, "{error}");
+            let text = error.to_string();
+            assert!(text.contains(said), "{text}");
+            assert!(text.contains("db.example:6543"), "{text}");
+            assert!(!text.contains("s3cret"), "{text}");
+        }
+    }
+
+    #[test]
     fn bad_rows_are_corrupt() {
         let error = store_error(BadRow::into_sqlx("unknown state \"x\""), &endpoint());
         assert_eq!(error.kind(), ErrorKind::Corrupt);
