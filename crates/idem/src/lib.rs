@@ -2,9 +2,9 @@
 //! keys, within a dedupe window (7 days by default).
 //!
 //! This is the crate applications depend on. It re-exports the protocol types
-//! from `idem-core` and, by feature, the stores:
-//! - `sqlite` (default): [`SqliteStore`], embedded, zero set-up;
-//! - `postgres`: [`PgStore`], shared by many processes and machines.
+//! from `idem-core` (the root: what an application writes) and, by feature, the stores:
+//! - `sqlite` (default): `SqliteStore`, embedded, zero set-up;
+//! - `postgres`: `PgStore`, shared by many processes and machines.
 //!
 //! Modules:
 //! - [`StoreLocation`]: `sqlite://PATH` / `postgres://URL` parsing;
