@@ -43,6 +43,7 @@ pub mod dead_letter;
 #[cfg(all(feature = "webhook", any(feature = "amqp", feature = "nats")))]
 pub mod forward;
 pub mod kafka;
+mod nats_conn;
 pub mod outbox;
 pub mod publish;
 pub mod relay;

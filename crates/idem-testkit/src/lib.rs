@@ -27,10 +27,12 @@ pub mod faultproxy;
 pub mod fencing;
 pub mod harness;
 pub mod migrations;
+pub mod nats;
 pub mod postgres;
 pub mod services;
 #[cfg(feature = "spans")]
 pub mod spans;
+pub mod tls;
 
 pub use harness::{Effect, Gate, GateControl, Harness, TxOf};
 

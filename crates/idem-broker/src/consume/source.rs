@@ -35,7 +35,9 @@ pub enum Source {
     },
     /// A NATS JetStream durable pull consumer.
     Nats {
-        /// The server (`nats://127.0.0.1:4222`).
+        /// The server (`nats://127.0.0.1:4222`), with its credentials and TLS
+        /// options (`tls://USER:PASSWORD@HOST:PORT?tls_ca=FILE`; see the
+        /// connecting-securely chapter).
         url: String,
         /// The stream.
         stream: String,
@@ -58,7 +60,7 @@ pub enum Source {
 /// A source URL that could not be understood.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "source {url:?} not understood ({why}): write amqp://[USER:PASSWORD@]HOST[:PORT]/[VHOST/]QUEUE, nats://HOST[:PORT]/STREAM/CONSUMER or kafka://HOST:PORT[,HOST:PORT]/TOPIC?group=GROUP"
+    "source {url:?} not understood ({why}): write amqp://[USER:PASSWORD@]HOST[:PORT]/[VHOST/]QUEUE, nats://HOST[:PORT]/STREAM/CONSUMER (tls:// for TLS) or kafka://HOST:PORT[,HOST:PORT]/TOPIC?group=GROUP"
 )]
 pub struct InvalidSource {
     url: String,
@@ -105,12 +107,15 @@ impl FromStr for Source {
                 queue: decode(queue),
             }),
             ("amqp", _) => Err(invalid("an AMQP source names one queue")),
-            ("nats", [stream, consumer]) => Ok(Self::Nats {
-                url: base,
-                stream: decode(stream),
-                consumer: decode(consumer),
-            }),
-            ("nats", _) => Err(invalid("a NATS source names a stream and a consumer")),
+            ("nats" | "tls", [stream, consumer]) => {
+                crate::nats_conn::NatsServer::parse(&parsed).map_err(|why| invalid(&why))?;
+                Ok(Self::Nats {
+                    url: crate::nats_conn::server_url(&parsed),
+                    stream: decode(stream),
+                    consumer: decode(consumer),
+                })
+            }
+            ("nats" | "tls", _) => Err(invalid("a NATS source names a stream and a consumer")),
             (other, _) => Err(invalid(&format!("unknown scheme {other:?}"))),
         }
     }
@@ -463,6 +468,24 @@ mod tests {
         let err = "amqp://u:secret@rabbit/".parse::<Source>().unwrap_err();
         assert!(!err.to_string().contains("secret"), "{err}");
         assert!("nats://h/only-stream".parse::<Source>().is_err());
+        let tls: Source =
+            "tls://app:s3cret@h:4222/S/C?tls_ca=/ca.pem&tls_cert=/c.pem&tls_key=/k.pem"
+                .parse()
+                .unwrap();
+        assert!(
+            matches!(&tls, Source::Nats { url, stream, consumer }
+                if url == "tls://app:s3cret@h:4222?tls_ca=/ca.pem&tls_cert=/c.pem&tls_key=/k.pem"
+                    && stream == "S" && consumer == "C"),
+            "{tls:?}"
+        );
+        assert_eq!(tls.to_string(), "tls://app:***@h:4222/S/C");
+        let token: Source = "nats://h:4222/S/C?tls=true&token=s3cret".parse().unwrap();
+        assert_eq!(format!("{token:?}"), "Source(nats://h:4222/S/C)");
+        let err = "nats://u:s3cret@h/S/C?tls_ky=/k.pem"
+            .parse::<Source>()
+            .unwrap_err();
+        assert!(err.to_string().contains("unknown option"), "{err}");
+        assert!(!err.to_string().contains("s3cret"), "{err}");
         let err = "kafka://h:9092/t".parse::<Source>().unwrap_err();
         assert!(err.to_string().contains("?group="), "{err}");
         let kafka: Source = "kafka://k1:9092,k2:9092/orders?group=billing&client.id=c"
