@@ -241,6 +241,9 @@ pub(crate) async fn connect(
 fn explain(server: &NatsServer, error: async_nats::ConnectError) -> ConnectFailure {
     use async_nats::ConnectErrorKind as Kind;
     let chain = chain(&error);
+    // A failed handshake may come as an I/O error: the certificate is named.
+    let certificate = chain.contains("certificate");
+    let tls = error.kind() == Kind::Tls || certificate;
     let (kind, message) = match error.kind() {
         Kind::AuthorizationViolation | Kind::Authentication => (
             Failure::Refused,
@@ -248,19 +251,19 @@ fn explain(server: &NatsServer, error: async_nats::ConnectError) -> ConnectFailu
                 "authorization failed: the server refused the credentials ({chain}); fix them in the URL (nats://USER:PASSWORD@HOST, token=, nkey=FILE or creds=FILE) or the server's authorization"
             ),
         ),
-        Kind::Tls if !server.tls => (
+        _ if tls && !server.tls => (
             Failure::Config,
             format!(
                 "the server requires TLS and the handshake failed ({chain}); write tls://HOST:PORT or add ?tls=true, with tls_ca=FILE when the server's certificate is not signed by a CA the system trusts"
             ),
         ),
-        Kind::Tls if chain.contains("certificate") => (
+        _ if certificate => (
             Failure::Config,
             format!(
                 "the server's certificate did not verify ({chain}); give the CA that signed it with tls_ca=FILE, and connect by a name or address the certificate holds"
             ),
         ),
-        Kind::Tls => (
+        _ if tls => (
             Failure::Config,
             format!(
                 "TLS failed ({chain}); check tls_ca=, tls_cert= and tls_key=, and that the server speaks TLS"
