@@ -29,6 +29,7 @@ pub mod harness;
 pub mod migrations;
 pub mod nats;
 pub mod postgres;
+pub mod rabbitmq;
 pub mod services;
 #[cfg(feature = "spans")]
 pub mod spans;

@@ -60,7 +60,7 @@ pub enum Source {
 /// A source URL that could not be understood.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "source {url:?} not understood ({why}): write amqp://[USER:PASSWORD@]HOST[:PORT]/[VHOST/]QUEUE, nats://HOST[:PORT]/STREAM/CONSUMER (tls:// for TLS) or kafka://HOST:PORT[,HOST:PORT]/TOPIC?group=GROUP"
+    "source {url:?} not understood ({why}): write amqp[s]://[USER:PASSWORD@]HOST[:PORT]/[VHOST/]QUEUE[?cacertfile=FILE], nats://HOST[:PORT]/STREAM/CONSUMER (tls:// for TLS) or kafka://HOST:PORT[,HOST:PORT]/TOPIC?group=GROUP"
 )]
 pub struct InvalidSource {
     url: String,
@@ -98,15 +98,9 @@ impl FromStr for Source {
         base.set_query(None);
         let base = base.as_str().trim_end_matches('/').to_owned();
         match (parsed.scheme(), segments.as_slice()) {
-            ("amqp", [queue]) => Ok(Self::Amqp {
-                url: format!("{base}/%2f"),
-                queue: decode(queue),
-            }),
-            ("amqp", [vhost, queue]) => Ok(Self::Amqp {
-                url: format!("{base}/{vhost}"),
-                queue: decode(queue),
-            }),
-            ("amqp", _) => Err(invalid("an AMQP source names one queue")),
+            ("amqp" | "amqps", [queue]) => amqp_source(text, &base, "%2f", queue),
+            ("amqp" | "amqps", [vhost, queue]) => amqp_source(text, &base, vhost, queue),
+            ("amqp" | "amqps", _) => Err(invalid("an AMQP source names one queue")),
             ("nats" | "tls", [stream, consumer]) => {
                 crate::nats_conn::NatsServer::parse(&parsed).map_err(|why| invalid(&why))?;
                 Ok(Self::Nats {
@@ -119,6 +113,27 @@ impl FromStr for Source {
             (other, _) => Err(invalid(&format!("unknown scheme {other:?}"))),
         }
     }
+}
+
+/// An AMQP source: the broker's URL keeps the query (TLS files and the
+/// client's parameters), the path names the vhost and the queue.
+fn amqp_source(text: &str, base: &str, vhost: &str, queue: &str) -> Result<Source, InvalidSource> {
+    let parsed = url::Url::parse(text).map_err(|e| InvalidSource {
+        url: redact_url(text),
+        why: e.to_string(),
+    })?;
+    let url = match parsed.query().filter(|q| !q.is_empty()) {
+        Some(query) => format!("{base}/{vhost}?{query}"),
+        None => format!("{base}/{vhost}"),
+    };
+    crate::amqp_conn::AmqpServer::parse(&url).map_err(|why| InvalidSource {
+        url: redact_url(text),
+        why,
+    })?;
+    Ok(Source::Amqp {
+        url,
+        queue: decode(queue),
+    })
 }
 
 fn kafka(text: &str) -> Result<Source, String> {
@@ -465,6 +480,21 @@ mod tests {
             with_vhost.to_string(),
             "amqp://u:***@rabbit:5673/prod/orders"
         );
+        let tls: Source = "amqps://u:secret@rabbit:5671/prod/orders?cacertfile=/ca.pem&heartbeat=5"
+            .parse()
+            .unwrap();
+        assert_eq!(
+            tls,
+            Source::Amqp {
+                url: "amqps://u:secret@rabbit:5671/prod?cacertfile=/ca.pem&heartbeat=5".into(),
+                queue: "orders".into()
+            }
+        );
+        assert_eq!(tls.to_string(), "amqps://u:***@rabbit:5671/prod/orders");
+        let err = "amqp://u:secret@rabbit/q?cacertfile=/ca.pem"
+            .parse::<Source>()
+            .unwrap_err();
+        assert!(err.to_string().contains("amqps://"), "{err}");
         let err = "amqp://u:secret@rabbit/".parse::<Source>().unwrap_err();
         assert!(!err.to_string().contains("secret"), "{err}");
         assert!("nats://h/only-stream".parse::<Source>().is_err());

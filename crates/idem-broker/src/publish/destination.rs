@@ -10,8 +10,10 @@
 //! | `http://host/hooks/orders`, `https://...` | an HTTP webhook: `POST` to the URL |
 //! | `kafka://host:9092[,host2:9092]/orders?record_key=header:order-id` | Kafka: the idempotent producer to the topic; optional record key; other query pairs are librdkafka settings |
 //!
-//! `amqps://` and other query parameters of the AMQP URL (`heartbeat`,
-//! `channel_max`, ...) are kept and handed to the client. [`Display`](fmt::Display)
+//! `amqps://` connects with TLS; its `cacertfile=FILE` (or `tls_ca=`),
+//! `certfile=FILE` and `keyfile=FILE` (or `tls_cert=`, `tls_key=`) name the
+//! CA and the client certificate. Other query parameters of the AMQP URL
+//! (`heartbeat`, `channel_max`, ...) are kept and handed to the client. [`Display`](fmt::Display)
 //! writes the canonical form, which parses back to the same destination; it
 //! keeps the password because the tables need it to publish. Logs and errors
 //! use [`Destination::redacted`], which goes through [`idem::redact_url`].
@@ -395,6 +397,7 @@ fn amqp(text: &str, parsed: &Url) -> Result<Destination, String> {
     } else {
         format!("{base}?{}", rest.finish())
     };
+    crate::amqp_conn::AmqpServer::parse(&url)?;
     Ok(Destination::Amqp {
         url,
         exchange,
@@ -431,6 +434,7 @@ mod tests {
             "amqp://guest:guest@127.0.0.1:5672/%2f?exchange=&routing_key=orders",
             "amqp://guest:guest@127.0.0.1:5672/%2f?exchange=events&routing_key=order.created",
             "amqps://u:p@rabbit:5671/prod?heartbeat=10&exchange=x&routing_key=k%20k",
+            "amqps://u:p@rabbit:5671/prod?cacertfile=%2Fca.pem&certfile=%2Fc.pem&keyfile=%2Fk.pem&queue=q",
             "nats://127.0.0.1:4222/orders.created",
             "nats://user:pw@127.0.0.1:4222/a.b",
             "tls://user:pw@127.0.0.1:4222/a.b?tls_ca=%2Ftmp%2Fca.pem",
@@ -519,6 +523,7 @@ mod tests {
                 "one concrete NATS subject",
             ),
             ("orders", "is not a URL"),
+            ("amqp://h/%2f?queue=q&cacertfile=/ca.pem", "amqps://"),
             ("nats://h:4222/s?tls_cert=/c.pem", "tls_key"),
             ("nats://h:4222/s?password=secret", "unknown option"),
         ];
