@@ -97,8 +97,9 @@ pub(crate) enum ConnectFailure {
     Config(String),
     /// The server's certificate did not verify, or the handshake failed.
     Tls(String),
-    /// What the client said.
-    Client(lapin::Error),
+    /// What the client said, and advice when there is some: the failure
+    /// may pass (a broker restarting), so connecting again is tried.
+    Client(lapin::Error, Option<&'static str>),
 }
 
 /// Connects to the RabbitMQ `url` names, with TLS as its options say.
@@ -130,7 +131,7 @@ pub(crate) async fn connect(
         }),
         None => None,
     };
-    let runtime = lapin::runtime::default_runtime().map_err(ConnectFailure::Client)?;
+    let runtime = lapin::runtime::default_runtime().map_err(|e| ConnectFailure::Client(e, None))?;
     let tls = server.ca.is_some() || server.cert.is_some() || url.starts_with("amqps:");
     lapin::Connection::connect_with_config(
         &server.uri,
@@ -144,7 +145,11 @@ pub(crate) async fn connect(
     .await
     .map_err(|error| {
         let text = error.to_string();
-        if tls && text.contains("certificate") {
+        if tls && text.contains("CertificateRequired") {
+            ConnectFailure::Tls(format!(
+                "the server requires a client certificate ({text}): give certfile=FILE&keyfile=FILE"
+            ))
+        } else if tls && text.contains("certificate") {
             ConnectFailure::Tls(format!(
                 "the server's certificate did not verify ({text}); give the CA that signed it with cacertfile=FILE, and connect by a name or address the certificate holds"
             ))
@@ -152,8 +157,15 @@ pub(crate) async fn connect(
             ConnectFailure::Tls(format!(
                 "TLS failed ({text}); check cacertfile=, certfile= and keyfile=, and that the port speaks TLS (RabbitMQ's is 5671)"
             ))
+        } else if tls && server.cert.is_none() && (text.contains("reset") || text.contains("closed")) {
+            // TLS 1.3: a server that wants a client certificate says so by
+            // ending the connection after the handshake.
+            ConnectFailure::Client(
+                error,
+                Some("the server ended the TLS connection: if it requires a client certificate, give certfile=FILE&keyfile=FILE"),
+            )
         } else {
-            ConnectFailure::Client(error)
+            ConnectFailure::Client(error, None)
         }
     })
 }

@@ -257,6 +257,12 @@ fn explain(server: &NatsServer, error: async_nats::ConnectError) -> ConnectFailu
                 "the server requires TLS and the handshake failed ({chain}); write tls://HOST:PORT or add ?tls=true, with tls_ca=FILE when the server's certificate is not signed by a CA the system trusts"
             ),
         ),
+        _ if chain.contains("CertificateRequired") => (
+            Failure::Config,
+            format!(
+                "the server requires a client certificate ({chain}): give tls_cert=FILE&tls_key=FILE"
+            ),
+        ),
         _ if certificate => (
             Failure::Config,
             format!(

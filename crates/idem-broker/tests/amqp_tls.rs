@@ -1,7 +1,9 @@
 //! RabbitMQ over TLS, against a node of the test's own that listens with
 //! TLS only (the shared broker is not touched), with certificates made on
-//! the spot: the publisher and the consumer reach it through `amqps://` with
-//! the CA file, and a message published twice is consumed effectively once;
+//! the spot. The node requires a client certificate: the publisher and the
+//! consumer reach it through `amqps://` with the CA file and the client's
+//! certificate and key, and a message published twice is consumed
+//! effectively once; without the client certificate the server refuses;
 //! the wrong CA and a missing CA file each fail with an error that says so,
 //! and the password is never printed. One node serves every case: it takes
 //! 10 to 20 seconds to boot.
@@ -51,20 +53,28 @@ async fn connect_error(source: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn amqps_with_the_ca_file_publishes_and_consumes_once() {
     let files = TlsFiles::generate();
-    let Some(node) = RabbitTls::start(&files.server_cert, &files.server_key, None).await else {
+    let Some(node) = RabbitTls::start(&files.server_cert, &files.server_key, Some(&files.ca)).await
+    else {
         return;
     };
     let base = format!("amqps://guest:guest@127.0.0.1:{}/%2f", node.port());
     let ca = files.ca.display().to_string();
+    let client = format!(
+        "certfile={}&keyfile={}",
+        files.client_cert.display(),
+        files.client_key.display()
+    );
 
     // The publisher declares nothing: the queue is made through the same
     // TLS connection code the consumer uses.
-    let to: Destination = format!("{base}?cacertfile={ca}&queue=orders")
+    let to: Destination = format!("{base}?cacertfile={ca}&{client}&queue=orders")
         .parse()
         .expect("the destination parses");
     assert!(!to.redacted().contains("guest@"), "{}", to.redacted());
     {
-        let source: Source = format!("{base}/orders?cacertfile={ca}").parse().unwrap();
+        let source: Source = format!("{base}/orders?cacertfile={ca}&{client}")
+            .parse()
+            .unwrap();
         let Source::Amqp { url, .. } = &source else {
             unreachable!()
         };
@@ -81,10 +91,14 @@ async fn amqps_with_the_ca_file_publishes_and_consumes_once() {
     publisher.publish(&message).await.expect("published");
     publisher.publish(&message).await.expect("published again");
 
-    // The consumer takes the other spelling of the CA option.
-    let source: Source = format!("{base}/orders?tls_ca={ca}")
-        .parse()
-        .expect("the source parses");
+    // The consumer takes the other spelling of the options.
+    let source: Source = format!(
+        "{base}/orders?tls_ca={ca}&tls_cert={}&tls_key={}",
+        files.client_cert.display(),
+        files.client_key.display()
+    )
+    .parse()
+    .expect("the source parses");
     assert_eq!(
         source.to_string(),
         format!("amqps://guest:***@127.0.0.1:{}/%2f/orders", node.port())
@@ -106,6 +120,10 @@ async fn amqps_with_the_ca_file_publishes_and_consumes_once() {
     let stats = running.stop().await;
     assert_eq!(bank.ledger().await, ["order-1"], "{stats:?}");
     assert_eq!(stats.applied, 1, "{stats:?}");
+
+    // Without the client certificate the server ends the handshake.
+    let anonymous = connect_error(&format!("{base}/orders?cacertfile={ca}")).await;
+    assert!(anonymous.contains("client certificate"), "{anonymous}");
 
     // A CA that did not sign the server's certificate.
     let password = "s3cret-Hq7-password";
@@ -169,19 +187,25 @@ async fn declare(url: &str) -> (lapin::Connection, lapin::Channel) {
     (connection, channel)
 }
 
-/// The URL without `cacertfile`, and that file as lapin's TLS settings.
+/// The URL without its query, and the files it names as lapin's TLS
+/// settings.
 fn split(url: &str) -> (String, lapin::tcp::OwnedTLSConfig) {
     let (base, query) = url.split_once('?').expect("a query");
-    let ca = query
-        .split('&')
-        .find_map(|pair| pair.strip_prefix("cacertfile="))
-        .expect("cacertfile");
-    let pem = std::fs::read_to_string(ca).expect("the CA file");
+    let file = |name: &str| {
+        let path = query
+            .split('&')
+            .find_map(|pair| pair.strip_prefix(name))
+            .unwrap_or_else(|| panic!("{name}"));
+        std::fs::read(path).expect("a TLS file")
+    };
     (
         base.to_owned(),
         lapin::tcp::OwnedTLSConfig {
-            identity: None,
-            cert_chain: Some(pem),
+            identity: Some(lapin::tcp::OwnedIdentity::PKCS8 {
+                pem: file("certfile="),
+                key: file("keyfile="),
+            }),
+            cert_chain: Some(String::from_utf8(file("cacertfile=")).unwrap()),
         },
     )
 }

@@ -109,7 +109,12 @@ impl AmqpTransport {
         let connection = crate::amqp_conn::connect(url, properties)
             .await
             .map_err(|failure| match failure {
-                crate::amqp_conn::ConnectFailure::Client(e) => classified("connect to RabbitMQ", e),
+                crate::amqp_conn::ConnectFailure::Client(e, None) => {
+                    classified("connect to RabbitMQ", e)
+                }
+                crate::amqp_conn::ConnectFailure::Client(e, Some(advice)) => {
+                    TransportError::new("connect to RabbitMQ", format!("{e}; {advice}"))
+                }
                 crate::amqp_conn::ConnectFailure::Config(why)
                 | crate::amqp_conn::ConnectFailure::Tls(why) => {
                     TransportError::of(TransportErrorKind::Config, "connect to RabbitMQ", why)

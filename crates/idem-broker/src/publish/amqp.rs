@@ -95,7 +95,13 @@ impl AmqpPublisher {
         let connection = crate::amqp_conn::connect(&self.uri, ConnectionProperties::default())
             .await
             .map_err(|failure| match failure {
-                crate::amqp_conn::ConnectFailure::Client(e) => unavailable("connect", e),
+                crate::amqp_conn::ConnectFailure::Client(e, None) => unavailable("connect", e),
+                crate::amqp_conn::ConnectFailure::Client(e, Some(advice)) => self
+                    .fail(
+                        PublishErrorKind::Unavailable,
+                        format!("could not connect: {e}; {advice}"),
+                    )
+                    .with_source(e),
                 crate::amqp_conn::ConnectFailure::Config(why)
                 | crate::amqp_conn::ConnectFailure::Tls(why) => self.fail(
                     PublishErrorKind::Config,
