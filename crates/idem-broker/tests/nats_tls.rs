@@ -194,6 +194,56 @@ async fn an_nkey_seed_file_consumes_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_publisher_reaches_the_stream_over_tls_with_a_password() {
+    use idem::IdempotencyKey;
+    use idem_broker::publish::{self, Destination, Message, Publish};
+
+    let files = TlsFiles::generate();
+    let Some(server) = tls_server(&files, &users()).await else {
+        return;
+    };
+    let auth = async_nats::ConnectOptions::new().user_and_password("app".into(), PASSWORD.into());
+    orders(&files, server.port(), auth.clone()).await;
+    let to: Destination = format!(
+        "tls://app:{PASSWORD}@127.0.0.1:{}/orders?tls_ca={}",
+        server.port(),
+        files.ca.display()
+    )
+    .parse()
+    .expect("the destination parses");
+    assert!(!to.redacted().contains(PASSWORD), "{}", to.redacted());
+    assert_eq!(to.to_string().parse::<Destination>().unwrap(), to);
+    let publisher = publish::connect(&to)
+        .await
+        .unwrap_or_else(|e| panic!("publish over TLS: {}", chain(&e)));
+    let message = Message::new(IdempotencyKey::new("order-2").unwrap(), b"{}".to_vec());
+    publisher.publish(&message).await.expect("published");
+
+    let client = auth
+        .require_tls(true)
+        .add_root_certificates(files.ca.clone())
+        .connect(format!("tls://127.0.0.1:{}", server.port()))
+        .await
+        .expect("the test's own client connects");
+    let mut stream = jetstream::new(client).get_stream("ORDERS").await.unwrap();
+    assert_eq!(stream.info().await.unwrap().state.messages, 3);
+
+    let wrong: Destination = format!(
+        "tls://app:wrong-{PASSWORD}@127.0.0.1:{}/orders?tls_ca={}",
+        server.port(),
+        files.ca.display()
+    )
+    .parse()
+    .unwrap();
+    let error = match publish::connect(&wrong).await {
+        Ok(_) => panic!("the wrong password connected"),
+        Err(error) => chain(&error),
+    };
+    assert!(error.contains("authorization failed"), "{error}");
+    assert!(!error.contains(PASSWORD), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_tls_against_a_tls_only_server_says_tls_is_required() {
     let files = TlsFiles::generate();
     let Some(server) = tls_server(&files, &users()).await else {
