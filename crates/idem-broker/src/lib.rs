@@ -38,11 +38,13 @@ compile_error!(
     "idem-broker publishes and consumes through at least one transport: enable the crate feature amqp, nats, kafka or webhook"
 );
 
+mod amqp_conn;
 pub mod consume;
 pub mod dead_letter;
 #[cfg(all(feature = "webhook", any(feature = "amqp", feature = "nats")))]
 pub mod forward;
 pub mod kafka;
+mod nats_conn;
 pub mod outbox;
 pub mod publish;
 pub mod relay;

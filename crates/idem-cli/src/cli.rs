@@ -226,3 +226,89 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "IDEM_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
 }
+
+/// Parses a broker URL (`--from`, `--to`) whose error must not repeat it:
+/// clap's own message for an invalid value quotes the value, password and
+/// all. The type's error already shows the URL redacted.
+#[derive(Debug)]
+pub(crate) struct SecretUrl<T>(std::marker::PhantomData<fn() -> T>);
+
+impl<T> Clone for SecretUrl<T> {
+    fn clone(&self) -> Self {
+        Self(std::marker::PhantomData)
+    }
+}
+
+impl<T> SecretUrl<T> {
+    pub(crate) fn new() -> Self {
+        Self(std::marker::PhantomData)
+    }
+}
+
+impl<T> clap::builder::TypedValueParser for SecretUrl<T>
+where
+    T: std::str::FromStr + Clone + Send + Sync + 'static,
+    T::Err: std::fmt::Display,
+{
+    type Value = T;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<T, clap::Error> {
+        let name = arg.map(ToString::to_string).unwrap_or_default();
+        let text = value.to_str().ok_or_else(|| {
+            clap::Error::raw(
+                clap::error::ErrorKind::InvalidUtf8,
+                format!("the value of {name} is not UTF-8\n"),
+            )
+            .with_cmd(cmd)
+        })?;
+        text.parse().map_err(|e: T::Err| {
+            clap::Error::raw(
+                clap::error::ErrorKind::ValueValidation,
+                format!("invalid value for {name}: {e}\n"),
+            )
+            .with_cmd(cmd)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::Cli;
+
+    #[test]
+    fn a_broker_url_that_does_not_parse_is_not_repeated() {
+        for args in [
+            vec![
+                "idem",
+                "forward",
+                "--from",
+                "tls://app:s3cret@h:4222/S/C?tls_kye=/k.pem",
+                "--to",
+                "http://127.0.0.1:8080/",
+            ],
+            vec![
+                "idem",
+                "relay",
+                "--to",
+                "nats://h:4222/s?token=s3cret&bogus=1",
+            ],
+            vec![
+                "idem",
+                "relay",
+                "--to",
+                "amqp://u:s3cret@h/%2f?cacertfile=/ca.pem&queue=q",
+            ],
+        ] {
+            let error = Cli::try_parse_from(&args).unwrap_err().to_string();
+            assert!(error.contains("invalid value for --"), "{error}");
+            assert!(!error.contains("s3cret"), "{error}");
+        }
+    }
+}

@@ -28,10 +28,13 @@ pub mod faultproxy;
 pub mod fencing;
 pub mod harness;
 pub mod migrations;
+pub mod nats;
 pub mod postgres;
+pub mod rabbitmq;
 pub mod services;
 #[cfg(feature = "spans")]
 pub mod spans;
+pub mod tls;
 pub mod tls_postgres;
 
 pub use harness::{Effect, Gate, GateControl, Harness, TxOf};

@@ -98,16 +98,28 @@ fn classified(context: impl Into<String>, error: lapin::Error) -> TransportError
 
 impl AmqpTransport {
     /// Connects to `url` (`amqp://USER:PASSWORD@HOST:PORT/VHOST`, the vhost
-    /// percent-encoded: `%2f` for `/`), sets the prefetch limit, and starts a
+    /// percent-encoded: `%2f` for `/`; `amqps://` for TLS, with
+    /// `?cacertfile=FILE`, `certfile=FILE&keyfile=FILE`), sets the prefetch limit, and starts a
     /// manual-ack consumer on `queue`, which must exist.
     pub async fn connect(url: &str, queue: &str, prefetch: u16) -> Result<Self, TransportError> {
         // Named after its queue, so an operator finds it in RabbitMQ's
         // connection list.
         let properties = ConnectionProperties::default()
             .with_connection_name(format!("idem consumer of {queue}").into());
-        let connection = Connection::connect(url, properties)
+        let connection = crate::amqp_conn::connect(url, properties)
             .await
-            .map_err(fail("connect to RabbitMQ"))?;
+            .map_err(|failure| match failure {
+                crate::amqp_conn::ConnectFailure::Client(e, None) => {
+                    classified("connect to RabbitMQ", e)
+                }
+                crate::amqp_conn::ConnectFailure::Client(e, Some(advice)) => {
+                    TransportError::new("connect to RabbitMQ", format!("{e}; {advice}"))
+                }
+                crate::amqp_conn::ConnectFailure::Config(why)
+                | crate::amqp_conn::ConnectFailure::Tls(why) => {
+                    TransportError::of(TransportErrorKind::Config, "connect to RabbitMQ", why)
+                }
+            })?;
         let channel = connection
             .create_channel()
             .await

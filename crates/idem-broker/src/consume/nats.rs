@@ -68,7 +68,8 @@ impl fmt::Debug for NatsSettle {
 }
 
 impl NatsTransport {
-    /// Connects to `url` (`nats://HOST:PORT`) and consumes `stream` through the
+    /// Connects to `url` (`nats://HOST:PORT`, `tls://HOST:PORT`, with the
+    /// credentials and TLS options of [`Source::Nats`](super::Source::Nats)) and consumes `stream` through the
     /// durable pull consumer `consumer`, creating it (explicit acks, the given
     /// ack-wait) if it does not exist. An existing consumer must ack explicitly.
     pub async fn connect(
@@ -83,19 +84,18 @@ impl NatsTransport {
         // fresh client.
         let (connected, watch) = tokio::sync::watch::channel(true);
         let connected = std::sync::Arc::new(connected);
-        let client = async_nats::ConnectOptions::new()
-            .event_callback(move |event| {
-                let connected = std::sync::Arc::clone(&connected);
-                async move {
-                    match event {
-                        async_nats::Event::Disconnected | async_nats::Event::Closed => {
-                            connected.send_replace(false);
-                        }
-                        _ => {}
+        let connect = async_nats::ConnectOptions::new().event_callback(move |event| {
+            let connected = std::sync::Arc::clone(&connected);
+            async move {
+                match event {
+                    async_nats::Event::Disconnected | async_nats::Event::Closed => {
+                        connected.send_replace(false);
                     }
+                    _ => {}
                 }
-            })
-            .connect(url)
+            }
+        });
+        let client = crate::nats_conn::connect(url, connect)
             .await
             .map_err(connect_failed)?;
         let js = jetstream::new(client);
@@ -223,23 +223,14 @@ impl Transport for NatsTransport {
 
 /// A failed connection, sorted: refused credentials and a malformed address
 /// are fatal, the rest (refused, timed out, DNS) a lost connection.
-fn connect_failed(error: async_nats::ConnectError) -> TransportError {
-    use async_nats::ConnectErrorKind as Kind;
-    match error.kind() {
-        Kind::AuthorizationViolation | Kind::Authentication => TransportError::of(
-            TransportErrorKind::Refused,
-            "connect to NATS",
-            format!(
-                "{error}; fix the credentials in the URL (nats://USER:PASSWORD@HOST) or the server's authorization"
-            ),
-        ),
-        Kind::ServerParse | Kind::Tls => TransportError::of(
-            TransportErrorKind::Config,
-            "connect to NATS",
-            format!("{error}; fix the server address (nats://HOST:PORT)"),
-        ),
-        _ => TransportError::new("connect to NATS", error),
-    }
+fn connect_failed(failure: crate::nats_conn::ConnectFailure) -> TransportError {
+    use crate::nats_conn::Failure;
+    let kind = match failure.kind {
+        Failure::Refused => TransportErrorKind::Refused,
+        Failure::Config => TransportErrorKind::Config,
+        Failure::Unavailable => TransportErrorKind::Connection,
+    };
+    TransportError::of(kind, "connect to NATS", failure.message)
 }
 
 /// A stream that does not exist is fatal; a request that failed is not.

@@ -35,7 +35,9 @@ pub enum Source {
     },
     /// A NATS JetStream durable pull consumer.
     Nats {
-        /// The server (`nats://127.0.0.1:4222`).
+        /// The server (`nats://127.0.0.1:4222`), with its credentials and TLS
+        /// options (`tls://USER:PASSWORD@HOST:PORT?tls_ca=FILE`; see the
+        /// connecting-securely chapter).
         url: String,
         /// The stream.
         stream: String,
@@ -58,7 +60,7 @@ pub enum Source {
 /// A source URL that could not be understood.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "source {url:?} not understood ({why}): write amqp://[USER:PASSWORD@]HOST[:PORT]/[VHOST/]QUEUE, nats://HOST[:PORT]/STREAM/CONSUMER or kafka://HOST:PORT[,HOST:PORT]/TOPIC?group=GROUP"
+    "source {url:?} not understood ({why}): write amqp[s]://[USER:PASSWORD@]HOST[:PORT]/[VHOST/]QUEUE[?cacertfile=FILE], nats://HOST[:PORT]/STREAM/CONSUMER (tls:// for TLS) or kafka://HOST:PORT[,HOST:PORT]/TOPIC?group=GROUP"
 )]
 pub struct InvalidSource {
     url: String,
@@ -96,24 +98,42 @@ impl FromStr for Source {
         base.set_query(None);
         let base = base.as_str().trim_end_matches('/').to_owned();
         match (parsed.scheme(), segments.as_slice()) {
-            ("amqp", [queue]) => Ok(Self::Amqp {
-                url: format!("{base}/%2f"),
-                queue: decode(queue),
-            }),
-            ("amqp", [vhost, queue]) => Ok(Self::Amqp {
-                url: format!("{base}/{vhost}"),
-                queue: decode(queue),
-            }),
-            ("amqp", _) => Err(invalid("an AMQP source names one queue")),
-            ("nats", [stream, consumer]) => Ok(Self::Nats {
-                url: base,
-                stream: decode(stream),
-                consumer: decode(consumer),
-            }),
-            ("nats", _) => Err(invalid("a NATS source names a stream and a consumer")),
+            ("amqp" | "amqps", [queue]) => amqp_source(text, &base, "%2f", queue),
+            ("amqp" | "amqps", [vhost, queue]) => amqp_source(text, &base, vhost, queue),
+            ("amqp" | "amqps", _) => Err(invalid("an AMQP source names one queue")),
+            ("nats" | "tls", [stream, consumer]) => {
+                crate::nats_conn::NatsServer::parse(&parsed).map_err(|why| invalid(&why))?;
+                Ok(Self::Nats {
+                    url: crate::nats_conn::server_url(&parsed),
+                    stream: decode(stream),
+                    consumer: decode(consumer),
+                })
+            }
+            ("nats" | "tls", _) => Err(invalid("a NATS source names a stream and a consumer")),
             (other, _) => Err(invalid(&format!("unknown scheme {other:?}"))),
         }
     }
+}
+
+/// An AMQP source: the broker's URL keeps the query (TLS files and the
+/// client's parameters), the path names the vhost and the queue.
+fn amqp_source(text: &str, base: &str, vhost: &str, queue: &str) -> Result<Source, InvalidSource> {
+    let parsed = url::Url::parse(text).map_err(|e| InvalidSource {
+        url: redact_url(text),
+        why: e.to_string(),
+    })?;
+    let url = match parsed.query().filter(|q| !q.is_empty()) {
+        Some(query) => format!("{base}/{vhost}?{query}"),
+        None => format!("{base}/{vhost}"),
+    };
+    crate::amqp_conn::AmqpServer::parse(&url).map_err(|why| InvalidSource {
+        url: redact_url(text),
+        why,
+    })?;
+    Ok(Source::Amqp {
+        url,
+        queue: decode(queue),
+    })
 }
 
 fn kafka(text: &str) -> Result<Source, String> {
@@ -460,9 +480,42 @@ mod tests {
             with_vhost.to_string(),
             "amqp://u:***@rabbit:5673/prod/orders"
         );
+        let tls: Source = "amqps://u:secret@rabbit:5671/prod/orders?cacertfile=/ca.pem&heartbeat=5"
+            .parse()
+            .unwrap();
+        assert_eq!(
+            tls,
+            Source::Amqp {
+                url: "amqps://u:secret@rabbit:5671/prod?cacertfile=/ca.pem&heartbeat=5".into(),
+                queue: "orders".into()
+            }
+        );
+        assert_eq!(tls.to_string(), "amqps://u:***@rabbit:5671/prod/orders");
+        let err = "amqp://u:secret@rabbit/q?cacertfile=/ca.pem"
+            .parse::<Source>()
+            .unwrap_err();
+        assert!(err.to_string().contains("amqps://"), "{err}");
         let err = "amqp://u:secret@rabbit/".parse::<Source>().unwrap_err();
         assert!(!err.to_string().contains("secret"), "{err}");
         assert!("nats://h/only-stream".parse::<Source>().is_err());
+        let tls: Source =
+            "tls://app:s3cret@h:4222/S/C?tls_ca=/ca.pem&tls_cert=/c.pem&tls_key=/k.pem"
+                .parse()
+                .unwrap();
+        assert!(
+            matches!(&tls, Source::Nats { url, stream, consumer }
+                if url == "tls://app:s3cret@h:4222?tls_ca=/ca.pem&tls_cert=/c.pem&tls_key=/k.pem"
+                    && stream == "S" && consumer == "C"),
+            "{tls:?}"
+        );
+        assert_eq!(tls.to_string(), "tls://app:***@h:4222/S/C");
+        let token: Source = "nats://h:4222/S/C?tls=true&token=s3cret".parse().unwrap();
+        assert_eq!(format!("{token:?}"), "Source(nats://h:4222/S/C)");
+        let err = "nats://u:s3cret@h/S/C?tls_ky=/k.pem"
+            .parse::<Source>()
+            .unwrap_err();
+        assert!(err.to_string().contains("unknown option"), "{err}");
+        assert!(!err.to_string().contains("s3cret"), "{err}");
         let err = "kafka://h:9092/t".parse::<Source>().unwrap_err();
         assert!(err.to_string().contains("?group="), "{err}");
         let kafka: Source = "kafka://k1:9092,k2:9092/orders?group=billing&client.id=c"

@@ -37,12 +37,30 @@ impl fmt::Debug for Settings {
             .0
             .iter()
             .map(|(name, value)| {
-                let secret = name.contains("password") || name.contains("secret");
-                (name.as_str(), if secret { "***" } else { value.as_str() })
+                (
+                    name.as_str(),
+                    if is_secret(name) {
+                        "***"
+                    } else {
+                        value.as_str()
+                    },
+                )
             })
             .collect();
         f.debug_tuple("Settings").field(&shown).finish()
     }
+}
+
+/// Whether a setting's value must not be printed: passwords
+/// (`sasl.password`, `ssl.key.password`, `ssl.keystore.password`), secrets
+/// (`sasl.oauthbearer.client.secret`), a private key given inline
+/// (`ssl.key.pem`) and configurations that may hold any of them.
+pub(crate) fn is_secret(name: &str) -> bool {
+    name.contains("password")
+        || name.contains("secret")
+        || name == "ssl.key.pem"
+        || name == "sasl.oauthbearer.config"
+        || name == "sasl.jaas.config"
 }
 
 impl Settings {
@@ -236,7 +254,21 @@ mod tests {
 
     #[test]
     fn secrets_are_not_printed() {
-        let shown = format!("{:?}", Settings::new().set("sasl.password", "hunter2"));
-        assert!(!shown.contains("hunter2"), "{shown}");
+        for name in [
+            "sasl.password",
+            "ssl.key.password",
+            "ssl.keystore.password",
+            "sasl.oauthbearer.client.secret",
+            "ssl.key.pem",
+        ] {
+            let shown = format!(
+                "{:?}",
+                Settings::new()
+                    .set(name, "hunter2")
+                    .set("sasl.username", "app")
+            );
+            assert!(!shown.contains("hunter2"), "{shown}");
+            assert!(shown.contains("app"), "{shown}");
+        }
     }
 }

@@ -92,9 +92,22 @@ impl AmqpPublisher {
             )
             .with_source(e)
         };
-        let connection = Connection::connect(&self.uri, ConnectionProperties::default())
+        let connection = crate::amqp_conn::connect(&self.uri, ConnectionProperties::default())
             .await
-            .map_err(|e| unavailable("connect", e))?;
+            .map_err(|failure| match failure {
+                crate::amqp_conn::ConnectFailure::Client(e, None) => unavailable("connect", e),
+                crate::amqp_conn::ConnectFailure::Client(e, Some(advice)) => self
+                    .fail(
+                        PublishErrorKind::Unavailable,
+                        format!("could not connect: {e}; {advice}"),
+                    )
+                    .with_source(e),
+                crate::amqp_conn::ConnectFailure::Config(why)
+                | crate::amqp_conn::ConnectFailure::Tls(why) => self.fail(
+                    PublishErrorKind::Config,
+                    format!("could not connect: {why}"),
+                ),
+            })?;
         let channel = connection
             .create_channel()
             .await

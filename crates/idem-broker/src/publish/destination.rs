@@ -6,11 +6,14 @@
 //! | `amqp://user:pass@host:5672/%2f?exchange=orders&routing_key=created` | RabbitMQ: publish to `exchange` with `routing_key` |
 //! | `amqp://user:pass@host:5672/%2f?queue=orders` | RabbitMQ: the default exchange (`""`), routing key = the queue name |
 //! | `nats://host:4222/orders.created` | NATS JetStream: the path is the subject |
+//! | `tls://user:pass@host:4222/orders.created?tls_ca=/ca.pem` | NATS over TLS; the query may also hold `tls=true`, `tls_cert`, `tls_key`, `token`, `nkey`, `creds` |
 //! | `http://host/hooks/orders`, `https://...` | an HTTP webhook: `POST` to the URL |
 //! | `kafka://host:9092[,host2:9092]/orders?record_key=header:order-id` | Kafka: the idempotent producer to the topic; optional record key; other query pairs are librdkafka settings |
 //!
-//! `amqps://` and other query parameters of the AMQP URL (`heartbeat`,
-//! `channel_max`, ...) are kept and handed to the client. [`Display`](fmt::Display)
+//! `amqps://` connects with TLS; its `cacertfile=FILE` (or `tls_ca=`),
+//! `certfile=FILE` and `keyfile=FILE` (or `tls_cert=`, `tls_key=`) name the
+//! CA and the client certificate. Other query parameters of the AMQP URL
+//! (`heartbeat`, `channel_max`, ...) are kept and handed to the client. [`Display`](fmt::Display)
 //! writes the canonical form, which parses back to the same destination; it
 //! keeps the password because the tables need it to publish. Logs and errors
 //! use [`Destination::redacted`], which goes through [`idem::redact_url`].
@@ -57,7 +60,9 @@ pub enum Destination {
     },
     /// NATS JetStream: the subject must be bound to a stream.
     Nats {
-        /// The server: `nats://host:port` (credentials in the user-info part if any).
+        /// The server: `nats://host:port` or `tls://host:port`, credentials in
+        /// the user-info part if any, TLS and other credentials as a query
+        /// (`?tls_ca=FILE&token=...`).
         url: String,
         /// The subject published to.
         subject: String,
@@ -187,7 +192,12 @@ impl fmt::Display for Destination {
                 let joiner = if url.contains('?') { '&' } else { '?' };
                 write!(f, "{url}{joiner}{}", target_query(exchange, routing_key))
             }
-            Self::Nats { url, subject } => write!(f, "{}/{subject}", url.trim_end_matches('/')),
+            Self::Nats { url, subject } => match url.split_once('?') {
+                Some((server, options)) => {
+                    write!(f, "{}/{subject}?{options}", server.trim_end_matches('/'))
+                }
+                None => write!(f, "{}/{subject}", url.trim_end_matches('/')),
+            },
             Self::Http { url } => f.write_str(url),
             Self::Kafka {
                 brokers,
@@ -290,7 +300,7 @@ impl FromStr for Destination {
         };
         match parsed.scheme() {
             "amqp" | "amqps" => amqp(text, &parsed).map_err(|p| invalid(&p)),
-            "nats" => {
+            "nats" | "tls" => {
                 if parsed.host_str().is_none_or(str::is_empty) {
                     return Err(invalid(
                         "has no host; write nats://HOST:PORT/SUBJECT, e.g. nats://127.0.0.1:4222/orders.created",
@@ -307,17 +317,16 @@ impl FromStr for Destination {
                         "the subject must be one concrete NATS subject (tokens separated by dots, no '/', spaces or wildcards)",
                     ));
                 }
-                if parsed.query().is_some() || parsed.fragment().is_some() {
-                    return Err(invalid("a NATS destination takes no query or fragment"));
+                if parsed.fragment().is_some() {
+                    return Err(invalid("a NATS destination takes no fragment"));
                 }
+                crate::nats_conn::NatsServer::parse(&parsed).map_err(|p| invalid(&p))?;
                 // The server is the URL without its path, as parsed: the
                 // parser escapes what the text left raw, so the parsed path
-                // need not be a suffix of the text.
-                let mut server = parsed.clone();
-                server.set_path("");
-                let url = server.as_str().trim_end_matches('/').to_owned();
+                // need not be a suffix of the text. Its query holds the
+                // connection's options (TLS, credentials).
                 Ok(Self::Nats {
-                    url,
+                    url: crate::nats_conn::server_url(&parsed),
                     subject: subject.to_owned(),
                 })
             }
@@ -388,6 +397,7 @@ fn amqp(text: &str, parsed: &Url) -> Result<Destination, String> {
     } else {
         format!("{base}?{}", rest.finish())
     };
+    crate::amqp_conn::AmqpServer::parse(&url)?;
     Ok(Destination::Amqp {
         url,
         exchange,
@@ -424,8 +434,11 @@ mod tests {
             "amqp://guest:guest@127.0.0.1:5672/%2f?exchange=&routing_key=orders",
             "amqp://guest:guest@127.0.0.1:5672/%2f?exchange=events&routing_key=order.created",
             "amqps://u:p@rabbit:5671/prod?heartbeat=10&exchange=x&routing_key=k%20k",
+            "amqps://u:p@rabbit:5671/prod?cacertfile=%2Fca.pem&certfile=%2Fc.pem&keyfile=%2Fk.pem&queue=q",
             "nats://127.0.0.1:4222/orders.created",
             "nats://user:pw@127.0.0.1:4222/a.b",
+            "tls://user:pw@127.0.0.1:4222/a.b?tls_ca=%2Ftmp%2Fca.pem",
+            "nats://127.0.0.1:4222/a.b?tls=true&token=t0k",
             "http://127.0.0.1:8080/hooks/orders?tenant=7",
             "https://example.invalid/hook",
             "kafka://127.0.0.1:9092/orders",
@@ -510,6 +523,9 @@ mod tests {
                 "one concrete NATS subject",
             ),
             ("orders", "is not a URL"),
+            ("amqp://h/%2f?queue=q&cacertfile=/ca.pem", "amqps://"),
+            ("nats://h:4222/s?tls_cert=/c.pem", "tls_key"),
+            ("nats://h:4222/s?password=secret", "unknown option"),
         ];
         for (text, expected) in cases {
             let error = text.parse::<Destination>().unwrap_err().to_string();
@@ -532,6 +548,14 @@ mod tests {
             parse("nats://n:pw@h:4222/s").redacted(),
             "nats://n:***@h:4222/s"
         );
+        assert_eq!(
+            parse("tls://n:pw@h:4222/s?tls_ca=/ca.pem").redacted(),
+            "tls://n:***@h:4222/s"
+        );
+        let token = parse("nats://h:4222/s?tls=true&token=s3cret");
+        assert!(token.to_string().contains("s3cret"));
+        assert_eq!(token.redacted(), "nats://h:4222/s");
+        assert!(!format!("{token:?}").contains("s3cret"));
         assert_eq!(
             parse("https://h/hook?token=s3cret#x").redacted(),
             "https://h/hook"

@@ -35,16 +35,27 @@ impl NatsPublisher {
                 "not a nats:// destination",
             ));
         };
-        let client = async_nats::connect(url.as_str()).await.map_err(|e| {
-            PublishError::new(
-                PublishErrorKind::Unavailable,
-                destination.redacted(),
-                format!(
-                    "could not connect: {e}; is nats-server running there with JetStream (-js)?"
-                ),
-            )
-            .with_source(e)
-        })?;
+        let client = crate::nats_conn::connect(url, async_nats::ConnectOptions::new())
+            .await
+            .map_err(|failure| {
+                use crate::nats_conn::Failure;
+                let (kind, advice) = match failure.kind {
+                    Failure::Unavailable => (
+                        PublishErrorKind::Unavailable,
+                        "; is nats-server running there with JetStream (-js)?",
+                    ),
+                    Failure::Refused | Failure::Config => (PublishErrorKind::Config, ""),
+                };
+                let error = PublishError::new(
+                    kind,
+                    destination.redacted(),
+                    format!("could not connect: {}{advice}", failure.message),
+                );
+                match failure.source {
+                    Some(source) => error.with_source(source),
+                    None => error,
+                }
+            })?;
         Ok(Self {
             destination: destination.clone(),
             subject: subject.clone(),

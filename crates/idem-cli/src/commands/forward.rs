@@ -25,7 +25,8 @@ pub(crate) struct ForwardArgs {
     /// with explicit acks if missing), or
     /// kafka://HOST:PORT[,HOST:PORT]/TOPIC?group=GROUP (offsets committed
     /// after each record was answered; other query pairs are librdkafka settings).
-    #[arg(long)]
+    /// amqps:// and tls:// connect with TLS (see "Connecting securely").
+    #[arg(long, value_parser = crate::cli::SecretUrl::<Source>::new())]
     pub from: Source,
     /// The HTTP endpoint each message is POSTed to.
     #[arg(long)]

@@ -24,8 +24,9 @@ pub(crate) struct RelayArgs {
     /// Where rows enqueued without a destination go:
     /// amqp://USER:PASS@HOST:PORT/VHOST?queue=Q (or ?exchange=X&routing_key=K),
     /// nats://HOST:PORT/SUBJECT, kafka://HOST:PORT/TOPIC, or http(s)://HOST/PATH. Rows that name their
-    /// own destination always go there.
-    #[arg(long)]
+    /// own destination always go there. amqps:// and tls:// connect with TLS
+    /// (see "Connecting securely").
+    #[arg(long, value_parser = crate::cli::SecretUrl::<Destination>::new())]
     pub to: Option<Destination>,
     /// Publish every row that is due, sweep, and stop (instead of running until
     /// Ctrl-C or SIGTERM).
