@@ -51,4 +51,7 @@ fi
 # The fuzz targets in fuzz/: each replays its seeds and fuzzes for a few seconds.
 bash scripts/fuzz-smoke.sh
 
+# Every publishable crate packaged as crates.io would get it (no build: tens of seconds).
+bash scripts/package.sh
+
 cargo nextest run --workspace --all-targets --no-fail-fast

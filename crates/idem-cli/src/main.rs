@@ -17,7 +17,7 @@ fn main() -> std::process::ExitCode {
     match runtime.block_on(commands::run(cli)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("error: {error:#}");
+            eprintln!("error: {}", commands::error_text(&error));
             commands::exit_code(&error)
         }
     }

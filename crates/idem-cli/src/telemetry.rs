@@ -101,7 +101,10 @@ fn exporting() -> (Option<Boxed>, Telemetry) {
         ),
         Ok(None) => (None, Telemetry { provider: None }),
         Err(error) => {
-            eprintln!("warning: spans are not exported: {error:#}");
+            eprintln!(
+                "warning: spans are not exported: {}",
+                crate::commands::error_text(&error)
+            );
             (None, Telemetry { provider: None })
         }
     }

@@ -46,7 +46,7 @@ pub(crate) struct BadInput(anyhow::Error);
 
 impl fmt::Display for BadInput {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:#}", self.0)
+        f.write_str(&super::error_text(&self.0))
     }
 }
 

@@ -48,6 +48,14 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+/// A failed command's error on one line, each cause once: the contexts added
+/// here, then the error and its sources as [`idem::error_chain`] writes them
+/// (a cause that an outer message already states, or that only wraps one it
+/// states, is left out).
+pub fn error_text(error: &anyhow::Error) -> String {
+    idem::error_chain(error.as_ref())
+}
+
 /// The exit status of a command that failed: 2 for input `idem check` could
 /// not read, 1 for everything else.
 pub(crate) fn exit_code(error: &anyhow::Error) -> std::process::ExitCode {
@@ -72,4 +80,51 @@ async fn open(store: Option<&str>) -> anyhow::Result<AnyStore> {
     AnyStore::open(&location)
         .await
         .with_context(|| format!("cannot open the store at {location}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use anyhow::Context;
+    use idem::{ErrorKind, StoreError};
+
+    use super::error_text;
+
+    /// An io error as a driver wraps it: its own prefix, then the io error's
+    /// text, with the io error as its source.
+    #[derive(Debug)]
+    struct Driver(std::io::Error);
+
+    impl std::fmt::Display for Driver {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "error communicating with database: {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Driver {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn an_unreachable_store_is_said_once_with_its_hint() {
+        let refused = std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            "Connection refused (os error 111)",
+        );
+        let store = StoreError::with_source(
+            ErrorKind::Unavailable,
+            "cannot reach PostgreSQL at 127.0.0.1:1: Connection refused (os error 111); is the server running and accepting connections there?",
+            Driver(refused),
+        );
+        let error = Err::<(), _>(idem::Error::Store(store))
+            .context("cannot open the store at postgres://postgres@127.0.0.1:1/x")
+            .expect_err("an error");
+        let text = error_text(&error);
+        assert_eq!(
+            text,
+            "cannot open the store at postgres://postgres@127.0.0.1:1/x: database unavailable: cannot reach PostgreSQL at 127.0.0.1:1: Connection refused (os error 111); is the server running and accepting connections there?"
+        );
+        assert_eq!(text.matches("Connection refused").count(), 1, "{text}");
+    }
 }
