@@ -34,12 +34,56 @@ impl TlsFiles {
     /// Makes the certificates and writes them.
     pub fn generate() -> Self {
         let dir = tempfile::tempdir().expect("a temporary directory for certificates");
+        let pems = TlsPems::generate(&["localhost", "127.0.0.1"]);
+        let write = |name: &str, text: &str| -> PathBuf {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).expect("write a certificate file");
+            path
+        };
+        Self {
+            ca: write("ca.pem", &pems.ca),
+            server_cert: write("server.pem", &pems.server_cert),
+            server_key: write("server-key.pem", &pems.server_key),
+            client_cert: write("client.pem", &pems.client_cert),
+            client_key: write("client-key.pem", &pems.client_key),
+            other_ca: write("other-ca.pem", &pems.other_ca),
+            dir,
+        }
+    }
+
+    /// The directory the files are in.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+/// The same test PKI as PEM text, for a server that writes its files itself
+/// (with its own owner and modes).
+#[derive(Debug)]
+pub struct TlsPems {
+    /// The CA that signed the server's and the client's certificates.
+    pub ca: String,
+    /// The server's certificate, for the names it was made for.
+    pub server_cert: String,
+    /// The server's private key (PKCS#8).
+    pub server_key: String,
+    /// The client's certificate (common name `idem-client`).
+    pub client_cert: String,
+    /// The client's private key (PKCS#8).
+    pub client_key: String,
+    /// A CA that signed none of these.
+    pub other_ca: String,
+}
+
+impl TlsPems {
+    /// Makes the certificates, the server's for `server_names` (its common
+    /// name is the first).
+    pub fn generate(server_names: &[&str]) -> Self {
         let ca = ca("Idem test CA");
-        let other = ca_only("Idem other CA");
         let server = leaf(
             &ca,
-            "localhost",
-            vec!["localhost".into(), "127.0.0.1".into()],
+            server_names.first().copied().unwrap_or("localhost"),
+            server_names.iter().map(|name| (*name).to_owned()).collect(),
             ExtendedKeyUsagePurpose::ServerAuth,
         );
         let client = leaf(
@@ -48,25 +92,14 @@ impl TlsFiles {
             vec!["idem-client".into()],
             ExtendedKeyUsagePurpose::ClientAuth,
         );
-        let write = |name: &str, text: &str| -> PathBuf {
-            let path = dir.path().join(name);
-            std::fs::write(&path, text).expect("write a certificate file");
-            path
-        };
         Self {
-            ca: write("ca.pem", &ca.pem()),
-            server_cert: write("server.pem", &server.0),
-            server_key: write("server-key.pem", &server.1),
-            client_cert: write("client.pem", &client.0),
-            client_key: write("client-key.pem", &client.1),
-            other_ca: write("other-ca.pem", &other),
-            dir,
+            ca: ca.pem(),
+            server_cert: server.0,
+            server_key: server.1,
+            client_cert: client.0,
+            client_key: client.1,
+            other_ca: ca_only("Idem other CA"),
         }
-    }
-
-    /// The directory the files are in.
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
     }
 }
 

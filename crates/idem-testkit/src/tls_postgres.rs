@@ -25,9 +25,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose,
-};
+use crate::tls::TlsPems;
 
 /// The variable naming a directory with `initdb`, `pg_ctl` and `postgres`.
 pub const BIN_VARIABLE: &str = "IDEM_TEST_POSTGRES_BIN";
@@ -113,17 +111,19 @@ impl TlsPostgres {
             .map_err(|e| fail(format!("cannot find a free port: {e}")))?
             .port();
 
-        let pki = Pki::generate()?;
+        // The server certificate names `localhost` only, so that `verify-full`
+        // against 127.0.0.1 fails where `verify-ca` passes.
+        let pki = TlsPems::generate(&["localhost"]);
         let ca_file = dir.path().join("ca.crt");
         let other_ca_file = dir.path().join("other-ca.crt");
         let cert_file = dir.path().join("server.crt");
         let key_file = dir.path().join("server.key");
         let pwfile = dir.path().join("pwfile");
         for (path, text, mode) in [
-            (&ca_file, pki.ca_pem.as_str(), 0o644),
-            (&other_ca_file, pki.other_ca_pem.as_str(), 0o644),
-            (&cert_file, pki.server_pem.as_str(), 0o644),
-            (&key_file, pki.server_key_pem.as_str(), 0o600),
+            (&ca_file, pki.ca.as_str(), 0o644),
+            (&other_ca_file, pki.other_ca.as_str(), 0o644),
+            (&cert_file, pki.server_cert.as_str(), 0o644),
+            (&key_file, pki.server_key.as_str(), 0o600),
             (&pwfile, password, 0o600),
         ] {
             write_file(path, text, mode, owner)?;
@@ -310,46 +310,6 @@ impl Drop for TlsPostgres {
                 self.dir.path().display()
             );
         }
-    }
-}
-
-/// The certificates: an authority, a server certificate it signed, and an
-/// unrelated authority.
-struct Pki {
-    ca_pem: String,
-    other_ca_pem: String,
-    server_pem: String,
-    server_key_pem: String,
-}
-
-impl Pki {
-    fn generate() -> Result<Pki, StartError> {
-        let bad = |e: rcgen::Error| fail(format!("cannot make the test certificates: {e}"));
-        let authority = |name: &str| -> Result<CertifiedIssuer<'static, KeyPair>, rcgen::Error> {
-            let mut params = CertificateParams::new(Vec::<String>::new())?;
-            params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-            params.distinguished_name.push(DnType::CommonName, name);
-            params.key_usages = vec![
-                KeyUsagePurpose::KeyCertSign,
-                KeyUsagePurpose::CrlSign,
-                KeyUsagePurpose::DigitalSignature,
-            ];
-            CertifiedIssuer::self_signed(params, KeyPair::generate()?)
-        };
-        let ca = authority("idem test CA").map_err(bad)?;
-        let other = authority("idem other test CA").map_err(bad)?;
-        let server_key = KeyPair::generate().map_err(bad)?;
-        let mut params = CertificateParams::new(vec!["localhost".to_owned()]).map_err(bad)?;
-        params
-            .distinguished_name
-            .push(DnType::CommonName, "localhost");
-        let server = params.signed_by(&server_key, &ca).map_err(bad)?;
-        Ok(Pki {
-            ca_pem: ca.pem(),
-            other_ca_pem: other.pem(),
-            server_pem: server.pem(),
-            server_key_pem: server_key.serialize_pem(),
-        })
     }
 }
 
