@@ -30,6 +30,20 @@ pub(crate) struct AmqpServer {
 }
 
 impl AmqpServer {
+    /// The URL as the client's own type. The client's parser takes the host
+    /// from the URL's domain name only and puts `localhost` in place of an IP
+    /// address, so an address is set here from the URL itself.
+    #[cfg(feature = "amqp")]
+    pub(crate) fn client_uri(&self) -> Result<lapin::uri::AMQPUri, String> {
+        let mut uri: lapin::uri::AMQPUri = self.uri.parse()?;
+        match Url::parse(&self.uri).map_err(|e| e.to_string())?.host() {
+            Some(url::Host::Ipv4(ip)) => uri.authority.host = ip.to_string(),
+            Some(url::Host::Ipv6(ip)) => uri.authority.host = ip.to_string(),
+            _ => {}
+        }
+        Ok(uri)
+    }
+
     /// Reads `url` (`amqp://` or `amqps://`).
     pub(crate) fn parse(url: &str) -> Result<Self, String> {
         let parsed = Url::parse(url).map_err(|e| e.to_string())?;
@@ -133,8 +147,8 @@ pub(crate) async fn connect(
     };
     let runtime = lapin::runtime::default_runtime().map_err(|e| ConnectFailure::Client(e, None))?;
     let tls = server.ca.is_some() || server.cert.is_some() || url.starts_with("amqps:");
-    lapin::Connection::connect_with_config(
-        &server.uri,
+    lapin::Connection::connect_uri_with_config(
+        server.client_uri().map_err(ConnectFailure::Config)?,
         properties,
         OwnedTLSConfig {
             identity,
@@ -188,6 +202,23 @@ mod tests {
         assert_eq!(nats_names.ca, Some("/ca.pem".into()));
         let plain = AmqpServer::parse("amqp://guest:guest@127.0.0.1:5672/%2f").unwrap();
         assert_eq!(plain.uri, "amqp://guest:guest@127.0.0.1:5672/%2f");
+        #[cfg(feature = "amqp")]
+        {
+            let by_address = AmqpServer::parse("amqp://u:p@10.1.2.3:5673/v").unwrap();
+            let uri = by_address.client_uri().unwrap();
+            assert_eq!(uri.authority.host, "10.1.2.3");
+            assert_eq!(uri.authority.port, 5673);
+            let v6 = AmqpServer::parse("amqps://[::1]/v")
+                .unwrap()
+                .client_uri()
+                .unwrap();
+            assert_eq!(v6.authority.host, "::1");
+            let named = AmqpServer::parse("amqp://rabbit.internal/v")
+                .unwrap()
+                .client_uri()
+                .unwrap();
+            assert_eq!(named.authority.host, "rabbit.internal");
+        }
     }
 
     #[test]
