@@ -113,7 +113,7 @@ pub(crate) async fn run(
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;
     };
-    let upkeep = Upkeep::start(&store, args.upkeep.admin_listen, args.upkeep.sweep_every.0)
+    let upkeep = Upkeep::start(&store, &args.upkeep)
         .await?
         .with_dead_letter_gauges(&store);
     upkeep.announce("idem forward");

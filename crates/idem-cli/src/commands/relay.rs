@@ -84,9 +84,7 @@ pub(crate) async fn run(
         .context("cannot create the outbox tables")?;
     let upkeep = match args.once {
         true => None,
-        false => {
-            Some(Upkeep::start(&store, args.upkeep.admin_listen, args.upkeep.sweep_every.0).await?)
-        }
+        false => Some(Upkeep::start(&store, &args.upkeep).await?),
     };
     let relay = Relay::new(store, config);
     let to = args
