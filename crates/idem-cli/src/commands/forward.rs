@@ -27,9 +27,13 @@ pub(crate) struct ForwardArgs {
     /// after each record was answered; other query pairs are librdkafka settings).
     #[arg(long)]
     pub from: Source,
-    /// The HTTP endpoint each message is POSTed to.
+    /// The HTTP endpoint each message is POSTed to: http:// or https://.
     #[arg(long)]
     pub to: http::Uri,
+    /// For an https:// endpoint: a PEM file of the CA certificates its
+    /// certificate is checked against [default: the bundled webpki roots].
+    #[arg(long, value_name = "FILE")]
+    pub to_ca: Option<std::path::PathBuf>,
     /// Where each message's idempotency key is: message-id (AMQP message_id,
     /// Nats-Msg-Id or Kafka's idempotency-key header), record-key (Kafka),
     /// header:NAME, or json:PATH (/order/id or order.id).
@@ -99,6 +103,13 @@ pub(crate) async fn run(
     forward.timeout = Duration::from(args.timeout);
     forward.key_in_spans = key_in_spans;
     forward.reconnect = args.reconnect.reconnect();
+    if let Some(ca) = &args.to_ca {
+        let tls = idem_http::gateway::UpstreamTls {
+            ca: Some(ca.clone()),
+            ..Default::default()
+        };
+        forward.tls = Some(std::sync::Arc::new(tls.client_config().context("--to-ca")?));
+    }
     let options = SourceOptions {
         prefetch: args
             .prefetch
