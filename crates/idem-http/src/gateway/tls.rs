@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use rustls::crypto::CryptoProvider;
 use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
@@ -171,7 +171,7 @@ pub struct UpstreamTls {
 }
 
 impl UpstreamTls {
-    /// The rustls client configuration (HTTP/1.1 only).
+    /// The rustls client configuration (no ALPN set: the connector sets it).
     pub fn client_config(&self) -> Result<ClientConfig, TlsError> {
         let builder = ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
@@ -183,7 +183,7 @@ impl UpstreamTls {
             Some(ca) => builder.with_root_certificates(load_roots("the upstream CA file", ca)?),
             None => hyper_rustls::ConfigBuilderExt::with_webpki_roots(builder),
         };
-        let mut config = match (&self.cert, &self.key) {
+        let config = match (&self.cert, &self.key) {
             (None, None) => builder.with_no_client_auth(),
             (Some(cert), Some(key)) => {
                 let chain = load_certs("the upstream client certificate", cert)?;
@@ -212,7 +212,6 @@ impl UpstreamTls {
                 ));
             }
         };
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
         Ok(config)
     }
 
@@ -342,25 +341,27 @@ impl CertReloader {
     /// `every`), until the task is aborted.
     pub fn watch(&self, every: Duration) -> tokio::task::JoinHandle<()> {
         let reloader = self.clone();
+        // What the files hold now, before the task first runs: a change made
+        // right after this call is seen.
+        let mut seen = reloader.contents();
         tokio::spawn(async move {
-            let stamp = |reloader: &Self| {
-                [&reloader.resolver.cert, &reloader.resolver.key].map(|path| {
-                    std::fs::metadata(path)
-                        .and_then(|m| m.modified())
-                        .ok()
-                        .map(|at| (at, std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)))
-                })
-            };
-            let mut seen: [Option<(SystemTime, u64)>; 2] = stamp(&reloader);
             loop {
                 tokio::time::sleep(every).await;
-                let now = stamp(&reloader);
+                let now = reloader.contents();
                 if now != seen {
                     seen = now;
                     reloader.reload_logged("the TLS certificate or key file changed");
                 }
             }
         })
+    }
+
+    /// A hash of what the certificate and key files hold (`None` for one
+    /// that cannot be read): a change of content, whatever the timestamps
+    /// say.
+    fn contents(&self) -> [Option<blake3::Hash>; 2] {
+        [&self.resolver.cert, &self.resolver.key]
+            .map(|path| std::fs::read(path).ok().map(|bytes| blake3::hash(&bytes)))
     }
 }
 
