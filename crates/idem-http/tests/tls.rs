@@ -421,8 +421,7 @@ async fn a_client_that_does_not_trust_the_gateway_ca_is_refused() {
         .await;
     let error = connect(gateway.addr, &[other.der()], None)
         .await
-        .err()
-        .expect("the handshake fails");
+        .expect_err("the handshake fails");
     assert!(
         error.contains("invalid peer certificate") && error.contains("UnknownIssuer"),
         "{error}"
