@@ -1207,12 +1207,76 @@ mod tests {
             "{store}"
         );
         given.store = None;
-        given.upstream = Some("https://example.com".into());
+        given.upstream = Some("ftp://example.com".into());
         let scheme = error(&given);
         assert!(
-            scheme.contains("--upstream") && scheme.contains("plain HTTP"),
+            scheme.contains("--upstream") && scheme.contains("HTTP or HTTPS"),
             "{scheme}"
         );
+    }
+
+    #[test]
+    fn tls_files_come_in_pairs_and_fit_the_upstream_and_the_principal() {
+        let secure = || GivenSettings {
+            upstream: Some("https://api.example.com".into()),
+            ..GivenSettings::default()
+        };
+        let settings = GatewaySettings::resolve(&secure(), None).unwrap();
+        assert!(settings.upstream.is_https());
+        assert!(settings.upstream_tls.is_default());
+        assert_eq!(settings.tls, None);
+
+        let mut given = secure();
+        given.tls_cert = Some("cert.pem".into());
+        assert!(error(&given).contains("--tls-cert was given without --tls-key"));
+        given.tls_cert = None;
+        given.tls_key = Some("key.pem".into());
+        assert!(error(&given).contains("--tls-key was given without --tls-cert"));
+        given.tls_key = None;
+        given.tls_client_ca = Some("clients.pem".into());
+        assert!(error(&given).contains("needs a TLS listener"));
+        given.tls_client_ca = None;
+        given.upstream_cert = Some("client.pem".into());
+        assert!(error(&given).contains("without --upstream-key"));
+        given.upstream_cert = None;
+        given.principal_header = Some("tls-subject".into());
+        assert!(error(&given).contains("--tls-client-ca"));
+
+        let mut plain = upstream();
+        plain.upstream_ca = Some("ca.pem".into());
+        assert!(error(&plain).contains("https:// upstream"));
+
+        let text = r#"
+            upstream = "https://api.example.com"
+            upstream_ca = "/etc/idem/upstream-ca.pem"
+            tls_cert = "/etc/idem/cert.pem"
+            tls_key = "/etc/idem/key.pem"
+            tls_client_ca = "/etc/idem/clients.pem"
+            principal_header = "tls-subject"
+            admin_token_file = "/etc/idem/admin-token"
+        "#;
+        let filed = from_file(&GivenSettings::default(), text).unwrap();
+        assert!(filed.principal_tls_subject);
+        assert_eq!(
+            filed.principal_header.as_ref().map(HeaderName::as_str),
+            Some(TLS_SUBJECT_HEADER)
+        );
+        let tls = filed.tls.clone().unwrap();
+        assert_eq!(tls.cert, PathBuf::from("/etc/idem/cert.pem"));
+        assert_eq!(tls.client_ca, Some(PathBuf::from("/etc/idem/clients.pem")));
+        assert_eq!(
+            filed.admin_token_file,
+            Some(PathBuf::from("/etc/idem/admin-token"))
+        );
+        let again = from_file(&GivenSettings::default(), &filed.to_toml()).unwrap();
+        assert_eq!(again.tls, filed.tls);
+        assert_eq!(again.upstream_tls, filed.upstream_tls);
+        assert_eq!(again.admin_token_file, filed.admin_token_file);
+        assert!(again.principal_tls_subject);
+        // The CA file is read only when the gateway is set up: a missing one
+        // is named then.
+        let missing = filed.gateway().unwrap_err().to_string();
+        assert!(missing.contains("upstream-ca.pem"), "{missing}");
     }
 
     #[test]
