@@ -10,7 +10,7 @@ use idem_http::admin::AdminToken;
 use idem_http::gateway::{self, CertReloader, Gateway};
 use idem_http::{IdempotencyLayer, Spool};
 use tokio::net::TcpListener;
-use tokio::signal::unix::{SignalKind, signal};
+use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::watch;
 
 use super::signals::terminated;
@@ -74,6 +74,20 @@ pub(super) async fn run(
     .await?;
 
     let terminate = terminated();
+    // Caught from here on, like SIGTERM: a SIGHUP sent as soon as the
+    // listener is announced reloads the certificate instead of killing the
+    // process.
+    let hangup = if tls.is_some() {
+        match signal(SignalKind::hangup()) {
+            Ok(hangup) => Some(hangup),
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for SIGHUP; the certificate is reloaded only when its files change");
+                None
+            }
+        }
+    } else {
+        None
+    };
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
@@ -115,7 +129,9 @@ pub(super) async fn run(
     if let Some((config, reloader)) = tls {
         gateway = gateway.with_tls(config);
         reloading.push(reloader.watch(CERT_CHECK_EVERY));
-        reloading.push(tokio::spawn(reload_on_hangup(reloader)));
+        if let Some(hangup) = hangup {
+            reloading.push(tokio::spawn(reload_on_hangup(hangup, reloader)));
+        }
     }
     let served = gateway::run(listener, gateway, stopped(stopping)).await;
     for task in reloading {
@@ -132,14 +148,7 @@ pub(super) async fn run(
 const CERT_CHECK_EVERY: Duration = Duration::from_secs(5);
 
 /// Reloads the listener's certificate on every SIGHUP.
-async fn reload_on_hangup(reloader: CertReloader) {
-    let mut hangup = match signal(SignalKind::hangup()) {
-        Ok(hangup) => hangup,
-        Err(error) => {
-            tracing::warn!(%error, "cannot listen for SIGHUP; the certificate is reloaded only when its file changes");
-            return;
-        }
-    };
+async fn reload_on_hangup(mut hangup: Signal, reloader: CertReloader) {
     while hangup.recv().await.is_some() {
         reloader.reload_logged("SIGHUP");
     }
