@@ -26,7 +26,10 @@
 //! - [`hop`]: the hop-by-hop headers;
 //! - `settings`: [`GatewaySettings`], resolved from flags, a TOML file and
 //!   the defaults, with errors that name where a bad value came from;
-//! - `accept`: the accept loop and its graceful shutdown;
+//! - `accept`: the accept loop (plain or TLS) and its graceful shutdown;
+//! - `tls`: [`UpstreamTls`] for `https://` upstreams, and [`ListenerTls`]
+//!   for the HTTPS listener, its certificate reloaded by a [`CertReloader`]
+//!   and its optional client certificates;
 //!
 //! The pieces another proxy process builds on are public: the accept loop
 //! ([`serve_connections`]), the pooled client ([`upstream_client`]), the

@@ -365,14 +365,24 @@ impl CertReloader {
     }
 }
 
-/// The subject a verified client certificate names: its common name (CN),
-/// else the whole subject in hex (so two different certificates never
-/// share a principal); `None` when the DER cannot be read.
+/// The subject a verified client certificate names: its common name (CN)
+/// when it is printable ASCII, else the whole subject in hex (so two
+/// different subjects never share a principal, and the value always fits in
+/// a header); `None` when the DER cannot be read.
 pub(crate) fn subject_of(cert: &CertificateDer<'_>) -> Option<String> {
     let subject = der::subject(cert.as_ref())?;
     Some(match der::common_name(subject) {
-        Some(cn) => cn,
-        None => subject.iter().map(|b| format!("{b:02x}")).collect(),
+        Some(cn)
+            if !cn.is_empty()
+                && !cn.starts_with('#')
+                && cn.bytes().all(|b| b.is_ascii_graphic() || b == b' ') =>
+        {
+            cn
+        }
+        _ => {
+            let hex: String = subject.iter().map(|b| format!("{b:02x}")).collect();
+            format!("#{hex}")
+        }
     })
 }
 
