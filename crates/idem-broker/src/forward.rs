@@ -27,6 +27,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, StatusCode, Uri, header::CONTENT_TYPE};
 use http_body_util::{BodyExt, Full, Limited};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -59,6 +60,9 @@ pub struct ForwardConfig {
     /// How a lost broker connection is made again (default: full jitter from
     /// 100 ms up to 30 s, for as long as it takes).
     pub reconnect: Reconnect,
+    /// How an `https://` endpoint is reached (the roots it is checked
+    /// against, a client certificate); `None`: webpki's bundled roots.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl ForwardConfig {
@@ -69,6 +73,7 @@ impl ForwardConfig {
             timeout: Duration::from_secs(30),
             key_in_spans: KeyInSpans::Raw,
             reconnect: Reconnect::default(),
+            tls: None,
         }
     }
 }
@@ -96,11 +101,22 @@ pub enum ForwardError {
     },
 }
 
+/// The connector of the forwarder: plain HTTP, or TLS (rustls, *ring*) with
+/// `tls` or webpki's bundled roots.
+fn connector(tls: Option<&rustls::ClientConfig>) -> HttpsConnector<HttpConnector> {
+    let builder = hyper_rustls::HttpsConnectorBuilder::new();
+    let builder = match tls {
+        Some(tls) => builder.with_tls_config(tls.clone()),
+        None => builder.with_webpki_roots(),
+    };
+    builder.https_or_http().enable_http1().build()
+}
+
 /// Delivers messages to an HTTP endpoint; an [`Apply`] for the consumer
 /// runtime. `S` keeps the failure counts and dead letters.
 pub struct HttpForward<S> {
     store: S,
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     policy: HttpPolicy,
     config: ForwardConfig,
 }
@@ -118,7 +134,7 @@ impl<S: ConsumerStore> HttpForward<S> {
     pub fn new(store: S, config: ForwardConfig) -> Self {
         Self {
             store,
-            client: Client::builder(TokioExecutor::new()).build_http(),
+            client: Client::builder(TokioExecutor::new()).build(connector(config.tls.as_deref())),
             policy: HttpPolicy::new(),
             config,
         }

@@ -146,9 +146,39 @@ pub(crate) struct DemoArgs {
 /// global `--store` (or `IDEM_STORE`, or `store` in the file) [default: sqlite://idem.db].
 #[derive(Debug, Args)]
 pub(crate) struct ServeArgs {
-    /// The service to forward to: http://HOST:PORT, optionally with a base path.
+    /// The service to forward to: http://HOST:PORT or https://HOST:PORT,
+    /// optionally with a base path.
     #[arg(long, env = "IDEM_UPSTREAM", value_name = "URL")]
     pub upstream: Option<String>,
+    /// For an https:// upstream: a PEM file of the CA certificates its
+    /// certificate is checked against [default: the bundled webpki roots].
+    #[arg(long, env = "IDEM_UPSTREAM_CA", value_name = "FILE")]
+    pub upstream_ca: Option<String>,
+    /// For an https:// upstream: a PEM client certificate to present (with
+    /// --upstream-key) [default: none].
+    #[arg(long, env = "IDEM_UPSTREAM_CERT", value_name = "FILE")]
+    pub upstream_cert: Option<String>,
+    /// The PEM private key of --upstream-cert.
+    #[arg(long, env = "IDEM_UPSTREAM_KEY", value_name = "FILE")]
+    pub upstream_key: Option<String>,
+    /// Serve HTTPS with this PEM certificate chain (with --tls-key); reloaded
+    /// on SIGHUP and when the file changes, without dropping connections
+    /// [default: plain HTTP].
+    #[arg(long, env = "IDEM_TLS_CERT", value_name = "FILE")]
+    pub tls_cert: Option<String>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, env = "IDEM_TLS_KEY", value_name = "FILE")]
+    pub tls_key: Option<String>,
+    /// Require client certificates signed by a CA in this PEM file (mTLS);
+    /// with --principal-header tls-subject their CN scopes the keys
+    /// [default: none].
+    #[arg(long, env = "IDEM_TLS_CLIENT_CA", value_name = "FILE")]
+    pub tls_client_ca: Option<String>,
+    /// A file holding the bearer token the admin listener requires
+    /// (Authorization: Bearer TOKEN) on /metrics; needed when --admin-listen
+    /// is not a loopback address [default: none].
+    #[arg(long, env = "IDEM_ADMIN_TOKEN_FILE", value_name = "FILE")]
+    pub admin_token_file: Option<String>,
     /// Where the gateway listens [default: 127.0.0.1:8080].
     #[arg(long, env = "IDEM_LISTEN", value_name = "ADDR")]
     pub listen: Option<String>,
@@ -196,7 +226,8 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "IDEM_SPOOL", value_name = "PATH")]
     pub spool: Option<String>,
     /// The header that names the caller; keys are scoped by its hash, `none`
-    /// to share one key space [default: authorization].
+    /// to share one key space, `tls-subject` for the client certificate's CN
+    /// (with --tls-client-ca) [default: authorization].
     #[arg(long, env = "IDEM_PRINCIPAL_HEADER", value_name = "HEADER")]
     pub principal_header: Option<String>,
     /// The methods on which --require-key refuses a request without an
@@ -222,7 +253,8 @@ pub(crate) struct ServeArgs {
     /// A TOML file with the same settings: upstream, listen, store, mode,
     /// require_key, max_body, lease, retention, admin_listen,
     /// upstream_timeout, probe, spool, principal_header, methods, sweep_every,
-    /// max_in_flight, routes.
+    /// max_in_flight, routes, upstream_ca, upstream_cert, upstream_key,
+    /// tls_cert, tls_key, tls_client_ca, admin_token_file.
     #[arg(long, env = "IDEM_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
 }

@@ -45,8 +45,8 @@ fn bad_flags_get_a_clear_error() {
     };
     for (extra, expected) in [
         (
-            &["--upstream", "https://example.com"][..],
-            "the gateway speaks plain HTTP",
+            &["--upstream", "ftp://example.com"][..],
+            "the gateway speaks HTTP or HTTPS",
         ),
         (&["--upstream", "127.0.0.1:9000"], "write http://HOST:PORT"),
         (&[], "--upstream <URL>"),

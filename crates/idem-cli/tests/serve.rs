@@ -139,7 +139,10 @@ impl Serve {
                         stderr.lock().unwrap()
                     )
                 });
-            if let Some(rest) = line.strip_prefix("idem serve: listening on http://") {
+            if let Some(rest) = line
+                .strip_prefix("idem serve: listening on http://")
+                .or_else(|| line.strip_prefix("idem serve: listening on https://"))
+            {
                 addr = Some(rest.split(',').next().unwrap().parse().unwrap());
             } else if let Some(rest) = line.strip_prefix("idem serve: admin on http://") {
                 admin = Some(rest.split(' ').next().unwrap().parse().unwrap());
@@ -443,6 +446,10 @@ fn bad_settings_are_refused_with_what_to_fix() {
     )
     .unwrap();
     let config = config.display().to_string();
+    let garbage = dir.path().join("garbage.pem");
+    std::fs::write(&garbage, "not PEM").unwrap();
+    let garbage = garbage.display().to_string();
+    let missing = dir.path().join("missing.pem").display().to_string();
     let store = store_in(&dir);
     for (args, expected) in [
         (vec!["serve", "--config", &config], "retension"),
@@ -468,8 +475,52 @@ fn bad_settings_are_refused_with_what_to_fix() {
         ),
         (vec!["serve", "--listen", "127.0.0.1:0"], "--upstream"),
         (
-            vec!["serve", "--upstream", "https://127.0.0.1:9"],
-            "plain HTTP",
+            vec!["serve", "--upstream", "ftp://127.0.0.1:9"],
+            "HTTP or HTTPS",
+        ),
+        (
+            vec![
+                "serve",
+                "--upstream",
+                "http://127.0.0.1:9",
+                "--tls-cert",
+                &garbage,
+            ],
+            "without --tls-key",
+        ),
+        (
+            vec![
+                "serve",
+                "--upstream",
+                "http://127.0.0.1:9",
+                "--tls-cert",
+                &garbage,
+                "--tls-key",
+                &garbage,
+            ],
+            "no certificate in it",
+        ),
+        (
+            vec![
+                "serve",
+                "--upstream",
+                "https://127.0.0.1:9",
+                "--upstream-ca",
+                &missing,
+            ],
+            "cannot read the upstream CA file",
+        ),
+        (
+            vec![
+                "serve",
+                "--upstream",
+                "http://127.0.0.1:9",
+                "--listen",
+                "127.0.0.1:0",
+                "--admin-listen",
+                "0.0.0.0:0",
+            ],
+            "--admin-token-file",
         ),
         (
             vec![
@@ -757,4 +808,104 @@ fn an_unreadable_crash_setting_is_refused_at_start() {
             && stderr.contains("apply.after-commit"),
         "{stderr}"
     );
+}
+
+/// The certificate `addr` serves, trusting only `ca`.
+async fn served_certificate(addr: SocketAddr, ca: &idem_testkit::tls::TestCa) -> Vec<u8> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.der()).unwrap();
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let stream = connector.connect(name, tcp).await.unwrap();
+    stream.get_ref().1.peer_certificates().unwrap()[0].to_vec()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_over_tls_reloads_its_certificate_on_sighup_and_guards_its_admin_listener() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = idem_testkit::tls::TestCa::new("test CA");
+    let first = ca.server_for("first", &["127.0.0.1"]);
+    let cert = dir.path().join("cert.pem");
+    let key = dir.path().join("key.pem");
+    std::fs::write(&cert, &first.cert_pem).unwrap();
+    std::fs::write(&key, &first.key_pem).unwrap();
+    let token = dir.path().join("admin-token");
+    std::fs::write(&token, "t0ken\n").unwrap();
+    let store = store_in(&dir);
+    let (cert, key, token) = (
+        cert.display().to_string(),
+        key.display().to_string(),
+        token.display().to_string(),
+    );
+    let serve = Serve::start(
+        &[
+            "--store",
+            &store,
+            "serve",
+            "--upstream",
+            "http://127.0.0.1:9",
+            "--listen",
+            "127.0.0.1:0",
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--admin-token-file",
+            &token,
+        ],
+        &[],
+    );
+    assert_eq!(
+        served_certificate(serve.addr, &ca).await,
+        first.der.to_vec()
+    );
+
+    let second = ca.server_for("second", &["127.0.0.1"]);
+    std::fs::write(&key, &second.key_pem).unwrap();
+    std::fs::write(&cert, &second.cert_pem).unwrap();
+    let status = Command::new("kill")
+        .args(["-HUP", &serve.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while served_certificate(serve.addr, &ca).await != second.der.to_vec() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never reloaded; stderr:\n{}",
+            serve.stderr.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let stderr = serve.stderr.lock().unwrap().clone();
+    assert!(!stderr.contains("t0ken"), "the token is never printed");
+
+    let admin = serve.admin.expect("the admin line");
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let scrape = |token: Option<&str>| {
+        let mut request = http::Request::get(format!("http://{admin}/metrics"));
+        if let Some(token) = token {
+            request = request.header("authorization", format!("Bearer {token}"));
+        }
+        client.request(request.body(Full::new(Bytes::new())).unwrap())
+    };
+    assert_eq!(
+        scrape(None).await.unwrap().status(),
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        scrape(Some("t0ken")).await.unwrap().status(),
+        StatusCode::OK
+    );
+    serve.terminate();
 }

@@ -13,6 +13,17 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Who may read it
+//!
+//! On a loopback address (`127.0.0.1`, `::1`) it is open, as only the host
+//! can reach it. On any other address a bearer token is required
+//! ([`AdminToken`], read from a file): [`start_admin`] refuses to start
+//! without one. `/healthz` stays open to every caller (a load balancer's
+//! check carries no credentials); `/metrics` and everything else answer
+//! `401` with `WWW-Authenticate: Bearer` unless the request carries
+//! `Authorization: Bearer <token>`. The token is compared in constant time
+//! and never logged.
+//!
 //! Metrics go through the `metrics` facade; [`metrics_recorder`] installs the
 //! Prometheus recorder once per process and hands out its handle. The record
 //! gauges (`dedupe_records`, `dedupe_oldest_record_age_seconds`) are read from
@@ -52,6 +63,23 @@ pub enum AdminError {
     /// See [`RecorderError`].
     #[error(transparent)]
     Recorder(#[from] RecorderError),
+    /// A non-loopback address without a token.
+    #[error(
+        "the admin listener on {addr} would serve /metrics to anyone who can reach that address: give a bearer token file (--admin-token-file FILE), or listen on a loopback address such as 127.0.0.1:{port}",
+        port = addr.port()
+    )]
+    TokenRequired {
+        /// The address asked for.
+        addr: SocketAddr,
+    },
+    /// The token file cannot be used.
+    #[error("cannot use the admin token file {path}: {reason}")]
+    TokenFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        reason: String,
+    },
     /// The address could not be bound.
     #[error("cannot listen on {addr} for /metrics and /healthz: {source}")]
     Bind {
@@ -106,27 +134,127 @@ impl AdminServer {
     }
 }
 
+/// The bearer token the admin listener requires on a non-loopback address.
+/// Its `Debug` does not show it.
+#[derive(Clone)]
+pub struct AdminToken(Arc<str>);
+
+impl std::fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AdminToken(<redacted>)")
+    }
+}
+
+impl AdminToken {
+    /// The token in the file at `path` (surrounding whitespace, such as the
+    /// final newline, trimmed). An empty file is refused.
+    pub fn read(path: &std::path::Path) -> Result<Self, AdminError> {
+        let text = std::fs::read_to_string(path).map_err(|e| AdminError::TokenFile {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })?;
+        Self::new(text.trim()).ok_or_else(|| AdminError::TokenFile {
+            path: path.to_owned(),
+            reason: "it is empty, or holds characters a header cannot carry; write one token of visible ASCII characters".to_owned(),
+        })
+    }
+
+    /// A token from its text; `None` when empty or not visible ASCII.
+    pub fn new(token: &str) -> Option<Self> {
+        (!token.is_empty() && token.bytes().all(|b| b.is_ascii_graphic()))
+            .then(|| Self(token.into()))
+    }
+
+    /// Whether `header` (an `Authorization` value) is `Bearer <this token>`,
+    /// compared in constant time.
+    fn admits(&self, header: Option<&http::HeaderValue>) -> bool {
+        let Some(given) = header
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| {
+                let (scheme, token) = value.trim().split_once(' ')?;
+                scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+            })
+        else {
+            return false;
+        };
+        // blake3's Hash compares in constant time, and hashing first hides
+        // the length too.
+        blake3::hash(given.as_bytes()) == blake3::hash(self.0.as_bytes())
+    }
+}
+
 /// The one call: installs the Prometheus recorder, binds `addr` and serves
 /// `/metrics` and `/healthz` (a point lookup in `store`) in a task of its own.
+/// Only on a loopback address: elsewhere use [`start_admin_with_token`].
 pub async fn start_admin<St>(addr: SocketAddr, store: St) -> Result<AdminServer, AdminError>
 where
     St: RecordStore + 'static,
 {
+    start_admin_with_token(addr, store, None).await
+}
+
+/// [`start_admin`], with a bearer token that `/metrics` (and everything but
+/// `/healthz`) requires. Without one, a non-loopback `addr` is refused
+/// ([`AdminError::TokenRequired`]).
+pub async fn start_admin_with_token<St>(
+    addr: SocketAddr,
+    store: St,
+    token: Option<AdminToken>,
+) -> Result<AdminServer, AdminError>
+where
+    St: RecordStore + 'static,
+{
+    check_access(addr, token.as_ref())?;
     let metrics = metrics_recorder()?;
     spawn(addr, move |listener, shutdown| {
-        serve_admin(listener, store, metrics, shutdown)
+        serve_admin_with_token(listener, store, metrics, token, shutdown)
     })
     .await
+}
+
+/// A listener open to other hosts needs a token.
+fn check_access(addr: SocketAddr, token: Option<&AdminToken>) -> Result<(), AdminError> {
+    if token.is_none() && !addr.ip().is_loopback() {
+        return Err(AdminError::TokenRequired { addr });
+    }
+    Ok(())
+}
+
+/// Requires `Authorization: Bearer <token>` on everything but `/healthz`.
+fn guarded(app: Router, token: Option<AdminToken>) -> Router {
+    let Some(token) = token else {
+        return app;
+    };
+    app.layer(axum::middleware::from_fn(
+        move |request: axum::extract::Request, next: axum::middleware::Next| {
+            let token = token.clone();
+            async move {
+                if request.uri().path() == "/healthz"
+                    || token.admits(request.headers().get(header::AUTHORIZATION))
+                {
+                    next.run(request).await
+                } else {
+                    (
+                        StatusCode::UNAUTHORIZED,
+                        [(header::WWW_AUTHENTICATE, "Bearer realm=\"idem admin\"")],
+                        "this admin listener needs Authorization: Bearer <token>\n",
+                    )
+                        .into_response()
+                }
+            }
+        },
+    ))
 }
 
 /// The admin listener of a process without a store (`idem dup-proxy`):
 /// installs the Prometheus recorder, binds `addr` and serves `/metrics`, a
 /// `/healthz` that answers `200 ok` while the process runs, and `routes`
-/// (a report, say) in a task of its own.
+/// (a report, say) in a task of its own. Only on a loopback address.
 pub async fn start_admin_without_store(
     addr: SocketAddr,
     routes: Router,
 ) -> Result<AdminServer, AdminError> {
+    check_access(addr, None)?;
     let metrics = metrics_recorder()?;
     let app = routes
         .route(
@@ -197,6 +325,21 @@ pub async fn serve_admin<St>(
 where
     St: RecordStore + 'static,
 {
+    serve_admin_with_token(listener, store, metrics, None, shutdown).await
+}
+
+/// [`serve_admin`], requiring `Authorization: Bearer <token>` on everything
+/// but `/healthz` when `token` is given.
+pub async fn serve_admin_with_token<St>(
+    listener: TcpListener,
+    store: St,
+    metrics: PrometheusHandle,
+    token: Option<AdminToken>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()>
+where
+    St: RecordStore + 'static,
+{
     let admin = Arc::new(Admin {
         store,
         metrics,
@@ -206,6 +349,7 @@ where
         .route("/metrics", get(scrape::<St>))
         .route("/healthz", get(health::<St>))
         .with_state(admin);
+    let app = guarded(app, token);
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await

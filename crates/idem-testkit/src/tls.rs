@@ -10,6 +10,7 @@ use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
     KeyPair, KeyUsagePurpose,
 };
+use rustls_pki_types::CertificateDer;
 
 /// PEM files of a test PKI, in a directory removed on drop.
 #[derive(Debug)]
@@ -79,26 +80,102 @@ impl TlsPems {
     /// Makes the certificates, the server's for `server_names` (its common
     /// name is the first).
     pub fn generate(server_names: &[&str]) -> Self {
-        let ca = ca("Idem test CA");
-        let server = leaf(
-            &ca,
+        let ca = TestCa::new("Idem test CA");
+        let server = ca.server_for(
             server_names.first().copied().unwrap_or("localhost"),
-            server_names.iter().map(|name| (*name).to_owned()).collect(),
-            ExtendedKeyUsagePurpose::ServerAuth,
+            server_names,
         );
-        let client = leaf(
-            &ca,
-            "idem-client",
-            vec!["idem-client".into()],
-            ExtendedKeyUsagePurpose::ClientAuth,
-        );
+        let client = ca.client("idem-client");
         Self {
             ca: ca.pem(),
-            server_cert: server.0,
-            server_key: server.1,
-            client_cert: client.0,
-            client_key: client.1,
-            other_ca: ca_only("Idem other CA"),
+            server_cert: server.cert_pem,
+            server_key: server.key_pem,
+            client_cert: client.cert_pem,
+            client_key: client.key_pem,
+            other_ca: TestCa::new("Idem other CA").pem(),
+        }
+    }
+}
+
+/// A throwaway certificate authority that signs server and client
+/// certificates on request.
+pub struct TestCa {
+    issuer: CertifiedIssuer<'static, KeyPair>,
+}
+
+impl std::fmt::Debug for TestCa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestCa").finish_non_exhaustive()
+    }
+}
+
+/// A certificate a [`TestCa`] signed, and its key, as PEM and DER.
+#[derive(Debug, Clone)]
+pub struct Issued {
+    /// The certificate, PEM.
+    pub cert_pem: String,
+    /// The private key (PKCS#8), PEM.
+    pub key_pem: String,
+    /// The certificate, DER.
+    pub der: CertificateDer<'static>,
+    /// The private key (PKCS#8), DER.
+    pub key_der: Vec<u8>,
+}
+
+impl TestCa {
+    /// A new authority whose subject's common name is `name`.
+    pub fn new(name: &str) -> Self {
+        let key = KeyPair::generate().expect("a CA key");
+        let issuer = CertifiedIssuer::self_signed(ca_params(name), key).expect("a self-signed CA");
+        Self { issuer }
+    }
+
+    /// The authority's certificate, PEM.
+    pub fn pem(&self) -> String {
+        self.issuer.pem()
+    }
+
+    /// The authority's certificate, DER.
+    pub fn der(&self) -> CertificateDer<'static> {
+        self.issuer.der().clone()
+    }
+
+    /// A server certificate for `127.0.0.1` and `localhost`, common name `cn`.
+    pub fn server(&self, cn: &str) -> Issued {
+        self.server_for(cn, &["127.0.0.1", "localhost"])
+    }
+
+    /// A server certificate for `names` only, common name `cn`.
+    pub fn server_for(&self, cn: &str, names: &[&str]) -> Issued {
+        self.issue(
+            cn,
+            names.iter().map(|name| (*name).to_owned()).collect(),
+            ExtendedKeyUsagePurpose::ServerAuth,
+        )
+    }
+
+    /// A client certificate whose subject's common name is `cn`.
+    pub fn client(&self, cn: &str) -> Issued {
+        self.issue(cn, Vec::new(), ExtendedKeyUsagePurpose::ClientAuth)
+    }
+
+    fn issue(&self, cn: &str, names: Vec<String>, usage: ExtendedKeyUsagePurpose) -> Issued {
+        let mut params = CertificateParams::new(names).expect("certificate parameters");
+        params.distinguished_name.push(DnType::CommonName, cn);
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        params.extended_key_usages = vec![usage];
+        let key = KeyPair::generate().expect("a key");
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .expect("a signed certificate");
+        Issued {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+            der: cert.der().clone(),
+            key_der: key.serialize_der(),
         }
     }
 }
@@ -113,32 +190,4 @@ fn ca_params(name: &str) -> CertificateParams {
         KeyUsagePurpose::DigitalSignature,
     ];
     params
-}
-
-fn ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
-    let key = KeyPair::generate().expect("a CA key");
-    CertifiedIssuer::self_signed(ca_params(name), key).expect("a self-signed CA")
-}
-
-fn ca_only(name: &str) -> String {
-    ca(name).pem()
-}
-
-/// A certificate and its key, PEM.
-fn leaf(
-    ca: &CertifiedIssuer<'static, KeyPair>,
-    name: &str,
-    names: Vec<String>,
-    usage: ExtendedKeyUsagePurpose,
-) -> (String, String) {
-    let mut params = CertificateParams::new(names).expect("certificate parameters");
-    params.distinguished_name.push(DnType::CommonName, name);
-    params.key_usages = vec![
-        KeyUsagePurpose::DigitalSignature,
-        KeyUsagePurpose::KeyEncipherment,
-    ];
-    params.extended_key_usages = vec![usage];
-    let key = KeyPair::generate().expect("a key");
-    let cert = params.signed_by(&key, ca).expect("a signed certificate");
-    (cert.pem(), key.serialize_pem())
 }

@@ -42,6 +42,15 @@ impl HttpPublisher {
     /// A publisher for an `http://` or `https://` destination. Connections are
     /// opened per call and kept alive between calls.
     pub fn new(destination: &Destination) -> Result<Self, PublishError> {
+        Self::with_tls(destination, None)
+    }
+
+    /// [`new`](Self::new), reaching an `https://` destination with `tls`
+    /// (its roots, a client certificate) instead of webpki's bundled roots.
+    pub fn with_tls(
+        destination: &Destination,
+        tls: Option<&rustls::ClientConfig>,
+    ) -> Result<Self, PublishError> {
         let Destination::Http { url } = destination else {
             return Err(PublishError::new(
                 PublishErrorKind::Config,
@@ -57,11 +66,12 @@ impl HttpPublisher {
             )
             .with_source(e)
         })?;
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_webpki_roots()
-            .https_or_http()
-            .enable_http1()
-            .build();
+        let builder = hyper_rustls::HttpsConnectorBuilder::new();
+        let builder = match tls {
+            Some(tls) => builder.with_tls_config(tls.clone()),
+            None => builder.with_webpki_roots(),
+        };
+        let connector = builder.https_or_http().enable_http1().build();
         Ok(Self {
             destination: destination.clone(),
             uri,

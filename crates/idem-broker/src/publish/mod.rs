@@ -112,16 +112,38 @@ impl Publish for Publisher {
     }
 }
 
+/// What connecting may need beyond the destination itself.
+#[derive(Debug, Clone, Default)]
+pub struct ConnectOptions {
+    /// How an `https://` webhook destination is reached (the roots its
+    /// certificate is checked against, a client certificate); `None`:
+    /// webpki's bundled roots.
+    #[cfg(feature = "webhook")]
+    pub webhook_tls: Option<std::sync::Arc<rustls::ClientConfig>>,
+}
+
 /// Connects to `destination`: opens the connection (and, for RabbitMQ, a
 /// channel in confirm mode) once; the publisher is then reused for many messages.
 pub async fn connect(destination: &Destination) -> Result<Publisher, PublishError> {
+    connect_with(destination, &ConnectOptions::default()).await
+}
+
+/// [`connect`], with `options`.
+#[cfg_attr(not(feature = "webhook"), allow(unused_variables))]
+pub async fn connect_with(
+    destination: &Destination,
+    options: &ConnectOptions,
+) -> Result<Publisher, PublishError> {
     Ok(match destination {
         #[cfg(feature = "amqp")]
         Destination::Amqp { .. } => Publisher::Amqp(AmqpPublisher::connect(destination).await?),
         #[cfg(feature = "nats")]
         Destination::Nats { .. } => Publisher::Nats(NatsPublisher::connect(destination).await?),
         #[cfg(feature = "webhook")]
-        Destination::Http { .. } => Publisher::Http(HttpPublisher::new(destination)?),
+        Destination::Http { .. } => Publisher::Http(HttpPublisher::with_tls(
+            destination,
+            options.webhook_tls.as_deref(),
+        )?),
         #[cfg(feature = "kafka")]
         Destination::Kafka { .. } => Publisher::Kafka(KafkaPublisher::connect(destination).await?),
         #[cfg(not(all(

@@ -8,7 +8,7 @@ use idem_retry::Backoff;
 use idem_trace::KeyInSpans;
 
 use crate::consume::Reconnect;
-use crate::publish::Destination;
+use crate::publish::{ConnectOptions, Destination};
 
 /// Attempts before a row is dead-lettered: 5.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
@@ -65,6 +65,9 @@ pub struct RelayConfig {
     /// The rows of the abandoned pass keep their claims and are published
     /// again when their leases end.
     pub watchdog: Option<Duration>,
+    /// What connecting to a destination may need beyond its URL (the TLS
+    /// roots of `https://` webhooks).
+    pub connect: ConnectOptions,
 }
 
 impl Default for RelayConfig {
@@ -84,6 +87,7 @@ impl Default for RelayConfig {
             key_in_spans: KeyInSpans::Raw,
             reconnect: Reconnect::default(),
             watchdog: Some(DEFAULT_WATCHDOG),
+            connect: ConnectOptions::default(),
         }
     }
 }

@@ -93,13 +93,14 @@ impl<S: OutboxStore + DeadLetterStore> Relay<S> {
     pub fn new(store: S, config: RelayConfig) -> Self {
         let clock = store.outbox_clock();
         let owner = format!("relay-{}-{:08x}", std::process::id(), rand::random::<u32>());
+        let publishers = Publishers::new(config.connect.clone());
         Self {
             store,
             config,
             owner,
             clock,
             budget: Arc::new(RetryBudget::default()),
-            publishers: Publishers::default(),
+            publishers,
             fail_point: None,
         }
     }

@@ -11,15 +11,26 @@ use std::sync::Arc;
 use idem::health;
 use tokio::sync::Mutex;
 
-use crate::publish::{self, Destination, PublishError, PublishErrorKind, Publisher};
+use crate::publish::{
+    self, ConnectOptions, Destination, PublishError, PublishErrorKind, Publisher,
+};
 
 #[derive(Debug, Default)]
 pub(super) struct Publishers {
     open: Mutex<HashMap<Destination, Arc<Publisher>>>,
     health: std::sync::Mutex<HashMap<Destination, health::Connection>>,
+    options: ConnectOptions,
 }
 
 impl Publishers {
+    /// None open yet; each is opened with `options`.
+    pub(super) fn new(options: ConnectOptions) -> Self {
+        Self {
+            options,
+            ..Self::default()
+        }
+    }
+
     /// The publisher for `destination`, connecting if there is none.
     pub(super) async fn get(
         &self,
@@ -29,7 +40,7 @@ impl Publishers {
         if let Some(publisher) = open.get(destination) {
             return Ok(Arc::clone(publisher));
         }
-        let publisher = match publish::connect(destination).await {
+        let publisher = match publish::connect_with(destination, &self.options).await {
             Ok(publisher) => Arc::new(publisher),
             Err(error) => {
                 self.mark(destination, Some(&error));

@@ -28,9 +28,13 @@ pub(crate) struct ForwardArgs {
     /// amqps:// and tls:// connect with TLS (see "Connecting securely").
     #[arg(long, value_parser = crate::cli::SecretUrl::<Source>::new())]
     pub from: Source,
-    /// The HTTP endpoint each message is POSTed to.
+    /// The HTTP endpoint each message is POSTed to: http:// or https://.
     #[arg(long)]
     pub to: http::Uri,
+    /// For an https:// endpoint: a PEM file of the CA certificates its
+    /// certificate is checked against [default: the bundled webpki roots].
+    #[arg(long, value_name = "FILE")]
+    pub to_ca: Option<std::path::PathBuf>,
     /// Where each message's idempotency key is: message-id (AMQP message_id,
     /// Nats-Msg-Id or Kafka's idempotency-key header), record-key (Kafka),
     /// header:NAME, or json:PATH (/order/id or order.id).
@@ -100,6 +104,13 @@ pub(crate) async fn run(
     forward.timeout = Duration::from(args.timeout);
     forward.key_in_spans = key_in_spans;
     forward.reconnect = args.reconnect.reconnect();
+    if let Some(ca) = &args.to_ca {
+        let tls = idem_http::gateway::UpstreamTls {
+            ca: Some(ca.clone()),
+            ..Default::default()
+        };
+        forward.tls = Some(std::sync::Arc::new(tls.client_config().context("--to-ca")?));
+    }
     let options = SourceOptions {
         prefetch: args
             .prefetch
@@ -114,7 +125,7 @@ pub(crate) async fn run(
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;
     };
-    let upkeep = Upkeep::start(&store, args.upkeep.admin_listen, args.upkeep.sweep_every.0)
+    let upkeep = Upkeep::start(&store, &args.upkeep)
         .await?
         .with_dead_letter_gauges(&store);
     upkeep.announce("idem forward");

@@ -52,7 +52,7 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
 /// here, then the error and its sources as [`idem::error_chain`] writes them
 /// (a cause that an outer message already states, or that only wraps one it
 /// states, is left out).
-pub fn error_text(error: &anyhow::Error) -> String {
+pub(crate) fn error_text(error: &anyhow::Error) -> String {
     idem::error_chain(error.as_ref())
 }
 

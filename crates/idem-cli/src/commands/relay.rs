@@ -28,6 +28,11 @@ pub(crate) struct RelayArgs {
     /// (see "Connecting securely").
     #[arg(long, value_parser = crate::cli::SecretUrl::<Destination>::new())]
     pub to: Option<Destination>,
+    /// For https:// webhook destinations: a PEM file of the CA certificates
+    /// their certificates are checked against [default: the bundled webpki
+    /// roots].
+    #[arg(long, value_name = "FILE")]
+    pub webhook_ca: Option<std::path::PathBuf>,
     /// Publish every row that is due, sweep, and stop (instead of running until
     /// Ctrl-C or SIGTERM).
     #[arg(long)]
@@ -67,7 +72,18 @@ pub(crate) async fn run(
     args: &RelayArgs,
     key_in_spans: KeyInSpans,
 ) -> anyhow::Result<()> {
+    let mut connect = idem_broker::publish::ConnectOptions::default();
+    if let Some(ca) = &args.webhook_ca {
+        let tls = idem_http::gateway::UpstreamTls {
+            ca: Some(ca.clone()),
+            ..Default::default()
+        };
+        connect.webhook_tls = Some(std::sync::Arc::new(
+            tls.client_config().context("--webhook-ca")?,
+        ));
+    }
     let config = RelayConfig {
+        connect,
         default_destination: args.to.clone(),
         batch: args.batch.max(1),
         concurrency: args.concurrency.max(1),
@@ -85,9 +101,7 @@ pub(crate) async fn run(
         .context("cannot create the outbox tables")?;
     let upkeep = match args.once {
         true => None,
-        false => {
-            Some(Upkeep::start(&store, args.upkeep.admin_listen, args.upkeep.sweep_every.0).await?)
-        }
+        false => Some(Upkeep::start(&store, &args.upkeep).await?),
     };
     let relay = Relay::new(store, config);
     let to = args

@@ -3,11 +3,14 @@
 //! Ctrl-C, then shuts down gracefully.
 
 use std::io::Write;
+use std::time::Duration;
 
 use anyhow::Context;
-use idem_http::gateway::{self, Gateway};
+use idem_http::admin::AdminToken;
+use idem_http::gateway::{self, CertReloader, Gateway};
 use idem_http::{IdempotencyLayer, Spool};
 use tokio::net::TcpListener;
+use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::watch;
 
 use super::signals::terminated;
@@ -22,6 +25,24 @@ pub(super) async fn run(
     key_in_spans: KeyInSpans,
 ) -> anyhow::Result<()> {
     let settings = resolve(store, args)?;
+    // Every file is read before anything starts, so a bad one stops here.
+    let gateway_config = settings
+        .gateway()
+        .context("cannot set up TLS towards the upstream")?;
+    let tls = settings
+        .tls
+        .as_ref()
+        .map(|tls| {
+            tls.load()
+                .context("cannot set up the TLS listener (--tls-cert, --tls-key)")
+        })
+        .transpose()?;
+    let admin_token = settings
+        .admin_token_file
+        .as_deref()
+        .map(AdminToken::read)
+        .transpose()
+        .context("--admin-token-file")?;
     // Before the store opens, so no count is lost.
     if settings.admin_listen.is_some() {
         idem_http::admin::metrics_recorder()?;
@@ -44,13 +65,34 @@ pub(super) async fn run(
     let listener = TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("cannot listen on {} (--listen)", settings.listen))?;
-    let upkeep = Upkeep::start(layer.store(), settings.admin_listen, settings.sweep_every).await?;
+    let upkeep = Upkeep::start_with_token(
+        layer.store(),
+        settings.admin_listen,
+        admin_token,
+        settings.sweep_every,
+    )
+    .await?;
 
     let terminate = terminated();
+    // Caught from here on, like SIGTERM: a SIGHUP sent as soon as the
+    // listener is announced reloads the certificate instead of killing the
+    // process.
+    let hangup = if tls.is_some() {
+        match signal(SignalKind::hangup()) {
+            Ok(hangup) => Some(hangup),
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for SIGHUP; the certificate is reloaded only when its files change");
+                None
+            }
+        }
+    } else {
+        None
+    };
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "idem serve: listening on http://{}, forwarding to {}",
+        "idem serve: listening on {}://{}, forwarding to {}",
+        if tls.is_some() { "https" } else { "http" },
         listener.local_addr()?,
         settings.upstream
     )?;
@@ -82,12 +124,34 @@ pub(super) async fn run(
         eprintln!("idem serve: shutting down; letting the requests in flight finish");
         stop.send(true).ok();
     });
-    let gateway = Gateway::new(layer, settings.gateway());
+    let mut gateway = Gateway::new(layer, gateway_config);
+    let mut reloading = Vec::new();
+    if let Some((config, reloader)) = tls {
+        gateway = gateway.with_tls(config);
+        reloading.push(reloader.watch(CERT_CHECK_EVERY));
+        if let Some(hangup) = hangup {
+            reloading.push(tokio::spawn(reload_on_hangup(hangup, reloader)));
+        }
+    }
     let served = gateway::run(listener, gateway, stopped(stopping)).await;
+    for task in reloading {
+        task.abort();
+    }
     upkeep.stop().await;
     served?;
     eprintln!("idem serve: stopped");
     Ok(())
+}
+
+/// How often the listener's certificate and key files are checked for a
+/// change.
+const CERT_CHECK_EVERY: Duration = Duration::from_secs(5);
+
+/// Reloads the listener's certificate on every SIGHUP.
+async fn reload_on_hangup(mut hangup: Signal, reloader: CertReloader) {
+    while hangup.recv().await.is_some() {
+        reloader.reload_logged("SIGHUP");
+    }
 }
 
 /// Completes once `stopping` says so.
@@ -117,6 +181,13 @@ fn resolve(store: Option<&str>, args: &ServeArgs) -> anyhow::Result<GatewaySetti
         sweep_every: args.sweep_every.clone(),
         max_in_flight: args.max_in_flight.clone(),
         routes: args.routes.clone(),
+        upstream_ca: args.upstream_ca.clone(),
+        upstream_cert: args.upstream_cert.clone(),
+        upstream_key: args.upstream_key.clone(),
+        tls_cert: args.tls_cert.clone(),
+        tls_key: args.tls_key.clone(),
+        tls_client_ca: args.tls_client_ca.clone(),
+        admin_token_file: args.admin_token_file.clone(),
     };
     let text = args
         .config

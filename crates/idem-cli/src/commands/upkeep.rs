@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use idem::{AnyStore, AttemptStore, DeadLetterStore, Sweeper, SweeperTask};
-use idem_http::admin::{self, AdminServer};
+use idem_http::admin::{self, AdminServer, AdminToken};
 
 /// The flags `idem relay` and `idem forward` share (`idem serve` has the same
 /// two among its settings).
@@ -19,6 +19,11 @@ pub(crate) struct UpkeepArgs {
     /// Serve /metrics (Prometheus) and /healthz on this address [default: off].
     #[arg(long, env = "IDEM_ADMIN_LISTEN", value_name = "ADDR")]
     pub admin_listen: Option<SocketAddr>,
+    /// A file holding the bearer token the admin listener requires
+    /// (Authorization: Bearer TOKEN) on /metrics; needed when --admin-listen
+    /// is not a loopback address [default: none].
+    #[arg(long, env = "IDEM_ADMIN_TOKEN_FILE", value_name = "FILE")]
+    pub admin_token_file: Option<std::path::PathBuf>,
     /// How often expired idempotency records are swept, ±50 % jitter, such as
     /// 60s or 10m; `off` when a cron job runs `idem gc` instead.
     #[arg(
@@ -62,15 +67,27 @@ pub(super) struct Upkeep {
 }
 
 impl Upkeep {
+    /// Starts what `args` ask for.
+    pub(super) async fn start(store: &AnyStore, args: &UpkeepArgs) -> anyhow::Result<Self> {
+        let token = args
+            .admin_token_file
+            .as_deref()
+            .map(AdminToken::read)
+            .transpose()
+            .context("--admin-token-file")?;
+        Self::start_with_token(store, args.admin_listen, token, args.sweep_every.0).await
+    }
+
     /// Starts what is asked for.
-    pub(super) async fn start(
+    pub(super) async fn start_with_token(
         store: &AnyStore,
         admin_listen: Option<SocketAddr>,
+        token: Option<AdminToken>,
         sweep_every: Option<Duration>,
     ) -> anyhow::Result<Self> {
         let admin = match admin_listen {
             Some(addr) => {
-                let server = admin::start_admin(addr, store.clone())
+                let server = admin::start_admin_with_token(addr, store.clone(), token)
                     .await
                     .context("--admin-listen")?;
                 Some(server)

@@ -6,6 +6,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::response::Response;
@@ -16,6 +17,25 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+
+use super::tls::subject_of;
+
+/// Who is at the other end of a connection, for each of its requests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Peer {
+    /// The client's address.
+    pub addr: SocketAddr,
+    /// Whether the connection is TLS.
+    pub tls: bool,
+    /// The subject (CN) of the client certificate the TLS handshake
+    /// verified, if the client showed one.
+    pub subject: Option<Arc<str>>,
+}
+
+/// How long a client may take over its TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Serves every connection accepted on `listener` with `answer` (called with
 /// each request and its client's address) until `shutdown` completes; then
@@ -32,12 +52,37 @@ where
     F: Fn(Request<Incoming>, SocketAddr) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = Result<Response, Infallible>> + Send + 'static,
 {
+    serve_connections_over(
+        listener,
+        None,
+        shutdown,
+        grace,
+        move |request, peer: Arc<Peer>| answer(request, peer.addr),
+    )
+    .await
+}
+
+/// [`serve_connections`], over TLS when `tls` is given: each connection's
+/// handshake runs in the connection's own task (a slow one holds up no
+/// other), and `answer` is told who the [`Peer`] is, its verified client
+/// certificate's subject included.
+pub async fn serve_connections_over<F, Fut>(
+    listener: TcpListener,
+    tls: Option<TlsAcceptor>,
+    shutdown: impl Future<Output = ()>,
+    grace: Duration,
+    answer: F,
+) -> bool
+where
+    F: Fn(Request<Incoming>, Arc<Peer>) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Result<Response, Infallible>> + Send + 'static,
+{
     let mut http = http1::Builder::new();
     http.timer(TokioTimer::new());
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
-        let (stream, peer) = tokio::select! {
+        let (stream, addr) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(error) => {
@@ -53,13 +98,63 @@ where
             tracing::debug!(%error, "could not set TCP_NODELAY");
         }
         let answer = answer.clone();
-        let per_request = service_fn(move |request: Request<Incoming>| answer(request, peer));
-        let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), per_request));
-        tokio::spawn(async move {
-            if let Err(error) = connection.await {
-                tracing::debug!(%error, %peer, "connection ended with an error");
+        match &tls {
+            None => {
+                let peer = Arc::new(Peer {
+                    addr,
+                    tls: false,
+                    subject: None,
+                });
+                let per_request = service_fn(move |request: Request<Incoming>| {
+                    answer(request, Arc::clone(&peer))
+                });
+                let connection =
+                    graceful.watch(http.serve_connection(TokioIo::new(stream), per_request));
+                tokio::spawn(async move {
+                    if let Err(error) = connection.await {
+                        tracing::debug!(%error, peer = %addr, "connection ended with an error");
+                    }
+                });
             }
-        });
+            Some(acceptor) => {
+                let handshake = acceptor.accept(stream);
+                let watcher = graceful.watcher();
+                let http = http.clone();
+                tokio::spawn(async move {
+                    let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
+                        Ok(Ok(stream)) => stream,
+                        Ok(Err(error)) => {
+                            tracing::debug!(%error, peer = %addr, "TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::debug!(peer = %addr, "TLS handshake timed out");
+                            return;
+                        }
+                    };
+                    let subject = stream
+                        .get_ref()
+                        .1
+                        .peer_certificates()
+                        .and_then(<[_]>::first)
+                        .and_then(subject_of)
+                        .map(Arc::from);
+                    let peer = Arc::new(Peer {
+                        addr,
+                        tls: true,
+                        subject,
+                    });
+                    let per_request = service_fn(move |request: Request<Incoming>| {
+                        answer(request, Arc::clone(&peer))
+                    });
+                    let connection =
+                        watcher.watch(http.serve_connection(TokioIo::new(stream), per_request));
+                    if let Err(error) = connection.await {
+                        tracing::debug!(%error, peer = %addr, "connection ended with an error");
+                    }
+                });
+            }
+        }
     }
     drop(listener);
     tracing::info!(

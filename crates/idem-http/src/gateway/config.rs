@@ -4,6 +4,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::uri::{Authority, PathAndQuery, Scheme, Uri};
@@ -18,19 +19,23 @@ pub const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
 /// told apart from a timeout after the request was sent.
 const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The service the gateway forwards to: `http://HOST:PORT`, with an optional
-/// base path that is put in front of every request path.
+/// The service the gateway forwards to: `http://HOST:PORT` or
+/// `https://HOST:PORT`, with an optional base path that is put in front of
+/// every request path.
 ///
 /// ```
 /// use idem_http::gateway::Upstream;
 ///
 /// let upstream: Upstream = "http://127.0.0.1:9000/api/".parse()?;
 /// assert_eq!(upstream.to_string(), "http://127.0.0.1:9000/api");
-/// assert!("https://example.com".parse::<Upstream>().is_err());
+/// let secure: Upstream = "https://api.example.com".parse()?;
+/// assert!(secure.is_https());
+/// assert!("ftp://example.com".parse::<Upstream>().is_err());
 /// # Ok::<(), idem_http::gateway::UpstreamError>(())
 /// ```
 #[derive(Clone, PartialEq, Eq)]
 pub struct Upstream {
+    scheme: Scheme,
     authority: Authority,
     base_path: String,
 }
@@ -41,7 +46,7 @@ pub struct Upstream {
 pub enum UpstreamError {
     /// Not a URL at all.
     #[error(
-        "upstream {url:?} is not a URL ({reason}): write http://HOST:PORT, optionally with a base path such as http://127.0.0.1:9000/api"
+        "upstream {url:?} is not a URL ({reason}): write http://HOST:PORT or https://HOST:PORT, optionally with a base path such as http://127.0.0.1:9000/api"
     )]
     NotAUrl {
         /// The text as given.
@@ -49,9 +54,9 @@ pub enum UpstreamError {
         /// What the parser said.
         reason: String,
     },
-    /// A scheme other than `http`.
+    /// A scheme other than `http` and `https`.
     #[error(
-        "upstream {url:?} uses {scheme}://, but the gateway speaks plain HTTP to its upstream: write http://HOST:PORT (terminate TLS in front of the gateway and keep the upstream on a private network)"
+        "upstream {url:?} uses {scheme}, but the gateway speaks HTTP or HTTPS to its upstream: write http://HOST:PORT or https://HOST:PORT"
     )]
     Scheme {
         /// The text as given.
@@ -61,7 +66,7 @@ pub enum UpstreamError {
     },
     /// A query string, which would be glued to every request.
     #[error(
-        "upstream {url:?} has a query string: give only http://HOST:PORT and an optional base path"
+        "upstream {url:?} has a query string: give only http(s)://HOST:PORT and an optional base path"
     )]
     Query {
         /// The text as given.
@@ -79,15 +84,15 @@ impl FromStr for Upstream {
                 url: url.to_owned(),
                 reason: e.to_string(),
             })?;
-        match uri.scheme() {
-            Some(scheme) if *scheme == Scheme::HTTP => {}
+        let scheme = match uri.scheme() {
+            Some(scheme) if *scheme == Scheme::HTTP || *scheme == Scheme::HTTPS => scheme.clone(),
             other => {
                 return Err(UpstreamError::Scheme {
                     url: url.to_owned(),
-                    scheme: other.map_or_else(|| "no scheme".to_owned(), |s| s.to_string()),
+                    scheme: other.map_or_else(|| "no scheme".to_owned(), |s| format!("{s}://")),
                 });
             }
-        }
+        };
         let Some(authority) = uri.authority().cloned() else {
             return Err(UpstreamError::NotAUrl {
                 url: url.to_owned(),
@@ -100,6 +105,7 @@ impl FromStr for Upstream {
             });
         }
         Ok(Self {
+            scheme,
             authority,
             base_path: uri.path().trim_end_matches('/').to_owned(),
         })
@@ -117,16 +123,23 @@ impl Upstream {
             format!("{}/", self.base_path)
         };
         Uri::builder()
-            .scheme(Scheme::HTTP)
+            .scheme(self.scheme.clone())
             .authority(self.authority.clone())
             .path_and_query(target)
             .build()
     }
 }
 
+impl Upstream {
+    /// Whether the upstream is reached over TLS (`https://`).
+    pub fn is_https(&self) -> bool {
+        self.scheme == Scheme::HTTPS
+    }
+}
+
 impl fmt::Display for Upstream {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "http://{}{}", self.authority, self.base_path)
+        write!(f, "{}://{}{}", self.scheme, self.authority, self.base_path)
     }
 }
 
@@ -155,6 +168,8 @@ pub struct GatewayConfig {
     pub(crate) probe: Option<Probe>,
     pub(crate) max_in_flight: Option<usize>,
     pub(crate) routes: Vec<String>,
+    pub(crate) upstream_tls: Option<Arc<rustls::ClientConfig>>,
+    pub(crate) tls_subject_principal: bool,
 }
 
 impl GatewayConfig {
@@ -167,7 +182,28 @@ impl GatewayConfig {
             probe: None,
             max_in_flight: None,
             routes: Vec::new(),
+            upstream_tls: None,
+            tls_subject_principal: false,
         }
+    }
+
+    /// Scopes keys by the verified client certificate's subject (its CN):
+    /// the gateway puts it in the [`TLS_SUBJECT_HEADER`](super::TLS_SUBJECT_HEADER)
+    /// header (dropping any value the client sent), which the layer's
+    /// principal header must then be. Needs a listener that requires client
+    /// certificates ([`ListenerTls::client_ca`](super::ListenerTls)); a
+    /// request that came without one has no such header (`anon`).
+    pub fn principal_from_tls_subject(mut self) -> Self {
+        self.tls_subject_principal = true;
+        self
+    }
+
+    /// How an `https://` upstream is reached: the roots trusted and the
+    /// client certificate, if any (see [`UpstreamTls`](super::UpstreamTls));
+    /// default: webpki's bundled roots, no client certificate.
+    pub fn upstream_tls(mut self, tls: rustls::ClientConfig) -> Self {
+        self.upstream_tls = Some(Arc::new(tls));
+        self
     }
 
     /// Asks the upstream with `probe` before a retry takes over a claim whose
@@ -255,12 +291,18 @@ mod tests {
         let bare: Upstream = "http://localhost:8081".parse().unwrap();
         assert_eq!(bare.uri_for(None).unwrap(), "http://localhost:8081/");
         assert_eq!(bare.to_string(), "http://localhost:8081");
+        let secure: Upstream = "https://api.example.com/v1".parse().unwrap();
+        assert_eq!(
+            secure.uri_for(Some(&target)).unwrap(),
+            "https://api.example.com/v1/orders?limit=2"
+        );
+        assert_eq!(secure.to_string(), "https://api.example.com/v1");
     }
 
     #[test]
     fn bad_upstreams_say_what_to_write() {
         for (url, expected) in [
-            ("https://example.com", "plain HTTP"),
+            ("ftp://example.com", "HTTP or HTTPS"),
             ("127.0.0.1:9000", "http://HOST:PORT"),
             ("http://exa mple", "not a URL"),
             ("http://h:1/?x=1", "query string"),

@@ -26,7 +26,10 @@
 //! - [`hop`]: the hop-by-hop headers;
 //! - `settings`: [`GatewaySettings`], resolved from flags, a TOML file and
 //!   the defaults, with errors that name where a bad value came from;
-//! - `accept`: the accept loop and its graceful shutdown;
+//! - `accept`: the accept loop (plain or TLS) and its graceful shutdown;
+//! - `tls`: [`UpstreamTls`] for `https://` upstreams, and [`ListenerTls`]
+//!   for the HTTPS listener, its certificate reloaded by a [`CertReloader`]
+//!   and its optional client certificates;
 //!
 //! The pieces another proxy process builds on are public: the accept loop
 //! ([`serve_connections`]), the pooled client ([`upstream_client`]), the
@@ -77,15 +80,15 @@ mod probe;
 mod proxy;
 mod routes;
 mod settings;
+mod tls;
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::body::Body;
 use axum::response::Response;
-use http::Request;
+use http::{HeaderName, HeaderValue, Request};
 use hyper::body::Incoming;
 use idem::LeaseStore;
 use tokio::net::TcpListener;
@@ -103,24 +106,43 @@ pub use settings::{
 use crate::observe::RouteLabel;
 use crate::shed::InFlightLimit;
 use crate::{IdempotencyConfig, IdempotencyLayer, IdempotencyService};
-pub use accept::serve_connections;
+pub use accept::{Peer, serve_connections, serve_connections_over};
 use probe::UpstreamProbe;
 use proxy::Proxy;
-pub use proxy::{ClientAddr, rewrite_for, upstream_client};
+pub use proxy::{
+    ClientAddr, UpstreamConnector, rewrite_for, upstream_client, upstream_client_with_tls,
+};
 use routes::RouteTemplates;
+pub use tls::{
+    CertReloader, ListenerTls, TLS_SUBJECT, TLS_SUBJECT_HEADER, TlsError, UpstreamTls, load_certs,
+    load_key,
+};
 
 /// The idempotency layer over the reverse proxy, ready to [`run`].
 #[derive(Debug)]
 pub struct Gateway<St> {
     layer: IdempotencyLayer<St>,
     config: GatewayConfig,
+    tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl<St> Gateway<St> {
     /// A gateway that applies `layer` (its store and [`IdempotencyConfig`]) in
     /// front of the upstream of `config`.
     pub fn new(layer: IdempotencyLayer<St>, config: GatewayConfig) -> Self {
-        Self { layer, config }
+        Self {
+            layer,
+            config,
+            tls: None,
+        }
+    }
+
+    /// Serves HTTPS with `tls` (from [`ListenerTls::load`], whose
+    /// [`CertReloader`] replaces the certificate for new connections)
+    /// instead of plain HTTP.
+    pub fn with_tls(mut self, tls: Arc<rustls::ServerConfig>) -> Self {
+        self.tls = Some(tls);
+        self
     }
 
     /// The layer: its store and its configuration.
@@ -169,7 +191,10 @@ where
             .clone()
             .with_reconcile(Arc::new(UpstreamProbe {
                 probe: probe.clone(),
-                client: upstream_client(gateway.config.connect_timeout()),
+                client: upstream_client_with_tls(
+                    gateway.config.connect_timeout(),
+                    gateway.config.upstream_tls.as_deref().cloned(),
+                ),
                 upstream: gateway.config.upstream.clone(),
                 timeout: gateway.config.upstream_timeout,
                 principal_header: idempotency.principal_header.clone(),
@@ -186,11 +211,16 @@ where
             .max_in_flight
             .map(|limit| InFlightLimit::new(limit, gateway.layer.config().vocabulary())),
         routes: RouteTemplates::new(&gateway.config.routes),
+        tls_subject: gateway
+            .config
+            .tls_subject_principal
+            .then(|| HeaderName::from_static(TLS_SUBJECT_HEADER)),
     });
-    let per_request = move |request: Request<Incoming>, peer: SocketAddr| {
+    let per_request = move |request: Request<Incoming>, peer: Arc<Peer>| {
         answer(service.clone(), Arc::clone(&admission), peer, request)
     };
-    if !accept::serve_connections(listener, shutdown, grace, per_request).await {
+    let tls = gateway.tls.map(tokio_rustls::TlsAcceptor::from);
+    if !accept::serve_connections_over(listener, tls, shutdown, grace, per_request).await {
         tracing::warn!(
             ?grace,
             "requests still running after the grace period were abandoned; their keys stay reserved until their leases end"
@@ -205,6 +235,9 @@ struct Admission {
     idempotency: IdempotencyConfig,
     limit: Option<InFlightLimit>,
     routes: RouteTemplates,
+    /// The header the client certificate's subject goes in, when it scopes
+    /// keys.
+    tls_subject: Option<HeaderName>,
 }
 
 /// One request through the limit, the layer and the proxy, counted by
@@ -212,7 +245,7 @@ struct Admission {
 async fn answer<St>(
     service: IdempotencyService<Proxy, St>,
     admission: Arc<Admission>,
-    peer: SocketAddr,
+    peer: Arc<Peer>,
     mut request: Request<Incoming>,
 ) -> Result<Response, Infallible>
 where
@@ -236,7 +269,19 @@ where
             }
         },
     };
-    request.extensions_mut().insert(ClientAddr(peer));
+    if let Some(header) = &admission.tls_subject {
+        // Only the TLS session names the subject; never the client.
+        request.headers_mut().remove(header);
+        if let Some(subject) = &peer.subject
+            && let Ok(value) = HeaderValue::from_str(subject)
+        {
+            request.headers_mut().insert(header.clone(), value);
+        }
+    }
+    if peer.tls {
+        request.extensions_mut().insert(proxy::OverTls);
+    }
+    request.extensions_mut().insert(ClientAddr(peer.addr));
     request
         .extensions_mut()
         .insert(RouteLabel(Arc::clone(&route)));

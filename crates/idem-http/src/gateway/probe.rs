@@ -29,7 +29,6 @@ use http::uri::PathAndQuery;
 use http::{HeaderName, HeaderValue, Method, Request, StatusCode};
 use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use idem::{IdempotencyKey, Scope, error_chain};
 
 use super::config::Upstream;
@@ -134,7 +133,7 @@ impl Probe {
 /// The probe sent to the upstream, as the layer's [`Reconcile`] hook.
 pub(crate) struct UpstreamProbe {
     pub(crate) probe: Probe,
-    pub(crate) client: Client<HttpConnector, Body>,
+    pub(crate) client: Client<super::UpstreamConnector, Body>,
     pub(crate) upstream: Upstream,
     pub(crate) timeout: Duration,
     pub(crate) principal_header: Option<HeaderName>,

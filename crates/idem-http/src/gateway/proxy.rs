@@ -38,6 +38,7 @@ use futures::future::BoxFuture;
 use http::header::{HOST, HeaderName, HeaderValue};
 use http::{Request, Version};
 use http_body_util::BodyExt;
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -59,6 +60,15 @@ const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClientAddr(pub SocketAddr);
 
+/// A request extension: the request came in over TLS, so the upstream is
+/// told `X-Forwarded-Proto: https`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct OverTls;
+
+/// The connector the upstream client opens connections with: plain TCP for
+/// an `http://` upstream, TLS (rustls, *ring*) for an `https://` one.
+pub type UpstreamConnector = HttpsConnector<HttpConnector>;
+
 /// A response extension on every answer that came from the upstream (as
 /// opposed to one the layer or the gateway wrote), for counting outcomes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,7 +81,7 @@ pub(crate) struct Proxy {
 }
 
 struct Shared {
-    client: Client<HttpConnector, Body>,
+    client: Client<UpstreamConnector, Body>,
     upstream: Upstream,
     timeout: Duration,
     idempotency: IdempotencyConfig,
@@ -88,14 +98,10 @@ impl std::fmt::Debug for Proxy {
 
 impl Proxy {
     pub(crate) fn new(config: &GatewayConfig, idempotency: IdempotencyConfig) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(config.connect_timeout()));
-        let client = Client::builder(TokioExecutor::new())
-            .timer(TokioTimer::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .build(connector);
+        let client = upstream_client_with_tls(
+            config.connect_timeout(),
+            config.upstream_tls.as_deref().cloned(),
+        );
         Self {
             shared: Arc::new(Shared {
                 client,
@@ -229,9 +235,14 @@ pub fn rewrite_for<B>(upstream: &Upstream, request: Request<B>) -> Result<Reques
     if let Some(host) = host {
         headers.entry(X_FORWARDED_HOST).or_insert(host);
     }
+    let proto = if parts.extensions.get::<OverTls>().is_some() {
+        "https"
+    } else {
+        "http"
+    };
     headers
         .entry(X_FORWARDED_PROTO)
-        .or_insert(HeaderValue::from_static("http"));
+        .or_insert(HeaderValue::from_static(proto));
     // The upstream joins the request's trace as a child of the gateway's
     // span; without OpenTelemetry here, the incoming traceparent goes on
     // unchanged.
@@ -245,12 +256,33 @@ pub fn rewrite_for<B>(upstream: &Upstream, request: Request<B>) -> Result<Reques
     Ok(outgoing)
 }
 
-/// The pooled HTTP/1 client a proxy forwards on; opening a connection may
-/// take at most `connect_timeout`.
-pub fn upstream_client(connect_timeout: Duration) -> Client<HttpConnector, Body> {
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(connect_timeout));
+/// The pooled HTTP/1 client a proxy forwards on; opening a connection
+/// (with its TLS handshake for an `https://` upstream, trusting webpki's
+/// bundled roots) may take at most `connect_timeout`.
+pub fn upstream_client(connect_timeout: Duration) -> Client<UpstreamConnector, Body> {
+    upstream_client_with_tls(connect_timeout, None)
+}
+
+/// [`upstream_client`] with the TLS configuration for `https://` upstreams
+/// (see [`UpstreamTls`](super::UpstreamTls)); `None` for the defaults.
+pub fn upstream_client_with_tls(
+    connect_timeout: Duration,
+    tls: Option<rustls::ClientConfig>,
+) -> Client<UpstreamConnector, Body> {
+    let mut http = HttpConnector::new();
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(connect_timeout));
+    http.enforce_http(false);
+    let tls = tls.unwrap_or_else(|| {
+        super::UpstreamTls::default()
+            .client_config()
+            .expect("the default TLS client configuration reads no file and cannot fail")
+    });
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http);
     Client::builder(TokioExecutor::new())
         .timer(TokioTimer::new())
         .pool_timer(TokioTimer::new())

@@ -21,7 +21,10 @@ use http::{HeaderName, Method};
 use idem::StoreLocation;
 use serde::Deserialize;
 
-use super::{DEFAULT_UPSTREAM_TIMEOUT, GatewayConfig, Probe, Upstream};
+use super::tls::{TLS_SUBJECT, TLS_SUBJECT_HEADER};
+use super::{
+    DEFAULT_UPSTREAM_TIMEOUT, GatewayConfig, ListenerTls, Probe, TlsError, Upstream, UpstreamTls,
+};
 use crate::{DEFAULT_BODY_LIMIT, IdempotencyConfig, KeyRequirement, Mode};
 
 /// Where the gateway listens by default.
@@ -89,6 +92,21 @@ pub struct GivenSettings {
     pub max_in_flight: Option<String>,
     /// `--routes`: route templates for the metrics' `route` label.
     pub routes: Option<String>,
+    /// `--upstream-ca`: a PEM file of the CAs an `https://` upstream is
+    /// checked against (default: webpki's bundled roots).
+    pub upstream_ca: Option<String>,
+    /// `--upstream-cert`: a PEM client certificate shown to the upstream.
+    pub upstream_cert: Option<String>,
+    /// `--upstream-key`: its PEM private key.
+    pub upstream_key: Option<String>,
+    /// `--tls-cert`: the listener's PEM certificate chain (serve HTTPS).
+    pub tls_cert: Option<String>,
+    /// `--tls-key`: its PEM private key.
+    pub tls_key: Option<String>,
+    /// `--tls-client-ca`: require client certificates signed by these CAs.
+    pub tls_client_ca: Option<String>,
+    /// `--admin-token-file`: the bearer token the admin listener requires.
+    pub admin_token_file: Option<String>,
 }
 
 /// A config file's text, and its path for messages.
@@ -130,6 +148,13 @@ struct FileSettings {
     sweep_every: Option<String>,
     max_in_flight: Option<NumberOrText>,
     routes: Option<Listed>,
+    upstream_ca: Option<String>,
+    upstream_cert: Option<String>,
+    upstream_key: Option<String>,
+    tls_cert: Option<String>,
+    tls_key: Option<String>,
+    tls_client_ca: Option<String>,
+    admin_token_file: Option<String>,
 }
 
 /// A list in the file (methods, routes): `"POST,PUT"` or `["POST", "PUT"]`.
@@ -222,6 +247,16 @@ pub struct GatewaySettings {
     pub max_in_flight: Option<usize>,
     /// Route templates (`/payments/{id}`) naming the metrics' `route` label.
     pub routes: Vec<String>,
+    /// How an `https://` upstream is reached (CA file, client certificate).
+    pub upstream_tls: UpstreamTls,
+    /// The listener's TLS files; `None` serves plain HTTP.
+    pub tls: Option<ListenerTls>,
+    /// The keys are scoped by the client certificate's subject (CN)
+    /// instead of a header: `principal_header = "tls-subject"`, with
+    /// `--tls-client-ca`.
+    pub principal_tls_subject: bool,
+    /// The file holding the admin listener's bearer token.
+    pub admin_token_file: Option<PathBuf>,
 }
 
 /// One setting's value and where it came from, for error messages.
@@ -416,6 +451,7 @@ impl GatewaySettings {
             Some(found) => Some(PathBuf::from(found.value)),
         };
 
+        let mut principal_tls_subject = false;
         let principal_header = match sources.pick(
             "principal-header",
             "IDEM_PRINCIPAL_HEADER",
@@ -424,6 +460,10 @@ impl GatewaySettings {
         ) {
             None => Some(http::header::AUTHORIZATION),
             Some(found) if found.value.eq_ignore_ascii_case("none") => None,
+            Some(found) if found.value.eq_ignore_ascii_case(TLS_SUBJECT) => {
+                principal_tls_subject = true;
+                Some(HeaderName::from_static(TLS_SUBJECT_HEADER))
+            }
             Some(found) => Some(HeaderName::try_from(found.value.as_str()).map_err(|_| {
                 SettingsError::new(format!(
                     "invalid {}: {:?} is not a header name; write one such as authorization or x-tenant-id, or none",
@@ -466,7 +506,112 @@ impl GatewaySettings {
             Some(found) => parse_routes(&found.value).map_err(|e| e.of(&found.origin))?,
         };
 
+        let path = |flag: &str,
+                    env: &str,
+                    given: Option<&String>,
+                    in_file: fn(&FileSettings) -> Option<String>|
+         -> Result<Option<PathBuf>, SettingsError> {
+            match sources.pick(flag, env, given, in_file) {
+                None => Ok(None),
+                Some(found) if found.value.trim().is_empty() => Err(SettingsError::new(format!(
+                    "invalid {}: no path given; write the path of a PEM file",
+                    found.origin
+                ))),
+                Some(found) => Ok(Some(PathBuf::from(found.value))),
+            }
+        };
+        let upstream_tls = UpstreamTls {
+            ca: path(
+                "upstream-ca",
+                "IDEM_UPSTREAM_CA",
+                given.upstream_ca.as_ref(),
+                |f| f.upstream_ca.clone(),
+            )?,
+            cert: path(
+                "upstream-cert",
+                "IDEM_UPSTREAM_CERT",
+                given.upstream_cert.as_ref(),
+                |f| f.upstream_cert.clone(),
+            )?,
+            key: path(
+                "upstream-key",
+                "IDEM_UPSTREAM_KEY",
+                given.upstream_key.as_ref(),
+                |f| f.upstream_key.clone(),
+            )?,
+        };
+        match (&upstream_tls.cert, &upstream_tls.key) {
+            (Some(_), None) => {
+                return Err(SettingsError::new(
+                    "--upstream-cert was given without --upstream-key: give both (the client certificate and its key), or neither",
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(SettingsError::new(
+                    "--upstream-key was given without --upstream-cert: give both (the client certificate and its key), or neither",
+                ));
+            }
+            _ => {}
+        }
+        if !upstream_tls.is_default() && !upstream.is_https() {
+            return Err(SettingsError::new(format!(
+                "--upstream-ca, --upstream-cert and --upstream-key are for an https:// upstream, but the upstream is {upstream}"
+            )));
+        }
+        let tls_cert = path("tls-cert", "IDEM_TLS_CERT", given.tls_cert.as_ref(), |f| {
+            f.tls_cert.clone()
+        })?;
+        let tls_key = path("tls-key", "IDEM_TLS_KEY", given.tls_key.as_ref(), |f| {
+            f.tls_key.clone()
+        })?;
+        let tls_client_ca = path(
+            "tls-client-ca",
+            "IDEM_TLS_CLIENT_CA",
+            given.tls_client_ca.as_ref(),
+            |f| f.tls_client_ca.clone(),
+        )?;
+        let tls = match (tls_cert, tls_key) {
+            (Some(cert), Some(key)) => Some(ListenerTls {
+                cert,
+                key,
+                client_ca: tls_client_ca,
+            }),
+            (None, None) => {
+                if tls_client_ca.is_some() {
+                    return Err(SettingsError::new(
+                        "--tls-client-ca needs a TLS listener: give --tls-cert and --tls-key too",
+                    ));
+                }
+                None
+            }
+            (Some(_), None) => {
+                return Err(SettingsError::new(
+                    "--tls-cert was given without --tls-key: give both (the listener's certificate and its key), or neither for plain HTTP",
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(SettingsError::new(
+                    "--tls-key was given without --tls-cert: give both (the listener's certificate and its key), or neither for plain HTTP",
+                ));
+            }
+        };
+        if principal_tls_subject && tls.as_ref().is_none_or(|tls| tls.client_ca.is_none()) {
+            return Err(SettingsError::new(
+                "--principal-header tls-subject scopes keys by the client certificate, so it needs client certificates: give --tls-cert, --tls-key and --tls-client-ca",
+            ));
+        }
+        let admin_token_file = path(
+            "admin-token-file",
+            "IDEM_ADMIN_TOKEN_FILE",
+            given.admin_token_file.as_ref(),
+            |f| f.admin_token_file.clone(),
+        )?;
+
         Ok(Self {
+            upstream_tls,
+            tls,
+            principal_tls_subject,
+            admin_token_file,
             upstream,
             listen,
             store,
@@ -506,18 +651,25 @@ impl GatewaySettings {
         }
     }
 
-    /// The gateway's configuration.
-    pub fn gateway(&self) -> GatewayConfig {
+    /// The gateway's configuration. Reads the upstream's CA and client
+    /// certificate files, if any.
+    pub fn gateway(&self) -> Result<GatewayConfig, TlsError> {
         let mut config = GatewayConfig::new(self.upstream.clone())
             .upstream_timeout(self.upstream_timeout)
             .routes(self.routes.iter().cloned());
+        if self.upstream.is_https() {
+            config = config.upstream_tls(self.upstream_tls.client_config()?);
+        }
+        if self.principal_tls_subject {
+            config = config.principal_from_tls_subject();
+        }
         if let Some(limit) = self.max_in_flight {
             config = config.max_in_flight(limit);
         }
-        match &self.probe {
+        Ok(match &self.probe {
             Some(probe) => config.probe(probe.clone()),
             None => config,
-        }
+        })
     }
 
     /// These settings as a config file that resolves to them again, every
@@ -552,11 +704,13 @@ impl GatewaySettings {
             ),
             format!(
                 "principal_header = {}",
-                quoted(
+                quoted(if self.principal_tls_subject {
+                    TLS_SUBJECT
+                } else {
                     self.principal_header
                         .as_ref()
                         .map_or("none", HeaderName::as_str)
-                )
+                })
             ),
             format!(
                 "methods = [{}]",
@@ -594,6 +748,21 @@ impl GatewaySettings {
         if let Some(probe) = &self.probe {
             lines.push(format!("probe = {}", quoted(&probe.to_string())));
         }
+        let mut file = |key: &str, path: Option<&PathBuf>| {
+            if let Some(path) = path {
+                lines.push(format!("{key} = {}", quoted(&path.display().to_string())));
+            }
+        };
+        file("upstream_ca", self.upstream_tls.ca.as_ref());
+        file("upstream_cert", self.upstream_tls.cert.as_ref());
+        file("upstream_key", self.upstream_tls.key.as_ref());
+        file("tls_cert", self.tls.as_ref().map(|tls| &tls.cert));
+        file("tls_key", self.tls.as_ref().map(|tls| &tls.key));
+        file(
+            "tls_client_ca",
+            self.tls.as_ref().and_then(|tls| tls.client_ca.as_ref()),
+        );
+        file("admin_token_file", self.admin_token_file.as_ref());
         lines.join("\n") + "\n"
     }
 }
@@ -797,9 +966,13 @@ impl fmt::Display for GatewaySettings {
             humantime::format_duration(self.lease),
             humantime::format_duration(self.retention),
             humantime::format_duration(self.upstream_timeout),
-            self.principal_header
-                .as_ref()
-                .map_or("none (one key space)", HeaderName::as_str),
+            if self.principal_tls_subject {
+                "the client certificate's subject"
+            } else {
+                self.principal_header
+                    .as_ref()
+                    .map_or("none (one key space)", HeaderName::as_str)
+            },
             self.max_in_flight.map_or_else(
                 || "unlimited".to_owned(),
                 |limit| format!("at most {limit}")
@@ -857,7 +1030,7 @@ mod tests {
         let filed = from_file(&given, text).unwrap();
         assert_eq!(filed.max_in_flight, Some(256));
         assert_eq!(filed.routes, ["/payments/{id}", "/orders"]);
-        assert_eq!(filed.gateway().max_in_flight, Some(256));
+        assert_eq!(filed.gateway().unwrap().max_in_flight, Some(256));
 
         given.max_in_flight = Some("off".into());
         given.routes = Some("/files/{*path}, /orders,/orders".into());
@@ -1034,12 +1207,76 @@ mod tests {
             "{store}"
         );
         given.store = None;
-        given.upstream = Some("https://example.com".into());
+        given.upstream = Some("ftp://example.com".into());
         let scheme = error(&given);
         assert!(
-            scheme.contains("--upstream") && scheme.contains("plain HTTP"),
+            scheme.contains("--upstream") && scheme.contains("HTTP or HTTPS"),
             "{scheme}"
         );
+    }
+
+    #[test]
+    fn tls_files_come_in_pairs_and_fit_the_upstream_and_the_principal() {
+        let secure = || GivenSettings {
+            upstream: Some("https://api.example.com".into()),
+            ..GivenSettings::default()
+        };
+        let settings = GatewaySettings::resolve(&secure(), None).unwrap();
+        assert!(settings.upstream.is_https());
+        assert!(settings.upstream_tls.is_default());
+        assert_eq!(settings.tls, None);
+
+        let mut given = secure();
+        given.tls_cert = Some("cert.pem".into());
+        assert!(error(&given).contains("--tls-cert was given without --tls-key"));
+        given.tls_cert = None;
+        given.tls_key = Some("key.pem".into());
+        assert!(error(&given).contains("--tls-key was given without --tls-cert"));
+        given.tls_key = None;
+        given.tls_client_ca = Some("clients.pem".into());
+        assert!(error(&given).contains("needs a TLS listener"));
+        given.tls_client_ca = None;
+        given.upstream_cert = Some("client.pem".into());
+        assert!(error(&given).contains("without --upstream-key"));
+        given.upstream_cert = None;
+        given.principal_header = Some("tls-subject".into());
+        assert!(error(&given).contains("--tls-client-ca"));
+
+        let mut plain = upstream();
+        plain.upstream_ca = Some("ca.pem".into());
+        assert!(error(&plain).contains("https:// upstream"));
+
+        let text = r#"
+            upstream = "https://api.example.com"
+            upstream_ca = "/etc/idem/upstream-ca.pem"
+            tls_cert = "/etc/idem/cert.pem"
+            tls_key = "/etc/idem/key.pem"
+            tls_client_ca = "/etc/idem/clients.pem"
+            principal_header = "tls-subject"
+            admin_token_file = "/etc/idem/admin-token"
+        "#;
+        let filed = from_file(&GivenSettings::default(), text).unwrap();
+        assert!(filed.principal_tls_subject);
+        assert_eq!(
+            filed.principal_header.as_ref().map(HeaderName::as_str),
+            Some(TLS_SUBJECT_HEADER)
+        );
+        let tls = filed.tls.clone().unwrap();
+        assert_eq!(tls.cert, PathBuf::from("/etc/idem/cert.pem"));
+        assert_eq!(tls.client_ca, Some(PathBuf::from("/etc/idem/clients.pem")));
+        assert_eq!(
+            filed.admin_token_file,
+            Some(PathBuf::from("/etc/idem/admin-token"))
+        );
+        let again = from_file(&GivenSettings::default(), &filed.to_toml()).unwrap();
+        assert_eq!(again.tls, filed.tls);
+        assert_eq!(again.upstream_tls, filed.upstream_tls);
+        assert_eq!(again.admin_token_file, filed.admin_token_file);
+        assert!(again.principal_tls_subject);
+        // The CA file is read only when the gateway is set up: a missing one
+        // is named then.
+        let missing = filed.gateway().unwrap_err().to_string();
+        assert!(missing.contains("upstream-ca.pem"), "{missing}");
     }
 
     #[test]
@@ -1092,7 +1329,7 @@ mod tests {
         let defaults = GatewaySettings::resolve(&upstream(), None).unwrap();
         assert_eq!(defaults.probe, None);
         assert_eq!(defaults.spool, Some(PathBuf::from("idem.db.spool")));
-        assert_eq!(defaults.gateway().probe_template(), None);
+        assert_eq!(defaults.gateway().unwrap().probe_template(), None);
 
         let text = "upstream = \"http://127.0.0.1:9000\"\nstore = \"postgres://127.0.0.1/idem\"\nprobe = \"GET /payments/by-key/{key}\"\n";
         let filed = from_file(&GivenSettings::default(), text).unwrap();
@@ -1101,7 +1338,7 @@ mod tests {
             filed.probe.as_ref().map(ToString::to_string).as_deref(),
             Some("GET /payments/by-key/{key}")
         );
-        assert!(filed.gateway().probe_template().is_some());
+        assert!(filed.gateway().unwrap().probe_template().is_some());
         assert_eq!(
             from_file(&GivenSettings::default(), &filed.to_toml()).unwrap(),
             filed

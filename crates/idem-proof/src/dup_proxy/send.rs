@@ -14,11 +14,12 @@ use http::{HeaderMap, Method, Request, Uri};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use idem::error_chain;
 
 use super::verdict::Seen;
-use idem_http::gateway::{ClientAddr, Upstream, hop, rewrite_for, upstream_client};
+use idem_http::gateway::{
+    ClientAddr, Upstream, UpstreamConnector, hop, rewrite_for, upstream_client,
+};
 use idem_http::{IDEMPOTENT_REPLAYED, Mode, Refusal};
 
 /// A request as it came, kept so it can be sent more than once.
@@ -128,7 +129,7 @@ pub(crate) fn replayed(headers: &HeaderMap) -> bool {
 /// The upstream, its client and its timeout.
 #[derive(Debug, Clone)]
 pub(crate) struct Sender {
-    client: Client<HttpConnector, Body>,
+    client: Client<UpstreamConnector, Body>,
     upstream: Upstream,
     timeout: Duration,
 }
