@@ -1,5 +1,5 @@
 //! Kafka over SASL_SSL: the URL's settings reach librdkafka, which this
-//! build makes with TLS. No broker speaks SASL_SSL here, so the tests stop at
+//! build makes with TLS. No broker speaks SASL_SSL here, so the TLS tests stop at
 //! what the client does alone: clients are created with SASL_SSL and PLAIN or
 //! SCRAM, a CA file that is not there is an error at creation that names it,
 //! and the password shows nowhere.
@@ -97,4 +97,130 @@ async fn a_missing_ca_file_is_an_error_at_creation_that_names_it() {
     };
     assert!(error.contains("ssl.ca.location"), "{error}");
     assert!(!error.contains(PASSWORD), "{error}");
+}
+
+/// SASL/SCRAM against a real broker: the test's own tansu, which requires
+/// authentication. tansu 0.6 takes `--cert`/`--key` but does not serve TLS
+/// on its listener, so the handshake is SASL over plain TCP
+/// (`SASL_PLAINTEXT`); the SASL exchange is the one SASL_SSL runs inside TLS.
+#[path = "consumer_support/tansu.rs"]
+mod tansu;
+
+mod scram_against_tansu {
+    use std::time::Duration;
+
+    use super::tansu::Tansu;
+    use idem_broker::kafka::Settings;
+    use rdkafka::Message;
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::consumer::{Consumer, StreamConsumer};
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+
+    const USER: &str = "billing";
+    const USER_PASSWORD: &str = "scram-pw-Q7t2";
+
+    fn scram(password: &str) -> Settings {
+        Settings::new()
+            .set("security.protocol", "SASL_PLAINTEXT")
+            .set("sasl.mechanism", "SCRAM-SHA-512")
+            .set("sasl.username", USER)
+            .set("sasl.password", password)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_scram_user_publishes_and_consumes() {
+        let Some(tansu) = Tansu::start_with_users(&[(USER, USER_PASSWORD)]).await else {
+            return;
+        };
+        let brokers = tansu.brokers();
+        let settings = scram(USER_PASSWORD);
+        let topic = "scram-orders";
+        let admin: AdminClient<DefaultClientContext> = settings
+            .producer(&brokers)
+            .expect("safe settings")
+            .create()
+            .expect("an admin client");
+        let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+        let created = admin
+            .create_topics(
+                [&NewTopic::new(topic, 1, TopicReplication::Fixed(1))],
+                &options,
+            )
+            .await
+            .unwrap_or_else(|e| panic!("create a topic as {USER}: {e}; {}", tansu.log()));
+        for result in created {
+            result.unwrap_or_else(|(name, e)| panic!("create {name}: {e}"));
+        }
+
+        let producer: FutureProducer = settings
+            .producer(&brokers)
+            .expect("safe settings")
+            .create()
+            .expect("a producer");
+        producer
+            .send(
+                FutureRecord::to(topic).key("k").payload("order-1"),
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap_or_else(|(e, _)| panic!("publish as {USER}: {e}; {}", tansu.log()));
+
+        let consumer: StreamConsumer = settings
+            .consumer(&brokers, "scram-group")
+            .expect("safe settings")
+            .set("auto.offset.reset", "earliest")
+            .create()
+            .expect("a consumer");
+        consumer.subscribe(&[topic]).expect("subscribe");
+        let message = tokio::time::timeout(Duration::from_secs(30), consumer.recv())
+            .await
+            .unwrap_or_else(|_| panic!("no record within 30 s; {}", tansu.log()))
+            .expect("a record");
+        assert_eq!(message.payload(), Some(&b"order-1"[..]));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_wrong_password_is_an_authentication_error_without_the_password() {
+        let Some(tansu) = Tansu::start_with_users(&[(USER, USER_PASSWORD)]).await else {
+            return;
+        };
+        let wrong = "wrong-pw-Zr55";
+        let context = Errors::default();
+        let seen = context.0.clone();
+        let consumer: rdkafka::consumer::BaseConsumer<Errors> = scram(wrong)
+            .consumer(&tansu.brokers(), "scram-group")
+            .expect("safe settings")
+            .create_with_context(context)
+            .expect("a consumer");
+        let refused = tokio::task::spawn_blocking(move || {
+            consumer
+                .fetch_metadata(None, Duration::from_secs(5))
+                .map(|_| ())
+        })
+        .await
+        .expect("the metadata request ran");
+        assert!(refused.is_err(), "metadata with a wrong password");
+        let error = seen.lock().expect("the errors").join("; ");
+        assert!(
+            error.contains("SASL SCRAM authentication failed"),
+            "{error}"
+        );
+        assert!(!error.contains(wrong), "{error}");
+    }
+
+    /// A client context that keeps what librdkafka reports as errors.
+    #[derive(Default, Clone)]
+    struct Errors(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+    impl rdkafka::ClientContext for Errors {
+        fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+            self.0
+                .lock()
+                .expect("the errors")
+                .push(format!("{error}: {reason}"));
+        }
+    }
+
+    impl rdkafka::consumer::ConsumerContext for Errors {}
 }

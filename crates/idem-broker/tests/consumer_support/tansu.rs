@@ -21,6 +21,8 @@ pub(crate) struct Tansu {
     dir: tempfile::TempDir,
     addr: SocketAddr,
     child: Option<Child>,
+    /// Whether clients must authenticate (SASL).
+    authentication: bool,
 }
 
 fn binary() -> PathBuf {
@@ -55,7 +57,36 @@ impl Tansu {
             dir: tempfile::tempdir().expect("a data directory"),
             addr,
             child: None,
+            authentication: false,
         };
+        broker.restart().await;
+        Some(broker)
+    }
+
+    /// Starts a broker that requires SASL authentication, with these users
+    /// (name, password) for SCRAM-SHA-512, or `None` when there is no tansu
+    /// binary. tansu makes users through the broker itself, which refuses
+    /// them once it requires authentication: they are made on an open
+    /// broker over the same file, which then restarts requiring it.
+    pub(crate) async fn start_with_users(users: &[(&str, &str)]) -> Option<Self> {
+        let mut broker = Self::start().await?;
+        for (name, password) in users {
+            let output = Command::new(&broker.binary)
+                .args(["user", "create", "--mechanism", "scram512"])
+                .args(["--broker", &format!("tcp://{}", broker.addr)])
+                .args([name, password])
+                .current_dir(broker.dir.path())
+                .stdin(Stdio::null())
+                .output()
+                .unwrap_or_else(|e| panic!("run {}: {e}", broker.binary.display()));
+            assert!(
+                output.status.success(),
+                "tansu user create {name}: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        broker.kill();
+        broker.authentication = true;
         broker.restart().await;
         Some(broker)
     }
@@ -83,8 +114,12 @@ impl Tansu {
             .append(true)
             .open(self.dir.path().join("tansu.log"))
             .expect("the broker's log file");
-        let child = Command::new(&self.binary)
-            .arg("broker")
+        let mut command = Command::new(&self.binary);
+        command.arg("broker");
+        if self.authentication {
+            command.arg("--authentication");
+        }
+        let child = command
             .args(["--listener-url", &url])
             .args(["--advertised-listener-url", &url])
             .args(["--storage-engine", "sqlite://tansu.db"])
