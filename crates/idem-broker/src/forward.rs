@@ -49,8 +49,7 @@ const BODY_LIMIT: usize = 64 * 1024;
 /// Where and how messages are forwarded.
 #[derive(Debug, Clone)]
 pub struct ForwardConfig {
-    /// The endpoint (`http://...`; TLS is not built in: put the sidecar next to
-    /// the service).
+    /// The endpoint (`http://...`, or `https://...` checked per `tls`).
     pub to: Uri,
     /// How long one request may take before it counts as a failed attempt
     /// whose outcome is unknown (default 30 s).

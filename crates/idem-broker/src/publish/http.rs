@@ -17,6 +17,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use idem_core::error_chain;
 use idem_retry::{HttpPolicy, IDEMPOTENCY_KEY, Verdict, key_header_value};
 
 use super::destination::Destination;
@@ -150,8 +151,12 @@ impl Publish for HttpPublisher {
                     Verdict::DontRetry if !error.is_connect() => PublishErrorKind::Config,
                     _ => PublishErrorKind::Unavailable,
                 };
+                // The whole chain: hyper's own text ("client error
+                // (Connect)") leaves out why, e.g. a certificate that did
+                // not verify.
+                let why = error_chain(&error);
                 return Err(self
-                    .fail(kind, format!("the request failed: {error}"))
+                    .fail(kind, format!("the request failed: {why}"))
                     .with_source(error));
             }
             Ok(Ok(answer)) => answer,
