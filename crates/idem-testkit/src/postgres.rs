@@ -7,6 +7,7 @@
 //! CI), which makes it fail.
 
 use std::hash::{BuildHasher, RandomState};
+use std::path::{Path, PathBuf};
 
 use sqlx::{AssertSqlSafe, Connection, PgConnection};
 
@@ -85,4 +86,28 @@ impl Drop for TestDatabase {
             eprintln!("could not drop test database {}", self.name);
         }
     }
+}
+
+/// Where Debian and Ubuntu install the PostgreSQL server programs, one
+/// directory per major version.
+pub const INSTALLED_SERVERS: &str = "/usr/lib/postgresql";
+
+/// The newest `ROOT/VERSION/bin` that has `initdb`, `pg_ctl` and `postgres`,
+/// for a test or a campaign that starts a PostgreSQL server of its own.
+pub fn server_binaries(root: &Path) -> Option<PathBuf> {
+    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir(root)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let version = entry.file_name().to_str()?.parse::<u32>().ok()?;
+            let bin = entry.path().join("bin");
+            let complete = ["initdb", "pg_ctl", "postgres"]
+                .iter()
+                .all(|program| bin.join(program).is_file());
+            complete.then_some((version, bin))
+        })
+        .collect();
+    found.sort();
+    found.pop().map(|(_, bin)| bin)
 }

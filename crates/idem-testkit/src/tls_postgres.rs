@@ -30,10 +30,6 @@ use crate::tls::TlsPems;
 /// The variable naming a directory with `initdb`, `pg_ctl` and `postgres`.
 pub const BIN_VARIABLE: &str = "IDEM_TEST_POSTGRES_BIN";
 
-/// Where Debian and Ubuntu install the server programs, one directory per
-/// major version.
-const INSTALLED: &str = "/usr/lib/postgresql";
-
 /// Why the server could not be started.
 #[derive(Debug)]
 pub struct StartError(String);
@@ -92,7 +88,7 @@ impl TlsPostgres {
     pub fn try_start(password: &str) -> Result<TlsPostgres, StartError> {
         let bin = match std::env::var_os(BIN_VARIABLE) {
             Some(dir) => PathBuf::from(dir),
-            None => binaries_under(Path::new(INSTALLED))?,
+            None => binaries_under(Path::new(crate::postgres::INSTALLED_SERVERS))?,
         };
         let dir = tempfile::Builder::new()
             .prefix("idem-tls-pg-")
@@ -350,29 +346,13 @@ fn check(program: &str, output: std::io::Result<Output>) -> Result<(), StartErro
     Ok(())
 }
 
-/// The newest `ROOT/VERSION/bin` that has `initdb`, `pg_ctl` and `postgres`.
 fn binaries_under(root: &Path) -> Result<PathBuf, StartError> {
-    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir(root)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|entry| {
-            let version = entry.file_name().to_str()?.parse::<u32>().ok()?;
-            let bin = entry.path().join("bin");
-            let complete = ["initdb", "pg_ctl", "postgres"]
-                .iter()
-                .all(|program| bin.join(program).is_file());
-            complete.then_some((version, bin))
-        })
-        .collect();
-    found.sort();
-    match found.pop() {
-        Some((_, bin)) => Ok(bin),
-        None => Err(fail(format!(
+    crate::postgres::server_binaries(root).ok_or_else(|| {
+        fail(format!(
             "the PostgreSQL server programs (initdb, pg_ctl, postgres under {}/VERSION/bin, or in ${BIN_VARIABLE}) are not installed; install the `postgresql` package",
             root.display()
-        ))),
-    }
+        ))
+    })
 }
 
 fn running_as_root() -> Result<bool, StartError> {

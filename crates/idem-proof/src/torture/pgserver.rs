@@ -46,7 +46,7 @@ pub(super) struct PrivatePostgres {
 impl PrivatePostgres {
     /// Creates a cluster and starts it on a free loopback port.
     pub(super) fn start() -> anyhow::Result<Self> {
-        let bin = binaries_under(Path::new(INSTALLED))?;
+        let bin = binaries_under(Path::new(idem_testkit::postgres::INSTALLED_SERVERS))?;
         let dir = tempfile::Builder::new()
             .prefix("idem-torture-pg-")
             .tempdir()
@@ -194,28 +194,10 @@ fn check(program: &str, output: std::io::Result<Output>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Where Debian and Ubuntu install the server programs, one directory per
-/// major version.
-const INSTALLED: &str = "/usr/lib/postgresql";
-
 /// The newest `ROOT/VERSION/bin` that has `initdb`, `pg_ctl` and `postgres`.
 fn binaries_under(root: &Path) -> anyhow::Result<PathBuf> {
-    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir(root)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|entry| {
-            let version = entry.file_name().to_str()?.parse::<u32>().ok()?;
-            let bin = entry.path().join("bin");
-            let complete = ["initdb", "pg_ctl", "postgres"]
-                .iter()
-                .all(|program| bin.join(program).is_file());
-            complete.then_some((version, bin))
-        })
-        .collect();
-    found.sort();
-    match found.pop() {
-        Some((_, bin)) => Ok(bin),
+    match idem_testkit::postgres::server_binaries(root) {
+        Some(bin) => Ok(bin),
         None => bail!(
             "the PostgreSQL server programs (initdb, pg_ctl, postgres under {}/VERSION/bin) are not installed; install the `postgresql` package (apt-get install postgresql)",
             root.display()
