@@ -3,6 +3,10 @@
 //! `/healthz` says it is reconnecting while the cut lasts, and every message
 //! published before and during the cut reaches the endpoint once per key.
 
+mod common;
+
+use common::free_port;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
@@ -12,12 +16,7 @@ use std::time::{Duration, Instant};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use idem_testkit::faultproxy::{FaultProxy, Mode};
-use lapin::options::{BasicPublishOptions, QueueDeclareOptions, QueueDeleteOptions};
-use lapin::types::FieldTable;
-use lapin::{BasicProperties, Connection, ConnectionProperties};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-const AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 
 /// Calls per key.
 type Calls = Arc<Mutex<HashMap<String, u32>>>;
@@ -43,15 +42,6 @@ async fn endpoint() -> (Calls, SocketAddr) {
         axum::serve(listener, app).await.ok();
     });
     (calls, addr)
-}
-
-/// A free loopback port for the admin listener.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// The status line and body of `GET /healthz`, or `None` while nothing
@@ -93,37 +83,10 @@ impl Drop for Running {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idem_forward_outlives_a_cut_broker_connection_and_says_so_on_healthz() {
-    let connection = match Connection::connect(AMQP_URL, ConnectionProperties::default()).await {
-        Ok(connection) => connection,
-        Err(error) => {
-            idem_testkit::services::missing_service("RabbitMQ", &error.to_string());
-            return;
-        }
+    let Some(queue) = common::TestQueue::declare("idem-t-forward").await else {
+        return;
     };
-    let channel = connection.create_channel().await.unwrap();
-    let queue = format!("idem-t-forward-{}", free_port());
-    channel
-        .queue_declare(
-            queue.as_str().into(),
-            QueueDeclareOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    let publish = async |key: &str| {
-        channel
-            .basic_publish(
-                "".into(),
-                queue.as_str().into(),
-                BasicPublishOptions::default(),
-                b"{}",
-                BasicProperties::default().with_message_id(key.into()),
-            )
-            .await
-            .unwrap()
-            .await
-            .unwrap();
-    };
+    let publish = async |key: &str| queue.publish(key).await;
 
     let (calls, hook) = endpoint().await;
     let proxy = FaultProxy::start("127.0.0.1:5672".parse().unwrap())
@@ -132,7 +95,7 @@ async fn idem_forward_outlives_a_cut_broker_connection_and_says_so_on_healthz() 
     let dir = tempfile::tempdir().unwrap();
     let store = format!("sqlite://{}", dir.path().join("idem.db").display());
     let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let from = format!("amqp://guest:guest@{}/{queue}", proxy.addr());
+    let from = format!("amqp://guest:guest@{}/{}", proxy.addr(), queue.name);
     let mut forward = Running(
         Command::new(env!("CARGO_BIN_EXE_idem"))
             .args(["--store", &store, "forward", "--from", &from])
@@ -158,7 +121,7 @@ async fn idem_forward_outlives_a_cut_broker_connection_and_says_so_on_healthz() 
 
     proxy.set(Mode::Drop);
     until("/healthz reports the lost connection", async || {
-        matches!(healthz(admin).await, Some((503, body)) if body.contains("reconnecting") && body.contains(&queue))
+        matches!(healthz(admin).await, Some((503, body)) if body.contains("reconnecting") && body.contains(&queue.name))
     })
     .await;
     for i in 0..5 {
@@ -182,18 +145,14 @@ async fn idem_forward_outlives_a_cut_broker_connection_and_says_so_on_healthz() 
 
     let calls = calls.lock().unwrap().clone();
     assert_eq!(calls.len(), 10, "every key reached the endpoint: {calls:?}");
-    channel
-        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
-        .await
-        .ok();
+    queue.delete().await;
 }
 
 /// What connecting again cannot fix ends `idem forward` at once, with status
 /// 1 and what to change: here a queue that does not exist.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idem_forward_exits_for_a_missing_queue_saying_what_to_do() {
-    if let Err(error) = Connection::connect(AMQP_URL, ConnectionProperties::default()).await {
-        idem_testkit::services::missing_service("RabbitMQ", &error.to_string());
+    if !common::rabbitmq_answers().await {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -3,6 +3,8 @@
 //! test CA: with that CA every message arrives; with another CA nothing
 //! does, and the dead letter says the certificate did not verify.
 
+mod common;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -14,15 +16,10 @@ use std::time::{Duration, Instant};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use idem_testkit::tls::TestCa;
-use lapin::options::{BasicPublishOptions, QueueDeclareOptions, QueueDeleteOptions};
-use lapin::types::FieldTable;
-use lapin::{BasicProperties, Connection, ConnectionProperties};
 use rustls::pki_types::PrivateKeyDer;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
-
-const AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 
 /// Calls per key.
 type Calls = Arc<Mutex<HashMap<String, u32>>>;
@@ -99,15 +96,6 @@ async fn https_endpoint(ca: &TestCa) -> (Calls, Arc<AtomicUsize>, SocketAddr) {
     (calls, handshakes, addr)
 }
 
-/// A free loopback port, for a queue name of the test's own.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 async fn until(what: &str, mut done: impl AsyncFnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(60);
     while !done().await {
@@ -162,37 +150,10 @@ async fn dead_letters(store: &str) -> serde_json::Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idem_forward_reaches_an_https_endpoint_with_to_ca_and_refuses_another_ca() {
-    let connection = match Connection::connect(AMQP_URL, ConnectionProperties::default()).await {
-        Ok(connection) => connection,
-        Err(error) => {
-            idem_testkit::services::missing_service("RabbitMQ", &error.to_string());
-            return;
-        }
+    let Some(queue) = common::TestQueue::declare("idem-t-forward-tls").await else {
+        return;
     };
-    let channel = connection.create_channel().await.unwrap();
-    let queue = format!("idem-t-forward-tls-{}", free_port());
-    channel
-        .queue_declare(
-            queue.as_str().into(),
-            QueueDeclareOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    let publish = async |key: &str| {
-        channel
-            .basic_publish(
-                "".into(),
-                queue.as_str().into(),
-                BasicPublishOptions::default(),
-                b"{}",
-                BasicProperties::default().with_message_id(key.into()),
-            )
-            .await
-            .unwrap()
-            .await
-            .unwrap();
-    };
+    let publish = async |key: &str| queue.publish(key).await;
 
     let ca = TestCa::new("Idem forward CLI test CA");
     let (calls, handshakes, addr) = https_endpoint(&ca).await;
@@ -202,7 +163,7 @@ async fn idem_forward_reaches_an_https_endpoint_with_to_ca_and_refuses_another_c
     let other_ca_file = dir.path().join("other-ca.pem");
     std::fs::write(&other_ca_file, TestCa::new("Idem other CA").pem()).unwrap();
     let store = format!("sqlite://{}", dir.path().join("idem.db").display());
-    let from = format!("amqp://guest:guest@127.0.0.1:5672/{queue}");
+    let from = format!("amqp://guest:guest@127.0.0.1:5672/{}", queue.name);
     let to = format!("https://127.0.0.1:{}/hook", addr.port());
 
     // The endpoint's CA: every message arrives, each with its key.
@@ -242,8 +203,5 @@ async fn idem_forward_reaches_an_https_endpoint_with_to_ca_and_refuses_another_c
     assert_eq!(calls.lock().unwrap().get("order-3"), None);
     assert_eq!(handshakes.load(Ordering::SeqCst), before, "no handshake");
 
-    channel
-        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
-        .await
-        .ok();
+    queue.delete().await;
 }
