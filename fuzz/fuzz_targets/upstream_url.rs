@@ -1,6 +1,6 @@
 //! The gateway's upstream URL (`idem serve --upstream`, `upstream` in its
-//! config file): what parses shows as `http://AUTHORITY/BASE` and parses
-//! back to the same upstream.
+//! config file): what parses shows as `http://AUTHORITY/BASE` or
+//! `https://AUTHORITY/BASE` and parses back to the same upstream.
 #![no_main]
 
 use idem_http::gateway::Upstream;
@@ -11,7 +11,10 @@ fuzz_target!(|text: &str| {
         return;
     };
     let shown = upstream.to_string();
-    assert!(shown.starts_with("http://"), "{shown:?}");
+    assert!(
+        shown.starts_with("http://") || shown.starts_with("https://"),
+        "{shown:?}"
+    );
     let again = shown
         .parse::<Upstream>()
         .unwrap_or_else(|e| panic!("{shown:?} (from {text:?}) does not parse back: {e}"));
