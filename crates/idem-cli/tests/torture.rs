@@ -202,7 +202,7 @@ fn a_short_campaign_cuts_and_restarts_the_dependencies_and_finds_no_violation() 
     if scenarios.is_empty() {
         return;
     }
-    let output = campaign(&scenarios, 2, report.path(), Duration::from_secs(150));
+    let output = campaign(&scenarios, 2, report.path(), Duration::from_secs(210));
     rows_are_clean(&output, &scenarios, 2, report.path());
     // Two trials: both restart modes, both kinds of cut.
     let page = std::fs::read_to_string(report.path().join("index.html")).unwrap();

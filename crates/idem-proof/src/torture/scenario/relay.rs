@@ -23,8 +23,11 @@ use crate::torture::relay;
 use crate::torture::verdict::{Explanations, judge};
 
 /// How long a relay trial waits, once its clients are done and its broker
-/// healed, for every acknowledged key to reach the downstream.
-pub(super) const DRAIN_WAIT: Duration = Duration::from_secs(20);
+/// healed, for every acknowledged key to reach the downstream: longer than
+/// a consumer's connect timeout (30 s), since an attempt that began just as
+/// the cut ended may hang until that timeout gives up on it and connects
+/// again. A trial whose keys all arrived stops waiting at once.
+pub(super) const DRAIN_WAIT: Duration = Duration::from_secs(45);
 
 /// Where the relay publishes and what `idem forward` consumes, for one
 /// trial, with what to delete at its end.
