@@ -164,9 +164,16 @@ fn tls_failure(error: &rustls::Error, at: &Endpoint) -> (ErrorKind, String) {
         rustls::Error::InvalidCertificate(_) => format!(
             "the TLS certificate of PostgreSQL at {at} did not verify ({error}); sslrootcert in the URL must name the PEM file of the authority that signed the server's certificate (without sslrootcert, the system's trust store is used)"
         ),
-        other => format!(
-            "TLS with PostgreSQL at {at} failed: {other}; check the sslmode, sslrootcert, sslcert and sslkey in the URL"
-        ),
+        // Not a verdict on the certificate: a handshake the connection's
+        // loss cut short, which connecting again may mend.
+        other => {
+            return (
+                ErrorKind::Unavailable,
+                format!(
+                    "TLS with PostgreSQL at {at} failed: {other}; if it goes on, check the sslmode, sslrootcert, sslcert and sslkey in the URL"
+                ),
+            );
+        }
     };
     (ErrorKind::Config, message)
 }
@@ -195,10 +202,12 @@ fn classify(error: &sqlx::Error, at: &Endpoint) -> (ErrorKind, String) {
                     "PostgreSQL at {at} does not offer TLS, and the URL's sslmode (require, verify-ca or verify-full) demands it; turn ssl on in the server's configuration, or connect to one that has it"
                 ),
             ),
+            // The upgrade to TLS failed on the way (with sslmode=prefer, a
+            // connection closed while asking): retried like a lost connection.
             None => (
-                ErrorKind::Config,
+                ErrorKind::Unavailable,
                 format!(
-                    "TLS with PostgreSQL at {at} failed: {e}; check the sslmode, sslrootcert, sslcert and sslkey in the URL"
+                    "TLS with PostgreSQL at {at} failed: {e}; if it goes on, check the sslmode, sslrootcert, sslcert and sslkey in the URL"
                 ),
             ),
         },
