@@ -249,12 +249,15 @@ fn guarded(app: Router, token: Option<AdminToken>) -> Router {
 /// The admin listener of a process without a store (`idem dup-proxy`):
 /// installs the Prometheus recorder, binds `addr` and serves `/metrics`, a
 /// `/healthz` that answers `200 ok` while the process runs, and `routes`
-/// (a report, say) in a task of its own. Only on a loopback address.
+/// (a report, say) in a task of its own. With a bearer token, everything
+/// but `/healthz` requires it; without one, only a loopback `addr` is
+/// accepted ([`AdminError::TokenRequired`]).
 pub async fn start_admin_without_store(
     addr: SocketAddr,
     routes: Router,
+    token: Option<AdminToken>,
 ) -> Result<AdminServer, AdminError> {
-    check_access(addr, None)?;
+    check_access(addr, token.as_ref())?;
     let metrics = metrics_recorder()?;
     let app = routes
         .route(
@@ -273,6 +276,7 @@ pub async fn start_admin_without_store(
                 }
             }),
         );
+    let app = guarded(app, token);
     spawn(addr, move |listener, shutdown| async move {
         axum::serve(listener, app)
             .with_graceful_shutdown(shutdown)

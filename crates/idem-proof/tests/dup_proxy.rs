@@ -205,6 +205,7 @@ async fn concurrent_copies_single_out_the_naive_route() {
     let admin = idem_http::admin::start_admin_without_store(
         "127.0.0.1:0".parse().unwrap(),
         running.proxy.report_routes(),
+        None,
     )
     .await
     .unwrap();
@@ -379,4 +380,58 @@ async fn an_unreachable_upstream_gets_502_with_a_readable_body() {
         .filter(|e| matches!(e, Event::Fail { answer: None, .. }))
         .count();
     assert_eq!((events.len(), fails), (4, 2), "{events:?}");
+}
+
+#[tokio::test]
+async fn the_admin_listener_with_a_token_guards_the_report_and_metrics() {
+    let upstream = Upstream::default();
+    let up = upstream.start().await;
+    let running = Running::start(config(up)).await;
+    let token = idem_http::admin::AdminToken::new("proxy-admin-t0ken").unwrap();
+
+    let open = idem_http::admin::start_admin_without_store(
+        "0.0.0.0:0".parse().unwrap(),
+        running.proxy.report_routes(),
+        None,
+    )
+    .await;
+    let Err(refused) = open else {
+        panic!("a listener on every address needs a token");
+    };
+    assert!(
+        refused.to_string().contains("--admin-token-file"),
+        "{refused}"
+    );
+
+    let admin = idem_http::admin::start_admin_without_store(
+        "127.0.0.1:0".parse().unwrap(),
+        running.proxy.report_routes(),
+        Some(token),
+    )
+    .await
+    .unwrap();
+    let get = |path: &str, bearer: Option<&str>| {
+        let mut request = axum::http::Request::get(format!("http://{}{path}", admin.local_addr()));
+        if let Some(bearer) = bearer {
+            request = request.header("authorization", format!("Bearer {bearer}"));
+        }
+        let request = request.body(Full::new(Bytes::new())).unwrap();
+        async move { client().request(request).await.unwrap().status() }
+    };
+    assert_eq!(get("/report", None).await, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        get("/metrics", Some("wrong")).await,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        get("/report", Some("proxy-admin-t0ken")).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        get("/metrics", Some("proxy-admin-t0ken")).await,
+        StatusCode::OK
+    );
+    assert_eq!(get("/healthz", None).await, StatusCode::OK);
+    admin.stop().await;
+    running.stop().await;
 }

@@ -67,11 +67,14 @@ pub struct Reconnect {
 pub const DEFAULT_RECONNECT_MIN: Duration = Duration::from_millis(100);
 /// The default largest ceiling of the reconnect backoff: 30 s.
 pub const DEFAULT_RECONNECT_MAX: Duration = Duration::from_secs(30);
-/// The default time one connect attempt may take: 30 s.
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+/// The default time one connect attempt may take, handshake included: 10 s.
+/// A broker answers a connect in milliseconds; one that accepted the TCP
+/// connection and then says nothing (a cut that has just healed, a listener
+/// behind a stalled proxy) is given up on well before the backoff's ceiling.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Default for Reconnect {
-    /// 100 ms doubling up to 30 s; 30 s per connect attempt.
+    /// 100 ms doubling up to 30 s; 10 s per connect attempt.
     fn default() -> Self {
         Self {
             backoff: Backoff::new(DEFAULT_RECONNECT_MIN, DEFAULT_RECONNECT_MAX, 1),
@@ -98,6 +101,11 @@ impl Reconnect {
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
+    }
+
+    /// How long one connect attempt may take.
+    pub fn connect_timeout_value(&self) -> Duration {
+        self.connect_timeout
     }
 
     /// The first ceiling.

@@ -93,7 +93,10 @@ impl<S: OutboxStore + DeadLetterStore> Relay<S> {
     pub fn new(store: S, config: RelayConfig) -> Self {
         let clock = store.outbox_clock();
         let owner = format!("relay-{}-{:08x}", std::process::id(), rand::random::<u32>());
-        let publishers = Publishers::new(config.connect.clone());
+        let publishers = Publishers::new(
+            config.connect.clone(),
+            config.reconnect.connect_timeout_value(),
+        );
         Self {
             store,
             config,

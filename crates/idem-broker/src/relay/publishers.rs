@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use idem::health;
 use tokio::sync::Mutex;
@@ -15,19 +16,24 @@ use crate::publish::{
     self, ConnectOptions, Destination, PublishError, PublishErrorKind, Publisher,
 };
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Publishers {
     open: Mutex<HashMap<Destination, Arc<Publisher>>>,
     health: std::sync::Mutex<HashMap<Destination, health::Connection>>,
     options: ConnectOptions,
+    connect_timeout: Duration,
 }
 
 impl Publishers {
-    /// None open yet; each is opened with `options`.
-    pub(super) fn new(options: ConnectOptions) -> Self {
+    /// None open yet; each is opened with `options`, and an attempt to open
+    /// one that takes longer than `connect_timeout` (a broker that accepted
+    /// the connection and says nothing) counts as a lost connection.
+    pub(super) fn new(options: ConnectOptions, connect_timeout: Duration) -> Self {
         Self {
             options,
-            ..Self::default()
+            connect_timeout,
+            open: Mutex::default(),
+            health: std::sync::Mutex::default(),
         }
     }
 
@@ -40,7 +46,20 @@ impl Publishers {
         if let Some(publisher) = open.get(destination) {
             return Ok(Arc::clone(publisher));
         }
-        let publisher = match publish::connect_with(destination, &self.options).await {
+        let connect = publish::connect_with(destination, &self.options);
+        let connected = tokio::time::timeout(self.connect_timeout, connect)
+            .await
+            .unwrap_or_else(|_| {
+                Err(PublishError::new(
+                    PublishErrorKind::Unavailable,
+                    destination.redacted(),
+                    format!(
+                        "no answer to the connect within {}",
+                        humantime::format_duration(self.connect_timeout)
+                    ),
+                ))
+            });
+        let publisher = match connected {
             Ok(publisher) => Arc::new(publisher),
             Err(error) => {
                 self.mark(destination, Some(&error));

@@ -20,6 +20,7 @@ mod upkeep;
 
 use anyhow::Context;
 use idem::{AnyStore, StoreLocation};
+use idem_broker::consume::Reconnect;
 
 use crate::cli::{Cli, Command, KeysCommand};
 
@@ -39,8 +40,14 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Demo(args) => demo::run(store.map(parse).transpose()?, &args).await,
         Command::Bench(command) => idem_bench::run(store.map(parse).transpose()?, &command).await,
         Command::Serve(args) => serve::run(store, &args, key_in_spans).await,
-        Command::Forward(args) => forward::run(open(store).await?, &args, key_in_spans).await,
-        Command::Relay(args) => relay::run(open(store).await?, &args, key_in_spans).await,
+        Command::Forward(args) => {
+            let opened = open_waiting(store, args.reconnect.reconnect()).await?;
+            forward::run(opened, &args, key_in_spans).await
+        }
+        Command::Relay(args) => {
+            let opened = open_waiting(store, args.reconnect.reconnect()).await?;
+            relay::run(opened, &args, key_in_spans).await
+        }
         Command::Dlq(command) => dlq::run(open(store).await?, command).await,
         Command::DupProxy(args) => dup_proxy::run(&args).await,
         Command::Check(args) => check::run(store, &args).await,
@@ -80,6 +87,46 @@ async fn open(store: Option<&str>) -> anyhow::Result<AnyStore> {
     AnyStore::open(&location)
         .await
         .with_context(|| format!("cannot open the store at {location}"))
+}
+
+/// Opens the store of a long-running command (`idem forward`, `idem relay`):
+/// a database server that does not answer yet (restarting, behind a network
+/// cut) is waited for with the reconnect backoff, for as long as it takes, as
+/// the same command waits for a lost connection once it runs. What waiting
+/// cannot fix (a wrong URL, refused credentials, a certificate that does not
+/// verify, an embedded database file that cannot be opened) ends the command
+/// at once.
+async fn open_waiting(store: Option<&str>, reconnect: Reconnect) -> anyhow::Result<AnyStore> {
+    let location = location(store)?;
+    let mut attempt = 0;
+    loop {
+        match AnyStore::open(&location).await {
+            Ok(store) => return Ok(store),
+            Err(idem::Error::Store(error))
+                if error.kind() == idem::ErrorKind::Unavailable
+                    && !matches!(location, StoreLocation::Sqlite(_)) =>
+            {
+                let delay = reconnect.delay(attempt);
+                tracing::warn!(
+                    store = %location,
+                    error = %idem::error_chain(&error),
+                    retry_in_ms = delay.as_millis() as u64,
+                    "the store does not answer yet; trying again"
+                );
+                if attempt == 0 {
+                    eprintln!(
+                        "the store at {location} does not answer yet ({}); trying again until it does (Ctrl-C stops)",
+                        idem::error_chain(&error)
+                    );
+                }
+                tokio::time::sleep(delay).await;
+                attempt = attempt.saturating_add(1);
+            }
+            Err(error) => {
+                return Err(error).with_context(|| format!("cannot open the store at {location}"));
+            }
+        }
+    }
 }
 
 #[cfg(test)]

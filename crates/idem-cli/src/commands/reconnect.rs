@@ -1,5 +1,5 @@
 //! The flags `idem forward` and `idem relay` share for outliving their
-//! connections: the reconnect backoff and the watchdog.
+//! connections: the reconnect backoff, the connect timeout and the watchdog.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::Args;
 use idem_broker::consume::Reconnect;
 
-/// `--reconnect-min`, `--reconnect-max`, `--watchdog`.
+/// `--reconnect-min`, `--reconnect-max`, `--connect-timeout`.
 #[derive(Debug, Clone, Args)]
 pub(crate) struct ReconnectArgs {
     /// The first ceiling of the full-jitter backoff between attempts to make
@@ -18,6 +18,10 @@ pub(crate) struct ReconnectArgs {
     /// takes.
     #[arg(long, value_name = "DURATION", default_value = "30s")]
     pub reconnect_max: humantime::Duration,
+    /// How long one attempt to connect to a broker may take, handshake
+    /// included, before it counts as failed and the next one is drawn.
+    #[arg(long, value_name = "DURATION", default_value = "10s")]
+    pub connect_timeout: humantime::Duration,
 }
 
 impl ReconnectArgs {
@@ -26,6 +30,7 @@ impl ReconnectArgs {
         Reconnect::default()
             .min(self.reconnect_min.into())
             .max(Duration::from(self.reconnect_max).max(self.reconnect_min.into()))
+            .connect_timeout(self.connect_timeout.into())
     }
 }
 

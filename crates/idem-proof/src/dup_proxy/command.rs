@@ -12,6 +12,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
+use idem_http::admin::AdminToken;
 use idem_http::gateway::{Upstream, parse_duration, parse_size};
 use tokio::net::TcpListener;
 
@@ -51,6 +52,11 @@ pub struct DupProxyArgs {
     /// Serve /report (JSON), /metrics (Prometheus) and /healthz on this address.
     #[arg(long, value_name = "ADDR")]
     pub admin_listen: Option<SocketAddr>,
+    /// A file holding the bearer token the admin listener requires
+    /// (Authorization: Bearer TOKEN) on everything but /healthz; needed when
+    /// --admin-listen is not a loopback address [default: none].
+    #[arg(long, value_name = "FILE")]
+    pub admin_token_file: Option<PathBuf>,
     /// Largest request body held to be sent twice; larger ones are streamed
     /// to the upstream once.
     #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "1MiB")]
@@ -102,9 +108,15 @@ pub async fn run(
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {} (--listen)", args.listen))?;
+    let token = args
+        .admin_token_file
+        .as_deref()
+        .map(AdminToken::read)
+        .transpose()
+        .context("--admin-token-file")?;
     let admin = match args.admin_listen {
         Some(addr) => Some(
-            idem_http::admin::start_admin_without_store(addr, proxy.report_routes())
+            idem_http::admin::start_admin_without_store(addr, proxy.report_routes(), token)
                 .await
                 .context("--admin-listen")?,
         ),
