@@ -356,9 +356,6 @@ async fn the_relay_outlives_cut_broker_and_database_connections() {
         .unwrap();
     let mut url = url::Url::parse(&db.url).unwrap();
     url.set_port(Some(pg_proxy.addr().port())).unwrap();
-    // A plain connection: the cut is of the connection, not of a TLS
-    // negotiation (sslmode=prefer asks the server for TLS on every connect).
-    url.query_pairs_mut().append_pair("sslmode", "disable");
     let relayed = AnyStore::Postgres(idem::PgStore::connect(url.as_str()).await.unwrap());
     let direct = AnyStore::Postgres(idem::PgStore::connect(&db.url).await.unwrap());
     outbox::migrate(&direct).await.unwrap();

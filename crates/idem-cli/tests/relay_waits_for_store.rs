@@ -64,7 +64,6 @@ async fn a_relay_started_while_the_store_is_cut_waits_for_it_and_relays() {
     proxy.set(Mode::Drop);
     let mut url = url::Url::parse(db.url()).unwrap();
     url.set_port(Some(proxy.addr().port())).unwrap();
-    url.query_pairs_mut().append_pair("sslmode", "disable");
     let mut relay = Command::new(env!("CARGO_BIN_EXE_idem"))
         .args(["--store", url.as_str(), "relay", "--poll", "100ms"])
         .args(["--reconnect-min", "50ms", "--reconnect-max", "300ms"])

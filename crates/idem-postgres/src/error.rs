@@ -313,6 +313,15 @@ fn classify(error: &sqlx::Error, at: &Endpoint) -> (ErrorKind, String) {
                 ),
             ),
         },
+        // The driver reads the one-byte answer to its TLS request (sslmode
+        // prefer and stronger ask on every connect) and reports a connection
+        // closed before it as a zero byte the server never sent.
+        E::Protocol(text) if text.starts_with("unexpected response from SSLRequest: 0x00") => (
+            ErrorKind::Unavailable,
+            format!(
+                "the connection to PostgreSQL at {at} closed before the server answered its TLS request: the server went away, or the path to it was cut; is the server running and accepting connections there?"
+            ),
+        ),
         other => (ErrorKind::Other, format!("PostgreSQL at {at}: {other}")),
     }
 }
@@ -348,6 +357,16 @@ mod tests {
         assert_eq!(
             store_error(sqlx::Error::PoolClosed, &endpoint()).kind(),
             ErrorKind::Unavailable
+        );
+        let closed_at_tls_request =
+            sqlx::Error::Protocol("unexpected response from SSLRequest: 0x00".into());
+        let error = store_error(closed_at_tls_request, &endpoint());
+        assert_eq!(error.kind(), ErrorKind::Unavailable);
+        assert!(error.to_string().contains("closed before"), "{error}");
+        let odd_answer = sqlx::Error::Protocol("unexpected response from SSLRequest: 0x45".into());
+        assert_eq!(
+            store_error(odd_answer, &endpoint()).kind(),
+            ErrorKind::Other
         );
     }
 
