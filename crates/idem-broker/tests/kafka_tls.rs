@@ -258,11 +258,14 @@ impl Secured {
     async fn publish_and_consume_once(&self, settings: &Settings, group: &str) {
         let topic = self.topic(settings).await;
         let to = self.destination(&topic, settings);
-        let publisher = publish::connect(&to)
-            .await
-            .unwrap_or_else(|e| panic!("connect the publisher: {}; {}", chain(&e), self.diagnosis()));
+        let publisher = publish::connect(&to).await.unwrap_or_else(|e| {
+            panic!("connect the publisher: {}; {}", chain(&e), self.diagnosis())
+        });
         for key in ["order-1", "order-1", "order-2"] {
-            let message = Message::new(IdempotencyKey::new(key).unwrap(), br#"{"amount": 10}"#.to_vec());
+            let message = Message::new(
+                IdempotencyKey::new(key).unwrap(),
+                br#"{"amount": 10}"#.to_vec(),
+            );
             publisher
                 .publish(&message)
                 .await
@@ -287,7 +290,10 @@ impl Secured {
         let stats = running.stop().await;
         assert_eq!(bank.ledger().await, ["order-1", "order-2"], "{stats:?}");
         assert_eq!((stats.applied, stats.replayed), (2, 1), "{stats:?}");
-        assert_eq!(self.committed(settings, &topic, group).await, Offset::Offset(3));
+        assert_eq!(
+            self.committed(settings, &topic, group).await,
+            Offset::Offset(3)
+        );
     }
 
     /// The offset `group` committed on partition 0 of `topic`, asked through
@@ -490,7 +496,10 @@ async fn a_wrong_password_says_authentication_failed_and_is_never_printed() {
         }
     }
     let logs = String::from_utf8_lossy(&logs.lock().unwrap()).into_owned();
-    assert!(logs.contains("consuming"), "the logs were not captured: {logs}");
+    assert!(
+        logs.contains("consuming"),
+        "the logs were not captured: {logs}"
+    );
     assert!(
         logs.contains("librdkafka reported an error"),
         "librdkafka's errors were not captured: {logs}"

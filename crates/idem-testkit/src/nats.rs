@@ -92,9 +92,10 @@ impl NatsServer {
     ) -> Option<Self> {
         let mut text = String::new();
         writeln!(text, "operator: {:?}", operator.jwt()).unwrap();
+        writeln!(text, "system_account: {}", operator.system.public_key()).unwrap();
         writeln!(text, "resolver: MEMORY").unwrap();
         writeln!(text, "resolver_preload: {{").unwrap();
-        for account in accounts {
+        for account in std::iter::once(&&operator.system).chain(accounts) {
             writeln!(text, "  {}: {:?}", account.public_key(), account.jwt()).unwrap();
         }
         writeln!(text, "}}").unwrap();
@@ -144,10 +145,12 @@ pub fn free_port() -> u16 {
 }
 
 /// An operator: the root of trust of a server in operator mode, a key pair
-/// and its self-signed JWT.
+/// and its self-signed JWT, with the system account the server needs (for
+/// JetStream's internal subscriptions).
 pub struct Operator {
     key: nkeys::KeyPair,
     jwt: String,
+    system: Account,
 }
 
 /// An account an [`Operator`] signed, with JetStream enabled and no limits.
@@ -180,13 +183,19 @@ impl Operator {
     /// A new operator named `name`.
     pub fn new(name: &str) -> Self {
         let key = nkeys::KeyPair::new_operator();
+        let system = nkeys::KeyPair::new_account();
         let jwt = jwt::encode(
             &key,
             &key.public_key(),
             name,
-            serde_json::json!({ "type": "operator", "version": 2 }),
+            serde_json::json!({
+                "system_account": system.public_key(),
+                "type": "operator",
+                "version": 2,
+            }),
         );
-        Self { key, jwt }
+        let system = Account::signed(&key, system, "SYS", false);
+        Self { key, jwt, system }
     }
 
     /// Its public key (`O...`).
@@ -201,29 +210,37 @@ impl Operator {
 
     /// A new account named `name`, signed by this operator.
     pub fn account(&self, name: &str) -> Account {
-        let key = nkeys::KeyPair::new_account();
+        Account::signed(&self.key, nkeys::KeyPair::new_account(), name, true)
+    }
+}
+
+impl Account {
+    /// The account of `key`, signed by `operator`, with or without JetStream.
+    fn signed(operator: &nkeys::KeyPair, key: nkeys::KeyPair, name: &str, jetstream: bool) -> Self {
+        let mut limits = serde_json::json!({
+            "subs": -1, "data": -1, "payload": -1,
+            "imports": -1, "exports": -1, "wildcards": true,
+            "conn": -1, "leaf": -1,
+        });
+        if jetstream {
+            for limit in ["mem_storage", "disk_storage", "streams", "consumer"] {
+                limits[limit] = serde_json::json!(-1);
+            }
+        }
         let jwt = jwt::encode(
-            &self.key,
+            operator,
             &key.public_key(),
             name,
             serde_json::json!({
-                "limits": {
-                    "subs": -1, "data": -1, "payload": -1,
-                    "imports": -1, "exports": -1, "wildcards": true,
-                    "conn": -1, "leaf": -1,
-                    "mem_storage": -1, "disk_storage": -1,
-                    "streams": -1, "consumer": -1,
-                },
+                "limits": limits,
                 "default_permissions": { "pub": {}, "sub": {} },
                 "type": "account",
                 "version": 2,
             }),
         );
-        Account { key, jwt }
+        Self { key, jwt }
     }
-}
 
-impl Account {
     /// Its public key (`A...`).
     pub fn public_key(&self) -> String {
         self.key.public_key()

@@ -193,12 +193,11 @@ mod tests {
     fn client(ca: &TestCa, identity: Option<&Issued>) -> TlsConnector {
         let mut roots = RootCertStore::empty();
         roots.add(ca.der()).unwrap();
-        let builder = ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots);
+        let builder =
+            ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_root_certificates(roots);
         let config = match identity {
             None => builder.with_no_client_auth(),
             Some(issued) => builder
@@ -258,11 +257,7 @@ mod tests {
         // TLS 1.3: the client learns of the refusal at its first read.
         assert!(round_trip(&client(&ca, None), proxy.addr()).await.is_err());
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while !proxy
-            .failures()
-            .iter()
-            .any(|f| f.contains("certificate"))
-        {
+        while !proxy.failures().iter().any(|f| f.contains("certificate")) {
             assert!(
                 std::time::Instant::now() < deadline,
                 "{:?}",

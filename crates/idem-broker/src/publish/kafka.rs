@@ -91,7 +91,8 @@ impl KafkaPublisher {
                 )
             })?;
         let checked = {
-            let (producer, topic, reasons) = (producer.clone(), topic.clone(), Arc::clone(&reasons));
+            let (producer, topic, reasons) =
+                (producer.clone(), topic.clone(), Arc::clone(&reasons));
             // Up to 10 s; the producer's own thread serves librdkafka's error
             // events, and a refused handshake or authentication ends the wait.
             tokio::task::spawn_blocking(move || {
@@ -102,10 +103,14 @@ impl KafkaPublisher {
                         .fetch_metadata(Some(&topic), Duration::from_secs(1))
                         .map(|m| {
                             m.topics().iter().any(|t| {
-                                t.name() == topic && t.error().is_none() && !t.partitions().is_empty()
+                                t.name() == topic
+                                    && t.error().is_none()
+                                    && !t.partitions().is_empty()
                             })
                         });
-                    let refused = reasons.refusal().is_some_and(|r| r.kind != RefusalKind::Tls);
+                    let refused = reasons
+                        .refusal()
+                        .is_some_and(|r| r.kind != RefusalKind::Tls);
                     if attempt.is_ok() || refused || Instant::now() >= deadline {
                         return attempt;
                     }
