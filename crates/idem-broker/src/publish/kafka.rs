@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::ClientContext;
+use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
@@ -24,7 +25,7 @@ use super::destination::{Destination, RecordKey};
 use super::error::{PublishError, PublishErrorKind};
 use super::message::{Message, Publish};
 use crate::kafka::KEY_HEADER;
-use crate::kafka::refusal::{Reasons, RefusalKind};
+use crate::kafka::refusal::{Reasons, report_failures};
 
 /// What the producer's librdkafka calls back into: the reasons of its
 /// errors, kept to explain a refused handshake or authentication.
@@ -34,6 +35,10 @@ struct Context {
 }
 
 impl ClientContext for Context {
+    fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
+        self.reasons.log(level, facility, message);
+    }
+
     fn error(&self, error: KafkaError, reason: &str) {
         self.reasons.record(reason);
         tracing::error!(%error, %reason, "librdkafka reported an error");
@@ -73,13 +78,14 @@ impl KafkaPublisher {
                 "not a kafka:// destination",
             ));
         };
-        let config = settings.producer(brokers).map_err(|e| {
+        let mut config = settings.producer(brokers).map_err(|e| {
             PublishError::new(
                 PublishErrorKind::Config,
                 destination.redacted(),
                 e.to_string(),
             )
         })?;
+        report_failures(&mut config);
         let context = Context::default();
         let reasons = Arc::clone(&context.reasons);
         let producer: FutureProducer<Context> =
@@ -108,9 +114,7 @@ impl KafkaPublisher {
                                     && !t.partitions().is_empty()
                             })
                         });
-                    let refused = reasons
-                        .refusal()
-                        .is_some_and(|r| r.kind != RefusalKind::Tls);
+                    let refused = reasons.refusal().is_some_and(|r| r.kind.is_final());
                     if attempt.is_ok() || refused || Instant::now() >= deadline {
                         return attempt;
                     }

@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use idem::{health, redact_url};
+use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Headers, Message as _};
@@ -45,7 +46,7 @@ use self::lanes::{Lanes, Partition, Take, Ticket};
 use super::BrokerHorizon;
 use super::message::Message;
 use super::transport::{Delivery, Route, Settle, Transport, TransportError, TransportErrorKind};
-use crate::kafka::refusal::{Reasons, RefusalKind};
+use crate::kafka::refusal::{Reasons, RefusalKind, report_failures};
 use crate::kafka::{KEY_HEADER, Settings};
 
 /// How a Kafka consumer runs.
@@ -189,6 +190,10 @@ impl Reachability {
 }
 
 impl ClientContext for Context {
+    fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
+        self.reasons.log(level, facility, message);
+    }
+
     fn error(&self, error: KafkaError, reason: &str) {
         self.reasons.record(reason);
         if error.rdkafka_error_code() == Some(RDKafkaErrorCode::AllBrokersDown) {
@@ -298,6 +303,7 @@ impl KafkaTransport {
                 e,
             )
         })?;
+        report_failures(&mut config);
         if config.get("statistics.interval.ms").is_none() {
             config.set("statistics.interval.ms", STATISTICS_EVERY);
         }
@@ -435,9 +441,11 @@ fn fetch_metadata(
         let Err(error) = attempt else {
             return attempt;
         };
-        // Not subscribed yet: a poll serves events only, no records.
+        // Not subscribed yet: a poll serves events only, no records. It
+        // returns at an error event, and otherwise serves the queued events
+        // (logs, statistics) until its timeout.
         for _ in 0..64 {
-            if consumer.poll(Duration::ZERO).is_none() {
+            if consumer.poll(Duration::from_millis(20)).is_none() {
                 break;
             }
         }
@@ -445,7 +453,7 @@ fn fetch_metadata(
             .context()
             .reasons
             .refusal()
-            .is_some_and(|r| r.kind != RefusalKind::Tls);
+            .is_some_and(|r| r.kind.is_final());
         if refused || Instant::now() >= deadline {
             return Err(error);
         }
