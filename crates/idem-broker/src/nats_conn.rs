@@ -226,10 +226,17 @@ pub(crate) async fn connect(
                 })?;
             options.nkey(seed.to_owned())
         }
-        Auth::Creds(path) => options
-            .credentials_file(path)
-            .await
-            .map_err(|e| ConnectFailure::config(format!("creds file {}: {e}", path.display())))?,
+        Auth::Creds(path) => {
+            let creds = std::fs::read_to_string(path).map_err(|e| {
+                ConnectFailure::config(format!("creds file {} cannot be read: {e}", path.display()))
+            })?;
+            options.credentials(&creds).map_err(|e| {
+                ConnectFailure::config(format!(
+                    "creds file {}: {e}; a .creds file holds a user JWT and an NKey seed, each between BEGIN and END lines",
+                    path.display()
+                ))
+            })?
+        }
     };
     options
         .connect(server.server.as_str())

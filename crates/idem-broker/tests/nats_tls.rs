@@ -327,3 +327,136 @@ async fn the_wrong_password_says_authorization_failed_and_is_never_printed() {
     }
     assert!(logs.contains("consuming"), "{logs}");
 }
+
+/// `.creds` files under operator mode: the server trusts an operator and
+/// knows its accounts (a memory resolver preloaded with their JWTs); a user
+/// proves who it is with its JWT, signed by its account, and its NKey seed.
+mod creds {
+    use super::*;
+    use idem::IdempotencyKey;
+    use idem_broker::publish::{self, Destination, Message, Publish};
+    use idem_testkit::nats::{Account, Operator, User};
+
+    /// A TLS server in operator mode that knows `accounts` of `operator`.
+    async fn operator_server(
+        files: &TlsFiles,
+        operator: &Operator,
+        accounts: &[&Account],
+    ) -> Option<NatsServer> {
+        NatsServer::start_operator_mode(
+            operator,
+            accounts,
+            &format!(
+                "tls {{ cert_file: {:?}, key_file: {:?}, timeout: 2 }}\n",
+                files.server_cert.display().to_string(),
+                files.server_key.display().to_string(),
+            ),
+        )
+        .await
+    }
+
+    /// Writes `user`'s `.creds` file as `name` beside the certificates.
+    fn creds_file(files: &TlsFiles, user: &User, name: &str) -> std::path::PathBuf {
+        let path = files.dir().join(name);
+        std::fs::write(&path, user.creds()).expect("write the creds file");
+        path
+    }
+
+    fn source(server: &NatsServer, files: &TlsFiles, creds: &std::path::Path) -> String {
+        format!(
+            "tls://127.0.0.1:{}/ORDERS/worker?tls_ca={}&creds={}",
+            server.port(),
+            files.ca.display(),
+            creds.display(),
+        )
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_creds_file_consumes_once_and_publishes() {
+        let files = TlsFiles::generate();
+        let operator = Operator::new("idem-test");
+        let account = operator.account("billing");
+        let Some(server) = operator_server(&files, &operator, &[&account]).await else {
+            return;
+        };
+        let user = account.user("worker");
+        let auth = async_nats::ConnectOptions::new()
+            .credentials(&user.creds())
+            .expect("the creds parse");
+        orders(&files, server.port(), auth.clone()).await;
+        let creds = creds_file(&files, &user, "worker.creds");
+        let source: Source = source(&server, &files, &creds)
+            .parse()
+            .expect("the source parses");
+        consume_once(&source).await;
+
+        let to: Destination = format!(
+            "tls://127.0.0.1:{}/orders?tls_ca={}&creds={}",
+            server.port(),
+            files.ca.display(),
+            creds.display(),
+        )
+        .parse()
+        .expect("the destination parses");
+        let publisher = publish::connect(&to)
+            .await
+            .unwrap_or_else(|e| panic!("publish with creds: {}\n{}", chain(&e), server.log()));
+        let message = Message::new(IdempotencyKey::new("order-2").unwrap(), b"{}".to_vec());
+        publisher.publish(&message).await.expect("published");
+
+        let client = auth
+            .require_tls(true)
+            .add_root_certificates(files.ca.clone())
+            .connect(format!("tls://127.0.0.1:{}", server.port()))
+            .await
+            .expect("the test's own client connects");
+        let mut stream = jetstream::new(client).get_stream("ORDERS").await.unwrap();
+        assert_eq!(stream.info().await.unwrap().state.messages, 3);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_user_of_another_account_or_operator_is_refused_with_authorization_failed() {
+        let files = TlsFiles::generate();
+        let operator = Operator::new("idem-test");
+        let account = operator.account("billing");
+        let Some(server) = operator_server(&files, &operator, &[&account]).await else {
+            return;
+        };
+        // An account the server was never told of, of the same operator,
+        // and an account of an operator it does not trust.
+        let unknown = operator.account("unknown");
+        let stranger = Operator::new("elsewhere").account("billing");
+        for (name, user) in [
+            ("unknown-account.creds", unknown.user("worker")),
+            ("other-operator.creds", stranger.user("worker")),
+        ] {
+            let creds = creds_file(&files, &user, name);
+            let error = connect_error(&source(&server, &files, &creds)).await;
+            assert!(error.contains("authorization failed"), "{name}: {error}");
+            assert!(!error.contains(&user.seed()), "{error}");
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unreadable_creds_file_is_an_error_that_names_it() {
+        let files = TlsFiles::generate();
+        let operator = Operator::new("idem-test");
+        let account = operator.account("billing");
+        let Some(server) = operator_server(&files, &operator, &[&account]).await else {
+            return;
+        };
+        let missing = files.dir().join("missing.creds");
+        let error = connect_error(&source(&server, &files, &missing)).await;
+        assert!(error.contains("creds file"), "{error}");
+        assert!(error.contains(&missing.display().to_string()), "{error}");
+
+        // A file that holds no user JWT: the seed alone.
+        let user = account.user("worker");
+        let garbled = files.dir().join("seed-only.creds");
+        std::fs::write(&garbled, user.seed()).expect("write the file");
+        let error = connect_error(&source(&server, &files, &garbled)).await;
+        assert!(error.contains(&garbled.display().to_string()), "{error}");
+        assert!(error.contains("JWT"), "{error}");
+        assert!(!error.contains(&user.seed()), "{error}");
+    }
+}

@@ -12,6 +12,9 @@
 //! - [`postgres`]: a fresh PostgreSQL database per test;
 //! - [`services`]: whether a missing database fails or skips a test;
 //! - [`tls_postgres`]: a throwaway PostgreSQL that requires TLS and a password;
+//! - [`tls`]: a throwaway CA and the certificates it signs;
+//! - [`tlsproxy`]: a TLS-terminating proxy in front of a server without TLS;
+//! - [`nats`]: a `nats-server` of a test's own, also in operator mode (JWTs and `.creds` files);
 //! - `spans` (feature `spans`): the spans a test process finished, collected
 //!   in memory, to check trace context across hops.
 //!
@@ -36,6 +39,7 @@ pub mod services;
 pub mod spans;
 pub mod tls;
 pub mod tls_postgres;
+pub mod tlsproxy;
 
 pub use harness::{Effect, Gate, GateControl, Harness, TxOf};
 

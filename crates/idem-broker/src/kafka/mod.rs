@@ -10,6 +10,8 @@
 //! Kafka, [`transact`] runs consume-transform-produce inside one Kafka
 //! transaction.
 
+#[cfg(feature = "kafka")]
+pub(crate) mod refusal;
 mod settings;
 #[cfg(feature = "kafka")]
 pub mod transact;

@@ -11,8 +11,11 @@
 //! A send that times out is retried by the caller (the relay) with the same
 //! key, and the consumer's store suppresses the copy if the first one landed.
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use rdkafka::ClientContext;
+use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
@@ -22,13 +25,32 @@ use super::destination::{Destination, RecordKey};
 use super::error::{PublishError, PublishErrorKind};
 use super::message::{Message, Publish};
 use crate::kafka::KEY_HEADER;
+use crate::kafka::refusal::{Reasons, report_failures};
+
+/// What the producer's librdkafka calls back into: the reasons of its
+/// errors, kept to explain a refused handshake or authentication.
+#[derive(Default, Clone)]
+struct Context {
+    reasons: Arc<Reasons>,
+}
+
+impl ClientContext for Context {
+    fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
+        self.reasons.log(level, facility, message);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        self.reasons.record(reason);
+        tracing::error!(%error, %reason, "librdkafka reported an error");
+    }
+}
 
 /// Publishes to one Kafka topic with the idempotent producer.
 pub struct KafkaPublisher {
     destination: Destination,
     topic: String,
     record_key: RecordKey,
-    producer: FutureProducer,
+    producer: FutureProducer<Context>,
 }
 
 impl std::fmt::Debug for KafkaPublisher {
@@ -56,31 +78,47 @@ impl KafkaPublisher {
                 "not a kafka:// destination",
             ));
         };
-        let config = settings.producer(brokers).map_err(|e| {
+        let mut config = settings.producer(brokers).map_err(|e| {
             PublishError::new(
                 PublishErrorKind::Config,
                 destination.redacted(),
                 e.to_string(),
             )
         })?;
-        let producer: FutureProducer = config.create().map_err(|e| {
-            PublishError::new(
-                PublishErrorKind::Config,
-                destination.redacted(),
-                format!("could not create the Kafka producer: {e}"),
-            )
-        })?;
+        report_failures(&mut config);
+        let context = Context::default();
+        let reasons = Arc::clone(&context.reasons);
+        let producer: FutureProducer<Context> =
+            config.create_with_context(context).map_err(|e| {
+                PublishError::new(
+                    PublishErrorKind::Config,
+                    destination.redacted(),
+                    format!("could not create the Kafka producer: {e}"),
+                )
+            })?;
         let checked = {
-            let (producer, topic) = (producer.clone(), topic.clone());
+            let (producer, topic, reasons) =
+                (producer.clone(), topic.clone(), Arc::clone(&reasons));
+            // Up to 10 s; the producer's own thread serves librdkafka's error
+            // events, and a refused handshake or authentication ends the wait.
             tokio::task::spawn_blocking(move || {
-                producer
-                    .client()
-                    .fetch_metadata(Some(&topic), Duration::from_secs(10))
-                    .map(|m| {
-                        m.topics().iter().any(|t| {
-                            t.name() == topic && t.error().is_none() && !t.partitions().is_empty()
-                        })
-                    })
+                let deadline = Instant::now() + Duration::from_secs(10);
+                loop {
+                    let attempt = producer
+                        .client()
+                        .fetch_metadata(Some(&topic), Duration::from_secs(1))
+                        .map(|m| {
+                            m.topics().iter().any(|t| {
+                                t.name() == topic
+                                    && t.error().is_none()
+                                    && !t.partitions().is_empty()
+                            })
+                        });
+                    let refused = reasons.refusal().is_some_and(|r| r.kind.is_final());
+                    if attempt.is_ok() || refused || Instant::now() >= deadline {
+                        return attempt;
+                    }
+                }
             })
             .await
             .map_err(|e| {
@@ -101,6 +139,16 @@ impl KafkaPublisher {
                 ));
             }
             Err(e) => {
+                if let Some(refusal) = reasons.refusal() {
+                    return Err(PublishError::new(
+                        PublishErrorKind::Config,
+                        destination.redacted(),
+                        format!(
+                            "could not reach the Kafka brokers at {brokers}: {}",
+                            refusal.message
+                        ),
+                    ));
+                }
                 return Err(PublishError::new(
                     PublishErrorKind::Unavailable,
                     destination.redacted(),

@@ -2,6 +2,10 @@
 //! port, its records in a SQLite file in a temporary directory, so a test
 //! can kill and restart it without touching the shared broker.
 //!
+//! A broker may advertise another address than the one it listens on (a
+//! TLS proxy's in front of it): clients that bootstrap through that address
+//! are sent back to it by the metadata.
+//!
 //! The binary is `IDEM_TEST_TANSU`, or `tansu/bin/tansu` in the services
 //! cache (`IDEM_CACHE`, default `~/.cache/idem`), where the services script
 //! installs it. A missing binary skips the test, or fails it when
@@ -20,6 +24,9 @@ pub(crate) struct Tansu {
     binary: PathBuf,
     dir: tempfile::TempDir,
     addr: SocketAddr,
+    /// The address the metadata gives clients (`addr` unless a proxy is in
+    /// front).
+    advertised: SocketAddr,
     child: Option<Child>,
     /// Whether clients must authenticate (SASL).
     authentication: bool,
@@ -41,6 +48,15 @@ impl Tansu {
     /// Starts a broker on a free port and waits until it answers, or `None`
     /// when there is no tansu binary.
     pub(crate) async fn start() -> Option<Self> {
+        Self::start_at(None, None).await
+    }
+
+    /// Starts a broker on `addr` (a free port when `None`) that tells
+    /// clients to connect to `advertised` (its own address when `None`).
+    pub(crate) async fn start_at(
+        addr: Option<SocketAddr>,
+        advertised: Option<SocketAddr>,
+    ) -> Option<Self> {
         let binary = binary();
         if !binary.is_file() {
             idem_testkit::services::missing_service(
@@ -49,13 +65,12 @@ impl Tansu {
             );
             return None;
         }
-        let addr = TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .expect("a free loopback port");
+        let addr = addr.unwrap_or_else(free_port);
         let mut broker = Self {
             binary,
             dir: tempfile::tempdir().expect("a data directory"),
             addr,
+            advertised: advertised.unwrap_or(addr),
             child: None,
             authentication: false,
         };
@@ -64,26 +79,40 @@ impl Tansu {
     }
 
     /// Starts a broker that requires SASL authentication, with these users
-    /// (name, password) for SCRAM-SHA-512, or `None` when there is no tansu
-    /// binary. tansu makes users through the broker itself, which refuses
-    /// them once it requires authentication: they are made on an open
-    /// broker over the same file, which then restarts requiring it.
+    /// (name, password) for SCRAM-SHA-256 and SCRAM-SHA-512, or `None` when
+    /// there is no tansu binary.
     pub(crate) async fn start_with_users(users: &[(&str, &str)]) -> Option<Self> {
-        let mut broker = Self::start().await?;
+        Self::start_with_users_at(users, None, None).await
+    }
+
+    /// Like [`start_with_users`](Self::start_with_users), on `addr`, telling
+    /// clients to connect to `advertised` (as [`start_at`](Self::start_at)).
+    /// tansu makes users through the broker itself,
+    /// which refuses them once it requires authentication: they are made on
+    /// an open broker over the same file (reached at its own address), which
+    /// then restarts requiring it.
+    pub(crate) async fn start_with_users_at(
+        users: &[(&str, &str)],
+        addr: Option<SocketAddr>,
+        advertised: Option<SocketAddr>,
+    ) -> Option<Self> {
+        let mut broker = Self::start_at(addr, advertised).await?;
         for (name, password) in users {
-            let output = Command::new(&broker.binary)
-                .args(["user", "create", "--mechanism", "scram512"])
-                .args(["--broker", &format!("tcp://{}", broker.addr)])
-                .args([name, password])
-                .current_dir(broker.dir.path())
-                .stdin(Stdio::null())
-                .output()
-                .unwrap_or_else(|e| panic!("run {}: {e}", broker.binary.display()));
-            assert!(
-                output.status.success(),
-                "tansu user create {name}: {}",
-                String::from_utf8_lossy(&output.stderr)
-            );
+            for mechanism in ["scram256", "scram512"] {
+                let output = Command::new(&broker.binary)
+                    .args(["user", "create", "--mechanism", mechanism])
+                    .args(["--broker", &format!("tcp://{}", broker.addr)])
+                    .args([name, password])
+                    .current_dir(broker.dir.path())
+                    .stdin(Stdio::null())
+                    .output()
+                    .unwrap_or_else(|e| panic!("run {}: {e}", broker.binary.display()));
+                assert!(
+                    output.status.success(),
+                    "tansu user create --mechanism {mechanism} {name}: {}",
+                    String::from_utf8_lossy(&output.stderr)
+                );
+            }
         }
         broker.kill();
         broker.authentication = true;
@@ -109,6 +138,7 @@ impl Tansu {
     pub(crate) async fn restart(&mut self) {
         assert!(self.child.is_none(), "the broker is running");
         let url = format!("tcp://{}", self.addr);
+        let advertised = format!("tcp://{}", self.advertised);
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -121,7 +151,7 @@ impl Tansu {
         }
         let child = command
             .args(["--listener-url", &url])
-            .args(["--advertised-listener-url", &url])
+            .args(["--advertised-listener-url", &advertised])
             .args(["--storage-engine", "sqlite://tansu.db"])
             .current_dir(self.dir.path())
             .stdin(Stdio::null())
@@ -153,6 +183,13 @@ impl Tansu {
     pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("tansu.log")).unwrap_or_default()
     }
+}
+
+/// A loopback address nothing listens on now.
+pub(crate) fn free_port() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free loopback port")
 }
 
 impl Drop for Tansu {

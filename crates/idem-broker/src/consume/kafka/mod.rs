@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use idem::{health, redact_url};
+use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Headers, Message as _};
@@ -45,6 +46,7 @@ use self::lanes::{Lanes, Partition, Take, Ticket};
 use super::BrokerHorizon;
 use super::message::Message;
 use super::transport::{Delivery, Route, Settle, Transport, TransportError, TransportErrorKind};
+use crate::kafka::refusal::{Reasons, RefusalKind, report_failures};
 use crate::kafka::{KEY_HEADER, Settings};
 
 /// How a Kafka consumer runs.
@@ -138,6 +140,9 @@ struct Context {
     lanes: Arc<Lanes>,
     grace: Duration,
     brokers: Reachability,
+    /// librdkafka's reasons for its errors: a refused handshake or
+    /// authentication, explained if the brokers cannot be reached at start.
+    reasons: Reasons,
 }
 
 /// Whether the consumer reaches any of its brokers, for `/healthz` and the
@@ -185,7 +190,12 @@ impl Reachability {
 }
 
 impl ClientContext for Context {
+    fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
+        self.reasons.log(level, facility, message);
+    }
+
     fn error(&self, error: KafkaError, reason: &str) {
+        self.reasons.record(reason);
         if error.rdkafka_error_code() == Some(RDKafkaErrorCode::AllBrokersDown) {
             tracing::warn!(origin = %self.brokers.origin, %reason, "no Kafka broker is reachable; librdkafka keeps reconnecting, and the records in hand are committed once one is back");
             self.brokers.lost(reason);
@@ -293,6 +303,7 @@ impl KafkaTransport {
                 e,
             )
         })?;
+        report_failures(&mut config);
         if config.get("statistics.interval.ms").is_none() {
             config.set("statistics.interval.ms", STATISTICS_EVERY);
         }
@@ -305,6 +316,7 @@ impl KafkaTransport {
             lanes: Arc::clone(&lanes),
             grace: options.revoke_grace,
             brokers: Reachability::new(&origin),
+            reasons: Reasons::default(),
         };
         let consumer: BaseConsumer<Context> = config.create_with_context(context).map_err(|e| {
             TransportError::of(TransportErrorKind::Config, "create the Kafka consumer", e)
@@ -388,14 +400,22 @@ fn check_topic(
     brokers: &str,
     topic: &str,
 ) -> Result<(), TransportError> {
-    let metadata = consumer
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .map_err(|e| {
-            TransportError::new(
+    let metadata = fetch_metadata(consumer, topic).map_err(|e| {
+        match consumer.context().reasons.refusal() {
+            Some(refusal) => TransportError::of(
+                match refusal.kind {
+                    RefusalKind::Authentication => TransportErrorKind::Refused,
+                    _ => TransportErrorKind::Config,
+                },
+                format!("reach the Kafka brokers at {brokers}"),
+                refusal.message,
+            ),
+            None => TransportError::new(
                 format!("reach the Kafka brokers at {brokers}"),
                 format!("{e}; is a broker listening there?"),
-            )
-        })?;
+            ),
+        }
+    })?;
     let found = metadata.topics().iter().find(|t| t.name() == topic);
     match found {
         Some(t) if t.error().is_none() && !t.partitions().is_empty() => Ok(()),
@@ -404,6 +424,39 @@ fn check_topic(
             format!("consume Kafka topic {topic:?}"),
             "the topic does not exist on the brokers; create it (with as many partitions as consumers should share)",
         )),
+    }
+}
+
+/// The topic's metadata, asked for for up to 10 s. librdkafka reports why
+/// it cannot reach a broker (a refused TLS handshake or authentication) as
+/// error events, which only a poll serves: between attempts they are served,
+/// and a refusal ends the wait at once.
+fn fetch_metadata(
+    consumer: &BaseConsumer<Context>,
+    topic: &str,
+) -> KafkaResult<rdkafka::metadata::Metadata> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let attempt = consumer.fetch_metadata(Some(topic), Duration::from_secs(1));
+        let Err(error) = attempt else {
+            return attempt;
+        };
+        // Not subscribed yet: a poll serves events only, no records. It
+        // returns at an error event, and otherwise serves the queued events
+        // (logs, statistics) until its timeout.
+        for _ in 0..64 {
+            if consumer.poll(Duration::from_millis(20)).is_none() {
+                break;
+            }
+        }
+        let refused = consumer
+            .context()
+            .reasons
+            .refusal()
+            .is_some_and(|r| r.kind.is_final());
+        if refused || Instant::now() >= deadline {
+            return Err(error);
+        }
     }
 }
 
