@@ -8,6 +8,7 @@
 //! | `DEADLINE_EXCEEDED` | only for a call that carries a key: without one, the first attempt may have taken effect |
 //! | `RESOURCE_EXHAUSTED` | yes, not before the server's `grpc-retry-pushback-ms` hint when it sent one |
 //! | `ABORTED` | only with a key and a `grpc-retry-pushback-ms` hint: a duplicate of a call still in flight |
+//! | `UNKNOWN` raised by the client because the connection broke (an I/O error under the status) | only with a key: whether the call reached the server is unknown, and the key makes a second attempt safe |
 //! | `INVALID_ARGUMENT`, `NOT_FOUND`, `PERMISSION_DENIED`, `FAILED_PRECONDITION`, and every other code | never |
 //!
 //! A pushback that is negative or not a number means "do not retry", as
@@ -65,12 +66,26 @@ fn pushback(status: &Status) -> Result<Option<Duration>, ()> {
         .map_err(|_| ())
 }
 
+/// Whether the client raised `status` because its connection broke: an I/O
+/// error under it (a server's own `UNKNOWN` has no source).
+fn connection_broke(status: &Status) -> bool {
+    let mut cause = std::error::Error::source(status);
+    while let Some(error) = cause {
+        if error.is::<std::io::Error>() {
+            return true;
+        }
+        cause = error.source();
+    }
+    false
+}
+
 impl Classify<Status> for GrpcRetryPolicy {
     fn classify(&self, status: &Status) -> Verdict {
         let retryable = match status.code() {
             Code::Unavailable | Code::ResourceExhausted => true,
             Code::DeadlineExceeded => self.keyed,
             Code::Aborted => self.keyed && status.metadata().contains_key(RETRY_PUSHBACK),
+            Code::Unknown => self.keyed && connection_broke(status),
             _ => false,
         };
         if !retryable {
@@ -204,6 +219,14 @@ mod tests {
             Verdict::RetryAfter(Duration::from_millis(20))
         );
         assert_eq!(keyed.classify(&Status::aborted("x")), Verdict::DontRetry);
+        let broken = Status::from_error(Box::new(std::io::Error::new(
+            std::io::ErrorKind::BrokenPipe,
+            "stream closed",
+        )));
+        assert_eq!(broken.code(), Code::Unknown);
+        assert_eq!(keyed.classify(&broken), Verdict::Retry);
+        assert_eq!(unkeyed.classify(&broken), Verdict::DontRetry);
+        assert_eq!(keyed.classify(&Status::unknown("x")), Verdict::DontRetry);
         for never in [
             Status::invalid_argument("x"),
             Status::not_found("x"),
