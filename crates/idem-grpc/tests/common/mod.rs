@@ -2,7 +2,7 @@
 //! ledger, so every test counts effects on real data; a script makes the
 //! service fail, hang or wait on cue.
 
-#![allow(dead_code, unreachable_pub)]
+#![allow(dead_code)]
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -25,7 +25,9 @@ use tonic::transport::{Channel, Server};
 use tonic::{Code, Request, Response, Status};
 use tower::{Layer, Service};
 
-pub mod payments {
+// Generated code: its items are `pub` by construction.
+#[allow(unreachable_pub)]
+pub(crate) mod payments {
     tonic::include_proto!("payments.v1");
 }
 
@@ -33,18 +35,18 @@ use payments::payments_client::PaymentsClient;
 use payments::payments_server::{Payments, PaymentsServer};
 use payments::{ChargeReply, ChargeRequest, ListChargesRequest};
 
-pub const CHARGE: &str = "/payments.v1.Payments/Charge";
-pub const LIST_CHARGES: &str = "/payments.v1.Payments/ListCharges";
+pub(crate) const CHARGE: &str = "/payments.v1.Payments/Charge";
+pub(crate) const LIST_CHARGES: &str = "/payments.v1.Payments/ListCharges";
 
 /// The ledger: one row per charge (the effect), one per call the service
 /// received (protected or not).
 #[derive(Clone, Debug)]
-pub struct Ledger {
+pub(crate) struct Ledger {
     path: PathBuf,
 }
 
 impl Ledger {
-    pub fn open(path: impl AsRef<Path>) -> Self {
+    pub(crate) fn open(path: impl AsRef<Path>) -> Self {
         let path = path.as_ref().to_owned();
         let db = Connection::open(&path).expect("open the ledger");
         db.execute_batch(
@@ -80,7 +82,7 @@ impl Ledger {
     }
 
     /// Charges applied to `account`.
-    pub fn charges(&self, account: &str) -> i64 {
+    pub(crate) fn charges(&self, account: &str) -> i64 {
         self.connect()
             .query_row(
                 "SELECT count(*) FROM charges WHERE account = ?1",
@@ -91,7 +93,7 @@ impl Ledger {
     }
 
     /// Calls of `method` the service received.
-    pub fn calls(&self, method: &str) -> i64 {
+    pub(crate) fn calls(&self, method: &str) -> i64 {
         self.connect()
             .query_row(
                 "SELECT count(*) FROM calls WHERE method = ?1",
@@ -104,17 +106,17 @@ impl Ledger {
 
 /// What the service does on cue.
 #[derive(Default, Debug)]
-pub struct Script {
+pub(crate) struct Script {
     /// Codes the next calls fail with, one per call, before any effect.
-    pub failures: Mutex<VecDeque<Status>>,
+    pub(crate) failures: Mutex<VecDeque<Status>>,
     /// When set, a charge waits for a permit before its effect.
-    pub gate: Option<Arc<Semaphore>>,
+    pub(crate) gate: Option<Arc<Semaphore>>,
     /// When set, a charge never finishes (it waits before its effect).
-    pub hang: bool,
+    pub(crate) hang: bool,
 }
 
 #[derive(Debug)]
-pub struct PaymentsService {
+pub(crate) struct PaymentsService {
     ledger: Ledger,
     script: Arc<Script>,
 }
@@ -183,7 +185,7 @@ impl Payments for PaymentsService {
 /// Adds an `x-receipt` trailer to every answer that has trailers: custom
 /// trailing metadata, as servers in other languages send it.
 #[derive(Clone, Debug)]
-pub struct ReceiptLayer;
+pub(crate) struct ReceiptLayer;
 
 impl<S> Layer<S> for ReceiptLayer {
     type Service = Receipt<S>;
@@ -193,7 +195,7 @@ impl<S> Layer<S> for ReceiptLayer {
 }
 
 #[derive(Clone, Debug)]
-pub struct Receipt<S>(S);
+pub(crate) struct Receipt<S>(S);
 
 impl<S, B> Service<http::Request<B>> for Receipt<S>
 where
@@ -247,15 +249,15 @@ impl http_body::Body for ReceiptBody {
 
 /// A running server.
 #[derive(Debug)]
-pub struct Running {
-    pub addr: SocketAddr,
-    pub ledger: Ledger,
-    pub script: Arc<Script>,
+pub(crate) struct Running {
+    pub(crate) addr: SocketAddr,
+    pub(crate) ledger: Ledger,
+    pub(crate) script: Arc<Script>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl Running {
-    pub async fn client(&self) -> PaymentsClient<Channel> {
+    pub(crate) async fn client(&self) -> PaymentsClient<Channel> {
         client(self.addr).await
     }
 }
@@ -266,7 +268,7 @@ impl Drop for Running {
     }
 }
 
-pub async fn client(addr: SocketAddr) -> PaymentsClient<Channel> {
+pub(crate) async fn client(addr: SocketAddr) -> PaymentsClient<Channel> {
     let channel = Channel::from_shared(format!("http://{addr}"))
         .expect("uri")
         .connect_lazy();
@@ -274,12 +276,12 @@ pub async fn client(addr: SocketAddr) -> PaymentsClient<Channel> {
 }
 
 /// The config the tests protect the service with.
-pub fn config() -> GrpcIdempotencyConfig {
+pub(crate) fn config() -> GrpcIdempotencyConfig {
     GrpcIdempotencyConfig::default().unary(CHARGE)
 }
 
 /// Serves the payments service behind the layer on `listener`.
-pub async fn serve_on<St: LeaseStore + 'static>(
+pub(crate) async fn serve_on<St: LeaseStore + 'static>(
     listener: TcpListener,
     store: St,
     config: GrpcIdempotencyConfig,
@@ -311,7 +313,7 @@ pub async fn serve_on<St: LeaseStore + 'static>(
 }
 
 /// Serves the payments service behind the layer on a loopback port.
-pub async fn serve<St: LeaseStore + 'static>(
+pub(crate) async fn serve<St: LeaseStore + 'static>(
     store: St,
     config: GrpcIdempotencyConfig,
     ledger: Ledger,
@@ -322,7 +324,7 @@ pub async fn serve<St: LeaseStore + 'static>(
 }
 
 /// A charge request carrying `key`.
-pub fn charge(key: &str, account: &str, amount_cents: i64) -> Request<ChargeRequest> {
+pub(crate) fn charge(key: &str, account: &str, amount_cents: i64) -> Request<ChargeRequest> {
     let mut request = Request::new(ChargeRequest {
         account: account.to_owned(),
         amount_cents,
@@ -333,13 +335,13 @@ pub fn charge(key: &str, account: &str, amount_cents: i64) -> Request<ChargeRequ
     request
 }
 
-pub fn is_replay<T>(response: &Response<T>) -> bool {
+pub(crate) fn is_replay<T>(response: &Response<T>) -> bool {
     response
         .metadata()
         .get("idempotent-replayed")
         .is_some_and(|v| v == "true")
 }
 
-pub fn code_of(status: &Status) -> Code {
+pub(crate) fn code_of(status: &Status) -> Code {
     status.code()
 }
