@@ -9,6 +9,9 @@
 //!   A unary call with an `idempotency-key` metadata entry runs once per key;
 //!   its answer (headers, message and trailers) is stored and replayed to
 //!   every duplicate with `idempotent-replayed: true`;
+//! - [`atomic`] handlers: a unary method whose effect is SQL on the store's
+//!   own database runs inside the store's transaction, and its reply commits
+//!   with its writes and the key's record;
 //! - client side, [`GrpcRetryPolicy`] and [`GrpcRetry`]: retries by status
 //!   code with full-jitter backoff, the server's pushback and a shared retry
 //!   budget, the key set once and carried by every attempt.
@@ -31,6 +34,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod atomic;
 mod body;
 pub mod client;
 mod config;
