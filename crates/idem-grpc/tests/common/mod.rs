@@ -65,7 +65,7 @@ impl Ledger {
         db
     }
 
-    fn call(&self, method: &str) {
+    pub(crate) fn call(&self, method: &str) {
         self.connect()
             .execute("INSERT INTO calls (method) VALUES (?1)", [method])
             .expect("record the call");
