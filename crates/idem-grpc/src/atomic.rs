@@ -62,9 +62,7 @@
 use bytes::{BufMut, Bytes, BytesMut};
 use http::HeaderValue;
 use idem::protocol::TxCall;
-use idem::{
-    Applied, ApplyError, AtomicEffect, AtomicStore, Fingerprint, IdempotencyKey, Outcome, Scope,
-};
+use idem::{Applied, ApplyError, AtomicEffect, AtomicStore, Fingerprint, IdempotencyKey, Outcome};
 use tonic::metadata::MetadataMap;
 use tonic::{Code, Status};
 
@@ -98,11 +96,10 @@ where
         Ok(key) => key,
         Err(refusal) => return Err(refusal.to_status()),
     };
-    let message = request.into_inner();
+    let (metadata, _, message) = request.into_parts();
     let keyed = match key {
         Some(key) => {
-            let scope = Scope::new(format!("grpc:{method}"))
-                .map_err(|e| Status::invalid_argument(e.to_string()))?;
+            let scope = config.scope(&metadata.into_headers(), method);
             let fingerprint = Fingerprint::of_parts([
                 b"grpc".as_slice(),
                 method.as_bytes(),

@@ -41,6 +41,7 @@ pub struct GrpcIdempotencyConfig {
     pub(crate) require_key: bool,
     pub(crate) message_limit: usize,
     pub(crate) lease: Duration,
+    pub(crate) principal: Option<HeaderName>,
 }
 
 impl Default for GrpcIdempotencyConfig {
@@ -51,6 +52,7 @@ impl Default for GrpcIdempotencyConfig {
             require_key: false,
             message_limit: DEFAULT_MESSAGE_LIMIT,
             lease: DEFAULT_LEASE,
+            principal: Some(http::header::AUTHORIZATION),
         }
     }
 }
@@ -102,6 +104,38 @@ impl GrpcIdempotencyConfig {
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
+    }
+
+    /// Scopes keys by this metadata entry (a tenant, an API key) instead of
+    /// `authorization`: its value is hashed into the record's scope (never
+    /// stored), so two callers sending the same key get two calls, and
+    /// neither is ever replayed the other's answer.
+    ///
+    /// # Panics
+    ///
+    /// If `name` is not a valid ASCII metadata name.
+    pub fn principal_metadata(mut self, name: &str) -> Self {
+        self.principal = Some(HeaderName::try_from(name).expect("a valid metadata name"));
+        self
+    }
+
+    /// Scopes keys by the method alone: every caller shares one key space.
+    pub fn without_principal(mut self) -> Self {
+        self.principal = None;
+        self
+    }
+
+    /// The record's scope for a call to `path` with these headers:
+    /// `grpc:{principal}:{path}`, the principal a hash of the configured
+    /// metadata entry (`anon` without one), the path hashed if the scope
+    /// would be too long.
+    pub(crate) fn scope(&self, headers: &http::HeaderMap, path: &str) -> idem::Scope {
+        let principal = idem_http::principal_of(headers, self.principal.as_ref());
+        idem::Scope::new(format!("grpc:{principal}:{path}")).unwrap_or_else(|_| {
+            let hashed = &idem::Fingerprint::of_bytes(path.as_bytes()).to_hex()[..32];
+            idem::Scope::new(format!("grpc:{principal}:#{hashed}"))
+                .expect("a principal and a hex hash make a valid scope")
+        })
     }
 
     /// Whether calls to `path` are protected.

@@ -193,10 +193,7 @@ where
         Err(Unread::NotOneMessage) => return Ok(Refusal::NotOneMessage.to_response()),
         Err(Unread::Broken(error)) => return Ok(Refusal::Broken(error.to_string()).to_response()),
     };
-    let scope = match Scope::new(format!("grpc:{path}")) {
-        Ok(scope) => scope,
-        Err(error) => return Ok(Refusal::MalformedKey(error.to_string()).to_response()),
-    };
+    let scope = config.scope(&parts.headers, &path);
     let fingerprint = Fingerprint::of_parts([b"grpc".as_slice(), path.as_bytes(), &message]);
     let span = tracing::info_span!(
         "idempotency",

@@ -19,7 +19,7 @@
 //! | situation | status |
 //! |---|---|
 //! | key missing where required, key malformed, not exactly one request message | `INVALID_ARGUMENT` |
-//! | same key, another message (or method) | `FAILED_PRECONDITION` |
+//! | same key, another message | `FAILED_PRECONDITION` |
 //! | same key, the first call still running | `ABORTED` + `grpc-retry-pushback-ms` |
 //! | same key, answered | the stored headers, message and trailers + `idempotent-replayed: true` |
 //! | request message over the limit | `RESOURCE_EXHAUSTED` |

@@ -246,3 +246,29 @@ async fn duplicates_are_replayed_from_postgresql() {
     assert_eq!(server.ledger.charges("hana"), 1);
     assert_eq!(server.ledger.calls(CHARGE), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_key_from_two_callers_is_two_calls() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Ledger::open(dir.path().join("ledger.db"));
+    let server = serve(sqlite(&dir).await, config(), ledger, Script::default()).await;
+    let mut client = server.client().await;
+
+    let mut replies = Vec::new();
+    for caller in ["Bearer one", "Bearer two", "Bearer one"] {
+        let mut request = charge("k-shared", "sam", 40);
+        request
+            .metadata_mut()
+            .insert("authorization", caller.parse().unwrap());
+        replies.push(client.charge(request).await.unwrap());
+    }
+    assert!(!is_replay(&replies[0]));
+    assert!(!is_replay(&replies[1]));
+    assert!(is_replay(&replies[2]));
+    assert_ne!(
+        replies[0].get_ref().charge_id,
+        replies[1].get_ref().charge_id
+    );
+    assert_eq!(replies[2].get_ref(), replies[0].get_ref());
+    assert_eq!(server.ledger.charges("sam"), 2);
+}
