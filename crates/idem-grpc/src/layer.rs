@@ -201,6 +201,8 @@ where
         idempotency_key = key.as_str(),
         method = path.as_str(),
     );
+    // A retry of the call continues the trace its client sent.
+    idem_trace::continue_trace(&span, &idem_trace::HttpHeaders(&parts.headers));
     keyed(shared, inner, parts, message, scope, key, fingerprint)
         .instrument(span)
         .await

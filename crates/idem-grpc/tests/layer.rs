@@ -272,3 +272,23 @@ async fn the_same_key_from_two_callers_is_two_calls() {
     assert_eq!(replies[2].get_ref(), replies[0].get_ref());
     assert_eq!(server.ledger.charges("sam"), 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_over_the_limit_is_refused_before_anything_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Ledger::open(dir.path().join("ledger.db"));
+    let server = serve(
+        sqlite(&dir).await,
+        config().message_limit(16),
+        ledger,
+        Script::default(),
+    )
+    .await;
+    let mut client = server.client().await;
+
+    let long = "x".repeat(64);
+    let refused = client.charge(charge("k-big", &long, 1)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted);
+    client.charge(charge("k-small", "tom", 1)).await.unwrap();
+    assert_eq!(server.ledger.calls(CHARGE), 1);
+}

@@ -208,6 +208,49 @@ async fn the_budget_cuts_retries_against_a_failing_server() {
     assert_eq!(server.ledger.charges("lena"), 0);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_duplicate_waits_out_the_first_call_and_gets_its_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Ledger::open(dir.path().join("ledger.db"));
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let script = Script {
+        gate: Some(Arc::clone(&gate)),
+        ..Script::default()
+    };
+    let server = serve(sqlite(&dir).await, config(), ledger, script).await;
+    let client = server.client().await;
+    let retry = GrpcRetry::new(quick(50), Arc::new(RetryBudget::unlimited()));
+
+    let mut first_client = client.clone();
+    let first = tokio::spawn(async move {
+        first_client
+            .charge(common::charge("order-6", "nina", 60))
+            .await
+    });
+    while server.ledger.calls(CHARGE) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let opener = Arc::clone(&gate);
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        opener.add_permits(1);
+    });
+    // Refused with ABORTED and a pushback while the first call runs, retried
+    // after it, and answered from the store once the first call is done.
+    let second = retry
+        .call(key("order-6"), request("nina", 60), |request| {
+            let mut client = client.clone();
+            async move { client.charge(request).await }
+        })
+        .await
+        .expect("the duplicate gets the first call's answer");
+    let first = first.await.unwrap().unwrap();
+    assert!(is_replay(&second));
+    assert_eq!(second.get_ref(), first.get_ref());
+    assert_eq!(server.ledger.calls(CHARGE), 1);
+    assert_eq!(server.ledger.charges("nina"), 1);
+}
+
 // A server in a process of its own, so that it can be killed.
 
 const CHILD_DIR: &str = "IDEM_GRPC_CHILD_DIR";
