@@ -12,7 +12,7 @@
 //! | `INVALID_ARGUMENT`, `NOT_FOUND`, `PERMISSION_DENIED`, `FAILED_PRECONDITION`, and every other code | never |
 //!
 //! A pushback that is negative or not a number means "do not retry", as
-//! gRPC's retry design has it. The delays are the [`Backoff`]'s full jitter,
+//! gRPC's retry design has it. The delays are the [`Backoff`](idem_retry::Backoff)'s full jitter,
 //! raised to the pushback; every retry is withdrawn from a [`RetryBudget`]
 //! shared by the process, so a failing server gets a bounded share of extra
 //! calls, not a multiple of its load.
