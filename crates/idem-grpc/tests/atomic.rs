@@ -311,3 +311,72 @@ async fn a_server_killed_inside_the_transaction_commits_once() {
     assert_eq!(charges(dir.path(), "rita"), 1);
     assert_eq!(ledger.calls(CHARGE), 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn atomic_charges_on_postgresql_commit_once_and_roll_back_released_codes() {
+    use idem::sqlx::{self, PgConnection};
+
+    let Some(database) = idem_testkit::postgres::TestDatabase::create("idem_grpc_a").await else {
+        return;
+    };
+    let store = idem::PgStore::connect(database.url()).await.expect("store");
+    sqlx::query("CREATE TABLE charges (id BIGSERIAL PRIMARY KEY, account TEXT NOT NULL, amount_cents BIGINT NOT NULL)")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let config = GrpcIdempotencyConfig::default();
+    let count = async || -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM charges")
+            .fetch_one(store.pool())
+            .await
+            .unwrap()
+    };
+    let pay = async |key: &str, amount_cents: i64, fail: Option<Status>| {
+        atomic::apply(
+            &store,
+            &config,
+            CHARGE,
+            charge(key, "uma", amount_cents),
+            |request: ChargeRequest| {
+                async move |tx: &mut PgConnection| -> Result<ChargeReply, Status> {
+                    let id: i64 = sqlx::query_scalar(
+                        "INSERT INTO charges (account, amount_cents) VALUES ($1, $2) RETURNING id",
+                    )
+                    .bind(&request.account)
+                    .bind(request.amount_cents)
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(|e| Status::internal(e.to_string()))?;
+                    if let Some(status) = fail {
+                        return Err(status);
+                    }
+                    Ok(ChargeReply {
+                        charge_id: id,
+                        account: request.account,
+                        amount_cents: request.amount_cents,
+                    })
+                }
+            },
+        )
+        .await
+    };
+
+    let first = pay("pg-a", 900, None).await.unwrap();
+    let again = pay("pg-a", 900, None).await.unwrap();
+    assert!(is_replay(&again));
+    assert_eq!(again.get_ref(), first.get_ref());
+    assert_eq!(count().await, 1);
+
+    let failed = pay("pg-b", 10, Some(Status::unavailable("busy")))
+        .await
+        .unwrap_err();
+    assert_eq!(failed.code(), Code::Unavailable);
+    assert_eq!(count().await, 1);
+    let done = pay("pg-b", 10, None).await.unwrap();
+    assert!(!is_replay(&done));
+    assert_eq!(count().await, 2);
+
+    let reused = pay("pg-b", 11, None).await.unwrap_err();
+    assert_eq!(reused.code(), Code::FailedPrecondition);
+    assert_eq!(count().await, 2);
+}
