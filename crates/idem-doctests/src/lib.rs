@@ -32,6 +32,7 @@ doctests! {
     BatchesDoctests => "../../../docs/src/batches.md",
     RetentionDoctests => "../../../docs/src/retention.md",
     HttpDoctests => "../../../docs/src/http.md",
+    GrpcDoctests => "../../../docs/src/grpc.md",
     ConsumersDoctests => "../../../docs/src/consumers.md",
     KafkaDoctests => "../../../docs/src/kafka.md",
     DeadLettersDoctests => "../../../docs/src/dead-letters.md",

@@ -34,7 +34,7 @@ pub(crate) fn route_of(parts_uri: &http::Uri, extensions: &http::Extensions) -> 
 
 /// A short, one-way name for whoever sent `header`: 32 hex characters of a
 /// domain-separated BLAKE3 hash of every value of the header, or `anon`.
-pub(crate) fn principal_of(headers: &HeaderMap, header: Option<&HeaderName>) -> String {
+pub fn principal_of(headers: &HeaderMap, header: Option<&HeaderName>) -> String {
     let Some(header) = header else {
         return ANONYMOUS.to_owned();
     };

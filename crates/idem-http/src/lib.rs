@@ -61,6 +61,7 @@ pub use idempotency::{
     IdempotencyService, KeyRequirement, Mode, Reconcile, Reconciled, Refusal, ResponseFuture,
     Spool, SpoolError, StoredStatuses, UnknownOutcome,
 };
+pub use identity::principal_of;
 pub use key_header::{
     IDEMPOTENCY_KEY, IDEMPOTENCY_KEY_IGNORED, IDEMPOTENT_REPLAYED, KeyHeaderError, parse_key,
     read_key,

@@ -1,0 +1,145 @@
+//! [`GrpcIdempotencyConfig`]: which methods are protected, where the key is,
+//! how large a request message may be, and the lease the claims are renewed by.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use http::HeaderName;
+use idem::DEFAULT_LEASE;
+
+/// The metadata entry the key is read from unless configured otherwise.
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+
+/// The largest request message read by default: 4 MiB, tonic's own default
+/// decoding limit.
+pub const DEFAULT_MESSAGE_LIMIT: usize = 4 * 1024 * 1024;
+
+/// The layer's settings.
+///
+/// Only the methods named with [`unary`](Self::unary) are protected; every
+/// other call (streaming calls, and unary calls not named) passes through
+/// untouched, key or not. The generated code does not say at run time which
+/// methods stream, and a streaming call cannot be told from its first bytes
+/// (a server-streaming call sends one message, like a unary one), so the rule
+/// is an explicit list.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_grpc::GrpcIdempotencyConfig;
+///
+/// let config = GrpcIdempotencyConfig::default()
+///     .unary("/payments.v1.Payments/Charge")
+///     .require_key(true)
+///     .lease(Duration::from_secs(30));
+/// assert!(config.protects("/payments.v1.Payments/Charge"));
+/// assert!(!config.protects("/payments.v1.Payments/ListCharges"));
+/// ```
+#[derive(Debug, Clone)]
+pub struct GrpcIdempotencyConfig {
+    pub(crate) key_metadata: HeaderName,
+    pub(crate) unary: BTreeSet<String>,
+    pub(crate) require_key: bool,
+    pub(crate) message_limit: usize,
+    pub(crate) lease: Duration,
+    pub(crate) principal: Option<HeaderName>,
+}
+
+impl Default for GrpcIdempotencyConfig {
+    fn default() -> Self {
+        Self {
+            key_metadata: IDEMPOTENCY_KEY,
+            unary: BTreeSet::new(),
+            require_key: false,
+            message_limit: DEFAULT_MESSAGE_LIMIT,
+            lease: DEFAULT_LEASE,
+            principal: Some(http::header::AUTHORIZATION),
+        }
+    }
+}
+
+impl GrpcIdempotencyConfig {
+    /// Protects the unary method at `path` (`/package.Service/Method`).
+    pub fn unary(mut self, path: impl Into<String>) -> Self {
+        self.unary.insert(path.into());
+        self
+    }
+
+    /// Protects each of these unary methods.
+    pub fn unary_methods<I, P>(mut self, paths: I) -> Self
+    where
+        I: IntoIterator<Item = P>,
+        P: Into<String>,
+    {
+        self.unary.extend(paths.into_iter().map(Into::into));
+        self
+    }
+
+    /// Reads the key from this metadata entry instead of `idempotency-key`.
+    ///
+    /// # Panics
+    ///
+    /// If `name` is not a valid ASCII metadata name (lowercase, no `-bin`
+    /// suffix is meant here).
+    pub fn key_metadata(mut self, name: &str) -> Self {
+        self.key_metadata = HeaderName::try_from(name).expect("a valid metadata name");
+        self
+    }
+
+    /// Whether a protected method without a key is refused
+    /// (`INVALID_ARGUMENT`) instead of running unprotected. Off by default.
+    pub fn require_key(mut self, required: bool) -> Self {
+        self.require_key = required;
+        self
+    }
+
+    /// The largest request message read, in bytes; a larger one is refused
+    /// with `RESOURCE_EXHAUSTED`.
+    pub fn message_limit(mut self, bytes: usize) -> Self {
+        self.message_limit = bytes;
+        self
+    }
+
+    /// The store's lease: the layer renews a claim every third of it while the
+    /// service works. Open the store with the same lease.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Scopes keys by this metadata entry (a tenant, an API key) instead of
+    /// `authorization`: its value is hashed into the record's scope (never
+    /// stored), so two callers sending the same key get two calls, and
+    /// neither is ever replayed the other's answer.
+    ///
+    /// # Panics
+    ///
+    /// If `name` is not a valid ASCII metadata name.
+    pub fn principal_metadata(mut self, name: &str) -> Self {
+        self.principal = Some(HeaderName::try_from(name).expect("a valid metadata name"));
+        self
+    }
+
+    /// Scopes keys by the method alone: every caller shares one key space.
+    pub fn without_principal(mut self) -> Self {
+        self.principal = None;
+        self
+    }
+
+    /// The record's scope for a call to `path` with these headers:
+    /// `grpc:{principal}:{path}`, the principal a hash of the configured
+    /// metadata entry (`anon` without one), the path hashed if the scope
+    /// would be too long.
+    pub(crate) fn scope(&self, headers: &http::HeaderMap, path: &str) -> idem::Scope {
+        let principal = idem_http::principal_of(headers, self.principal.as_ref());
+        idem::Scope::new(format!("grpc:{principal}:{path}")).unwrap_or_else(|_| {
+            let hashed = &idem::Fingerprint::of_bytes(path.as_bytes()).to_hex()[..32];
+            idem::Scope::new(format!("grpc:{principal}:#{hashed}"))
+                .expect("a principal and a hex hash make a valid scope")
+        })
+    }
+
+    /// Whether calls to `path` are protected.
+    pub fn protects(&self, path: &str) -> bool {
+        self.unary.contains(path)
+    }
+}

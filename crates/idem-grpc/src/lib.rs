@@ -1,0 +1,49 @@
+//! Idempotency keys for gRPC services built on tonic, and retries that know
+//! gRPC's status codes.
+//!
+//! A gRPC answer is not an HTTP answer: its outcome is the `grpc-status`
+//! trailer, its body is length-prefixed messages, and the codes worth a retry
+//! are gRPC's own. This crate brings Idem's protocol to it:
+//!
+//! - server side, [`GrpcIdempotencyLayer`]: a tower layer for a tonic server.
+//!   A unary call with an `idempotency-key` metadata entry runs once per key;
+//!   its answer (headers, message and trailers) is stored and replayed to
+//!   every duplicate with `idempotent-replayed: true`;
+//! - [`atomic`] handlers: a unary method whose effect is SQL on the store's
+//!   own database runs inside the store's transaction, and its reply commits
+//!   with its writes and the key's record;
+//! - client side, [`GrpcRetryPolicy`] and [`GrpcRetry`]: retries by status
+//!   code with full-jitter backoff, the server's pushback and a shared retry
+//!   budget, the key set once and carried by every attempt.
+//!
+//! | situation | status |
+//! |---|---|
+//! | key missing where required, key malformed, not exactly one request message | `INVALID_ARGUMENT` |
+//! | same key, another message | `FAILED_PRECONDITION` |
+//! | same key, the first call still running | `ABORTED` + `grpc-retry-pushback-ms` |
+//! | same key, answered | the stored headers, message and trailers + `idempotent-replayed: true` |
+//! | request message over the limit | `RESOURCE_EXHAUSTED` |
+//! | the store unavailable | `UNAVAILABLE` |
+//!
+//! Key reuse is `FAILED_PRECONDITION`, not `INVALID_ARGUMENT`: the key and the
+//! message are each valid, and the call would succeed with a new key or after
+//! the record's window; what fails is the state the key's record is in.
+//!
+//! Streaming calls pass through untouched: only the unary methods named in
+//! [`GrpcIdempotencyConfig::unary`] are protected.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod atomic;
+mod body;
+pub mod client;
+mod config;
+mod layer;
+pub mod status;
+mod stored;
+
+pub use client::{GrpcRetry, GrpcRetryPolicy};
+pub use config::{DEFAULT_MESSAGE_LIMIT, GrpcIdempotencyConfig, IDEMPOTENCY_KEY};
+pub use layer::{GrpcIdempotencyLayer, GrpcIdempotencyService, GrpcResponse, ResponseFuture};
+pub use status::{Disposition, RETRY_PUSHBACK, disposition};
+pub use stored::{IDEMPOTENT_REPLAYED, NotAnAnswer, StoredCall};
