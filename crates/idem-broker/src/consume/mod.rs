@@ -1,6 +1,6 @@
 //! Consumers that apply, commit, and only then ack.
 //!
-//! Delivery from RabbitMQ, NATS JetStream and Kafka is at-least-once: a message is
+//! Delivery from RabbitMQ, NATS JetStream, Kafka and Amazon SQS is at-least-once: a message is
 //! redelivered when its consumer dies before acking, and publishers send
 //! duplicates. A consumer built here applies each message's effect once per
 //! idempotency key, in the same transaction as the dedupe record, and acks
@@ -23,6 +23,9 @@
 //! - `kafka` (feature `kafka`): [`KafkaTransport`], a Kafka consumer group member
 //!   through rdkafka (offsets committed after the effect, partitions in parallel,
 //!   each in order);
+//! - `sqs` (feature `sqs`): [`SqsTransport`], an Amazon SQS queue through the
+//!   official SDK (long polling, the visibility timeout as the lease, deleted
+//!   after the commit, FIFO groups each in order);
 //! - `reconnect`: [`Reconnecting`], a transport that connects again after a
 //!   lost connection (full-jitter backoff, [`Reconnect`]), and says so to `/healthz`;
 //! - `source` (feature `amqp`, `nats` or `kafka`): [`Source`], a broker chosen by URL, and [`AnyTransport`];
@@ -46,6 +49,8 @@ mod key;
 mod message;
 #[cfg(feature = "nats")]
 mod nats;
+#[cfg(feature = "sqs")]
+mod sqs;
 mod reconnect;
 mod runtime;
 #[cfg(any(feature = "amqp", feature = "nats", feature = "kafka"))]
@@ -75,7 +80,9 @@ pub use reconnect::{
 pub use runtime::{ConsumeError, Consumer};
 #[cfg(any(feature = "amqp", feature = "nats", feature = "kafka"))]
 pub use source::{AnySettle, AnyTransport, InvalidSource, Source, SourceOptions};
+#[cfg(feature = "sqs")]
+pub use sqs::{SQS_KEY_ATTRIBUTE, SqsOptions, SqsSettle, SqsTransport};
 pub use stats::{Stats, StatsSnapshot};
 pub use store::ConsumerStore;
 pub use transport::{Delivery, Route, Settle, Transport, TransportError, TransportErrorKind};
-pub use window::{BrokerHorizon, WindowTerms};
+pub use window::{BrokerHorizon, DeliveryLimit, WindowTerms};

@@ -20,6 +20,16 @@ use std::time::Duration;
 
 use super::config::ConsumerConfig;
 
+/// How many deliveries the broker allows a message before it moves the
+/// message aside itself (an SQS queue's redrive policy), as read at start-up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeliveryLimit {
+    /// Deliveries, the last one included.
+    pub deliveries: u32,
+    /// What sets it, as printed.
+    pub origin: String,
+}
+
 /// How long a broker keeps messages it could hand out again, as read from
 /// the broker at start-up.
 #[derive(Debug, Clone, PartialEq, Eq)]
