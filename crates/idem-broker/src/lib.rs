@@ -47,7 +47,7 @@ pub mod dead_letter;
 pub mod forward;
 pub mod kafka;
 mod nats_conn;
-mod sqs_conn;
 pub mod outbox;
 pub mod publish;
 pub mod relay;
+mod sqs_conn;

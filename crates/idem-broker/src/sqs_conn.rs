@@ -61,7 +61,11 @@ impl SqsUrl {
         let scheme = match parsed.scheme() {
             "sqs" => "https",
             "sqs+http" => "http",
-            other => return Err(format!("unknown scheme {other:?}: write sqs:// (or sqs+http:// for an emulator reached over plain HTTP)")),
+            other => {
+                return Err(format!(
+                    "unknown scheme {other:?}: write sqs:// (or sqs+http:// for an emulator reached over plain HTTP)"
+                ));
+            }
         };
         let host = parsed.host_str().unwrap_or_default();
         let endpoint = (!host.is_empty()).then(|| match parsed.port() {
@@ -69,7 +73,10 @@ impl SqsUrl {
             None => format!("{scheme}://{host}"),
         });
         if endpoint.is_none() && scheme == "http" {
-            return Err("sqs+http:// names the endpoint it reaches: write sqs+http://HOST:PORT/QUEUE".into());
+            return Err(
+                "sqs+http:// names the endpoint it reaches: write sqs+http://HOST:PORT/QUEUE"
+                    .into(),
+            );
         }
         let credentials = match (parsed.username(), parsed.password()) {
             ("", None) => None,
@@ -156,7 +163,9 @@ impl SqsUrl {
             if self.endpoint.is_none() {
                 return Err(Failure {
                     kind: FailureKind::Config,
-                    message: "no AWS region: set AWS_REGION, a profile's region, or ?region= in the URL".into(),
+                    message:
+                        "no AWS region: set AWS_REGION, a profile's region, or ?region= in the URL"
+                            .into(),
                 });
             }
             config = config.region(Region::new(EMULATOR_REGION));
@@ -239,13 +248,18 @@ where
                 _ if code.contains("NonExistentQueue") || code.contains("QueueDoesNotExist") => {
                     FailureKind::Missing
                 }
-                "AccessDenied" | "AccessDeniedException" | "InvalidClientTokenId"
-                | "SignatureDoesNotMatch" | "UnrecognizedClientException"
-                | "InvalidSecurity" | "MissingAuthenticationToken" | "ExpiredToken" => {
-                    FailureKind::Refused
-                }
-                _ if code.contains("Throttl") || code.contains("ServiceUnavailable")
-                    || code.contains("InternalError") || code.contains("RequestThrottled")
+                "AccessDenied"
+                | "AccessDeniedException"
+                | "InvalidClientTokenId"
+                | "SignatureDoesNotMatch"
+                | "UnrecognizedClientException"
+                | "InvalidSecurity"
+                | "MissingAuthenticationToken"
+                | "ExpiredToken" => FailureKind::Refused,
+                _ if code.contains("Throttl")
+                    || code.contains("ServiceUnavailable")
+                    || code.contains("InternalError")
+                    || code.contains("RequestThrottled")
                     || code.contains("KmsThrottled") =>
                 {
                     FailureKind::Unavailable
@@ -283,9 +297,7 @@ fn source_chain(error: &(dyn std::error::Error + 'static)) -> String {
 fn amazon_region(host: &str) -> Option<String> {
     let rest = host.strip_prefix("sqs.")?;
     let (region, domain) = rest.split_once('.')?;
-    domain
-        .starts_with("amazonaws.")
-        .then(|| region.to_owned())
+    domain.starts_with("amazonaws.").then(|| region.to_owned())
 }
 
 fn valid_queue_name(name: &str) -> bool {
@@ -310,8 +322,10 @@ mod tests {
 
     #[test]
     fn reads_the_endpoint_region_credentials_and_queue() {
-        let moto = SqsUrl::parse("sqs+http://test:s3cret@127.0.0.1:5000/orders.fifo?region=eu-west-1&group=g")
-            .unwrap();
+        let moto = SqsUrl::parse(
+            "sqs+http://test:s3cret@127.0.0.1:5000/orders.fifo?region=eu-west-1&group=g",
+        )
+        .unwrap();
         assert_eq!(moto.endpoint.as_deref(), Some("http://127.0.0.1:5000"));
         assert_eq!(moto.region.as_deref(), Some("eu-west-1"));
         assert_eq!(moto.credentials, Some(("test".into(), "s3cret".into())));
@@ -319,14 +333,21 @@ mod tests {
         assert!(moto.fifo());
         assert_eq!(moto.query, [("group".to_owned(), "g".to_owned())]);
 
-        let aws = SqsUrl::parse("sqs://sqs.eu-central-1.amazonaws.com/123456789012/orders").unwrap();
-        assert_eq!(aws.endpoint.as_deref(), Some("https://sqs.eu-central-1.amazonaws.com"));
+        let aws =
+            SqsUrl::parse("sqs://sqs.eu-central-1.amazonaws.com/123456789012/orders").unwrap();
+        assert_eq!(
+            aws.endpoint.as_deref(),
+            Some("https://sqs.eu-central-1.amazonaws.com")
+        );
         assert_eq!(aws.region.as_deref(), Some("eu-central-1"));
         assert_eq!(aws.account.as_deref(), Some("123456789012"));
         assert!(!aws.fifo());
 
         let chain = SqsUrl::parse("sqs:///orders").unwrap();
-        assert_eq!((chain.endpoint, chain.region, chain.credentials), (None, None, None));
+        assert_eq!(
+            (chain.endpoint, chain.region, chain.credentials),
+            (None, None, None)
+        );
 
         assert!(SqsUrl::parse("sqs+http:///orders").is_err());
         assert!(SqsUrl::parse("sqs://h/").is_err());

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use aws_sdk_sqs::types::QueueAttributeName;
 use consumer_support::bank::Tx;
-use consumer_support::{Bank, Broker, PgBank, Running, Sqs, SqliteBank, config};
+use consumer_support::{Bank, Broker, PgBank, Running, SqliteBank, Sqs, config};
 use idem::Outcome;
 use idem_broker::consume::{
     ApplyBatch, AtomicApply, ConsumeError, Consumer, KeyRule, KeySource, KeyedMessage, SqsOptions,
@@ -24,13 +24,23 @@ use idem_broker::consume::{
 
 consumer_tests!(Sqs);
 
+/// Waits inside an effect: on the runtime (PostgreSQL's effects), or on the
+/// thread (SQLite's effects run on its writer thread, outside the runtime).
+async fn pause_here(pause: Duration) {
+    if tokio::runtime::Handle::try_current().is_ok() {
+        tokio::time::sleep(pause).await;
+    } else {
+        std::thread::sleep(pause);
+    }
+}
+
 /// An effect that writes its ledger row, then takes `pause` inside its
 /// transaction: longer than the visibility timeout.
 fn slow<K: Bank>(bank: &K, pause: Duration) -> impl ApplyBatch<Store = K::Store> {
     AtomicApply::new(bank.store(), move |message: Arc<KeyedMessage>| {
         async move |tx: &mut Tx<K>| -> Result<Outcome, String> {
             K::debit(tx, message.key.as_str(), 1).await?;
-            tokio::time::sleep(pause).await;
+            pause_here(pause).await;
             Ok(Outcome::success("slow"))
         }
     })
@@ -52,10 +62,12 @@ async fn a_slow_effect_and_the_visibility<K: Bank>(extend: bool) {
         extend,
         ..queue.options
     };
+    // One message at a time: the first consumer does not receive again
+    // while its effect runs, so a copy can only reach the second.
     let first = Consumer::new(
         queue.transport_with(options).await,
         slow(&bank, Duration::from_secs(5)),
-        config(queue.key_rule()),
+        config(queue.key_rule()).concurrency(1),
     );
     let first = Running::start(first.stats(), |stop| first.run(stop));
     first.until("received", |s| s.received >= 1).await;
@@ -78,9 +90,15 @@ async fn a_slow_effect_and_the_visibility<K: Bank>(extend: bool) {
     assert_eq!(bank.ledger().await, ["slow-1"], "one effect");
     assert_eq!(first.applied, 1, "{first:?}");
     if extend {
-        assert_eq!(second.received, 0, "the extension kept the copy hidden: {second:?}");
+        assert_eq!(
+            second.received, 0,
+            "the extension kept the copy hidden: {second:?}"
+        );
     } else {
-        assert_eq!((second.applied, second.replayed), (0, 1), "{second:?}");
+        // Every copy it got (the visibility may lapse again while it waits
+        // for the first's commit) is answered from the record.
+        assert_eq!(second.applied, 0, "{second:?}");
+        assert!(second.replayed >= 1, "{second:?}");
     }
     assert_eq!(queue.depth().await, (0, 0), "the message was deleted");
 }
@@ -134,7 +152,7 @@ async fn fifo_groups_apply_in_order_under_duplicates() {
             let order: serde_json::Value =
                 serde_json::from_slice(message.payload()).map_err(|e| e.to_string())?;
             SqliteBank::debit(tx, message.key.as_str(), 1).await?;
-            tokio::time::sleep(Duration::from_millis(30)).await;
+            pause_here(Duration::from_millis(30)).await;
             let group = order["group"].as_str().unwrap_or_default().to_owned();
             record
                 .lock()
@@ -195,7 +213,9 @@ async fn the_queue_redrive_limit_is_read() {
         return;
     };
     let transport = queue.transport().await;
-    let limit = transport.delivery_limit().expect("the redrive policy's limit");
+    let limit = transport
+        .delivery_limit()
+        .expect("the redrive policy's limit");
     assert_eq!(limit.deliveries, 2);
     assert!(limit.origin.contains(&queue.queue), "{}", limit.origin);
 }

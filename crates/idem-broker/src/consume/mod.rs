@@ -49,12 +49,12 @@ mod key;
 mod message;
 #[cfg(feature = "nats")]
 mod nats;
-#[cfg(feature = "sqs")]
-mod sqs;
 mod reconnect;
 mod runtime;
 #[cfg(any(feature = "amqp", feature = "nats", feature = "kafka"))]
 mod source;
+#[cfg(feature = "sqs")]
+mod sqs;
 mod stats;
 mod store;
 mod transport;

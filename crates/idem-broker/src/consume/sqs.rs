@@ -83,7 +83,10 @@ impl Default for SqsOptions {
 
 impl SqsOptions {
     fn visibility_secs(&self) -> i32 {
-        secs(self.visibility.clamp(Duration::from_secs(1), MAX_VISIBILITY))
+        secs(
+            self.visibility
+                .clamp(Duration::from_secs(1), MAX_VISIBILITY),
+        )
     }
 }
 
@@ -415,8 +418,13 @@ impl SqsTransport {
 
     /// The first held delivery whose group is free, marked busy.
     fn next_ready(&mut self) -> Option<Delivery<SqsSettle>> {
-        let returned: HashSet<String> =
-            std::mem::take(&mut *self.queue.returned.lock().unwrap_or_else(|p| p.into_inner()));
+        let returned: HashSet<String> = std::mem::take(
+            &mut *self
+                .queue
+                .returned
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        );
         if !returned.is_empty() {
             // Held behind a message given back: back to the queue, so SQS
             // hands the group out again in its order.
@@ -462,7 +470,9 @@ impl SqsTransport {
         let dedup = system
             .get(&MessageSystemAttributeName::MessageDeduplicationId)
             .cloned();
-        let group = system.get(&MessageSystemAttributeName::MessageGroupId).cloned();
+        let group = system
+            .get(&MessageSystemAttributeName::MessageGroupId)
+            .cloned();
         if let Some(dedup) = &dedup {
             headers.insert("MessageDeduplicationId".into(), dedup.clone());
         }
