@@ -28,7 +28,7 @@
 //!   after the commit, FIFO groups each in order);
 //! - `reconnect`: [`Reconnecting`], a transport that connects again after a
 //!   lost connection (full-jitter backoff, [`Reconnect`]), and says so to `/healthz`;
-//! - `source` (feature `amqp`, `nats` or `kafka`): [`Source`], a broker chosen by URL, and [`AnyTransport`];
+//! - `source` (feature `amqp`, `nats`, `kafka` or `sqs`): [`Source`], a broker chosen by URL, and [`AnyTransport`];
 //! - `message`: [`Message`], broker-neutral, and [`KeyedMessage`];
 //! - `key`: [`KeyRule`], where keys come from and what to do without one;
 //! - `apply`: [`Apply`] / [`ApplyBatch`], and [`AtomicApply`], a message's effect in any store's transaction ([`AtomicSetApply`]: one effect for a batch's messages);
@@ -51,7 +51,7 @@ mod message;
 mod nats;
 mod reconnect;
 mod runtime;
-#[cfg(any(feature = "amqp", feature = "nats", feature = "kafka"))]
+#[cfg(any(feature = "amqp", feature = "nats", feature = "kafka", feature = "sqs"))]
 mod source;
 #[cfg(feature = "sqs")]
 mod sqs;
@@ -78,7 +78,7 @@ pub use reconnect::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_RECONNECT_MAX, DEFAULT_RECONNECT_MIN, Reconnect, Reconnecting,
 };
 pub use runtime::{ConsumeError, Consumer};
-#[cfg(any(feature = "amqp", feature = "nats", feature = "kafka"))]
+#[cfg(any(feature = "amqp", feature = "nats", feature = "kafka", feature = "sqs"))]
 pub use source::{AnySettle, AnyTransport, InvalidSource, Source, SourceOptions};
 #[cfg(feature = "sqs")]
 pub use sqs::{SQS_KEY_ATTRIBUTE, SqsOptions, SqsSettle, SqsTransport};

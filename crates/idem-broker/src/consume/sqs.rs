@@ -88,6 +88,46 @@ impl SqsOptions {
                 .clamp(Duration::from_secs(1), MAX_VISIBILITY),
         )
     }
+
+    /// These options with the URL's query over them: `visibility=30s`,
+    /// `wait=20s`, `extend=false`, `max_messages=10`.
+    fn with_query(mut self, query: &[(String, String)]) -> Result<Self, String> {
+        let duration = |name: &str, value: &str| {
+            humantime::parse_duration(value)
+                .map_err(|e| format!("{name}={value:?} is not a duration (30s, 2m): {e}"))
+        };
+        for (name, value) in query {
+            match name.as_str() {
+                "visibility" => self.visibility = duration(name, value)?,
+                "wait" => self.wait = duration(name, value)?,
+                "extend" => {
+                    self.extend = value.parse().map_err(|_| {
+                        format!("extend={value:?}: write extend=true or extend=false")
+                    })?;
+                }
+                "max_messages" => {
+                    self.max_messages = value
+                        .parse()
+                        .ok()
+                        .filter(|n| (1..=10).contains(n))
+                        .ok_or_else(|| format!("max_messages={value:?}: 1 to 10"))?;
+                }
+                other => {
+                    return Err(format!(
+                        "unknown option {other:?}: an SQS source takes region=, visibility=, wait=, extend= and max_messages="
+                    ));
+                }
+            }
+        }
+        Ok(self)
+    }
+}
+
+/// Checks an SQS source's URL and options, for parsing a source whatever the
+/// features.
+pub(crate) fn check_source(url: &str) -> Result<(), String> {
+    let parsed = SqsUrl::parse(url)?;
+    SqsOptions::default().with_query(&parsed.query).map(|_| ())
 }
 
 /// A queue's consumer.
@@ -310,18 +350,26 @@ impl Settle for SqsSettle {
 impl SqsTransport {
     /// Connects to the queue `url` names
     /// (`sqs://[KEY:SECRET@][HOST[:PORT]]/[ACCOUNT/]QUEUE[?region=REGION]`,
-    /// `sqs+http://` for an emulator over plain HTTP) and reads its settings:
+    /// `sqs+http://` for an emulator over plain HTTP; the query may set
+    /// `visibility=`, `wait=`, `extend=` and `max_messages=` over `options`)
+    /// and reads its settings:
     /// its retention (a term of the window check), its redrive policy (a
     /// `maxReceiveCount` below the consumer's attempts is warned about), and
     /// whether it is a FIFO queue.
     pub async fn connect(url: &str, options: SqsOptions) -> Result<Self, TransportError> {
-        let parsed = SqsUrl::parse(url).map_err(|why| {
-            TransportError::of(
-                TransportErrorKind::Config,
-                format!("read the SQS URL {}", redact_url(url)),
-                why,
-            )
-        })?;
+        let parsed = SqsUrl::parse(url)
+            .and_then(|parsed| {
+                let options = options.with_query(&parsed.query)?;
+                Ok((parsed, options))
+            })
+            .map_err(|why| {
+                TransportError::of(
+                    TransportErrorKind::Config,
+                    format!("read the SQS URL {}", redact_url(url)),
+                    why,
+                )
+            });
+        let (parsed, options) = parsed?;
         let wait = options.wait.min(sqs_conn::MAX_WAIT);
         let client = parsed
             .client(wait + Duration::from_secs(10))
