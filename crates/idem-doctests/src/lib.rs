@@ -34,6 +34,7 @@ doctests! {
     HttpDoctests => "../../../docs/src/http.md",
     ConsumersDoctests => "../../../docs/src/consumers.md",
     KafkaDoctests => "../../../docs/src/kafka.md",
+    SqsDoctests => "../../../docs/src/sqs.md",
     DeadLettersDoctests => "../../../docs/src/dead-letters.md",
     OutboxDoctests => "../../../docs/src/outbox.md",
     WindowsDoctests => "../../../docs/src/windows.md",
