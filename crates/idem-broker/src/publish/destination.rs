@@ -557,6 +557,8 @@ mod tests {
             "sqs://sqs.eu-west-1.amazonaws.com/123456789012/orders",
             "sqs+http://test:test@127.0.0.1:5000/orders.fifo?region=us-east-1&group=header%3Aorder-id",
             "sqs:///orders.fifo?group=key",
+            "sqs://h/q?region=a%20b&group=x%26y",
+            "sqs://u:p%40ss@h:443/123/q.fifo?group=header%3Ak%20k",
         ] {
             let destination = parse(text);
             let again = parse(&destination.to_string());
