@@ -7,7 +7,8 @@
 //!   (a relay, a client with retries) may send the same message again;
 //! - the broker's redelivery horizon: how long the broker keeps a message it
 //!   could hand out again — a Kafka topic's retention, a JetStream stream's
-//!   max age (with its duplicate window, the broker's own publish dedupe);
+//!   max age (with its duplicate window, the broker's own publish dedupe),
+//!   an SQS queue's `MessageRetentionPeriod`;
 //! - an allowance for manual replays: how far back an operator may re-publish
 //!   or rewind during an incident.
 //!
