@@ -255,3 +255,52 @@ async fn a_retention_longer_than_the_window_stops_the_start() {
         other => panic!("expected ReplayBeyondWindow, got {other:?}"),
     }
 }
+
+/// A consumer that cannot extend a message's visibility stops: here the
+/// queue is deleted under a slow effect, the extension is refused, and the
+/// consumer ends with the transport's error instead of working on while SQS
+/// could hand the message to someone else. The effect in hand still commits
+/// once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_that_cannot_extend_the_visibility_stops() {
+    let Some(queue) = Sqs::start().await else {
+        return;
+    };
+    let Some(bank) = SqliteBank::start().await else {
+        return;
+    };
+    queue.publish(Some("slow-1"), br#"{"amount": 1}"#).await;
+    let consumer = Consumer::new(
+        queue.transport().await,
+        slow(&bank, Duration::from_secs(3)),
+        config(queue.key_rule()).concurrency(1),
+    );
+    let stats = consumer.stats();
+    let run = tokio::spawn(consumer.run(std::future::pending()));
+    while stats.snapshot().received < 1 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    queue
+        .client
+        .delete_queue()
+        .queue_url(&queue.queue_url)
+        .send()
+        .await
+        .expect("delete the queue");
+    let ended = tokio::time::timeout(Duration::from_secs(30), run)
+        .await
+        .expect("the consumer stops within 30 s")
+        .expect("consumer task");
+    match ended {
+        Err(ConsumeError::Transport(error)) => {
+            let chain = format!("{error}: {:?}", std::error::Error::source(&error));
+            assert!(chain.contains("visibility"), "{chain}");
+        }
+        other => panic!("expected a transport error, got {other:?}"),
+    }
+    assert_eq!(
+        bank.ledger().await,
+        ["slow-1"],
+        "the effect in hand committed once"
+    );
+}
