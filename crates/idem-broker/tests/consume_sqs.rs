@@ -304,3 +304,17 @@ async fn a_consumer_that_cannot_extend_the_visibility_stops() {
         "the effect in hand committed once"
     );
 }
+
+/// The connection to the endpoint is cut under the consumer: it connects
+/// again by itself, says so to the health while it is down, and applies every
+/// message once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keeps_consuming_across_a_connection_cut() {
+    consumer_support::cuts::consumes_across_a_cut::<Sqs, SqliteBank>().await
+}
+
+/// The same in batch mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keeps_consuming_batches_across_a_connection_cut() {
+    consumer_support::cuts::consumes_batches_across_a_cut::<Sqs, SqliteBank>().await
+}
