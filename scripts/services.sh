@@ -122,6 +122,7 @@ start_moto() {
 # A port that accepts connections is not enough: the server on it must answer
 # SQS's JSON protocol (ListQueues), as the tests' SDK speaks it.
 sqs_answers() {
+  command -v curl >/dev/null || install_packages curl || return 1
   curl -sf --max-time 5 -X POST "http://127.0.0.1:$MOTO_PORT/" \
     -H 'Content-Type: application/x-amz-json-1.0' \
     -H 'X-Amz-Target: AmazonSQS.ListQueues' \
