@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # Makes sure the services the test suite talks to answer on loopback:
-# PostgreSQL (5432), RabbitMQ (5672), NATS with JetStream (4222) and a
-# Kafka-compatible broker (9092).
+# PostgreSQL (5432), RabbitMQ (5672), NATS with JetStream (4222), a
+# Kafka-compatible broker (9092) and an SQS-compatible server (5000).
 # A service that does not answer is started; one that is not installed is
 # installed from Debian's packages first. No Apache Kafka build comes from
 # Debian's packages, so the Kafka protocol is served by tansu, a
 # Kafka-compatible broker from crates.io, built once into a cache outside the
 # repository (IDEM_CACHE, default ~/.cache/idem) and started on SQLite
 # storage in /var/lib/idem-kafka, which keeps records and committed offsets
-# across its own restarts. Exits non-zero, naming the service,
-# if one still does not answer.
+# across its own restarts. No Amazon endpoint is reachable from the test
+# machines, so SQS is served by moto's server, installed from PyPI into a
+# virtual environment in the same cache and started on 127.0.0.1:5000; it must
+# answer an SQS request, not only accept connections. Exits non-zero, naming
+# the service, if one still does not answer.
 set -uo pipefail
 
 log() { printf '[services] %s\n' "$*" >&2; }
@@ -100,6 +103,33 @@ restart_kafka_if_broken() {
   fi
 }
 
+moto="$cache/moto"
+MOTO_VERSION=5.2.5
+MOTO_PORT=5000
+
+start_moto() {
+  if ! [ -x "$moto/bin/moto_server" ]; then
+    log "installing moto[server] $MOTO_VERSION (an SQS-compatible server) from PyPI into $moto"
+    command -v python3 >/dev/null || install_packages python3 python3-venv || return 1
+    python3 -m venv "$moto" >&2 || { install_packages python3-venv && python3 -m venv "$moto" >&2; } || return 1
+    "$moto/bin/pip" install --quiet "moto[server]==$MOTO_VERSION" >&2 || return 1
+  fi
+  local data=/var/lib/idem-moto
+  mkdir -p "$data"
+  (cd "$data" && nohup "$moto/bin/moto_server" -H 127.0.0.1 -p "$MOTO_PORT" >>"$data/moto.log" 2>&1 &)
+}
+
+# A port that accepts connections is not enough: the server on it must answer
+# SQS's JSON protocol (ListQueues), as the tests' SDK speaks it.
+sqs_answers() {
+  command -v curl >/dev/null || install_packages curl || return 1
+  curl -sf --max-time 5 -X POST "http://127.0.0.1:$MOTO_PORT/" \
+    -H 'Content-Type: application/x-amz-json-1.0' \
+    -H 'X-Amz-Target: AmazonSQS.ListQueues' \
+    -H 'Authorization: AWS4-HMAC-SHA256 Credential=test/20260101/us-east-1/sqs/aws4_request, SignedHeaders=host, Signature=0' \
+    -d '{}' >/dev/null
+}
+
 ensure() { # name port start-function seconds
   local name=$1 port=$2 start=$3 limit=$4
   if answers 127.0.0.1 "$port"; then
@@ -120,6 +150,14 @@ ensure RabbitMQ 5672 start_rabbitmq 90 || failed=1
 ensure NATS 4222 start_nats 30 || failed=1
 restart_kafka_if_broken
 ensure Kafka 9092 start_kafka 60 || failed=1
+if ensure "SQS (moto)" "$MOTO_PORT" start_moto 120; then
+  if ! sqs_answers; then
+    log "ERROR: something answers on 127.0.0.1:$MOTO_PORT but not SQS's ListQueues; stop it or free the port for moto's server"
+    failed=1
+  fi
+else
+  failed=1
+fi
 
 if [ "$failed" = 0 ] && command -v psql >/dev/null; then
   if ! psql -h 127.0.0.1 -U postgres -d postgres -tAc 'SELECT 1' >/dev/null 2>&1; then

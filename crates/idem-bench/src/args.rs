@@ -131,6 +131,14 @@ pub struct BenchConsumeArgs {
     /// The Kafka bootstrap brokers.
     #[arg(long, default_value = "127.0.0.1:9092")]
     pub kafka_brokers: String,
+    /// The SQS endpoint the benchmark's queues are made on (an emulator's,
+    /// such as moto's server; credentials come from the AWS chain, e.g.
+    /// AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY).
+    #[arg(long, default_value = "http://127.0.0.1:5000")]
+    pub sqs_endpoint: String,
+    /// The SQS region.
+    #[arg(long, default_value = "us-east-1")]
+    pub sqs_region: String,
     /// Partitions of each Kafka topic the benchmark makes (a partition is
     /// applied in order, one record at a time in the single phases).
     #[arg(long, default_value_t = 8)]
@@ -155,4 +163,6 @@ pub enum BrokerArg {
     Nats,
     /// Kafka (rdkafka): a topic per phase, consumed by a consumer group.
     Kafka,
+    /// Amazon SQS (the AWS SDK): a standard queue per phase.
+    Sqs,
 }

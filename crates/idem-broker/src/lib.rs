@@ -10,7 +10,8 @@
 //!
 //! Modules:
 //! - [`consume`]: the consumer runtime, and its RabbitMQ (feature `amqp`),
-//!   NATS JetStream (feature `nats`) and Kafka (feature `kafka`) transports;
+//!   NATS JetStream (feature `nats`), Kafka (feature `kafka`) and Amazon SQS
+//!   (feature `sqs`) transports;
 //! - [`kafka`]: the settings Kafka clients are checked against, and
 //!   consume-transform-produce inside a Kafka transaction (feature `kafka`);
 //! - [`forward`]: the sidecar that delivers consumed messages to an HTTP
@@ -18,11 +19,11 @@
 //! - [`outbox`]: [`Outbox::enqueue`](outbox::Outbox::enqueue) inside the business transaction;
 //! - [`relay`]: claims pending outbox rows and publishes them;
 //! - [`publish`]: publishers for RabbitMQ (confirms; `amqp`), NATS JetStream
-//!   (`nats`), Kafka (the idempotent producer; `kafka`) and HTTP webhooks
-//!   (`webhook`);
+//!   (`nats`), Kafka (the idempotent producer; `kafka`), Amazon SQS (`sqs`)
+//!   and HTTP webhooks (`webhook`);
 //! - [`dead_letter`]: redrive, and the dead-letter types.
 //!
-//! Features: `amqp`, `nats`, `kafka` and `webhook`, all on by default. A destination
+//! Features: `amqp`, `nats`, `kafka`, `sqs` and `webhook`, all on by default. A destination
 //! or source whose feature is off is refused when connecting, with the
 //! feature to enable.
 #![forbid(unsafe_code)]
@@ -32,10 +33,11 @@
     feature = "amqp",
     feature = "nats",
     feature = "webhook",
-    feature = "kafka"
+    feature = "kafka",
+    feature = "sqs"
 )))]
 compile_error!(
-    "idem-broker publishes and consumes through at least one transport: enable the crate feature amqp, nats, kafka or webhook"
+    "idem-broker publishes and consumes through at least one transport: enable the crate feature amqp, nats, kafka, sqs or webhook"
 );
 
 mod amqp_conn;
@@ -48,3 +50,4 @@ mod nats_conn;
 pub mod outbox;
 pub mod publish;
 pub mod relay;
+mod sqs_conn;

@@ -183,3 +183,17 @@ async fn forwards_from_kafka_once_per_key() {
     .expect("source URL");
     forward_scenario(broker, source).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwards_from_sqs_once_per_key() {
+    // The reused key's second payload must come after its first: moto's
+    // standard queues hand messages out in the order they were sent (SQS's
+    // own only try to).
+    let Some(broker) = consumer_support::Sqs::start().await else {
+        return;
+    };
+    let source: Source = format!("{}&visibility=2s&wait=1s", broker.url)
+        .parse()
+        .expect("source URL");
+    forward_scenario(broker, source).await;
+}

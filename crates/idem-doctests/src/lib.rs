@@ -35,6 +35,7 @@ doctests! {
     GrpcDoctests => "../../../docs/src/grpc.md",
     ConsumersDoctests => "../../../docs/src/consumers.md",
     KafkaDoctests => "../../../docs/src/kafka.md",
+    SqsDoctests => "../../../docs/src/sqs.md",
     DeadLettersDoctests => "../../../docs/src/dead-letters.md",
     OutboxDoctests => "../../../docs/src/outbox.md",
     WindowsDoctests => "../../../docs/src/windows.md",

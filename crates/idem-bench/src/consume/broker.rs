@@ -1,8 +1,9 @@
 //! The queues `idem bench consume` consumes from: a RabbitMQ queue, a NATS
-//! JetStream stream or a Kafka topic per phase, declared for the run, filled
-//! with keyed messages (AMQP `message_id`, `Nats-Msg-Id`, Kafka's
-//! `idempotency-key` header) before the clock starts, and deleted after
-//! (Kafka topics are kept: see [`BenchBroker::delete`]).
+//! JetStream stream, a Kafka topic or an SQS queue per phase, declared for
+//! the run, filled with keyed messages (AMQP `message_id`, `Nats-Msg-Id`,
+//! Kafka's `idempotency-key` header, SQS's `idempotency-key` attribute)
+//! before the clock starts, and deleted after (Kafka topics are kept: see
+//! [`BenchBroker::delete`]).
 
 use anyhow::Context;
 use idem_broker::consume::Source;
@@ -31,6 +32,11 @@ pub(super) enum BenchBroker {
         partitions: i32,
         run: u32,
     },
+    Sqs {
+        endpoint: String,
+        region: String,
+        run: u32,
+    },
 }
 
 impl BenchBroker {
@@ -50,6 +56,11 @@ impl BenchBroker {
                 partitions: args.kafka_partitions.max(1),
                 run,
             },
+            BrokerArg::Sqs => Self::Sqs {
+                endpoint: args.sqs_endpoint.clone(),
+                region: args.sqs_region.clone(),
+                run,
+            },
         }
     }
 
@@ -59,6 +70,7 @@ impl BenchBroker {
             Self::Amqp { .. } => "RabbitMQ",
             Self::Nats { .. } => "NATS JetStream",
             Self::Kafka { .. } => "Kafka",
+            Self::Sqs { .. } => "Amazon SQS",
         }
     }
 
@@ -124,6 +136,26 @@ impl BenchBroker {
                         group: name.clone(),
                         settings: idem_broker::kafka::Settings::new(),
                     },
+                    name,
+                })
+            }
+            Self::Sqs {
+                endpoint,
+                region,
+                run,
+            } => {
+                let name = format!("idem-bench-{run:08x}-{tag}");
+                sqs::client(endpoint, region)
+                    .await
+                    .create_queue()
+                    .queue_name(&name)
+                    .send()
+                    .await
+                    .with_context(|| format!("cannot create SQS queue {name} at {endpoint}"))?;
+                Ok(BenchQueue {
+                    source: sqs::source(endpoint, region, &name)?
+                        .parse()
+                        .context("the SQS source")?,
                     name,
                 })
             }
@@ -199,6 +231,17 @@ impl BenchBroker {
                 })
                 .await?;
             }
+            Self::Sqs {
+                endpoint,
+                region,
+                run,
+            } => {
+                let client = sqs::client(endpoint, region).await;
+                sqs::fill(&client, &queue.name, messages, |i| {
+                    (format!("bench-{run:08x}-{tag}-{i}"), body(i))
+                })
+                .await?;
+            }
         }
         Ok(())
     }
@@ -221,6 +264,19 @@ impl BenchBroker {
                 // Kept: deleting a topic has crashed the Kafka-protocol broker
                 // the benchmark was measured on. Its name carries the run's id.
                 Self::Kafka { .. } => {}
+                Self::Sqs {
+                    endpoint, region, ..
+                } => {
+                    let client = sqs::client(endpoint, region).await;
+                    let url = client
+                        .get_queue_url()
+                        .queue_name(&queue.name)
+                        .send()
+                        .await?
+                        .queue_url
+                        .unwrap_or_default();
+                    client.delete_queue().queue_url(url).send().await?;
+                }
             }
             Ok(())
         }
@@ -316,6 +372,101 @@ mod kafka {
             for sent in futures::future::join_all(sends).await {
                 sent.map_err(|(error, _)| error)
                     .with_context(|| format!("cannot produce to {topic}"))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+mod sqs {
+    use std::collections::HashMap;
+
+    use anyhow::Context;
+    use aws_sdk_sqs::config::Region;
+    use aws_sdk_sqs::types::{MessageAttributeValue, SendMessageBatchRequestEntry};
+
+    /// A client for `endpoint`, credentials from the AWS chain.
+    pub(super) async fn client(endpoint: &str, region: &str) -> aws_sdk_sqs::Client {
+        let http = aws_smithy_http_client::Builder::new()
+            .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
+                aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
+            ))
+            .build_https();
+        let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
+            .http_client(http)
+            .endpoint_url(endpoint)
+            .region(Region::new(region.to_owned()))
+            .load()
+            .await;
+        aws_sdk_sqs::Client::new(&config)
+    }
+
+    /// The source URL of queue `name` at `endpoint`.
+    pub(super) fn source(endpoint: &str, region: &str, name: &str) -> anyhow::Result<String> {
+        let url = url::Url::parse(endpoint).context("--sqs-endpoint is not a URL")?;
+        let scheme = match url.scheme() {
+            "http" => "sqs+http",
+            "https" => "sqs",
+            other => anyhow::bail!("--sqs-endpoint: http:// or https://, not {other}://"),
+        };
+        let host = url.host_str().context("--sqs-endpoint names no host")?;
+        let port = url.port().map(|p| format!(":{p}")).unwrap_or_default();
+        Ok(format!("{scheme}://{host}{port}/{name}?region={region}"))
+    }
+
+    /// Sends `messages` messages, ten per `SendMessageBatch`, each with its
+    /// key in the `idempotency-key` attribute.
+    pub(super) async fn fill(
+        client: &aws_sdk_sqs::Client,
+        queue: &str,
+        messages: usize,
+        record: impl Fn(usize) -> (String, Vec<u8>),
+    ) -> anyhow::Result<()> {
+        let queue_url = client
+            .get_queue_url()
+            .queue_name(queue)
+            .send()
+            .await?
+            .queue_url
+            .context("no queue URL")?;
+        let indexes: Vec<usize> = (0..messages).collect();
+        for requests in indexes.chunks(10 * 16) {
+            let sends = requests.chunks(10).map(|chunk| {
+                let entries = chunk
+                    .iter()
+                    .map(|&i| {
+                        let (key, body) = record(i);
+                        let key = MessageAttributeValue::builder()
+                            .data_type("String")
+                            .string_value(key)
+                            .build()
+                            .expect("data type is set");
+                        SendMessageBatchRequestEntry::builder()
+                            .id(i.to_string())
+                            .message_body(String::from_utf8_lossy(&body))
+                            .set_message_attributes(Some(HashMap::from([(
+                                "idempotency-key".to_owned(),
+                                key,
+                            )])))
+                            .build()
+                            .expect("id and body are set")
+                    })
+                    .collect::<Vec<_>>();
+                client
+                    .send_message_batch()
+                    .queue_url(&queue_url)
+                    .set_entries(Some(entries))
+                    .send()
+            });
+            for sent in futures::future::join_all(sends).await {
+                let sent = sent.with_context(|| format!("cannot send to {queue}"))?;
+                if let Some(failed) = sent.failed().first() {
+                    anyhow::bail!(
+                        "SQS refused a message: {} {}",
+                        failed.code(),
+                        failed.message().unwrap_or_default()
+                    );
+                }
             }
         }
         Ok(())

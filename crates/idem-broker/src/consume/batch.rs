@@ -65,6 +65,7 @@ impl<T: Transport, A: ApplyBatch> Consumer<T, A> {
             self.transport.close().await;
             return Err(error);
         }
+        super::runtime::check_delivery_limit(self.transport.delivery_limit(), &self.shared.config);
         let mut shutdown = pin!(shutdown);
         let config = &self.shared.config;
         let (size, linger, at_once) = (config.batch, config.batch_linger, config.batches_at_once);

@@ -9,7 +9,7 @@
 //!
 //! The last resort, only when configured: the message's coordinates in the
 //! broker's log (`STREAM/SEQUENCE` on NATS JetStream, `TOPIC/PARTITION/OFFSET`
-//! on Kafka). They are stable across
+//! on Kafka, `QUEUE/MESSAGE-ID` on SQS). They are stable across
 //! redeliveries of one publish, so a crash between commit and ack is still
 //! covered, but two publishes of the same intent get two positions and are
 //! both applied, and the positions change when the stream is recreated or
@@ -25,8 +25,9 @@ use super::message::Message;
 /// Where the key is read from.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum KeySource {
-    /// AMQP `message_id`, the `Nats-Msg-Id` header, or Kafka's
-    /// `idempotency-key` header (the default).
+    /// AMQP `message_id`, the `Nats-Msg-Id` header, Kafka's
+    /// `idempotency-key` header, or SQS's `idempotency-key` attribute (else
+    /// a FIFO message's `MessageDeduplicationId`) (the default).
     #[default]
     MessageId,
     /// The Kafka record key, as UTF-8 text.
@@ -46,7 +47,7 @@ pub enum MissingKey {
     #[default]
     DeadLetter,
     /// Key it by its broker coordinates (NATS `STREAM/SEQUENCE`, Kafka
-    /// `TOPIC/PARTITION/OFFSET`); where the
+    /// `TOPIC/PARTITION/OFFSET`, SQS `QUEUE/MESSAGE-ID`); where the
     /// broker has none (RabbitMQ), dead-letter it. The last resort: see the
     /// module documentation.
     Coordinates,
@@ -118,7 +119,7 @@ impl KeyRule {
         let (text, what) = match &self.source {
             KeySource::MessageId => (
                 message.message_id.clone(),
-                "the message has no message id (AMQP message_id / Nats-Msg-Id / Kafka idempotency-key header)".to_owned(),
+                "the message has no message id (AMQP message_id / Nats-Msg-Id / Kafka idempotency-key header / SQS idempotency-key attribute)".to_owned(),
             ),
             KeySource::RecordKey => (
                 message

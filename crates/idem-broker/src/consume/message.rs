@@ -18,8 +18,9 @@ pub struct Message {
     /// Application headers, as text (non-text values are written in their
     /// natural text form; binary values are dropped).
     pub headers: BTreeMap<String, String>,
-    /// The publisher's message id: AMQP `message_id`, NATS `Nats-Msg-Id`, or
-    /// Kafka's `idempotency-key` header.
+    /// The publisher's message id: AMQP `message_id`, NATS `Nats-Msg-Id`,
+    /// Kafka's `idempotency-key` header, or SQS's `idempotency-key` attribute
+    /// (else a FIFO message's `MessageDeduplicationId`).
     pub message_id: Option<String>,
     /// The payload's content type, where the broker carries one
     /// (AMQP `content_type`, a NATS `Content-Type` header).

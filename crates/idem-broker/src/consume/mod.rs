@@ -1,6 +1,6 @@
 //! Consumers that apply, commit, and only then ack.
 //!
-//! Delivery from RabbitMQ, NATS JetStream and Kafka is at-least-once: a message is
+//! Delivery from RabbitMQ, NATS JetStream, Kafka and Amazon SQS is at-least-once: a message is
 //! redelivered when its consumer dies before acking, and publishers send
 //! duplicates. A consumer built here applies each message's effect once per
 //! idempotency key, in the same transaction as the dedupe record, and acks
@@ -23,9 +23,12 @@
 //! - `kafka` (feature `kafka`): [`KafkaTransport`], a Kafka consumer group member
 //!   through rdkafka (offsets committed after the effect, partitions in parallel,
 //!   each in order);
+//! - `sqs` (feature `sqs`): [`SqsTransport`], an Amazon SQS queue through the
+//!   official SDK (long polling, the visibility timeout as the lease, deleted
+//!   after the commit, FIFO groups each in order);
 //! - `reconnect`: [`Reconnecting`], a transport that connects again after a
 //!   lost connection (full-jitter backoff, [`Reconnect`]), and says so to `/healthz`;
-//! - `source` (feature `amqp`, `nats` or `kafka`): [`Source`], a broker chosen by URL, and [`AnyTransport`];
+//! - `source` (feature `amqp`, `nats`, `kafka` or `sqs`): [`Source`], a broker chosen by URL, and [`AnyTransport`];
 //! - `message`: [`Message`], broker-neutral, and [`KeyedMessage`];
 //! - `key`: [`KeyRule`], where keys come from and what to do without one;
 //! - `apply`: [`Apply`] / [`ApplyBatch`], and [`AtomicApply`], a message's effect in any store's transaction ([`AtomicSetApply`]: one effect for a batch's messages);
@@ -48,8 +51,10 @@ mod message;
 mod nats;
 mod reconnect;
 mod runtime;
-#[cfg(any(feature = "amqp", feature = "nats", feature = "kafka"))]
+#[cfg(any(feature = "amqp", feature = "nats", feature = "kafka", feature = "sqs"))]
 mod source;
+#[cfg(feature = "sqs")]
+mod sqs;
 mod stats;
 mod store;
 mod transport;
@@ -73,9 +78,11 @@ pub use reconnect::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_RECONNECT_MAX, DEFAULT_RECONNECT_MIN, Reconnect, Reconnecting,
 };
 pub use runtime::{ConsumeError, Consumer};
-#[cfg(any(feature = "amqp", feature = "nats", feature = "kafka"))]
+#[cfg(any(feature = "amqp", feature = "nats", feature = "kafka", feature = "sqs"))]
 pub use source::{AnySettle, AnyTransport, InvalidSource, Source, SourceOptions};
+#[cfg(feature = "sqs")]
+pub use sqs::{SQS_KEY_ATTRIBUTE, SqsOptions, SqsSettle, SqsTransport};
 pub use stats::{Stats, StatsSnapshot};
 pub use store::ConsumerStore;
 pub use transport::{Delivery, Route, Settle, Transport, TransportError, TransportErrorKind};
-pub use window::{BrokerHorizon, WindowTerms};
+pub use window::{BrokerHorizon, DeliveryLimit, WindowTerms};

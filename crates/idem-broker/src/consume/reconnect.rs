@@ -168,6 +168,7 @@ pub struct Reconnecting<T: Transport> {
     lost_at: Option<Instant>,
     route: Route,
     horizon: Option<BrokerHorizon>,
+    limit: Option<super::DeliveryLimit>,
     health: health::Connection,
 }
 
@@ -221,6 +222,7 @@ impl<T: Transport> Reconnecting<T> {
             connect,
             settings,
             horizon: first.replay_horizon(),
+            limit: first.delivery_limit(),
             current: Some(first),
             attempt: None,
             failures: 0,
@@ -341,6 +343,10 @@ impl<T: Transport> Transport for Reconnecting<T> {
 
     fn replay_horizon(&self) -> Option<BrokerHorizon> {
         self.horizon.clone()
+    }
+
+    fn delivery_limit(&self) -> Option<super::DeliveryLimit> {
+        self.limit.clone()
     }
 
     fn end_batch(&mut self) {

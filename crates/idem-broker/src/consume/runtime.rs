@@ -37,7 +37,7 @@ use super::config::{Checkpoint, ConsumerConfig};
 use super::message::{KeyedMessage, Message};
 use super::stats::{Settled, Stats, StatsSnapshot};
 use super::transport::{Delivery, Route, Settle, Transport, TransportError};
-use super::window::{BrokerHorizon, Uncovered, WindowTerms};
+use super::window::{BrokerHorizon, DeliveryLimit, Uncovered, WindowTerms};
 
 /// How long messages in hand may take to finish once the connection broke.
 const DRAIN_AFTER_FAILURE: Duration = Duration::from_secs(5);
@@ -192,6 +192,7 @@ impl<T: Transport, A: Apply> Consumer<T, A> {
             self.transport.close().await;
             return Err(error);
         }
+        check_delivery_limit(self.transport.delivery_limit(), &self.shared.config);
         let concurrency = self.shared.config.concurrency;
         let mut shutdown = pin!(shutdown);
         let mut working = JoinSet::new();
@@ -376,6 +377,28 @@ pub(crate) async fn prepare<A: Apply>(
         Err(error) => tracing::warn!(%error, "old failure counts could not be swept"),
     }
     Ok(())
+}
+
+/// Warns when the broker moves a failing message aside (to a dead-letter
+/// queue of its own) before the consumer's last attempt: such a message
+/// leaves without Idem's dead letter, its key and its reason.
+pub(crate) fn check_delivery_limit(limit: Option<DeliveryLimit>, config: &ConsumerConfig) {
+    let Some(limit) = limit else { return };
+    if limit.deliveries < config.max_attempts {
+        tracing::warn!(
+            source = limit.origin.as_str(),
+            broker_deliveries = limit.deliveries,
+            max_attempts = config.max_attempts,
+            "the broker moves a message aside after fewer deliveries than the consumer's attempts: a failing message would leave without a dead letter of Idem's; raise the broker's limit above the attempts (every delivery counts there, including those given back while a duplicate was in flight)"
+        );
+    } else {
+        tracing::debug!(
+            source = limit.origin.as_str(),
+            broker_deliveries = limit.deliveries,
+            max_attempts = config.max_attempts,
+            "the broker's delivery limit is above the consumer's attempts"
+        );
+    }
 }
 
 pub(crate) fn joined(

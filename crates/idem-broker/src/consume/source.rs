@@ -1,7 +1,7 @@
 //! A broker source written as one URL, for programs (`idem forward`) that
-//! consume from any broker: `amqp://HOST/QUEUE`, `nats://HOST/STREAM/CONSUMER`
-//! or `kafka://HOST:PORT/TOPIC?group=GROUP`, and the transport chosen from it
-//! at run time.
+//! consume from any broker: `amqp://HOST/QUEUE`, `nats://HOST/STREAM/CONSUMER`,
+//! `kafka://HOST:PORT/TOPIC?group=GROUP` or `sqs://HOST/QUEUE`, and the
+//! transport chosen from it at run time.
 //!
 //! This module chooses among the transports, so it depends on them (each
 //! behind its feature), and they never on it. Both forms parse whatever the
@@ -21,6 +21,8 @@ use super::kafka::{KafkaOptions, KafkaSettle, KafkaTransport};
 #[cfg(feature = "nats")]
 use super::nats::{NatsOptions, NatsSettle, NatsTransport};
 use super::reconnect::{Reconnect, Reconnecting};
+#[cfg(feature = "sqs")]
+use super::sqs::{SqsOptions, SqsSettle, SqsTransport};
 use super::transport::{Delivery, Route, Settle, Transport, TransportError};
 
 /// Where messages are consumed from.
@@ -55,12 +57,21 @@ pub enum Source {
         /// librdkafka settings from the URL's query (checked when connecting).
         settings: crate::kafka::Settings,
     },
+    /// An Amazon SQS queue.
+    Sqs {
+        /// The queue:
+        /// `sqs://[KEY:SECRET@][HOST[:PORT]]/[ACCOUNT/]QUEUE[?region=REGION]`
+        /// (`sqs+http://` for an emulator over plain HTTP), with the
+        /// consumer's options in the query (`visibility=30s`, `wait=20s`,
+        /// `extend=false`, `max_messages=10`).
+        url: String,
+    },
 }
 
 /// A source URL that could not be understood.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "source {url:?} not understood ({why}): write amqp[s]://[USER:PASSWORD@]HOST[:PORT]/[VHOST/]QUEUE[?cacertfile=FILE], nats://HOST[:PORT]/STREAM/CONSUMER (tls:// for TLS) or kafka://HOST:PORT[,HOST:PORT]/TOPIC?group=GROUP"
+    "source {url:?} not understood ({why}): write amqp[s]://[USER:PASSWORD@]HOST[:PORT]/[VHOST/]QUEUE[?cacertfile=FILE], nats://HOST[:PORT]/STREAM/CONSUMER (tls:// for TLS), kafka://HOST:PORT[,HOST:PORT]/TOPIC?group=GROUP or sqs://[HOST]/[ACCOUNT/]QUEUE[?region=REGION]"
 )]
 pub struct InvalidSource {
     url: String,
@@ -84,6 +95,12 @@ impl FromStr for Source {
         };
         if text.starts_with("kafka://") {
             return kafka(text).map_err(|why| invalid(&why));
+        }
+        if text.starts_with("sqs://") || text.starts_with("sqs+http://") {
+            check_sqs(text).map_err(|why| invalid(&why))?;
+            return Ok(Self::Sqs {
+                url: text.to_owned(),
+            });
         }
         let parsed = url::Url::parse(text).map_err(|e| invalid(&e.to_string()))?;
         if !parsed.has_host() {
@@ -160,6 +177,16 @@ fn kafka(text: &str) -> Result<Source, String> {
     })
 }
 
+#[cfg(feature = "sqs")]
+fn check_sqs(text: &str) -> Result<(), String> {
+    super::sqs::check_source(text)
+}
+
+#[cfg(not(feature = "sqs"))]
+fn check_sqs(text: &str) -> Result<(), String> {
+    crate::sqs_conn::SqsUrl::parse(text).map(|_| ())
+}
+
 /// A percent-decoded path segment (`%2F` → `/`); invalid escapes are kept.
 fn decode(segment: &str) -> String {
     let bytes = segment.as_bytes();
@@ -199,6 +226,7 @@ impl fmt::Display for Source {
                 group,
                 ..
             } => write!(f, "kafka://{brokers}/{topic}?group={group}"),
+            Self::Sqs { url } => f.write_str(&redact_url(url)),
         }
     }
 }
@@ -216,7 +244,8 @@ pub struct SourceOptions {
     /// for Kafka, records fetched ahead per partition, at least
     /// [`KafkaOptions::buffer`]'s default.
     pub prefetch: u16,
-    /// NATS ack-wait for a consumer that is created.
+    /// NATS ack-wait for a consumer that is created; SQS's visibility
+    /// timeout, unless the URL sets `visibility=`.
     pub ack_wait: Duration,
     /// Kafka: unsettled records per partition at once (1 keeps each
     /// partition in order; the batch size in batch mode).
@@ -282,6 +311,19 @@ impl Source {
             .map(AnyTransport::Kafka),
             #[cfg(not(feature = "kafka"))]
             Self::Kafka { .. } => Err(left_out("Kafka", "kafka")),
+            #[cfg(feature = "sqs")]
+            Self::Sqs { url } => SqsTransport::connect(
+                url,
+                SqsOptions {
+                    visibility: options.ack_wait,
+                    max_messages: u8::try_from(options.prefetch.clamp(1, 10)).unwrap_or(10),
+                    ..SqsOptions::default()
+                },
+            )
+            .await
+            .map(AnyTransport::Sqs),
+            #[cfg(not(feature = "sqs"))]
+            Self::Sqs { .. } => Err(left_out("Amazon SQS", "sqs")),
         }
     }
 }
@@ -309,7 +351,7 @@ impl Source {
 }
 
 /// The error for a source whose transport this build was made without.
-#[cfg(not(all(feature = "amqp", feature = "nats", feature = "kafka")))]
+#[cfg(not(all(feature = "amqp", feature = "nats", feature = "kafka", feature = "sqs")))]
 fn left_out(broker: &str, feature: &str) -> TransportError {
     TransportError::of(
         super::transport::TransportErrorKind::Config,
@@ -333,6 +375,9 @@ pub enum AnyTransport {
     /// Kafka.
     #[cfg(feature = "kafka")]
     Kafka(KafkaTransport),
+    /// Amazon SQS.
+    #[cfg(feature = "sqs")]
+    Sqs(SqsTransport),
 }
 
 /// Either broker's settle handle.
@@ -348,6 +393,9 @@ pub enum AnySettle {
     /// Kafka.
     #[cfg(feature = "kafka")]
     Kafka(KafkaSettle),
+    /// Amazon SQS.
+    #[cfg(feature = "sqs")]
+    Sqs(SqsSettle),
 }
 
 impl Settle for AnySettle {
@@ -359,6 +407,8 @@ impl Settle for AnySettle {
             Self::Nats(s) => s.ack().await,
             #[cfg(feature = "kafka")]
             Self::Kafka(s) => s.ack().await,
+            #[cfg(feature = "sqs")]
+            Self::Sqs(s) => s.ack().await,
         }
     }
 
@@ -370,13 +420,18 @@ impl Settle for AnySettle {
             Self::Nats(s) => s.requeue(delay).await,
             #[cfg(feature = "kafka")]
             Self::Kafka(s) => s.requeue(delay).await,
+            #[cfg(feature = "sqs")]
+            Self::Sqs(s) => s.requeue(delay).await,
         }
     }
 
-    /// RabbitMQ's deliveries with one cumulative ack, the others one by one.
+    /// RabbitMQ's deliveries with one cumulative ack, SQS's with batched
+    /// deletes, the others one by one.
     async fn ack_all(settles: Vec<AnySettle>) -> Result<(), TransportError> {
         #[cfg(feature = "amqp")]
         let mut amqp = Vec::with_capacity(settles.len());
+        #[cfg(feature = "sqs")]
+        let mut sqs = Vec::with_capacity(settles.len());
         for settle in settles {
             match settle {
                 #[cfg(feature = "amqp")]
@@ -385,10 +440,14 @@ impl Settle for AnySettle {
                 AnySettle::Nats(s) => s.ack().await?,
                 #[cfg(feature = "kafka")]
                 AnySettle::Kafka(s) => s.ack().await?,
+                #[cfg(feature = "sqs")]
+                AnySettle::Sqs(s) => sqs.push(s),
             }
         }
         #[cfg(feature = "amqp")]
         AmqpSettle::ack_all(amqp).await?;
+        #[cfg(feature = "sqs")]
+        SqsSettle::ack_all(sqs).await?;
         Ok(())
     }
 }
@@ -416,6 +475,8 @@ impl Transport for AnyTransport {
             Self::Nats(t) => wrap(t.receive().await, AnySettle::Nats),
             #[cfg(feature = "kafka")]
             Self::Kafka(t) => wrap(t.receive().await, AnySettle::Kafka),
+            #[cfg(feature = "sqs")]
+            Self::Sqs(t) => wrap(t.receive().await, AnySettle::Sqs),
         }
     }
 
@@ -427,6 +488,8 @@ impl Transport for AnyTransport {
             Self::Nats(t) => t.route(),
             #[cfg(feature = "kafka")]
             Self::Kafka(t) => t.route(),
+            #[cfg(feature = "sqs")]
+            Self::Sqs(t) => t.route(),
         }
     }
 
@@ -436,6 +499,17 @@ impl Transport for AnyTransport {
             Self::Kafka(t) => t.replay_horizon(),
             #[cfg(feature = "nats")]
             Self::Nats(t) => t.replay_horizon(),
+            #[cfg(feature = "sqs")]
+            Self::Sqs(t) => t.replay_horizon(),
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }
+
+    fn delivery_limit(&self) -> Option<super::DeliveryLimit> {
+        match self {
+            #[cfg(feature = "sqs")]
+            Self::Sqs(t) => t.delivery_limit(),
             #[allow(unreachable_patterns)]
             _ => None,
         }
@@ -458,6 +532,8 @@ impl Transport for AnyTransport {
             Self::Nats(t) => t.close().await,
             #[cfg(feature = "kafka")]
             Self::Kafka(t) => t.close().await,
+            #[cfg(feature = "sqs")]
+            Self::Sqs(t) => t.close().await,
         }
     }
 }
@@ -530,5 +606,16 @@ mod tests {
             kafka.to_string(),
             "kafka://k1:9092,k2:9092/orders?group=billing"
         );
+        let sqs: Source =
+            "sqs+http://key:s3cret@127.0.0.1:5000/orders.fifo?region=us-east-1&visibility=10s"
+                .parse()
+                .unwrap();
+        assert_eq!(
+            sqs.to_string(),
+            "sqs+http://key:***@127.0.0.1:5000/orders.fifo"
+        );
+        let err = "sqs://h/q?visbility=10s".parse::<Source>().unwrap_err();
+        assert!(err.to_string().contains("unknown option"), "{err}");
+        assert!("sqs://h/".parse::<Source>().is_err());
     }
 }

@@ -278,6 +278,16 @@ pub trait Transport: Send + 'static {
         None
     }
 
+    /// How many deliveries the broker allows a message before moving it to a
+    /// dead-letter queue of its own (an SQS redrive policy's
+    /// `maxReceiveCount`), with its source; `None` where it has no such
+    /// limit. The runtime warns at start-up when it is below the consumer's
+    /// attempts: the broker would move a failing message aside before Idem
+    /// dead-letters it with its key and reason.
+    fn delivery_limit(&self) -> Option<super::DeliveryLimit> {
+        None
+    }
+
     /// The runtime closed a batch: every delivery received since the last
     /// call belongs to it. A transport that keeps an order (a Kafka
     /// partition) hands out nothing more of a sequence that has deliveries in

@@ -7,7 +7,8 @@
 //!   (a relay, a client with retries) may send the same message again;
 //! - the broker's redelivery horizon: how long the broker keeps a message it
 //!   could hand out again — a Kafka topic's retention, a JetStream stream's
-//!   max age (with its duplicate window, the broker's own publish dedupe);
+//!   max age (with its duplicate window, the broker's own publish dedupe),
+//!   an SQS queue's `MessageRetentionPeriod`;
 //! - an allowance for manual replays: how far back an operator may re-publish
 //!   or rewind during an incident.
 //!
@@ -19,6 +20,16 @@ use std::fmt;
 use std::time::Duration;
 
 use super::config::ConsumerConfig;
+
+/// How many deliveries the broker allows a message before it moves the
+/// message aside itself (an SQS queue's redrive policy), as read at start-up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeliveryLimit {
+    /// Deliveries, the last one included.
+    pub deliveries: u32,
+    /// What sets it, as printed.
+    pub origin: String,
+}
 
 /// How long a broker keeps messages it could hand out again, as read from
 /// the broker at start-up.

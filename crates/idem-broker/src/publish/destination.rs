@@ -9,6 +9,7 @@
 //! | `tls://user:pass@host:4222/orders.created?tls_ca=/ca.pem` | NATS over TLS; the query may also hold `tls=true`, `tls_cert`, `tls_key`, `token`, `nkey`, `creds` |
 //! | `http://host/hooks/orders`, `https://...` | an HTTP webhook: `POST` to the URL |
 //! | `kafka://host:9092[,host2:9092]/orders?record_key=header:order-id` | Kafka: the idempotent producer to the topic; optional record key; other query pairs are librdkafka settings |
+//! | `sqs://sqs.eu-west-1.amazonaws.com/123456789012/orders.fifo?group=header:order-id` | Amazon SQS: `SendMessage` to the queue; on a FIFO queue the `MessageGroupId` (`group=NAME`, `group=key` or `group=header:NAME`; default `idem`) |
 //!
 //! `amqps://` connects with TLS; its `cacertfile=FILE` (or `tls_ca=`),
 //! `certfile=FILE` and `keyfile=FILE` (or `tls_cert=`, `tls_key=`) name the
@@ -84,6 +85,59 @@ pub enum Destination {
         /// settings are refused).
         settings: crate::kafka::Settings,
     },
+    /// An Amazon SQS queue.
+    Sqs {
+        /// The queue:
+        /// `sqs://[KEY:SECRET@][HOST[:PORT]]/[ACCOUNT/]QUEUE[?region=REGION]`
+        /// (`sqs+http://` for an emulator over plain HTTP; no host: the AWS
+        /// chain's endpoint).
+        url: String,
+        /// The `MessageGroupId` of messages sent to a FIFO queue.
+        group: SqsGroup,
+    },
+}
+
+/// The `MessageGroupId` of a message sent to an SQS FIFO queue: messages of
+/// one group are delivered in order, one at a time; groups in parallel.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SqsGroup {
+    /// Every message in this group (`?group=NAME`; the default is `idem`):
+    /// one order for the whole queue.
+    Fixed(String),
+    /// The message's idempotency key (`?group=key`): no order between
+    /// messages, the most parallel consumption.
+    MessageKey,
+    /// One of the message's headers, e.g. an aggregate id
+    /// (`?group=header:NAME`); the key when the header is absent.
+    Header(String),
+}
+
+impl Default for SqsGroup {
+    fn default() -> Self {
+        Self::Fixed("idem".into())
+    }
+}
+
+impl SqsGroup {
+    fn query(&self) -> Option<String> {
+        match self {
+            Self::Fixed(name) if name == "idem" => None,
+            Self::Fixed(name) => Some(name.clone()),
+            Self::MessageKey => Some("key".into()),
+            Self::Header(name) => Some(format!("header:{name}")),
+        }
+    }
+
+    fn parse(value: &str) -> Result<Self, String> {
+        match value.split_once(':') {
+            _ if value == "key" => Ok(Self::MessageKey),
+            Some(("header", name)) if !name.is_empty() => Ok(Self::Header(name.to_owned())),
+            None if !value.is_empty() && value.len() <= 128 => Ok(Self::Fixed(value.to_owned())),
+            _ => Err(format!(
+                "group={value:?} not understood: write group=NAME (one group, up to 128 characters), group=key (the message key) or group=header:NAME"
+            )),
+        }
+    }
 }
 
 /// The record key of a Kafka record, which chooses its partition: records
@@ -106,7 +160,7 @@ pub enum RecordKey {
 pub enum DestinationError {
     /// Not a URL at all.
     #[error(
-        "destination {text:?} is not a URL ({reason}); write amqp://USER:PASS@HOST:PORT/VHOST?queue=QUEUE, nats://HOST:PORT/SUBJECT, kafka://HOST:PORT/TOPIC or http(s)://HOST/PATH"
+        "destination {text:?} is not a URL ({reason}); write amqp://USER:PASS@HOST:PORT/VHOST?queue=QUEUE, nats://HOST:PORT/SUBJECT, kafka://HOST:PORT/TOPIC, sqs://HOST/QUEUE or http(s)://HOST/PATH"
     )]
     NotAUrl {
         /// The text, through [`redact_url`].
@@ -116,7 +170,7 @@ pub enum DestinationError {
     },
     /// A scheme no publisher exists for.
     #[error(
-        "destination scheme {scheme:?} is not supported: use amqp:// or amqps:// (RabbitMQ), nats:// (NATS JetStream), kafka:// (Kafka), http:// or https:// (webhook)"
+        "destination scheme {scheme:?} is not supported: use amqp:// or amqps:// (RabbitMQ), nats:// (NATS JetStream), kafka:// (Kafka), sqs:// (Amazon SQS), http:// or https:// (webhook)"
     )]
     UnknownScheme {
         /// The scheme found.
@@ -161,16 +215,29 @@ impl Destination {
                     None => base,
                 }
             }
+            Self::Sqs { url, group } => {
+                let base = redact_url(url);
+                match group.query() {
+                    Some(group) => format!(
+                        "{base}?{}",
+                        form_urlencoded::Serializer::new(String::new())
+                            .append_pair("group", &group)
+                            .finish()
+                    ),
+                    None => base,
+                }
+            }
         }
     }
 
-    /// The scheme family: `"amqp"`, `"nats"`, `"http"` or `"kafka"`, for metric labels.
+    /// The scheme family: `"amqp"`, `"nats"`, `"http"`, `"kafka"` or `"sqs"`, for metric labels.
     pub fn kind(&self) -> &'static str {
         match self {
             Self::Amqp { .. } => "amqp",
             Self::Nats { .. } => "nats",
             Self::Http { .. } => "http",
             Self::Kafka { .. } => "kafka",
+            Self::Sqs { .. } => "sqs",
         }
     }
 }
@@ -219,8 +286,51 @@ impl fmt::Display for Destination {
                 }
                 Ok(())
             }
+            Self::Sqs { url, group } => match group.query() {
+                Some(group) => {
+                    let joiner = if url.contains('?') { '&' } else { '?' };
+                    let pair = form_urlencoded::Serializer::new(String::new())
+                        .append_pair("group", &group)
+                        .finish();
+                    write!(f, "{url}{joiner}{pair}")
+                }
+                None => f.write_str(url),
+            },
         }
     }
+}
+
+/// An SQS destination: the queue's URL without `group`, which names the
+/// FIFO group.
+fn sqs(parsed: &Url) -> Result<Destination, String> {
+    let mut group = SqsGroup::default();
+    let mut rest = form_urlencoded::Serializer::new(String::new());
+    let mut kept = 0;
+    for (name, value) in parsed.query_pairs() {
+        if name == "group" {
+            group = SqsGroup::parse(&value)?;
+        } else {
+            rest.append_pair(&name, &value);
+            kept += 1;
+        }
+    }
+    let mut url = parsed.clone();
+    url.set_fragment(None);
+    if kept == 0 {
+        url.set_query(None);
+    } else {
+        url.set_query(Some(&rest.finish()));
+    }
+    let checked = crate::sqs_conn::SqsUrl::parse(url.as_str())?;
+    if let Some((name, _)) = checked.query.first() {
+        return Err(format!(
+            "unknown option {name:?}: an SQS destination takes region= and group="
+        ));
+    }
+    Ok(Destination::Sqs {
+        url: url.to_string(),
+        group,
+    })
 }
 
 /// A path segment percent-encoded (a topic may hold `.`, `_`, `-`, which stay).
@@ -330,6 +440,7 @@ impl FromStr for Destination {
                     subject: subject.to_owned(),
                 })
             }
+            "sqs" | "sqs+http" => sqs(&parsed).map_err(|p| invalid(&p)),
             "http" | "https" => {
                 if parsed.host_str().is_none_or(str::is_empty) {
                     return Err(invalid("has no host"));
@@ -443,6 +554,11 @@ mod tests {
             "https://example.invalid/hook",
             "kafka://127.0.0.1:9092/orders",
             "kafka://k1:9092,k2:9092/orders.created?record_key=header%3Aorder-id&client.id=relay",
+            "sqs://sqs.eu-west-1.amazonaws.com/123456789012/orders",
+            "sqs+http://test:test@127.0.0.1:5000/orders.fifo?region=us-east-1&group=header%3Aorder-id",
+            "sqs:///orders.fifo?group=key",
+            "sqs://h/q?region=a%20b&group=x%26y",
+            "sqs://u:p%40ss@h:443/123/q.fifo?group=header%3Ak%20k",
         ] {
             let destination = parse(text);
             let again = parse(&destination.to_string());
@@ -526,6 +642,9 @@ mod tests {
             ("amqp://h/%2f?queue=q&cacertfile=/ca.pem", "amqps://"),
             ("nats://h:4222/s?tls_cert=/c.pem", "tls_key"),
             ("nats://h:4222/s?password=secret", "unknown option"),
+            ("sqs://h/q?visibility=30s", "unknown option"),
+            ("sqs://u:secret@h/q?group=", "group="),
+            ("sqs://h/", "names no queue"),
         ];
         for (text, expected) in cases {
             let error = text.parse::<Destination>().unwrap_err().to_string();
@@ -555,6 +674,10 @@ mod tests {
         let token = parse("nats://h:4222/s?tls=true&token=s3cret");
         assert!(token.to_string().contains("s3cret"));
         assert_eq!(token.redacted(), "nats://h:4222/s");
+        assert_eq!(
+            parse("sqs+http://key:s3cret@h:5000/q.fifo?region=r&group=g").redacted(),
+            "sqs+http://key:***@h:5000/q.fifo?group=g"
+        );
         assert!(!format!("{token:?}").contains("s3cret"));
         assert_eq!(
             parse("https://h/hook?token=s3cret#x").redacted(),

@@ -13,6 +13,7 @@
 //! | NATS JetStream (`nats://`) | `Nats-Msg-Id` header (the stream's duplicate window is a second line of dedupe) | the stream's `PubAck` (a `duplicate` ack counts: the stream has it) |
 //! | HTTP webhook (`http(s)://`) | `Idempotency-Key: "key"` header (RFC 8941 string) | a 2xx answer |
 //! | Kafka (`kafka://`) | `idempotency-key` header (and the record key, if the destination asks) | the idempotent producer's delivery report: every in-sync replica has it |
+//! | Amazon SQS (`sqs://`) | `idempotency-key` message attribute (and, on a FIFO queue, `MessageDeduplicationId`) | `SendMessage` answered with a message id: SQS stored it |
 //!
 //! A failure says whether another attempt may help ([`PublishError::verdict`],
 //! an [`idem_retry::Verdict`]): a broker that is down, a nack, a 5xx or a 429
@@ -23,7 +24,7 @@
 //! [`Publisher`] and [`connect`] here, choosing among the transports, and one
 //! module per transport, each behind its crate feature: `amqp` (feature
 //! `amqp`), `nats` (feature `nats`), `http` (feature `webhook`), `kafka`
-//! (feature `kafka`). Every
+//! (feature `kafka`), `sqs` (feature `sqs`). Every
 //! destination parses whatever the features; connecting to one whose
 //! transport was left out is a [`PublishErrorKind::Config`] error.
 
@@ -38,10 +39,12 @@ mod kafka;
 mod message;
 #[cfg(feature = "nats")]
 mod nats;
+#[cfg(feature = "sqs")]
+mod sqs;
 
 #[cfg(feature = "amqp")]
 pub use self::amqp::AmqpPublisher;
-pub use self::destination::{Destination, DestinationError, RecordKey, redact};
+pub use self::destination::{Destination, DestinationError, RecordKey, SqsGroup, redact};
 pub use self::error::{PublishError, PublishErrorKind, classify};
 #[cfg(feature = "webhook")]
 pub use self::http::HttpPublisher;
@@ -50,6 +53,8 @@ pub use self::kafka::KafkaPublisher;
 pub use self::message::{Message, NATS_MSG_ID_HEADER, Publish};
 #[cfg(feature = "nats")]
 pub use self::nats::NatsPublisher;
+#[cfg(feature = "sqs")]
+pub use self::sqs::SqsPublisher;
 
 /// A publisher for any [`Destination`], made by [`connect`].
 #[derive(Debug)]
@@ -67,6 +72,9 @@ pub enum Publisher {
     /// Kafka, with the idempotent producer.
     #[cfg(feature = "kafka")]
     Kafka(KafkaPublisher),
+    /// Amazon SQS.
+    #[cfg(feature = "sqs")]
+    Sqs(SqsPublisher),
 }
 
 impl Publisher {
@@ -81,6 +89,8 @@ impl Publisher {
             Self::Http(ref p) => p.destination(),
             #[cfg(feature = "kafka")]
             Self::Kafka(ref p) => p.destination(),
+            #[cfg(feature = "sqs")]
+            Self::Sqs(ref p) => p.destination(),
         }
     }
 }
@@ -96,6 +106,8 @@ impl Publish for Publisher {
             Self::Http(ref p) => p.publish(message).await,
             #[cfg(feature = "kafka")]
             Self::Kafka(ref p) => p.publish(message).await,
+            #[cfg(feature = "sqs")]
+            Self::Sqs(ref p) => p.publish(message).await,
         };
         let outcome = if result.is_ok() {
             "confirmed"
@@ -146,11 +158,14 @@ pub async fn connect_with(
         )?),
         #[cfg(feature = "kafka")]
         Destination::Kafka { .. } => Publisher::Kafka(KafkaPublisher::connect(destination).await?),
+        #[cfg(feature = "sqs")]
+        Destination::Sqs { .. } => Publisher::Sqs(SqsPublisher::connect(destination).await?),
         #[cfg(not(all(
             feature = "amqp",
             feature = "nats",
             feature = "webhook",
-            feature = "kafka"
+            feature = "kafka",
+            feature = "sqs"
         )))]
         other => return Err(left_out(other)),
     })
@@ -161,7 +176,8 @@ pub async fn connect_with(
     feature = "amqp",
     feature = "nats",
     feature = "webhook",
-    feature = "kafka"
+    feature = "kafka",
+    feature = "sqs"
 )))]
 fn left_out(destination: &Destination) -> PublishError {
     let feature = match destination {
@@ -169,6 +185,7 @@ fn left_out(destination: &Destination) -> PublishError {
         Destination::Nats { .. } => "nats",
         Destination::Http { .. } => "webhook",
         Destination::Kafka { .. } => "kafka",
+        Destination::Sqs { .. } => "sqs",
     };
     PublishError::new(
         PublishErrorKind::Config,

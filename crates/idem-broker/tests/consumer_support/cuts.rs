@@ -194,3 +194,24 @@ impl Cuttable for super::Jet {
         .expect("consume the test stream")
     }
 }
+
+impl Cuttable for super::Sqs {
+    fn server(&self) -> SocketAddr {
+        address(&super::sqs::endpoint())
+    }
+
+    async fn reconnecting(
+        &self,
+        via: SocketAddr,
+        name: String,
+    ) -> Reconnecting<idem_broker::consume::SqsTransport> {
+        let url = through(&self.url, via);
+        let options = self.options;
+        Reconnecting::connect(name, quick(), move || {
+            let url = url.clone();
+            async move { idem_broker::consume::SqsTransport::connect(&url, options).await }
+        })
+        .await
+        .expect("consume the test queue")
+    }
+}

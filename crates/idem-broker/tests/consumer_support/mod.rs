@@ -4,7 +4,9 @@
 //!
 //! Brokers: `IDEM_TEST_AMQP_URL` (default `amqp://guest:guest@127.0.0.1:5672/%2f`),
 //! `IDEM_TEST_NATS_URL` (default `nats://127.0.0.1:4222`); PostgreSQL as in the
-//! store tests; a Kafka broker of a test's own is started by [`tansu`]. A
+//! store tests; a Kafka broker of a test's own is started by [`tansu`]; SQS
+//! on `IDEM_TEST_SQS_ENDPOINT` (default `http://127.0.0.1:5000`, moto's
+//! server). A
 //! missing service skips the test, or fails it when
 //! `IDEM_REQUIRE_SERVICES` is set.
 
@@ -14,6 +16,7 @@ pub(crate) mod bank;
 pub(crate) mod brokers;
 pub(crate) mod cuts;
 pub(crate) mod scenarios;
+pub(crate) mod sqs;
 pub(crate) mod tansu;
 
 use std::future::Future;
@@ -28,6 +31,8 @@ use tokio::sync::oneshot;
 pub(crate) use bank::{Bank, OPENING_BALANCE, PgBank, SqliteBank};
 #[allow(unused_imports)]
 pub(crate) use brokers::{Broker, Jet, Kafka, Rabbit};
+#[allow(unused_imports)]
+pub(crate) use sqs::Sqs;
 
 /// A random lower-case hex suffix.
 pub(crate) fn suffix() -> String {

@@ -24,7 +24,10 @@ pub(crate) struct ForwardArgs {
     /// nats://HOST[:PORT]/STREAM/CONSUMER (a durable pull consumer, created
     /// with explicit acks if missing), or
     /// kafka://HOST:PORT[,HOST:PORT]/TOPIC?group=GROUP (offsets committed
-    /// after each record was answered; other query pairs are librdkafka settings).
+    /// after each record was answered; other query pairs are librdkafka settings),
+    /// or sqs://[HOST]/[ACCOUNT/]QUEUE[?region=REGION] (Amazon SQS; no host:
+    /// the AWS chain's endpoint; deleted after each message was answered;
+    /// --ack-wait is the visibility timeout).
     /// amqps:// and tls:// connect with TLS (see "Connecting securely").
     #[arg(long, value_parser = crate::cli::SecretUrl::<Source>::new())]
     pub from: Source,
@@ -36,12 +39,13 @@ pub(crate) struct ForwardArgs {
     #[arg(long, value_name = "FILE")]
     pub to_ca: Option<std::path::PathBuf>,
     /// Where each message's idempotency key is: message-id (AMQP message_id,
-    /// Nats-Msg-Id or Kafka's idempotency-key header), record-key (Kafka),
+    /// Nats-Msg-Id, Kafka's idempotency-key header, SQS's idempotency-key
+    /// attribute or a FIFO MessageDeduplicationId), record-key (Kafka),
     /// header:NAME, or json:PATH (/order/id or order.id).
     #[arg(long, default_value = "message-id")]
     pub key: KeySource,
     /// Key messages without one by their log position (NATS STREAM/SEQUENCE,
-    /// Kafka TOPIC/PARTITION/OFFSET): the
+    /// Kafka TOPIC/PARTITION/OFFSET, SQS QUEUE/MESSAGE-ID): the
     /// last resort, which does not dedupe a publisher's repeats. Without it
     /// they are dead-lettered.
     #[arg(long)]
@@ -62,7 +66,8 @@ pub(crate) struct ForwardArgs {
     /// How long one request may take before it counts as failed.
     #[arg(long, default_value = "30s")]
     pub timeout: humantime::Duration,
-    /// NATS ack-wait of a consumer that is created.
+    /// NATS ack-wait of a consumer that is created; SQS's visibility timeout
+    /// (extended while a message is in hand).
     #[arg(long, default_value = "30s")]
     pub ack_wait: humantime::Duration,
     /// Ack terminal 4xx answers without recording them as dead letters.

@@ -23,7 +23,10 @@ use super::upkeep::{Upkeep, UpkeepArgs};
 pub(crate) struct RelayArgs {
     /// Where rows enqueued without a destination go:
     /// amqp://USER:PASS@HOST:PORT/VHOST?queue=Q (or ?exchange=X&routing_key=K),
-    /// nats://HOST:PORT/SUBJECT, kafka://HOST:PORT/TOPIC, or http(s)://HOST/PATH. Rows that name their
+    /// nats://HOST:PORT/SUBJECT, kafka://HOST:PORT/TOPIC,
+    /// sqs://[HOST]/[ACCOUNT/]QUEUE[?region=R&group=G] (Amazon SQS; on a FIFO
+    /// queue the key is the MessageDeduplicationId and group= the
+    /// MessageGroupId: NAME, key or header:NAME), or http(s)://HOST/PATH. Rows that name their
     /// own destination always go there. amqps:// and tls:// connect with TLS
     /// (see "Connecting securely").
     #[arg(long, value_parser = crate::cli::SecretUrl::<Destination>::new())]
