@@ -146,7 +146,8 @@ pub(crate) struct DemoArgs {
 /// global `--store` (or `IDEM_STORE`, or `store` in the file) [default: sqlite://idem.db].
 #[derive(Debug, Args)]
 pub(crate) struct ServeArgs {
-    /// The service to forward to: http://HOST:PORT or https://HOST:PORT,
+    /// The service to forward to: http://HOST:PORT or https://HOST:PORT
+    /// (HTTP/1.1), or h2c://HOST:PORT (HTTP/2 without TLS, for gRPC),
     /// optionally with a base path.
     #[arg(long, env = "IDEM_UPSTREAM", value_name = "URL")]
     pub upstream: Option<String>,
