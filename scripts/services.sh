@@ -130,6 +130,16 @@ sqs_answers() {
     -d '{}' >/dev/null
 }
 
+start_etcd() {
+  command -v etcd >/dev/null || install_packages etcd-server || return 1
+  local data=/var/lib/idem-etcd
+  mkdir -p "$data"
+  (nohup etcd --name idem --data-dir "$data/member" \
+    --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
+    --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
+    --initial-cluster idem=http://127.0.0.1:2380 >>"$data/etcd.log" 2>&1 &)
+}
+
 ensure() { # name port start-function seconds
   local name=$1 port=$2 start=$3 limit=$4
   if answers 127.0.0.1 "$port"; then
