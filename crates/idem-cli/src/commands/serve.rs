@@ -93,7 +93,7 @@ pub(super) async fn run(
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "idem serve: listening on {}://{} (HTTP/1.1 and HTTP/2), forwarding to {}",
+        "idem serve: listening on {}://{}, forwarding to {} (HTTP/1.1 and HTTP/2 in)",
         if tls.is_some() { "https" } else { "http" },
         listener.local_addr()?,
         settings.upstream
