@@ -44,14 +44,9 @@ impl Phase {
 /// `base`'s, the column named `ratio`.
 pub(crate) fn table(phases: &[Phase], base: f64, ratio: &str) -> Table {
     let mut table = Table::new();
-    table.load_preset(UTF8_FULL_CONDENSED).set_header([
-        "phase",
-        "requests",
-        "req/s",
-        "p50 ms",
-        "p99 ms",
-        ratio,
-    ]);
+    table
+        .load_preset(UTF8_FULL_CONDENSED)
+        .set_header(["phase", "requests", "req/s", "p50 ms", "p99 ms", ratio]);
     for phase in phases {
         table.add_row([
             phase.name.to_owned(),

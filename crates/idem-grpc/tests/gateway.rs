@@ -84,9 +84,15 @@ async fn duplicates_through_the_gateway_are_replayed_with_their_trailers() {
     assert_eq!(upstream.ledger.calls(CHARGE), 1);
 
     // A stored failure is replayed with its status and metadata.
-    let refused = client.charge(charge("g-neg", "alice", -1)).await.unwrap_err();
+    let refused = client
+        .charge(charge("g-neg", "alice", -1))
+        .await
+        .unwrap_err();
     assert_eq!(refused.code(), Code::InvalidArgument);
-    let replayed = client.charge(charge("g-neg", "alice", -1)).await.unwrap_err();
+    let replayed = client
+        .charge(charge("g-neg", "alice", -1))
+        .await
+        .unwrap_err();
     assert_eq!(replayed.code(), Code::InvalidArgument);
     assert_eq!(replayed.metadata().get("x-field").unwrap(), "amount_cents");
     assert_eq!(
@@ -100,7 +106,9 @@ async fn duplicates_through_the_gateway_are_replayed_with_their_trailers() {
         account: "alice".into(),
         amount_cents: 5,
     });
-    keyless.metadata_mut().insert("x-note", "no key".parse().unwrap());
+    keyless
+        .metadata_mut()
+        .insert("x-note", "no key".parse().unwrap());
     client.charge(keyless).await.unwrap();
     assert_eq!(upstream.ledger.charges("alice"), 2);
     for _ in 0..2 {

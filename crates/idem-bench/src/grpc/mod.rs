@@ -164,7 +164,14 @@ async fn measure(
         (&behind_layer, "w-layer"),
         (&through_gateway, "w-gateway"),
     ] {
-        drive(client, "warm-up", c, plan(label, run, warm, true), Expect::Fresh).await?;
+        drive(
+            client,
+            "warm-up",
+            c,
+            plan(label, run, warm, true),
+            Expect::Fresh,
+        )
+        .await?;
     }
 
     let rounds = args.rounds.clamp(1, n);
@@ -182,7 +189,11 @@ async fn measure(
         let layer_keys = plan(&label("layer"), run, share, true);
         let gateway_keys = plan(&label("gateway"), run, share, true);
         let chunks = [
-            (&direct, plan(&label("direct"), run, share, true), Expect::Fresh),
+            (
+                &direct,
+                plan(&label("direct"), run, share, true),
+                Expect::Fresh,
+            ),
             (&behind_layer, Arc::clone(&layer_keys), Expect::Fresh),
             (&behind_layer, layer_keys, Expect::Replay),
             (&through_gateway, Arc::clone(&gateway_keys), Expect::Fresh),

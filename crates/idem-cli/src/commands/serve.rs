@@ -6,9 +6,9 @@ use std::io::Write;
 use std::time::Duration;
 
 use anyhow::Context;
-use idem_http::admin::AdminToken;
 use idem::AnyStore;
 use idem_grpc::{GrpcIdempotencyConfig, GrpcIdempotencyLayer};
+use idem_http::admin::AdminToken;
 use idem_http::gateway::{self, CertReloader, Gateway, GrpcGuard};
 use idem_http::{IdempotencyLayer, Spool};
 use tokio::net::TcpListener;

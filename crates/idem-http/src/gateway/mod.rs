@@ -320,10 +320,9 @@ where
                         proxy::GRPC_UNAVAILABLE,
                         "the gateway is at its limit of requests in flight; retry after the pushback",
                     );
-                    refused.headers_mut().insert(
-                        "grpc-retry-pushback-ms",
-                        HeaderValue::from_static("1000"),
-                    );
+                    refused
+                        .headers_mut()
+                        .insert("grpc-retry-pushback-ms", HeaderValue::from_static("1000"));
                     return Ok(refused);
                 }
                 return Ok(shed);
