@@ -11,8 +11,13 @@
 # across its own restarts. No Amazon endpoint is reachable from the test
 # machines, so SQS is served by moto's server, installed from PyPI into a
 # virtual environment in the same cache and started on 127.0.0.1:5000; it must
-# answer an SQS request, not only accept connections. Exits non-zero, naming
-# the service, if one still does not answer.
+# answer an SQS request, not only accept connections. The gateway's gRPC tests
+# call it from another language: grpcio from PyPI, in its own virtual
+# environment in the cache. etcd (Debian's etcd-server) runs on
+# 127.0.0.1:2379 with its data in /var/lib/idem-etcd, and protoc (Debian's
+# protobuf-compiler) is installed for the build of the etcd client, which
+# compiles etcd's protobuf files. Exits non-zero, naming the service, if one
+# still does not answer.
 set -uo pipefail
 
 log() { printf '[services] %s\n' "$*" >&2; }
@@ -140,6 +145,22 @@ start_etcd() {
     --initial-cluster idem=http://127.0.0.1:2380 >>"$data/etcd.log" 2>&1 &)
 }
 
+grpcio="$cache/grpcio"
+GRPCIO_VERSION=1.85.3
+
+# Python's gRPC client, which the gateway's tests call it with.
+ensure_grpcio() {
+  if "$grpcio/bin/python" -c 'import grpc' 2>/dev/null; then
+    log "grpcio is ready in $grpcio"
+    return 0
+  fi
+  log "installing grpcio $GRPCIO_VERSION (Python's gRPC client) from PyPI into $grpcio"
+  command -v python3 >/dev/null || install_packages python3 python3-venv || return 1
+  python3 -m venv "$grpcio" >&2 || { install_packages python3-venv && python3 -m venv "$grpcio" >&2; } || return 1
+  "$grpcio/bin/pip" install --quiet "grpcio==$GRPCIO_VERSION" >&2 || return 1
+  "$grpcio/bin/python" -c 'import grpc' 2>/dev/null
+}
+
 ensure() { # name port start-function seconds
   local name=$1 port=$2 start=$3 limit=$4
   if answers 127.0.0.1 "$port"; then
@@ -166,6 +187,17 @@ if ensure "SQS (moto)" "$MOTO_PORT" start_moto 120; then
     failed=1
   fi
 else
+  failed=1
+fi
+
+ensure etcd 2379 start_etcd 60 || failed=1
+if ! command -v protoc >/dev/null && ! install_packages protobuf-compiler; then
+  log "ERROR: protoc is missing and Debian's protobuf-compiler could not be installed; the etcd client's build needs it"
+  failed=1
+fi
+
+if ! ensure_grpcio; then
+  log "ERROR: could not install grpcio into $grpcio; the gateway's gRPC tests need it"
   failed=1
 fi
 

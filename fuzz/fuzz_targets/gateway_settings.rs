@@ -26,6 +26,13 @@ fuzz_target!(|text: &str| {
         "{settings:?}"
     );
     assert!(settings.routes.iter().all(|r| r.starts_with('/')), "{settings:?}");
+    assert!(
+        settings
+            .grpc_unary
+            .iter()
+            .all(|m| m.starts_with('/') && m.split('/').count() == 3),
+        "{settings:?}"
+    );
     let written = settings.to_toml();
     let again = GatewaySettings::resolve(&given, Some(SettingsFile::new("fuzz.toml", &written)))
         .unwrap_or_else(|e| panic!("{written:?} (from {text:?}) does not resolve: {e}"));

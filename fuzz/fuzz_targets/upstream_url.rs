@@ -1,6 +1,7 @@
 //! The gateway's upstream URL (`idem serve --upstream`, `upstream` in its
-//! config file): what parses shows as `http://AUTHORITY/BASE` or
-//! `https://AUTHORITY/BASE` and parses back to the same upstream.
+//! config file): what parses shows as `http://AUTHORITY/BASE`,
+//! `https://AUTHORITY/BASE` or `h2c://AUTHORITY/BASE` and parses back to the
+//! same upstream.
 #![no_main]
 
 use idem_http::gateway::Upstream;
@@ -12,7 +13,9 @@ fuzz_target!(|text: &str| {
     };
     let shown = upstream.to_string();
     assert!(
-        shown.starts_with("http://") || shown.starts_with("https://"),
+        shown.starts_with("http://")
+            || shown.starts_with("https://")
+            || (shown.starts_with("h2c://") && upstream.is_http2()),
         "{shown:?}"
     );
     let again = shown

@@ -14,6 +14,9 @@ pub enum BenchCommand {
     /// The same upstream called directly and through the gateway (unique keys,
     /// replays, no key), in one run, with an in-process upstream and gateway.
     Http(BenchHttpArgs),
+    /// A tonic service called bare, behind the gRPC layer (new keys,
+    /// replays) and through the gateway over HTTP/2, in one run.
+    Grpc(BenchGrpcArgs),
     /// An effectively-once consumer vs a plain at-least-once one on RabbitMQ,
     /// NATS JetStream or Kafka into PostgreSQL, one message per transaction and batched.
     Consume(BenchConsumeArgs),
@@ -88,7 +91,25 @@ pub struct BenchHttpArgs {
     pub rounds: usize,
 }
 
-/// The in-process upstream of `idem bench http`.
+/// `idem bench grpc`
+#[derive(Debug, Args)]
+pub struct BenchGrpcArgs {
+    /// Unary calls per phase.
+    #[arg(long, default_value_t = 4000)]
+    pub calls: usize,
+    /// Concurrent callers on each channel.
+    #[arg(long, default_value_t = 32)]
+    pub concurrency: usize,
+    /// What the service does per call.
+    #[arg(long, value_enum, default_value_t = UpstreamWork::Both)]
+    pub upstream: UpstreamWork,
+    /// Rounds in which the phases take turns, each making calls/rounds per
+    /// phase.
+    #[arg(long, default_value_t = 4)]
+    pub rounds: usize,
+}
+
+/// The in-process upstream of `idem bench http` and `idem bench grpc`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum UpstreamWork {
     /// Commits one row per POST to its own SQLite file (synchronous=FULL): a

@@ -12,6 +12,9 @@
 //! - [`payment`]: a payment and the ledger's totals, which both speak;
 //! - `apply`: `idem bench apply`, atomic apply against the bare transaction;
 //! - `http`: `idem bench http`, the gateway against the upstream called directly;
+//! - `grpc`: `idem bench grpc`, a tonic service behind the gRPC layer and
+//!   through the gateway against the service called bare;
+//! - `phase`: a measured phase of requests and the table of phases;
 //! - `consume`: `idem bench consume`, the effectively-once consumer against a
 //!   plain at-least-once one;
 //! - [`stores`]: the store a run uses when none is given (a temporary SQLite
@@ -28,7 +31,9 @@ pub mod workload;
 
 mod apply;
 mod consume;
+mod grpc;
 mod http;
+mod phase;
 
 pub use args::BenchCommand;
 
@@ -40,6 +45,7 @@ pub async fn run(store: Option<StoreLocation>, command: &BenchCommand) -> anyhow
     match command {
         BenchCommand::Apply(args) => apply::run(store, args).await,
         BenchCommand::Http(args) => http::run(store, args).await,
+        BenchCommand::Grpc(args) => grpc::run(store, args).await,
         BenchCommand::Consume(args) => consume::run(store, args).await,
     }
 }

@@ -109,3 +109,15 @@ pub fn behind_latency(
     anyhow::ensure!(pointed, "cannot point {location} at the latency relay");
     Ok((StoreLocation::Postgres(url.into()), link))
 }
+
+/// The SQLite file, in `dir`, where the benchmarks' durable services commit
+/// one row per order (an `orders` table, `synchronous=FULL`).
+pub(crate) async fn orders_ledger(dir: &std::path::Path) -> anyhow::Result<idem::SqliteStore> {
+    let store = idem::SqliteStore::open(dir.join("orders.db")).await?;
+    store
+        .with_connection(|c| {
+            c.execute_batch("CREATE TABLE orders (id INTEGER PRIMARY KEY, body BLOB NOT NULL)")
+        })
+        .await??;
+    Ok(store)
+}

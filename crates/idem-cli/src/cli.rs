@@ -251,11 +251,18 @@ pub(crate) struct ServeArgs {
     /// matches none is labelled with its first segment [default: none].
     #[arg(long, env = "IDEM_ROUTES", value_name = "LIST")]
     pub routes: Option<String>,
+    /// The unary gRPC methods whose calls with an idempotency-key metadata
+    /// entry are deduplicated (answers stored with their trailers, refusals
+    /// as gRPC status codes), comma-separated, such as
+    /// '/payments.v1.Payments/Charge'; every other gRPC call, streaming ones
+    /// among them, is forwarded untouched [default: none].
+    #[arg(long, env = "IDEM_GRPC_UNARY", value_name = "LIST")]
+    pub grpc_unary: Option<String>,
     /// A TOML file with the same settings: upstream, listen, store, mode,
     /// require_key, max_body, lease, retention, admin_listen,
     /// upstream_timeout, probe, spool, principal_header, methods, sweep_every,
-    /// max_in_flight, routes, upstream_ca, upstream_cert, upstream_key,
-    /// tls_cert, tls_key, tls_client_ca, admin_token_file.
+    /// max_in_flight, routes, grpc_unary, upstream_ca, upstream_cert,
+    /// upstream_key, tls_cert, tls_key, tls_client_ca, admin_token_file.
     #[arg(long, env = "IDEM_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
 }

@@ -623,6 +623,33 @@ fn bench_http_measures_direct_and_gateway_in_one_run() {
     assert!(stdout.contains("gateway ÷ direct"), "{stdout}");
 }
 
+#[test]
+fn bench_grpc_measures_the_layer_and_the_gateway_against_the_bare_service() {
+    let out = idem()
+        .args(["bench", "grpc", "--calls", "60", "--concurrency", "4"])
+        .output()
+        .expect("run idem");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for row in [
+        "direct",
+        "layer, new keys",
+        "layer, replays",
+        "idem serve, new keys",
+        "idem serve, replays",
+        "idem serve, no key",
+        "service durable",
+        "service echo",
+        "layer ÷ bare",
+    ] {
+        assert!(stdout.contains(row), "no {row:?} in:\n{stdout}");
+    }
+}
+
 /// Retention runs itself: with a one-second window and a sweep every 200 ms,
 /// a gateway taking a steady stream of new keys keeps its table near the
 /// keys of the last second or so — without the sweeper it would hold every
@@ -908,4 +935,112 @@ async fn serve_over_tls_reloads_its_certificate_on_sighup_and_guards_its_admin_l
         StatusCode::OK
     );
     serve.terminate();
+}
+
+/// A gRPC upstream in plain HTTP/2 (h2c), written against hyper: every call
+/// answers one message naming the call's number, then a trailer with it and
+/// `grpc-status: 0`.
+async fn grpc_upstream(calls: Arc<AtomicUsize>) -> SocketAddr {
+    use hyper::body::Frame;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let calls = Arc::clone(&calls);
+            let answer = hyper::service::service_fn(move |request: http::Request<_>| {
+                let calls = Arc::clone(&calls);
+                async move {
+                    let _request: hyper::body::Incoming = request.into_body();
+                    let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+                    let message = format!("call {n}");
+                    let mut framed = vec![0u8];
+                    framed.extend((message.len() as u32).to_be_bytes());
+                    framed.extend(message.as_bytes());
+                    let mut trailers = http::HeaderMap::new();
+                    trailers.insert("grpc-status", "0".parse().unwrap());
+                    trailers.insert("x-call", n.to_string().parse().unwrap());
+                    let frames = futures::stream::iter([
+                        Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from(framed))),
+                        Ok(Frame::trailers(trailers)),
+                    ]);
+                    let response = http::Response::builder()
+                        .header("content-type", "application/grpc")
+                        .body(http_body_util::StreamBody::new(frames))
+                        .unwrap();
+                    Ok::<_, std::convert::Infallible>(response)
+                }
+            });
+            tokio::spawn(
+                hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), answer),
+            );
+        }
+    });
+    addr
+}
+
+/// One gRPC call in HTTP/2 to `addr`: its head, message and trailers.
+async fn grpc_call(
+    addr: SocketAddr,
+    method: &str,
+    key: &str,
+) -> (http::HeaderMap, Bytes, http::HeaderMap) {
+    let client = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Full<Bytes>>();
+    let request = http::Request::post(format!("http://{addr}{method}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("idempotency-key", key)
+        .body(Full::new(Bytes::from_static(&[0, 0, 0, 0, 2, 8, 1])))
+        .unwrap();
+    let response = tokio::time::timeout(Duration::from_secs(30), client.request(request))
+        .await
+        .expect("an answer within 30 s")
+        .expect("an HTTP/2 answer");
+    assert_eq!(response.version(), http::Version::HTTP_2);
+    let headers = response.headers().clone();
+    let collected = response.into_body().collect().await.expect("the body");
+    let trailers = collected.trailers().cloned().unwrap_or_default();
+    (headers, collected.to_bytes(), trailers)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn grpc_calls_through_serve_over_http2_are_replayed_with_their_trailers() {
+    let dir = tempfile::tempdir().unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let upstream = grpc_upstream(Arc::clone(&calls)).await;
+    let serve = Serve::start(
+        &[
+            "--store",
+            &store_in(&dir),
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            &format!("h2c://{upstream}"),
+            "--grpc-unary",
+            "/test.v1.Orders/Place",
+        ],
+        &[],
+    );
+    let (head, message, trailers) = grpc_call(serve.addr, "/test.v1.Orders/Place", "g-1").await;
+    assert!(!head.contains_key("idempotent-replayed"));
+    assert_eq!(trailers["x-call"], "1");
+    let (again_head, again_message, again_trailers) =
+        grpc_call(serve.addr, "/test.v1.Orders/Place", "g-1").await;
+    assert_eq!(again_head["idempotent-replayed"], "true");
+    assert_eq!(again_message, message);
+    assert_eq!(again_trailers["x-call"], "1");
+    assert_eq!(again_trailers["grpc-status"], "0");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+    // A method not listed passes through, key or not.
+    for expected in [2, 3] {
+        let (_, _, trailers) = grpc_call(serve.addr, "/test.v1.Orders/List", "g-1").await;
+        assert_eq!(trailers["x-call"], expected.to_string().as_str());
+    }
 }

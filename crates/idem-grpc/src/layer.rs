@@ -14,7 +14,9 @@
 //!    strand the claim), renewing the claim every third of the lease;
 //! 4. read the whole answer (headers, message, trailers) and **complete** the
 //!    record with it, **release** the key, or keep it reserved until its
-//!    lease ends, by the answer's status code ([`disposition`](crate::disposition)).
+//!    lease ends, by the answer's status code ([`disposition`](crate::disposition));
+//!    an answer marked [`UnknownOutcome`](idem_http::UnknownOutcome) (a proxy
+//!    that sent the call and got no answer) keeps it reserved whatever its code.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -337,7 +339,19 @@ where
     let message = collected.to_bytes();
     let code = status_of(&parts.headers, trailers.as_ref());
     let answer = StoredCall::new(parts.headers.clone(), message, trailers);
-    match disposition(code) {
+    // A forwarding service (the gateway's) marks an answer it wrote because
+    // the call was sent and no answer came: whatever its code, whether the
+    // effect happened is unknown.
+    let unknown = parts
+        .extensions
+        .get::<idem_http::UnknownOutcome>()
+        .is_some();
+    let disposition = if unknown {
+        Disposition::Keep
+    } else {
+        disposition(code)
+    };
+    match disposition {
         Disposition::Store => store_answer(&shared, claim, answer.to_outcome()).await,
         Disposition::Release => {
             if let Err(error) = shared.store.release(&claim).await {

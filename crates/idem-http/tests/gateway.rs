@@ -950,3 +950,44 @@ async fn a_retrying_client_waits_out_a_shed_answer_and_its_retry_runs_once() {
     assert_eq!(f.upstream.effects(), 2);
     assert_eq!(timer.slept.lock().unwrap().len(), 1, "one retry");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_port_serves_http2_and_http1_clients_alike() {
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::client::legacy::Client as HyperClient;
+    use hyper_util::rt::TokioExecutor;
+
+    let f = start(Options::default()).await;
+    // Prior-knowledge HTTP/2 without TLS (h2c), as gRPC clients speak it.
+    let h2 = HyperClient::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Full<Bytes>>();
+    let post = |key: &str| {
+        http::Request::post(format!("http://{}/payments", f.gateway.addr))
+            .header("idempotency-key", key)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from_static(br#"{"amount":3}"#)))
+            .unwrap()
+    };
+    let first = h2.request(post("h2-1")).await.expect("an HTTP/2 answer");
+    assert_eq!(first.version(), http::Version::HTTP_2);
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let first_body = first.into_body().collect().await.unwrap().to_bytes();
+    let again = h2.request(post("h2-1")).await.expect("an HTTP/2 answer");
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(
+        again.into_body().collect().await.unwrap().to_bytes(),
+        first_body
+    );
+    // The same key over HTTP/1.1 on the same port: the same record.
+    let http1 = f
+        .client
+        .post("/payments")
+        .key("h2-1")
+        .json(&json!({ "amount": 3 }))
+        .send()
+        .await;
+    assert!(http1.replayed());
+    assert_eq!(http1.body, first_body);
+    assert_eq!(f.upstream.effects(), 1);
+}

@@ -18,12 +18,11 @@ mod upstream;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::Context;
 use axum::http::StatusCode;
 use bytes::Bytes;
-use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 use http::{HeaderValue, Request, Uri};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
@@ -36,6 +35,7 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
 use crate::args::{BenchHttpArgs, UpstreamWork};
+use crate::phase::{self, Phase};
 use crate::stores::given_or_temporary;
 use upstream::Upstream;
 
@@ -53,37 +53,6 @@ struct Planned {
 enum Expect {
     Fresh,
     Replay,
-}
-
-struct Phase {
-    name: &'static str,
-    latencies: Vec<Duration>,
-    elapsed: Duration,
-}
-
-impl Phase {
-    fn empty(name: &'static str) -> Self {
-        Self {
-            name,
-            latencies: Vec::new(),
-            elapsed: Duration::ZERO,
-        }
-    }
-
-    fn add(&mut self, part: Phase) {
-        self.latencies.extend(part.latencies);
-        self.elapsed += part.elapsed;
-    }
-
-    fn per_second(&self) -> f64 {
-        self.latencies.len() as f64 / self.elapsed.as_secs_f64()
-    }
-
-    fn percentile_ms(&self, q: f64) -> f64 {
-        let index =
-            ((self.latencies.len() as f64 * q).ceil() as usize).clamp(1, self.latencies.len());
-        self.latencies[index - 1].as_secs_f64() * 1000.0
-    }
 }
 
 /// Sends every planned request with `concurrency` clients, each its own task.
@@ -286,25 +255,7 @@ pub(crate) async fn run(
         let (_temporary, location) = given_or_temporary(location.clone())?;
         let phases = measure(work, &location, args, &client).await?;
         let base = phases[0].per_second();
-        let mut table = Table::new();
-        table.load_preset(UTF8_FULL_CONDENSED).set_header([
-            "phase",
-            "requests",
-            "req/s",
-            "p50 ms",
-            "p99 ms",
-            "× direct",
-        ]);
-        for phase in &phases {
-            table.add_row([
-                phase.name.to_owned(),
-                phase.latencies.len().to_string(),
-                format!("{:.0}", phase.per_second()),
-                format!("{:.2}", phase.percentile_ms(0.50)),
-                format!("{:.2}", phase.percentile_ms(0.99)),
-                format!("{:.2}", phase.per_second() / base),
-            ]);
-        }
+        let table = phase::table(&phases, base, "× direct");
         let what = match work {
             UpstreamWork::Durable => "durable: one SQLite commit (synchronous=FULL) per POST",
             _ => "echo: answers at once, keeps nothing",

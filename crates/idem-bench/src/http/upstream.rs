@@ -77,17 +77,7 @@ impl Upstream {
             .prefix("idem-bench-upstream-")
             .tempdir()?;
         let store = match work {
-            UpstreamWork::Durable => {
-                let store = SqliteStore::open(dir.path().join("upstream.db")).await?;
-                store
-                    .with_connection(|c| {
-                        c.execute_batch(
-                            "CREATE TABLE orders (id INTEGER PRIMARY KEY, body BLOB NOT NULL)",
-                        )
-                    })
-                    .await??;
-                Some(store)
-            }
+            UpstreamWork::Durable => Some(crate::stores::orders_ledger(dir.path()).await?),
             _ => None,
         };
         let effects = Arc::new(AtomicUsize::new(0));

@@ -6,8 +6,10 @@ use std::io::Write;
 use std::time::Duration;
 
 use anyhow::Context;
+use idem::AnyStore;
+use idem_grpc::{GrpcIdempotencyConfig, GrpcIdempotencyLayer};
 use idem_http::admin::AdminToken;
-use idem_http::gateway::{self, CertReloader, Gateway};
+use idem_http::gateway::{self, CertReloader, Gateway, GrpcGuard};
 use idem_http::{IdempotencyLayer, Spool};
 use tokio::net::TcpListener;
 use tokio::signal::unix::{Signal, SignalKind, signal};
@@ -91,11 +93,18 @@ pub(super) async fn run(
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "idem serve: listening on {}://{}, forwarding to {}",
+        "idem serve: listening on {}://{}, forwarding to {} (HTTP/1.1 and HTTP/2 in)",
         if tls.is_some() { "https" } else { "http" },
         listener.local_addr()?,
         settings.upstream
     )?;
+    if !settings.grpc_unary.is_empty() {
+        writeln!(
+            out,
+            "idem serve: keyed gRPC calls deduplicated on {}",
+            settings.grpc_unary.join(", ")
+        )?;
+    }
     if let Some(addr) = upkeep.admin_addr() {
         writeln!(
             out,
@@ -124,7 +133,11 @@ pub(super) async fn run(
         eprintln!("idem serve: shutting down; letting the requests in flight finish");
         stop.send(true).ok();
     });
+    let grpc = grpc_guard(&settings, layer.store());
     let mut gateway = Gateway::new(layer, gateway_config);
+    if let Some(guard) = grpc {
+        gateway = gateway.with_grpc(guard);
+    }
     let mut reloading = Vec::new();
     if let Some((config, reloader)) = tls {
         gateway = gateway.with_tls(config);
@@ -141,6 +154,31 @@ pub(super) async fn run(
     served?;
     eprintln!("idem serve: stopped");
     Ok(())
+}
+
+/// The gRPC guard for the `--grpc-unary` methods, over the gateway's store,
+/// with the HTTP side's lease, body limit and principal; `None` without
+/// methods.
+fn grpc_guard(settings: &GatewaySettings, store: &AnyStore) -> Option<GrpcGuard> {
+    if settings.grpc_unary.is_empty() {
+        return None;
+    }
+    let config = GrpcIdempotencyConfig::default()
+        .unary_methods(settings.grpc_unary.iter().cloned())
+        .lease(settings.lease)
+        .message_limit(settings.max_body);
+    let config = if settings.principal_tls_subject {
+        config.principal_metadata(gateway::TLS_SUBJECT_HEADER)
+    } else {
+        match &settings.principal_header {
+            Some(header) => config.principal_metadata(header.as_str()),
+            None => config.without_principal(),
+        }
+    };
+    Some(idem_grpc::gateway::guard(GrpcIdempotencyLayer::new(
+        store.clone(),
+        config,
+    )))
 }
 
 /// How often the listener's certificate and key files are checked for a
@@ -188,6 +226,7 @@ fn resolve(store: Option<&str>, args: &ServeArgs) -> anyhow::Result<GatewaySetti
         tls_key: args.tls_key.clone(),
         tls_client_ca: args.tls_client_ca.clone(),
         admin_token_file: args.admin_token_file.clone(),
+        grpc_unary: args.grpc_unary.clone(),
     };
     let text = args
         .config

@@ -1,7 +1,10 @@
 //! The accept loop of a proxy process (the gateway, the duplicate-injection
-//! proxy): HTTP/1 connections served until the shutdown signal, then a
-//! graceful shutdown that waits at most a grace period for the requests in
-//! flight.
+//! proxy): connections served until the shutdown signal, then a graceful
+//! shutdown that waits at most a grace period for the requests in flight.
+//!
+//! One port speaks both HTTP/1.1 and HTTP/2: a connection that opens with
+//! HTTP/2's preface (prior-knowledge h2c, or h2 after TLS's ALPN) is served
+//! as HTTP/2, any other as HTTP/1.1.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -12,9 +15,9 @@ use std::time::Duration;
 use axum::response::Response;
 use http::Request;
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
@@ -77,8 +80,9 @@ where
     F: Fn(Request<Incoming>, Arc<Peer>) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = Result<Response, Infallible>> + Send + 'static,
 {
-    let mut http = http1::Builder::new();
-    http.timer(TokioTimer::new());
+    let mut http = auto::Builder::new(TokioExecutor::new());
+    http.http1().timer(TokioTimer::new());
+    http.http2().timer(TokioTimer::new());
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
@@ -108,9 +112,11 @@ where
                 let per_request = service_fn(move |request: Request<Incoming>| {
                     answer(request, Arc::clone(&peer))
                 });
-                let connection =
-                    graceful.watch(http.serve_connection(TokioIo::new(stream), per_request));
+                let watcher = graceful.watcher();
+                let http = http.clone();
                 tokio::spawn(async move {
+                    let connection =
+                        watcher.watch(http.serve_connection(TokioIo::new(stream), per_request));
                     if let Err(error) = connection.await {
                         tracing::debug!(%error, peer = %addr, "connection ended with an error");
                     }

@@ -19,9 +19,10 @@ pub const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
 /// told apart from a timeout after the request was sent.
 const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The service the gateway forwards to: `http://HOST:PORT` or
-/// `https://HOST:PORT`, with an optional base path that is put in front of
-/// every request path.
+/// The service the gateway forwards to: `http://HOST:PORT`,
+/// `https://HOST:PORT`, or `h2c://HOST:PORT` for an upstream spoken to in
+/// HTTP/2 without TLS (prior knowledge: a gRPC server, say), with an
+/// optional base path that is put in front of every request path.
 ///
 /// ```
 /// use idem_http::gateway::Upstream;
@@ -30,6 +31,8 @@ const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// assert_eq!(upstream.to_string(), "http://127.0.0.1:9000/api");
 /// let secure: Upstream = "https://api.example.com".parse()?;
 /// assert!(secure.is_https());
+/// let grpc: Upstream = "h2c://127.0.0.1:50051".parse()?;
+/// assert!(grpc.is_http2());
 /// assert!("ftp://example.com".parse::<Upstream>().is_err());
 /// # Ok::<(), idem_http::gateway::UpstreamError>(())
 /// ```
@@ -38,6 +41,8 @@ pub struct Upstream {
     scheme: Scheme,
     authority: Authority,
     base_path: String,
+    /// Spoken to in HTTP/2 with prior knowledge (`h2c://`).
+    http2: bool,
 }
 
 /// An upstream URL the gateway cannot forward to.
@@ -46,7 +51,7 @@ pub struct Upstream {
 pub enum UpstreamError {
     /// Not a URL at all.
     #[error(
-        "upstream {url:?} is not a URL ({reason}): write http://HOST:PORT or https://HOST:PORT, optionally with a base path such as http://127.0.0.1:9000/api"
+        "upstream {url:?} is not a URL ({reason}): write http://HOST:PORT, https://HOST:PORT or h2c://HOST:PORT, optionally with a base path such as http://127.0.0.1:9000/api"
     )]
     NotAUrl {
         /// The text as given.
@@ -54,9 +59,9 @@ pub enum UpstreamError {
         /// What the parser said.
         reason: String,
     },
-    /// A scheme other than `http` and `https`.
+    /// A scheme other than `http`, `https` and `h2c`.
     #[error(
-        "upstream {url:?} uses {scheme}, but the gateway speaks HTTP or HTTPS to its upstream: write http://HOST:PORT or https://HOST:PORT"
+        "upstream {url:?} uses {scheme}, but the gateway speaks HTTP or HTTPS to its upstream: write http://HOST:PORT, https://HOST:PORT, or h2c://HOST:PORT for HTTP/2 without TLS"
     )]
     Scheme {
         /// The text as given.
@@ -66,7 +71,7 @@ pub enum UpstreamError {
     },
     /// A query string, which would be glued to every request.
     #[error(
-        "upstream {url:?} has a query string: give only http(s)://HOST:PORT and an optional base path"
+        "upstream {url:?} has a query string: give only http(s)://HOST:PORT (or h2c://) and an optional base path"
     )]
     Query {
         /// The text as given.
@@ -84,8 +89,10 @@ impl FromStr for Upstream {
                 url: url.to_owned(),
                 reason: e.to_string(),
             })?;
+        let http2 = uri.scheme_str() == Some("h2c");
         let scheme = match uri.scheme() {
             Some(scheme) if *scheme == Scheme::HTTP || *scheme == Scheme::HTTPS => scheme.clone(),
+            Some(_) if http2 => Scheme::HTTP,
             other => {
                 return Err(UpstreamError::Scheme {
                     url: url.to_owned(),
@@ -108,6 +115,7 @@ impl FromStr for Upstream {
             scheme,
             authority,
             base_path: uri.path().trim_end_matches('/').to_owned(),
+            http2,
         })
     }
 }
@@ -135,11 +143,22 @@ impl Upstream {
     pub fn is_https(&self) -> bool {
         self.scheme == Scheme::HTTPS
     }
+
+    /// Whether the upstream is spoken to in HTTP/2 with prior knowledge
+    /// (`h2c://`); otherwise HTTP/1.1.
+    pub fn is_http2(&self) -> bool {
+        self.http2
+    }
 }
 
 impl fmt::Display for Upstream {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}://{}{}", self.scheme, self.authority, self.base_path)
+        let scheme = if self.http2 {
+            "h2c"
+        } else {
+            self.scheme.as_str()
+        };
+        write!(f, "{scheme}://{}{}", self.authority, self.base_path)
     }
 }
 
@@ -297,6 +316,14 @@ mod tests {
             "https://api.example.com/v1/orders?limit=2"
         );
         assert_eq!(secure.to_string(), "https://api.example.com/v1");
+        let grpc: Upstream = "h2c://127.0.0.1:50051".parse().unwrap();
+        assert!(grpc.is_http2() && !grpc.is_https());
+        assert_eq!(
+            grpc.uri_for(Some(&target)).unwrap(),
+            "http://127.0.0.1:50051/orders?limit=2"
+        );
+        assert_eq!(grpc.to_string(), "h2c://127.0.0.1:50051");
+        assert_eq!(grpc.to_string().parse::<Upstream>().unwrap(), grpc);
     }
 
     #[test]

@@ -43,6 +43,16 @@
 //! - `probe`: [`Probe`], the question put to the upstream before a takeover
 //!   after an unknown outcome (`--probe`), and its contract.
 //!
+//! # HTTP/2 and gRPC
+//!
+//! The listener speaks HTTP/1.1 and HTTP/2 on one port (prior-knowledge h2c
+//! in plain text; h2 offered by ALPN over TLS), and an `h2c://` upstream is
+//! forwarded to in HTTP/2. A gRPC call (`content-type: application/grpc`)
+//! never goes through the HTTP layer, whose stored answers have no trailers:
+//! it goes to the guard given with [`Gateway::with_grpc`] (`idem-grpc`'s
+//! layer, which stores and replays headers, message and trailers and refuses
+//! in gRPC status codes), or straight to the upstream when there is none.
+//!
 //! With a limit of requests in flight ([`GatewayConfig::max_in_flight`]),
 //! the requests past it are answered 503 + `Retry-After` at once, before
 //! anything else is done with them.
@@ -100,7 +110,8 @@ pub use observe::REQUESTS_TOTAL;
 pub use probe::{IDEMPOTENCY_ORIGINAL_STATUS, Probe, ProbeError};
 pub use settings::{
     DEFAULT_LISTEN, DEFAULT_STORE, GatewaySettings, GivenSettings, MAX_IN_FLIGHT, SettingsError,
-    SettingsFile, parse_duration, parse_limit, parse_methods, parse_routes, parse_size,
+    SettingsFile, parse_duration, parse_grpc_methods, parse_limit, parse_methods, parse_routes,
+    parse_size,
 };
 
 use crate::observe::RouteLabel;
@@ -110,7 +121,8 @@ pub use accept::{Peer, serve_connections, serve_connections_over};
 use probe::UpstreamProbe;
 use proxy::Proxy;
 pub use proxy::{
-    ClientAddr, UpstreamConnector, rewrite_for, upstream_client, upstream_client_with_tls,
+    ClientAddr, UpstreamConnector, is_grpc, rewrite_for, upstream_client, upstream_client_for,
+    upstream_client_with_tls,
 };
 use routes::RouteTemplates;
 pub use tls::{
@@ -118,12 +130,31 @@ pub use tls::{
     load_key,
 };
 
+/// The forwarding service a [`GrpcGuard`] wraps: a request to the upstream
+/// and its answer, never an error (failures are answers).
+pub type Forward = tower::util::BoxCloneSyncService<Request<Body>, Response, Infallible>;
+
+/// What protects the gateway's gRPC calls: it wraps the [`Forward`] service
+/// in a gRPC-aware idempotency layer (`idem_grpc::gateway::guard`).
+pub type GrpcGuard = Arc<dyn Fn(Forward) -> Forward + Send + Sync>;
+
 /// The idempotency layer over the reverse proxy, ready to [`run`].
-#[derive(Debug)]
 pub struct Gateway<St> {
     layer: IdempotencyLayer<St>,
     config: GatewayConfig,
     tls: Option<Arc<rustls::ServerConfig>>,
+    grpc: Option<GrpcGuard>,
+}
+
+impl<St> std::fmt::Debug for Gateway<St> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway")
+            .field("layer", &self.layer)
+            .field("config", &self.config)
+            .field("tls", &self.tls.is_some())
+            .field("grpc", &self.grpc.is_some())
+            .finish()
+    }
 }
 
 impl<St> Gateway<St> {
@@ -134,7 +165,17 @@ impl<St> Gateway<St> {
             layer,
             config,
             tls: None,
+            grpc: None,
         }
+    }
+
+    /// Protects gRPC calls with `guard` (`idem_grpc::gateway::guard`): their
+    /// keys are claimed and their answers stored with the trailers, and
+    /// refusals are gRPC status codes. Without one, gRPC calls are forwarded
+    /// untouched, key or not.
+    pub fn with_grpc(mut self, guard: GrpcGuard) -> Self {
+        self.grpc = Some(guard);
+        self
     }
 
     /// Serves HTTPS with `tls` (from [`ListenerTls::load`], whose
@@ -202,6 +243,11 @@ where
         None => gateway.layer.clone(),
     };
     let proxy = Proxy::new(&gateway.config, idempotency.clone());
+    let forward = Forward::new(proxy.clone());
+    let grpc = match &gateway.grpc {
+        Some(guard) => guard(forward),
+        None => forward,
+    };
     let service = tower::Layer::layer(&layer, proxy);
     let grace = gateway.config.shutdown_grace_period();
     let admission = Arc::new(Admission {
@@ -215,6 +261,7 @@ where
             .config
             .tls_subject_principal
             .then(|| HeaderName::from_static(TLS_SUBJECT_HEADER)),
+        grpc,
     });
     let per_request = move |request: Request<Incoming>, peer: Arc<Peer>| {
         answer(service.clone(), Arc::clone(&admission), peer, request)
@@ -238,6 +285,8 @@ struct Admission {
     /// The header the client certificate's subject goes in, when it scopes
     /// keys.
     tls_subject: Option<HeaderName>,
+    /// Where gRPC calls go: the gRPC guard over the proxy, or the proxy.
+    grpc: Forward,
 }
 
 /// One request through the limit, the layer and the proxy, counted by
@@ -265,6 +314,17 @@ where
             None => {
                 let shed = limit.shed();
                 observe::answered(observe::outcome(idempotency, keyed, &shed), &route);
+                if is_grpc(request.headers()) {
+                    // The same refusal in gRPC's terms, with its retry hint.
+                    let mut refused = proxy::grpc_status(
+                        proxy::GRPC_UNAVAILABLE,
+                        "the gateway is at its limit of requests in flight; retry after the pushback",
+                    );
+                    refused
+                        .headers_mut()
+                        .insert("grpc-retry-pushback-ms", HeaderValue::from_static("1000"));
+                    return Ok(refused);
+                }
                 return Ok(shed);
             }
         },
@@ -291,7 +351,16 @@ where
         path = request.uri().path(),
     );
     idem_trace::continue_trace(&span, &idem_trace::HttpHeaders(request.headers()));
-    let response: Response<Body> = service.oneshot(request).instrument(span).await?;
+    let response: Response<Body> = if is_grpc(request.headers()) {
+        admission
+            .grpc
+            .clone()
+            .oneshot(request.map(Body::new))
+            .instrument(span)
+            .await?
+    } else {
+        service.oneshot(request).instrument(span).await?
+    };
     observe::answered(observe::outcome(idempotency, keyed, &response), &route);
     Ok(response)
 }

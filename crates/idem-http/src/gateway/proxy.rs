@@ -16,7 +16,15 @@
 //! Requests without a key, and their responses, stream through untouched. For
 //! a keyed request the response body is read whole before it is handed back
 //! (the layer stores it anyway), within the same deadline as the head, so a
-//! body that breaks off is an unknown outcome and not a truncated replay.
+//! body that breaks off is an unknown outcome and not a truncated replay; its
+//! trailers (a gRPC answer's status) are kept.
+//!
+//! An `h2c://` upstream is spoken to in HTTP/2 with prior knowledge, whatever
+//! version the client used; `TE: trailers`, which gRPC servers expect, is the
+//! one hop-by-hop header kept for it. A gRPC call (`content-type:
+//! application/grpc…`) is answered in gRPC's terms when the upstream fails it:
+//! a trailers-only answer with `UNAVAILABLE` (nothing sent) or
+//! `DEADLINE_EXCEEDED`/`UNAVAILABLE` marked outcome-unknown.
 //!
 //! How a failure is told apart:
 //!
@@ -35,7 +43,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::response::Response;
 use futures::future::BoxFuture;
-use http::header::{HOST, HeaderName, HeaderValue};
+use http::header::{CONTENT_TYPE, HOST, HeaderName, HeaderValue, TE};
 use http::{Request, Version};
 use http_body_util::BodyExt;
 use hyper_rustls::HttpsConnector;
@@ -98,7 +106,8 @@ impl std::fmt::Debug for Proxy {
 
 impl Proxy {
     pub(crate) fn new(config: &GatewayConfig, idempotency: IdempotencyConfig) -> Self {
-        let client = upstream_client_with_tls(
+        let client = upstream_client_for(
+            &config.upstream,
             config.connect_timeout(),
             config.upstream_tls.as_deref().cloned(),
         );
@@ -135,13 +144,17 @@ impl Shared {
         let keyed = self.idempotency.accepts_key(request.method())
             && request.headers().contains_key(IDEMPOTENCY_KEY);
         let reserved_for = keyed.then_some(self.idempotency.lease);
+        let answer_as = if is_grpc(request.headers()) {
+            AnswerAs::Grpc
+        } else {
+            AnswerAs::Http(mode)
+        };
         let outgoing = match rewrite_for(&self.upstream, request) {
             Ok(outgoing) => outgoing,
             Err(error) => {
-                return Refusal::UpstreamUnreachable {
+                return answer_as.refusal(Refusal::UpstreamUnreachable {
                     cause: format!("the request could not be rewritten for the upstream: {error}"),
-                }
-                .to_response(mode);
+                });
             }
         };
 
@@ -149,10 +162,9 @@ impl Shared {
         let answer = match tokio::time::timeout_at(deadline, self.client.request(outgoing)).await {
             Ok(Ok(answer)) => answer,
             Ok(Err(error)) if error.is_connect() => {
-                return Refusal::UpstreamUnreachable {
+                return answer_as.refusal(Refusal::UpstreamUnreachable {
                     cause: error_chain(&error),
-                }
-                .to_response(mode);
+                });
             }
             Ok(Err(error)) => {
                 let cause = error_chain(&error);
@@ -161,7 +173,7 @@ impl Shared {
                         cause,
                         reserved_for,
                     },
-                    mode,
+                    answer_as,
                 );
             }
             Err(_elapsed) => {
@@ -171,7 +183,7 @@ impl Shared {
                         after,
                         reserved_for,
                     },
-                    mode,
+                    answer_as,
                 );
             }
         };
@@ -183,7 +195,8 @@ impl Shared {
             return Response::from_parts(parts, Body::new(body));
         }
         match tokio::time::timeout_at(deadline, body.collect()).await {
-            Ok(Ok(collected)) => Response::from_parts(parts, Body::from(collected.to_bytes())),
+            // `Collected` is itself a body: the data, then the trailers.
+            Ok(Ok(collected)) => Response::from_parts(parts, Body::new(collected)),
             Ok(Err(error)) => {
                 let cause = error_chain(&error);
                 unknown(
@@ -191,7 +204,7 @@ impl Shared {
                         cause,
                         reserved_for,
                     },
-                    mode,
+                    answer_as,
                 )
             }
             Err(_elapsed) => {
@@ -201,7 +214,7 @@ impl Shared {
                         after,
                         reserved_for,
                     },
-                    mode,
+                    answer_as,
                 )
             }
         }
@@ -215,6 +228,12 @@ pub fn rewrite_for<B>(upstream: &Upstream, request: Request<B>) -> Result<Reques
     let (parts, body) = request.into_parts();
     let uri = upstream.uri_for(parts.uri.path_and_query())?;
     let mut headers = parts.headers;
+    let trailers_accepted = headers
+        .get_all(TE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|v| v.trim().eq_ignore_ascii_case("trailers"));
     hop::strip(&mut headers);
     let host = headers
         .remove(HOST)
@@ -248,10 +267,20 @@ pub fn rewrite_for<B>(upstream: &Upstream, request: Request<B>) -> Result<Reques
     // unchanged.
     idem_trace::inject_current(&mut idem_trace::HttpHeadersMut(&mut headers));
 
+    if upstream.is_http2() && trailers_accepted {
+        // The one connection-specific header HTTP/2 allows; gRPC servers
+        // require it.
+        headers.insert(TE, HeaderValue::from_static("trailers"));
+    }
+
     let mut outgoing = Request::new(body);
     *outgoing.method_mut() = parts.method;
     *outgoing.uri_mut() = uri;
-    *outgoing.version_mut() = Version::HTTP_11;
+    *outgoing.version_mut() = if upstream.is_http2() {
+        Version::HTTP_2
+    } else {
+        Version::HTTP_11
+    };
     *outgoing.headers_mut() = headers;
     Ok(outgoing)
 }
@@ -269,6 +298,31 @@ pub fn upstream_client_with_tls(
     connect_timeout: Duration,
     tls: Option<rustls::ClientConfig>,
 ) -> Client<UpstreamConnector, Body> {
+    client_builder(false).build(connector(connect_timeout, tls))
+}
+
+/// The pooled client for `upstream`: HTTP/2 with prior knowledge for an
+/// `h2c://` upstream (one connection carries every request), HTTP/1.1
+/// otherwise, as [`upstream_client_with_tls`].
+pub fn upstream_client_for(
+    upstream: &Upstream,
+    connect_timeout: Duration,
+    tls: Option<rustls::ClientConfig>,
+) -> Client<UpstreamConnector, Body> {
+    client_builder(upstream.is_http2()).build(connector(connect_timeout, tls))
+}
+
+fn client_builder(http2: bool) -> hyper_util::client::legacy::Builder {
+    let mut builder = Client::builder(TokioExecutor::new());
+    builder
+        .timer(TokioTimer::new())
+        .pool_timer(TokioTimer::new())
+        .pool_idle_timeout(Duration::from_secs(60))
+        .http2_only(http2);
+    builder
+}
+
+fn connector(connect_timeout: Duration, tls: Option<rustls::ClientConfig>) -> UpstreamConnector {
     let mut http = HttpConnector::new();
     http.set_nodelay(true);
     http.set_connect_timeout(Some(connect_timeout));
@@ -278,23 +332,121 @@ pub fn upstream_client_with_tls(
             .client_config()
             .expect("the default TLS client configuration reads no file and cannot fail")
     });
-    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+    hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
         .https_or_http()
         .enable_http1()
-        .wrap_connector(http);
-    Client::builder(TokioExecutor::new())
-        .timer(TokioTimer::new())
-        .pool_timer(TokioTimer::new())
-        .pool_idle_timeout(Duration::from_secs(60))
-        .build(connector)
+        .wrap_connector(http)
 }
 
 /// An outcome-unknown answer: the refusal's response (logged as a warning by
 /// [`Refusal::to_response`]), marked so the layer keeps the claim until its
 /// lease ends.
-fn unknown(refusal: Refusal, mode: Mode) -> Response {
-    let mut response = refusal.to_response(mode);
+fn unknown(refusal: Refusal, answer_as: AnswerAs) -> Response {
+    let mut response = answer_as.refusal(refusal);
     response.extensions_mut().insert(UnknownOutcome);
     response
+}
+
+/// Whether a request is a gRPC call: `content-type: application/grpc`, bare
+/// or with a suffix (`+proto`, `+json`); gRPC-Web, which carries its status
+/// in the body over HTTP/1.1, is not.
+pub fn is_grpc(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.strip_prefix("application/grpc")
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with(['+', ';']))
+        })
+}
+
+/// How the proxy's own refusals are written: as the layer's HTTP problems,
+/// or as gRPC statuses for a gRPC call.
+#[derive(Debug, Clone, Copy)]
+enum AnswerAs {
+    Http(Mode),
+    Grpc,
+}
+
+impl AnswerAs {
+    fn refusal(self, refusal: Refusal) -> Response {
+        match self {
+            Self::Http(mode) => refusal.to_response(mode),
+            Self::Grpc => {
+                // What a gRPC client would have seen had it called directly:
+                // nothing sent is `UNAVAILABLE` (retry at once); no answer in
+                // time is `DEADLINE_EXCEEDED`; a connection that broke is
+                // `UNAVAILABLE`.
+                let code = match refusal {
+                    Refusal::UpstreamTimeout { .. } => GRPC_DEADLINE_EXCEEDED,
+                    _ => GRPC_UNAVAILABLE,
+                };
+                tracing::warn!(error = %refusal, code, "the gateway answered a gRPC call itself");
+                grpc_status(code, &refusal.to_string())
+            }
+        }
+    }
+}
+
+/// gRPC's `DEADLINE_EXCEEDED` code.
+const GRPC_DEADLINE_EXCEEDED: u16 = 4;
+/// gRPC's `UNAVAILABLE` code.
+pub(crate) const GRPC_UNAVAILABLE: u16 = 14;
+
+/// A trailers-only gRPC answer: HTTP 200 with `grpc-status` and
+/// `grpc-message` (percent-encoded, as the protocol says) in the head.
+pub(crate) fn grpc_status(code: u16, message: &str) -> Response {
+    let mut response = Response::new(Body::empty());
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.insert("grpc-status", HeaderValue::from(code));
+    if let Ok(message) = HeaderValue::try_from(percent_encode(message)) {
+        headers.insert("grpc-message", message);
+    }
+    response
+}
+
+/// gRPC's percent-encoding of `grpc-message`: every byte outside printable
+/// ASCII, and `%` itself, as `%XX`.
+fn percent_encode(message: &str) -> String {
+    let mut encoded = String::with_capacity(message.len());
+    for byte in message.bytes() {
+        if (b' '..=b'~').contains(&byte) && byte != b'%' {
+            encoded.push(char::from(byte));
+        } else {
+            encoded.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    encoded
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_calls_are_told_by_their_content_type() {
+        let with = |value: &'static str| {
+            let mut headers = http::HeaderMap::new();
+            headers.insert(CONTENT_TYPE, HeaderValue::from_static(value));
+            headers
+        };
+        assert!(is_grpc(&with("application/grpc")));
+        assert!(is_grpc(&with("application/grpc+proto")));
+        assert!(!is_grpc(&with("application/grpc-web")));
+        assert!(!is_grpc(&with("application/json")));
+        assert!(!is_grpc(&http::HeaderMap::new()));
+    }
+
+    #[test]
+    fn grpc_refusals_are_trailers_only_with_an_encoded_message() {
+        let response = AnswerAs::Grpc.refusal(Refusal::UpstreamTimeout {
+            after: Duration::from_secs(3),
+            reserved_for: None,
+        });
+        assert_eq!(response.status(), http::StatusCode::OK);
+        assert_eq!(response.headers()["grpc-status"], "4");
+        assert_eq!(percent_encode("50% – ok"), "50%25 %E2%80%93 ok");
+    }
 }

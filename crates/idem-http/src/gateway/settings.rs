@@ -107,6 +107,9 @@ pub struct GivenSettings {
     pub tls_client_ca: Option<String>,
     /// `--admin-token-file`: the bearer token the admin listener requires.
     pub admin_token_file: Option<String>,
+    /// `--grpc-unary`: the unary gRPC methods whose keyed calls are
+    /// deduplicated.
+    pub grpc_unary: Option<String>,
 }
 
 /// A config file's text, and its path for messages.
@@ -155,9 +158,11 @@ struct FileSettings {
     tls_key: Option<String>,
     tls_client_ca: Option<String>,
     admin_token_file: Option<String>,
+    grpc_unary: Option<Listed>,
 }
 
-/// A list in the file (methods, routes): `"POST,PUT"` or `["POST", "PUT"]`.
+/// A list in the file (methods, routes, gRPC methods): `"POST,PUT"` or
+/// `["POST", "PUT"]`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
 enum Listed {
@@ -257,6 +262,10 @@ pub struct GatewaySettings {
     pub principal_tls_subject: bool,
     /// The file holding the admin listener's bearer token.
     pub admin_token_file: Option<PathBuf>,
+    /// The unary gRPC methods (`/package.Service/Method`) whose calls with
+    /// an `idempotency-key` metadata entry are deduplicated; every other
+    /// gRPC call (streaming ones among them) is forwarded untouched.
+    pub grpc_unary: Vec<String>,
 }
 
 /// One setting's value and where it came from, for error messages.
@@ -505,6 +514,15 @@ impl GatewaySettings {
             None => Vec::new(),
             Some(found) => parse_routes(&found.value).map_err(|e| e.of(&found.origin))?,
         };
+        let grpc_unary = match sources.pick(
+            "grpc-unary",
+            "IDEM_GRPC_UNARY",
+            given.grpc_unary.as_ref(),
+            |f| f.grpc_unary.as_ref().map(Listed::text),
+        ) {
+            None => Vec::new(),
+            Some(found) => parse_grpc_methods(&found.value).map_err(|e| e.of(&found.origin))?,
+        };
 
         let path = |flag: &str,
                     env: &str,
@@ -608,6 +626,7 @@ impl GatewaySettings {
         )?;
 
         Ok(Self {
+            grpc_unary,
             upstream_tls,
             tls,
             principal_tls_subject,
@@ -738,6 +757,14 @@ impl GatewaySettings {
                 self.routes
                     .iter()
                     .map(|r| quoted(r))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            format!(
+                "grpc_unary = [{}]",
+                self.grpc_unary
+                    .iter()
+                    .map(|m| quoted(m))
                     .collect::<Vec<_>>()
                     .join(", ")
             ),
@@ -896,6 +923,31 @@ pub fn parse_routes(text: &str) -> Result<Vec<String>, SettingsError> {
     Ok(routes)
 }
 
+/// A comma-separated list of unary gRPC methods, each as its path
+/// `/package.Service/Method`. Repeats are dropped; an empty list is none.
+pub fn parse_grpc_methods(text: &str) -> Result<Vec<String>, SettingsError> {
+    let mut methods: Vec<String> = Vec::new();
+    for method in text.split(',').map(str::trim).filter(|m| !m.is_empty()) {
+        let parts: Vec<&str> = method.split('/').collect();
+        let valid = parts.len() == 3
+            && parts[0].is_empty()
+            && !parts[1].is_empty()
+            && !parts[2].is_empty()
+            && method
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'/' | b'.' | b'_'));
+        if !valid {
+            return Err(SettingsError::new(format!(
+                "{method:?} is not a gRPC method path; write each as /package.Service/Method, such as /payments.v1.Payments/Charge"
+            )));
+        }
+        if !methods.iter().any(|m| m == method) {
+            methods.push(method.to_owned());
+        }
+    }
+    Ok(methods)
+}
+
 /// A duration such as `300ms`, `60s`, `2m`, `7d`, `1h 30m`; more than zero.
 pub fn parse_duration(text: &str) -> Result<Duration, SettingsError> {
     let duration = humantime::parse_duration(text.trim()).map_err(|e| {
@@ -1000,6 +1052,30 @@ mod tests {
         GatewaySettings::resolve(given, None)
             .unwrap_err()
             .to_string()
+    }
+
+    #[test]
+    fn grpc_methods_read_from_flags_and_file_and_bad_ones_say_what_to_write() {
+        let text = "upstream = \"h2c://127.0.0.1:50051\"\ngrpc_unary = [\"/payments.v1.Payments/Charge\"]\n";
+        let filed = from_file(&GivenSettings::default(), text).unwrap();
+        assert_eq!(filed.grpc_unary, ["/payments.v1.Payments/Charge"]);
+        assert!(filed.upstream.is_http2());
+        let again = from_file(&GivenSettings::default(), &filed.to_toml()).unwrap();
+        assert_eq!(again, filed);
+
+        let mut given = upstream();
+        given.grpc_unary = Some("/a.B/C, /a.B/C,/a.B/D".into());
+        let flagged = GatewaySettings::resolve(&given, None).unwrap();
+        assert_eq!(flagged.grpc_unary, ["/a.B/C", "/a.B/D"]);
+        for bad in ["a.B/C", "/a.B", "/a.B/C/D", "/a B/C"] {
+            given.grpc_unary = Some(bad.into());
+            let error = error(&given);
+            assert!(
+                error.contains("--grpc-unary (or IDEM_GRPC_UNARY)")
+                    && error.contains("/package.Service/Method"),
+                "{bad}: {error}"
+            );
+        }
     }
 
     #[test]

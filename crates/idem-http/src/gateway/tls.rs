@@ -271,7 +271,8 @@ impl ListenerTls {
         };
         let mut config =
             builder.with_cert_resolver(Arc::clone(&resolver) as Arc<dyn ResolvesServerCert>);
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        // HTTP/2 offered first, for gRPC clients (they require it over TLS).
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         Ok((Arc::new(config), CertReloader { resolver }))
     }
 }

@@ -18,7 +18,7 @@ use idem::error_chain;
 
 use super::verdict::Seen;
 use idem_http::gateway::{
-    ClientAddr, Upstream, UpstreamConnector, hop, rewrite_for, upstream_client,
+    ClientAddr, Upstream, UpstreamConnector, hop, rewrite_for, upstream_client_for,
 };
 use idem_http::{IDEMPOTENT_REPLAYED, Mode, Refusal};
 
@@ -137,7 +137,7 @@ pub(crate) struct Sender {
 impl Sender {
     pub(crate) fn new(upstream: Upstream, connect_timeout: Duration, timeout: Duration) -> Self {
         Self {
-            client: upstream_client(connect_timeout),
+            client: upstream_client_for(&upstream, connect_timeout, None),
             upstream,
             timeout,
         }
