@@ -85,10 +85,11 @@ impl EtcdFences {
         format!("{}/fences/{resource}", self.prefix).into_bytes()
     }
 
-    /// How long `lease` has left, if it is still its holder's: call it before
-    /// a write that must not happen after the lease lapsed. `Stale` when the
-    /// etcd lease ran out (or was released) or another holder has the
-    /// resource.
+    /// How long `lease` has left, in whole seconds as etcd counts them, if it
+    /// is still its holder's: call it before a write that must not happen
+    /// after the lease lapsed (zero means less than a second: renew first).
+    /// `Stale` when the etcd lease ran out (or was released) or another
+    /// holder has the resource.
     pub async fn check(&self, lease: &Lease) -> Result<Duration, Error> {
         let mut client = self.client.clone();
         let found = client
@@ -97,11 +98,9 @@ impl EtcdFences {
             .map_err(|e| etcd_error("read a lease", e))?;
         match found.kvs().first() {
             Some(kv) if kv.create_revision() == lease.token.get() => {
-                let left = time_left(&mut client, kv).await?;
-                if left.is_zero() {
-                    Err(stale(lease, Some(kv.create_revision())))
-                } else {
-                    Ok(left)
+                match time_left(&mut client, kv).await? {
+                    Some(left) => Ok(left),
+                    None => Err(stale(lease, Some(kv.create_revision()))),
                 }
             }
             other => Err(stale(lease, other.map(KeyValue::create_revision))),
@@ -174,7 +173,9 @@ impl FenceStore for EtcdFences {
         }
         self.revoke(id).await;
         let retry_after = match first_kv(&response) {
-            Some(holder) => time_left(&mut self.client.clone(), &holder).await?,
+            Some(holder) => time_left(&mut self.client.clone(), &holder)
+                .await?
+                .unwrap_or_default(),
             None => Duration::ZERO,
         };
         Err(Error::LeaseHeld {
@@ -250,17 +251,18 @@ fn first_kv(response: &TxnResponse) -> Option<KeyValue> {
         .and_then(|kvs| kvs.into_iter().next())
 }
 
-/// How long the etcd lease `kv` is bound to has left (zero when it has none,
-/// or it ran out).
-async fn time_left(client: &mut Client, kv: &KeyValue) -> Result<Duration, Error> {
+/// How long the etcd lease `kv` is bound to has left, in whole seconds;
+/// `None` when it has no lease or its lease ran out.
+async fn time_left(client: &mut Client, kv: &KeyValue) -> Result<Option<Duration>, Error> {
     if kv.lease() == 0 {
-        return Ok(Duration::ZERO);
+        return Ok(None);
     }
     let alive = client
         .lease_time_to_live(kv.lease(), None)
         .await
         .map_err(|e| etcd_error("read a lease's time left", e))?;
-    Ok(Duration::from_secs(u64::try_from(alive.ttl()).unwrap_or(0)))
+    // etcd answers -1 for a lease that ran out.
+    Ok(u64::try_from(alive.ttl()).ok().map(Duration::from_secs))
 }
 
 fn stale(lease: &Lease, stored: Option<i64>) -> Error {
