@@ -208,7 +208,10 @@ impl FenceStore for EtcdFences {
             self.revoke(id).await;
             return Err(stale(lease, held.map(|kv| kv.create_revision())));
         }
-        if let Some(old) = held.map(|kv| kv.lease()).filter(|old| *old != 0 && *old != id) {
+        if let Some(old) = held
+            .map(|kv| kv.lease())
+            .filter(|old| *old != 0 && *old != id)
+        {
             self.revoke(old).await;
         }
         Ok(Lease {
@@ -225,7 +228,10 @@ impl FenceStore for EtcdFences {
                 CompareOp::Equal,
                 lease.token.get(),
             )])
-            .and_then([TxnOp::get(key.clone(), None), TxnOp::delete(key.clone(), None)])
+            .and_then([
+                TxnOp::get(key.clone(), None),
+                TxnOp::delete(key.clone(), None),
+            ])
             .or_else([TxnOp::get(key, None)]);
         let response = self.run(txn, None, "release a lease").await?;
         let held = first_kv(&response);

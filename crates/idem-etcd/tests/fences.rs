@@ -154,10 +154,16 @@ async fn a_stalled_holder_learns_its_lease_lapsed_and_its_late_write_is_refused(
     let report = Resource::new("nightly-report").unwrap();
 
     // A takes the report, then stalls (a GC pause) past its lease.
-    let a = fences.acquire(&report, Duration::from_secs(2)).await.unwrap();
+    let a = fences
+        .acquire(&report, Duration::from_secs(2))
+        .await
+        .unwrap();
     until_lapsed(&fences, &a).await;
     // B takes over with a greater token and writes x = 2.
-    let b = fences.acquire(&report, Duration::from_secs(30)).await.unwrap();
+    let b = fences
+        .acquire(&report, Duration::from_secs(30))
+        .await
+        .unwrap();
     assert!(b.token > a.token);
     write(&store, b.token.get(), "x = 2").await.unwrap();
     // A wakes up: asked before its write, etcd says the lease is gone ...
@@ -340,7 +346,10 @@ async fn tokens_never_go_back_and_a_held_lease_survives_an_etcd_restart() {
         .unwrap();
     assert!(after.token > held.token);
     fences.release(&held).await.unwrap();
-    let next = fences.acquire(&report, Duration::from_secs(5)).await.unwrap();
+    let next = fences
+        .acquire(&report, Duration::from_secs(5))
+        .await
+        .unwrap();
     assert!(next.token > after.token);
 }
 
