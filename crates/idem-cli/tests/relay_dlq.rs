@@ -360,3 +360,83 @@ async fn a_relay_aborted_after_publish_republishes_with_the_same_key() {
     assert_eq!(hook.calls.get("order-8/receipt"), Some(&2));
     assert_eq!(hook.effects, 1, "one effect across both publishes");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlq_groups_letters_by_cause_and_redrives_one_group_only_when_told_yes() {
+    let (hook, addr) = start_hook(500).await;
+    let to: Destination = format!("http://{addr}/hook").parse().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with(&dir, &to, &["a/1", "b/2"]).await;
+    let out = idem_async(&store, &["relay", "--once", "--max-attempts", "1"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // A third letter dies of another cause.
+    hook.lock().unwrap().answer = 422;
+    let path = dir.path().join("idem.db");
+    let any = AnyStore::open(&StoreLocation::Sqlite(path)).await.unwrap();
+    let message = Message::new(IdempotencyKey::new("c/3").unwrap(), b"{}".to_vec());
+    outbox::enqueue_now(&any, Route::To(&to), &message)
+        .await
+        .unwrap();
+    let out = idem_async(&store, &["relay", "--once", "--max-attempts", "1"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    let out = idem_async(&store, &["dlq", "groups", "--json"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let groups: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let groups = groups.as_array().unwrap();
+    assert_eq!(groups.len(), 2, "{groups:?}");
+    assert_eq!(groups[0]["letters"], 2);
+    assert_eq!(groups[1]["letters"], 1);
+    let five_hundred = groups[0]["cause"].as_str().unwrap().to_owned();
+    assert!(five_hundred.contains("500"), "{five_hundred}");
+    let table = idem_async(&store, &["dlq", "groups"]).await;
+    assert!(
+        text(&table.stdout).contains("3 letters in 2 groups"),
+        "{}",
+        text(&table.stdout)
+    );
+
+    // Without --yes: what would happen, and nothing redriven.
+    hook.lock().unwrap().answer = 200;
+    let out = idem_async(&store, &["dlq", "redrive", "--group", &five_hundred]).await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stdout).contains("would redrive 2 waiting letters"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(hook.lock().unwrap().calls.get("a/1"), Some(&1));
+
+    // A cause nobody has is an error that says where to look.
+    let out = idem_async(&store, &["dlq", "redrive", "--group", "no such cause"]).await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("idem dlq groups"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let out = idem_async(
+        &store,
+        &["dlq", "redrive", "--group", &five_hundred, "--yes"],
+    )
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("2 redriven, 0 failed"),
+        "{}",
+        text(&out.stdout)
+    );
+    {
+        let hook = hook.lock().unwrap();
+        assert_eq!(hook.calls.get("a/1"), Some(&2));
+        assert_eq!(hook.calls.get("b/2"), Some(&2));
+        assert_eq!(hook.calls.get("c/3"), Some(&1), "the other group is left");
+    }
+    let out = idem_async(&store, &["dlq", "ls"]).await;
+    assert!(
+        text(&out.stdout).contains("1 waiting, 2 redriven"),
+        "{}",
+        text(&out.stdout)
+    );
+}

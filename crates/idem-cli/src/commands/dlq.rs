@@ -1,10 +1,12 @@
-//! `idem dlq ls | show ID | redrive ID|--all`: the dead letters of the relay,
-//! the consumers and the sidecar, for people (a table) and scripts (`--json`).
-//! A redrive publishes the stored payload to the stored destination with the
-//! original key, then marks the letter redriven; the key lets the consumer
-//! drop it if the message was in fact handled already.
+//! `idem dlq ls | groups | show ID | redrive ID|--all|--group CAUSE`: the dead
+//! letters of the relay, the consumers and the sidecar, for people (a table)
+//! and scripts (`--json`). A redrive publishes the stored payload to the
+//! stored destination with the original key, then marks the letter redriven;
+//! the key lets the consumer drop it if the message was in fact handled
+//! already. `groups` sorts the letters by cause (the first line of their last
+//! error), so a whole failure can be redriven once its cause is fixed.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
@@ -19,6 +21,9 @@ use serde_json::{Value, json};
 pub(crate) enum DlqCommand {
     /// List dead letters, oldest first.
     Ls(LsArgs),
+    /// Dead letters by cause (the first line of their last error), with
+    /// counts, origins, and the oldest and newest of each.
+    Groups(GroupsArgs),
     /// Show one dead letter in full.
     Show(ShowArgs),
     /// Publish dead letters again, with their original keys.
@@ -49,24 +54,47 @@ pub(crate) struct ShowArgs {
     pub json: bool,
 }
 
+/// `idem dlq groups`
+#[derive(Debug, Args)]
+pub(crate) struct GroupsArgs {
+    /// Include letters already redriven.
+    #[arg(long)]
+    pub all: bool,
+    /// At most this many letters are read, oldest first.
+    #[arg(long, default_value_t = 100_000)]
+    pub limit: usize,
+    /// Print JSON for scripts instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
 /// `idem dlq redrive`
 #[derive(Debug, Args)]
-#[command(group(clap::ArgGroup::new("which").required(true).args(["id", "all"])))]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["id", "all", "group"])))]
 pub(crate) struct RedriveArgs {
     /// The letter to redrive.
     pub id: Option<i64>,
     /// Every letter not redriven yet.
     #[arg(long)]
     pub all: bool,
+    /// The waiting letters of one cause, as `idem dlq groups` shows it (or
+    /// the start of it, if only one cause starts so); needs --yes.
+    #[arg(long, value_name = "CAUSE")]
+    pub group: Option<String>,
+    /// Redrive the group; without it, only say what would be redriven.
+    #[arg(long)]
+    pub yes: bool,
 }
 
 pub(crate) async fn run(store: AnyStore, command: DlqCommand) -> anyhow::Result<()> {
     match command {
         DlqCommand::Ls(args) => list(&store, &args).await,
+        DlqCommand::Groups(args) => groups(&store, &args).await,
         DlqCommand::Show(args) => show(&store, &args).await,
-        DlqCommand::Redrive(args) => match args.id {
-            Some(id) => redrive_one(&store, id).await,
-            None => redrive_all(&store).await,
+        DlqCommand::Redrive(args) => match (args.id, &args.group) {
+            (Some(id), _) => redrive_one(&store, id).await,
+            (None, Some(cause)) => redrive_group(&store, cause, args.yes).await,
+            (None, None) => redrive_where(&store, |_| true).await,
         },
     }
 }
@@ -221,22 +249,195 @@ async fn redrive_one(store: &AnyStore, id: i64) -> anyhow::Result<()> {
     }
 }
 
-async fn redrive_all(store: &AnyStore) -> anyhow::Result<()> {
+/// What a letter died of: the first line of its last error.
+fn cause(letter: &DeadLetter) -> &str {
+    match letter.last_error.lines().next().map(str::trim) {
+        Some(line) if !line.is_empty() => line,
+        _ => "(no error text)",
+    }
+}
+
+/// The letters of one cause.
+#[derive(Debug, Default)]
+struct Group {
+    letters: u64,
+    waiting: u64,
+    origins: BTreeSet<String>,
+    oldest: Option<Timestamp>,
+    newest: Option<Timestamp>,
+}
+
+/// The letters by cause, the largest group first.
+fn group_by_cause(letters: &[DeadLetter]) -> Vec<(String, Group)> {
+    let mut groups: BTreeMap<String, Group> = BTreeMap::new();
+    for letter in letters {
+        let group = groups.entry(cause(letter).to_owned()).or_default();
+        group.letters += 1;
+        group.waiting += u64::from(letter.redriven_at.is_none());
+        group.origins.insert(letter.origin.clone());
+        group.oldest = Some(
+            group
+                .oldest
+                .map_or(letter.dead_at, |t| t.min(letter.dead_at)),
+        );
+        group.newest = Some(
+            group
+                .newest
+                .map_or(letter.dead_at, |t| t.max(letter.dead_at)),
+        );
+    }
+    let mut groups: Vec<_> = groups.into_iter().collect();
+    groups.sort_by(|a, b| b.1.letters.cmp(&a.1.letters).then_with(|| a.0.cmp(&b.0)));
+    groups
+}
+
+async fn groups(store: &AnyStore, args: &GroupsArgs) -> anyhow::Result<()> {
+    let letters = store
+        .list_dead_letters(args.limit, args.all)
+        .await
+        .context("cannot list dead letters")?;
+    let groups = group_by_cause(&letters);
+    if args.json {
+        let all: Vec<Value> = groups
+            .iter()
+            .map(|(cause, group)| {
+                json!({
+                    "cause": cause,
+                    "letters": group.letters,
+                    "waiting": group.waiting,
+                    "origins": group.origins,
+                    "oldest_dead_at_ms": group.oldest.map(|t| t.0),
+                    "newest_dead_at_ms": group.newest.map(|t| t.0),
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&all)?);
+        return Ok(());
+    }
+    if groups.is_empty() {
+        println!("no dead letters{}", if args.all { "" } else { " waiting" });
+        return Ok(());
+    }
+    let mut table = Table::new();
+    table
+        .load_preset(UTF8_FULL_CONDENSED)
+        .set_header(["cause", "letters", "waiting", "origins", "oldest", "newest"]);
+    for (cause, group) in &groups {
+        table.add_row([
+            shorten(cause, 80),
+            group.letters.to_string(),
+            group.waiting.to_string(),
+            group.origins.iter().cloned().collect::<Vec<_>>().join(", "),
+            group.oldest.map_or_else(String::new, time),
+            group.newest.map_or_else(String::new, time),
+        ]);
+    }
+    println!("{table}");
+    println!(
+        "{} letters in {} groups; redrive one with: idem dlq redrive --group 'CAUSE' --yes",
+        letters.len(),
+        groups.len()
+    );
+    if letters.len() == args.limit {
+        println!("(first {} letters read; use --limit for more)", args.limit);
+    }
+    Ok(())
+}
+
+/// Redrives the waiting letters of the one cause `given` names (the whole
+/// cause, or the start of exactly one); with `yes` unset, only says what
+/// would be redriven.
+async fn redrive_group(store: &AnyStore, given: &str, yes: bool) -> anyhow::Result<()> {
+    let given = given.trim();
+    if given.is_empty() {
+        bail!("--group needs a cause, as `idem dlq groups` shows it");
+    }
+    let letters = store
+        .list_dead_letters(usize::MAX >> 1, false)
+        .await
+        .context("cannot list dead letters")?;
+    let groups = group_by_cause(&letters);
+    let chosen = match groups.iter().find(|(cause, _)| cause == given) {
+        Some((cause, _)) => cause.clone(),
+        None => {
+            let starting: Vec<&String> = groups
+                .iter()
+                .map(|(cause, _)| cause)
+                .filter(|cause| cause.starts_with(given))
+                .collect();
+            match starting.as_slice() {
+                [only] => (*only).clone(),
+                [] => bail!(
+                    "no waiting dead letter's cause is or starts with {given:?}; `idem dlq groups` lists the causes"
+                ),
+                several => bail!(
+                    "{} causes start with {given:?}; give more of the one to redrive:\n{}",
+                    several.len(),
+                    several
+                        .iter()
+                        .map(|c| format!("  {c}"))
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                ),
+            }
+        }
+    };
+    let members: HashSet<i64> = letters
+        .iter()
+        .filter(|l| cause(l) == chosen)
+        .map(|l| l.id)
+        .collect();
+    if !yes {
+        let destinations: BTreeSet<String> = letters
+            .iter()
+            .filter(|l| members.contains(&l.id))
+            .map(|l| publish::redact(&l.destination))
+            .collect();
+        println!(
+            "would redrive {} waiting letters of cause {chosen:?}, each to its stored destination with its original key: {}",
+            members.len(),
+            destinations.into_iter().collect::<Vec<_>>().join(", ")
+        );
+        bail!("nothing redriven: run again with --yes to redrive them");
+    }
+    redrive_where(store, |letter| members.contains(&letter.id)).await
+}
+
+/// Redrives every waiting letter `chosen` picks, in batches, one publisher
+/// per destination.
+async fn redrive_where(
+    store: &AnyStore,
+    chosen: impl Fn(&DeadLetter) -> bool,
+) -> anyhow::Result<()> {
     const BATCH: usize = 100;
     let mut publishers: HashMap<String, Publisher> = HashMap::new();
     let (mut redriven, mut failed) = (0u64, 0u64);
-    let mut skipped: Vec<i64> = Vec::new();
+    // Letters left waiting: not chosen, or failed this time.
+    let mut passed: HashSet<i64> = HashSet::new();
     loop {
+        let window = BATCH + passed.len();
         let letters = store
-            .list_dead_letters(BATCH + skipped.len(), false)
+            .list_dead_letters(window, false)
             .await
             .context("cannot list dead letters")?;
-        let todo: Vec<_> = letters
-            .into_iter()
-            .filter(|l| !skipped.contains(&l.id))
-            .collect();
+        let seen_all = letters.len() < window;
+        let mut todo = Vec::new();
+        for letter in letters {
+            if passed.contains(&letter.id) {
+                continue;
+            }
+            if chosen(&letter) {
+                todo.push(letter);
+            } else {
+                passed.insert(letter.id);
+            }
+        }
         if todo.is_empty() {
-            break;
+            if seen_all {
+                break;
+            }
+            // The window held only letters passed over: the next one is wider.
+            continue;
         }
         for letter in todo {
             let target = letter.destination.clone();
@@ -246,7 +447,7 @@ async fn redrive_all(store: &AnyStore) -> anyhow::Result<()> {
                     Err(error) => {
                         eprintln!("{error}");
                         failed += 1;
-                        skipped.push(letter.id);
+                        passed.insert(letter.id);
                         continue;
                     }
                 };
@@ -257,7 +458,7 @@ async fn redrive_all(store: &AnyStore) -> anyhow::Result<()> {
                     Err(error) => {
                         eprintln!("dead letter {}: {error}", letter.id);
                         failed += 1;
-                        skipped.push(letter.id);
+                        passed.insert(letter.id);
                         continue;
                     }
                 }
@@ -276,7 +477,7 @@ async fn redrive_all(store: &AnyStore) -> anyhow::Result<()> {
                 Err(error) => {
                     eprintln!("{error}");
                     failed += 1;
-                    skipped.push(letter.id);
+                    passed.insert(letter.id);
                 }
             }
         }
