@@ -1,0 +1,76 @@
+//! `principals-kept-apart`: keys are scoped by who sends them. The same key
+//! and body from two principals are two operations, each applied once and
+//! each replayed only to its own principal. Run when `--principal-header`
+//! is given.
+
+use super::super::effects::EffectsError;
+use super::super::report::{Outcome, RuleReport};
+use super::{Finding, Run, principal};
+
+const ASKS: &str = "the same key from two principals is applied once for each, and each retry is replayed to its own principal";
+
+pub(crate) async fn principals_kept_apart(run: &Run<'_>) -> Result<RuleReport, EffectsError> {
+    let finding = Finding::new("principals-kept-apart", ASKS);
+    let Some((header, [a, b])) = &run.config.principals else {
+        return Ok(finding.end(
+            Outcome::Skipped,
+            "needs --principal-header: the header that tells callers apart",
+        ));
+    };
+    let mut finding = finding;
+    let key = run.key("principals", 1);
+    let body = run.body();
+    let send = |who| {
+        let mut outgoing = run.keyed(&key, &body);
+        outgoing.principal = principal(header, who);
+        run.send(outgoing)
+    };
+    let before = run.count().await?;
+    let a1 = finding.saw(send(a).await);
+    let b1 = finding.saw(send(b).await);
+    let a2 = finding.saw(send(a).await);
+    let b2 = finding.saw(send(b).await);
+    let applied = run.applied_since(before).await?;
+    finding.counted(applied, 2);
+    let seen = format!(
+        "A {}, B {}, A again {}, B again {}",
+        a1.status_text(),
+        b1.status_text(),
+        a2.status_text(),
+        b2.status_text()
+    );
+    let report = if !a1.succeeded() {
+        return Ok(finding.unusable(&a1));
+    } else if !b1.succeeded() {
+        finding.end(
+            Outcome::Fail,
+            format!("{seen}: the second principal's first request was refused, so the key is shared between callers"),
+        )
+    } else if b1.replayed || applied.is_some_and(|n| n < 2) {
+        finding.end(
+            Outcome::Fail,
+            format!("{seen}: the second principal got the first one's answer instead of its own operation"),
+        )
+    } else if applied.is_some_and(|n| n > 2) {
+        finding.end(
+            Outcome::Fail,
+            format!("{seen}: {} effects for two operations", applied.unwrap_or_default()),
+        )
+    } else if !a1.same_answer(&a2) || !b1.same_answer(&b2) {
+        finding.end(
+            Outcome::Fail,
+            format!("{seen}: a retry did not get its own principal's first answer"),
+        )
+    } else if applied == Some(2) || !a1.same_answer(&b1) {
+        finding.end(
+            Outcome::Pass,
+            format!("{seen}: two operations, each replayed to its own principal"),
+        )
+    } else {
+        finding.end(
+            Outcome::Unproven,
+            format!("{seen}: both principals got the same bytes and effects are not counted, so a shared answer cannot be ruled out"),
+        )
+    };
+    Ok(report)
+}
