@@ -53,7 +53,9 @@ impl Exchange {
 
     /// Whether `other` has the same status and the same body, byte for byte.
     pub(crate) fn same_answer(&self, other: &Exchange) -> bool {
-        self.status.is_some() && self.status == other.status && self.answer_bytes == other.answer_bytes
+        self.status.is_some()
+            && self.status == other.status
+            && self.answer_bytes == other.answer_bytes
     }
 
     /// `status` or `no answer`, for the report's summaries.
@@ -133,14 +135,15 @@ impl Sender {
             key: key_bytes
                 .as_ref()
                 .map(|bytes| String::from_utf8_lossy(bytes).into_owned()),
-            principal: outgoing
-                .principal
-                .as_ref()
-                .map(|(name, value)| format!("{name}: {}", String::from_utf8_lossy(value.as_bytes()))),
+            principal: outgoing.principal.as_ref().map(|(name, value)| {
+                format!("{name}: {}", String::from_utf8_lossy(value.as_bytes()))
+            }),
             extra: outgoing
                 .extra
                 .iter()
-                .map(|(name, value)| format!("{name}: {}", String::from_utf8_lossy(value.as_bytes())))
+                .map(|(name, value)| {
+                    format!("{name}: {}", String::from_utf8_lossy(value.as_bytes()))
+                })
                 .collect(),
             body: outgoing.body.clone(),
             status: None,

@@ -44,7 +44,13 @@ pub struct ConformanceArgs {
     pub principal_header: Option<HeaderName>,
     /// The two values of --principal-header the rule sends, comma-separated
     /// [default: two made-up values].
-    #[arg(long, value_name = "A,B", value_delimiter = ',', num_args = 2, requires = "principal_header")]
+    #[arg(
+        long,
+        value_name = "A,B",
+        value_delimiter = ',',
+        num_args = 2,
+        requires = "principal_header"
+    )]
     pub principals: Vec<HeaderValue>,
     /// A GET answering the server's effect count (a number, or JSON
     /// {"count": N}), read around each rule.
@@ -106,7 +112,10 @@ impl ConformanceArgs {
         config.concurrency = self.concurrency;
         config.timeout = self.timeout;
         if self.concurrency < 2 {
-            bail!("--concurrency {} sends no duplicate: give 2 or more", self.concurrency);
+            bail!(
+                "--concurrency {} sends no duplicate: give 2 or more",
+                self.concurrency
+            );
         }
         if let Some(header) = &self.principal_header {
             let values = match self.principals.as_slice() {

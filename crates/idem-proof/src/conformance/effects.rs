@@ -49,9 +49,11 @@ pub(crate) async fn count(sender: &Sender, source: &EffectSource) -> Result<u64,
                 source_name: store.clone(),
                 problem,
             };
-            let location: StoreLocation = store
-                .parse()
-                .map_err(|e: idem::LocationError| error(format!("{e}; give --effects-store as sqlite://PATH or postgres://…")))?;
+            let location: StoreLocation = store.parse().map_err(|e: idem::LocationError| {
+                error(format!(
+                    "{e}; give --effects-store as sqlite://PATH or postgres://…"
+                ))
+            })?;
             let rows = match &location {
                 StoreLocation::Sqlite(path) => {
                     let (path, sql): (PathBuf, String) = (path.clone(), sql.clone());
@@ -78,8 +80,12 @@ fn parse_count(body: &[u8]) -> Result<u64, String> {
     if let Ok(n) = text.trim().parse::<u64>() {
         return Ok(n);
     }
-    let value: Value = serde_json::from_str(&text)
-        .map_err(|_| format!("it answered {:?}, not a count: answer a number or {{\"count\": N}}", shorten(&text)))?;
+    let value: Value = serde_json::from_str(&text).map_err(|_| {
+        format!(
+            "it answered {:?}, not a count: answer a number or {{\"count\": N}}",
+            shorten(&text)
+        )
+    })?;
     let count = match &value {
         Value::Object(object) => object.get("count"),
         other => Some(other),
@@ -101,7 +107,11 @@ mod tests {
     fn counts_are_read_plain_or_as_json() {
         assert_eq!(parse_count(b"12\n"), Ok(12));
         assert_eq!(parse_count(b"{\"count\": 3, \"other\": 1}"), Ok(3));
-        assert!(parse_count(b"{\"total\": 3}").unwrap_err().contains("not a count"));
+        assert!(
+            parse_count(b"{\"total\": 3}")
+                .unwrap_err()
+                .contains("not a count")
+        );
         assert!(parse_count(b"<html>").unwrap_err().contains("not a count"));
     }
 }

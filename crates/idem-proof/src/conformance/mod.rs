@@ -23,8 +23,8 @@
 //! - [`report`]: the outcome per rule, as a table or JSON;
 //! - [`command`]: `idem conformance`'s flags ([`ConformanceArgs`]).
 
-pub mod command;
 mod client;
+pub mod command;
 mod config;
 mod effects;
 pub mod report;

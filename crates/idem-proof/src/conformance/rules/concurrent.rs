@@ -22,7 +22,11 @@ pub(crate) async fn concurrent_applied_once(run: &Run<'_>) -> Result<RuleReport,
     let before = run.count().await?;
     let start = Arc::new(Barrier::new(copies));
     let sends = (0..copies).map(|_| {
-        let (sender, outgoing, start) = (run.sender.clone(), run.keyed(&key, &body), Arc::clone(&start));
+        let (sender, outgoing, start) = (
+            run.sender.clone(),
+            run.keyed(&key, &body),
+            Arc::clone(&start),
+        );
         tokio::spawn(async move {
             start.wait().await;
             sender.send(outgoing).await
@@ -47,7 +51,10 @@ pub(crate) async fn concurrent_applied_once(run: &Run<'_>) -> Result<RuleReport,
         .map(|(status, n)| format!("{n}×{status}"))
         .collect::<Vec<_>>()
         .join(", ");
-    let seen = format!("{copies} at once: {seen}; retry after: {}", after.status_text());
+    let seen = format!(
+        "{copies} at once: {seen}; retry after: {}",
+        after.status_text()
+    );
     let successes: Vec<_> = burst.iter().filter(|e| e.succeeded()).collect();
     let refused = burst.iter().filter(|e| e.status == Some(409)).count();
     let others = burst.len() - successes.len() - refused;

@@ -27,7 +27,9 @@ pub(crate) async fn failure_not_stored(run: &Run<'_>) -> Result<RuleReport, Effe
     let (failing, retry) = match trigger {
         FailTrigger::Header(header) => {
             let mut failing = run.keyed(&key, &body);
-            failing.extra.push((header.name.clone(), header.value.clone()));
+            failing
+                .extra
+                .push((header.name.clone(), header.value.clone()));
             (failing, run.keyed(&key, &body))
         }
         FailTrigger::Path(path) => {
@@ -60,7 +62,9 @@ pub(crate) async fn failure_not_stored(run: &Run<'_>) -> Result<RuleReport, Effe
     } else {
         finding.end(
             Outcome::Unproven,
-            format!("{answers}: the retry did not succeed either, so whether it ran cannot be told"),
+            format!(
+                "{answers}: the retry did not succeed either, so whether it ran cannot be told"
+            ),
         )
     };
     Ok(report)

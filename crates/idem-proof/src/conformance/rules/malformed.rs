@@ -36,7 +36,10 @@ pub(crate) async fn malformed_keys_refused(run: &Run<'_>) -> Result<RuleReport, 
         let applied = applied.map_or(String::new(), |n| format!("; {n} applied"));
         finding.end(
             Outcome::Fail,
-            format!("{seen}: not refused with 400: {}{applied}", accepted.join(", ")),
+            format!(
+                "{seen}: not refused with 400: {}{applied}",
+                accepted.join(", ")
+            ),
         )
     } else if applied.is_some_and(|n| n > 0) {
         finding.end(

@@ -19,13 +19,13 @@ pub(crate) async fn missing_key(run: &Run<'_>) -> Result<RuleReport, EffectsErro
     let detail = match answer.status {
         Some(400) => format!("refused with 400{effects}: this endpoint requires a key"),
         Some(_) if answer.succeeded() => {
-            format!("processed ({}{effects}): keys are optional here", answer.status_text())
+            format!(
+                "processed ({}{effects}): keys are optional here",
+                answer.status_text()
+            )
         }
         Some(_) => format!("answered {}{effects}", answer.status_text()),
-        None => format!(
-            "no answer: {}",
-            answer.error.clone().unwrap_or_default()
-        ),
+        None => format!("no answer: {}", answer.error.clone().unwrap_or_default()),
     };
     Ok(finding.end(Outcome::Info, detail))
 }

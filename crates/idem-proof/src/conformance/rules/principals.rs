@@ -54,7 +54,10 @@ pub(crate) async fn principals_kept_apart(run: &Run<'_>) -> Result<RuleReport, E
     } else if applied.is_some_and(|n| n > 2) {
         finding.end(
             Outcome::Fail,
-            format!("{seen}: {} effects for two operations", applied.unwrap_or_default()),
+            format!(
+                "{seen}: {} effects for two operations",
+                applied.unwrap_or_default()
+            ),
         )
     } else if !a1.same_answer(&a2) || !b1.same_answer(&b2) {
         finding.end(

@@ -6,7 +6,8 @@ use super::super::effects::EffectsError;
 use super::super::report::{Outcome, RuleReport};
 use super::{Finding, Run};
 
-const RETRY: &str = "a sequential retry is answered with the first answer's status and body, and applied once";
+const RETRY: &str =
+    "a sequential retry is answered with the first answer's status and body, and applied once";
 const MARKER: &str = "a replayed answer says so with Idempotent-Replayed: true";
 
 /// Both rules: they read the same two exchanges.
@@ -19,13 +20,20 @@ pub(crate) async fn retry_replayed(run: &Run<'_>) -> Result<[RuleReport; 2], Eff
     let first = finding.saw(run.send(run.keyed(&key, &body)).await);
     if !first.succeeded() {
         let detail = "not tested: the first request did not succeed";
-        return Ok([finding.unusable(&first), marker.end(Outcome::Skipped, detail)]);
+        return Ok([
+            finding.unusable(&first),
+            marker.end(Outcome::Skipped, detail),
+        ]);
     }
     let retry = finding.saw(run.send(run.keyed(&key, &body)).await);
     let applied = run.applied_since(before).await?;
     finding.counted(applied, 1);
 
-    let answers = format!("first {}, retry {}", first.status_text(), retry.status_text());
+    let answers = format!(
+        "first {}, retry {}",
+        first.status_text(),
+        retry.status_text()
+    );
     let same = first.same_answer(&retry);
     let retry_report = if !same {
         let how = if retry.status == first.status {
@@ -33,7 +41,9 @@ pub(crate) async fn retry_replayed(run: &Run<'_>) -> Result<[RuleReport; 2], Eff
         } else {
             "another status"
         };
-        let applied = applied.map_or(String::new(), |n| format!("; {n} effects for one operation"));
+        let applied = applied.map_or(String::new(), |n| {
+            format!("; {n} effects for one operation")
+        });
         finding.end(
             Outcome::Fail,
             format!("{answers}: the retry got {how}, handled as a new request{applied}"),
@@ -45,7 +55,10 @@ pub(crate) async fn retry_replayed(run: &Run<'_>) -> Result<[RuleReport; 2], Eff
             format!("{answers}, the same body, but {n} effects for one operation"),
         )
     } else if applied == Some(1) {
-        finding.end(Outcome::Pass, format!("{answers}, byte for byte; applied once"))
+        finding.end(
+            Outcome::Pass,
+            format!("{answers}, byte for byte; applied once"),
+        )
     } else if retry.replayed {
         finding.end(
             Outcome::Pass,

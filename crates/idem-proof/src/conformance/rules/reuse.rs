@@ -6,7 +6,8 @@ use super::super::effects::EffectsError;
 use super::super::report::{Outcome, RuleReport};
 use super::{Finding, Run};
 
-const ASKS: &str = "a key reused with another body is refused (IETF 422, Stripe 400) and not applied";
+const ASKS: &str =
+    "a key reused with another body is refused (IETF 422, Stripe 400) and not applied";
 
 pub(crate) async fn key_reuse_refused(run: &Run<'_>) -> Result<RuleReport, EffectsError> {
     let mut finding = Finding::new("key-reuse-refused", ASKS);

@@ -1,0 +1,353 @@
+//! `idem conformance` against real servers: the gateway (`idem serve`'s
+//! `gateway::run`) in front of an upstream that applies every request, on
+//! SQLite and on PostgreSQL, where every rule passes; the same upstream
+//! without the gateway, where the rules it breaks fail with the effect
+//! counts as evidence; and the payments example, an atomic axum API.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::{get, post};
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue};
+use idem::{AnyStore, StoreLocation};
+use idem_http::gateway::{self, GatewayConfig};
+use idem_http::{IdempotencyConfig, IdempotencyLayer, Mode};
+use idem_proof::conformance::{
+    self, BodyTemplate, ConformanceConfig, EffectSource, Expect, FailTrigger, Outcome, Report,
+};
+use idem_testkit::postgres::TestDatabase;
+use tokio::net::TcpListener;
+
+/// An upstream with no idempotency of its own: `POST /orders` applies every
+/// request it gets (one order each) and answers 201 with the order's
+/// number, unless the request carries `X-Fail`, which it answers 500
+/// without applying anything; `GET /effects` answers the orders applied.
+#[derive(Clone, Default)]
+struct Orders {
+    applied: Arc<AtomicU64>,
+}
+
+impl Orders {
+    async fn start(&self) -> SocketAddr {
+        let app = Router::new()
+            .route("/orders", post(order))
+            .route(
+                "/effects",
+                get(|State(orders): State<Orders>| async move {
+                    format!("{{\"count\":{}}}", orders.applied())
+                }),
+            )
+            .with_state(self.clone());
+        serve(app).await
+    }
+
+    fn applied(&self) -> u64 {
+        self.applied.load(Ordering::SeqCst)
+    }
+}
+
+async fn order(
+    State(orders): State<Orders>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> (StatusCode, String) {
+    if headers.contains_key("x-fail") {
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "{\"error\":\"failing on purpose\"}".into(),
+        );
+    }
+    let order = orders.applied.fetch_add(1, Ordering::SeqCst) + 1;
+    (
+        StatusCode::CREATED,
+        format!(
+            "{{\"order\":{order},\"request\":{}}}",
+            serde_json::Value::String(String::from_utf8_lossy(&body).into_owned())
+        ),
+    )
+}
+
+async fn serve(app: Router) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+/// The gateway in front of `upstream`, keeping its records in `store`.
+async fn gateway(upstream: SocketAddr, store: AnyStore, mode: Mode) -> SocketAddr {
+    let layer = IdempotencyLayer::new(store, IdempotencyConfig::default().mode(mode));
+    let config = GatewayConfig::new(format!("http://{upstream}").parse().unwrap());
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(gateway::run(
+        listener,
+        gateway::Gateway::new(layer, config),
+        std::future::pending(),
+    ));
+    addr
+}
+
+/// Every rule run: effects read from the upstream, the fail header, and
+/// the gateway's principal header.
+fn config(server: SocketAddr, upstream: SocketAddr, expect: Expect) -> ConformanceConfig {
+    let mut config = ConformanceConfig::new(format!("http://{server}/orders").parse().unwrap());
+    config.body = BodyTemplate::new(r#"{"item": "book", "quantity": {n}}"#).unwrap();
+    config.effects = Some(EffectSource::Url(
+        format!("http://{upstream}/effects").parse().unwrap(),
+    ));
+    config.fail = Some(FailTrigger::Header("X-Fail: 1".parse().unwrap()));
+    config.principals = Some((
+        HeaderName::from_static("authorization"),
+        [
+            HeaderValue::from_static("Bearer alice"),
+            HeaderValue::from_static("Bearer bob"),
+        ],
+    ));
+    config.expect = expect;
+    config
+}
+
+fn outcome(report: &Report, rule: &str) -> Outcome {
+    report
+        .rule(rule)
+        .unwrap_or_else(|| panic!("no rule {rule} in {report:#?}"))
+        .outcome
+}
+
+fn effects(report: &Report, rule: &str) -> Option<u64> {
+    report.rule(rule).unwrap().effects
+}
+
+/// What every rule finds on the gateway, whatever its store.
+async fn every_rule_passes_behind_the_gateway(store: AnyStore) {
+    let orders = Orders::default();
+    let upstream = orders.start().await;
+    let server = gateway(upstream, store, Mode::Ietf).await;
+    let report = conformance::run(&config(server, upstream, Expect::Ietf))
+        .await
+        .unwrap();
+    println!("{report}");
+    assert!(report.failed().is_empty(), "{report}");
+    for rule in [
+        "retry-replayed",
+        "replay-marker",
+        "key-reuse-refused",
+        "concurrent-applied-once",
+        "failure-not-stored",
+        "malformed-keys-refused",
+        "principals-kept-apart",
+    ] {
+        assert_eq!(outcome(&report, rule), Outcome::Pass, "{rule}: {report}");
+    }
+    assert_eq!(outcome(&report, "missing-key"), Outcome::Info);
+    // The counts, from the upstream's own ledger.
+    assert_eq!(effects(&report, "retry-replayed"), Some(1));
+    assert_eq!(effects(&report, "key-reuse-refused"), Some(1));
+    assert_eq!(effects(&report, "concurrent-applied-once"), Some(1));
+    assert_eq!(
+        effects(&report, "missing-key"),
+        Some(1),
+        "processed: keys are optional"
+    );
+    assert_eq!(
+        effects(&report, "failure-not-stored"),
+        Some(1),
+        "the retry ran"
+    );
+    assert_eq!(effects(&report, "malformed-keys-refused"), Some(0));
+    assert_eq!(effects(&report, "principals-kept-apart"), Some(2));
+    let total: u64 = report.rules.iter().filter_map(|r| r.effects).sum();
+    assert_eq!(total, orders.applied(), "every effect charged to a rule");
+    // What was sent is in the report: the concurrency rule's copies and
+    // their one retry, the reuse rule's two bodies.
+    let concurrent = report.rule("concurrent-applied-once").unwrap();
+    assert_eq!(concurrent.exchanges.len(), 9);
+    assert!(
+        concurrent
+            .exchanges
+            .iter()
+            .all(|e| e.key == concurrent.exchanges[0].key)
+    );
+    let reuse = report.rule("key-reuse-refused").unwrap();
+    assert_eq!(reuse.exchanges[1].status, Some(422));
+    assert_ne!(reuse.exchanges[0].body, reuse.exchanges[1].body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_rule_passes_behind_the_gateway_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = AnyStore::open(&StoreLocation::Sqlite(dir.path().join("idem.db")))
+        .await
+        .unwrap();
+    every_rule_passes_behind_the_gateway(store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_rule_passes_behind_the_gateway_on_postgres() {
+    let Some(db) = TestDatabase::create("idem_conformance_t").await else {
+        return;
+    };
+    let store = AnyStore::open(&db.url().parse().unwrap()).await.unwrap();
+    every_rule_passes_behind_the_gateway(store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stripe_gateway_fails_the_ietf_reuse_rule_and_passes_stripe() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = AnyStore::open(&StoreLocation::Sqlite(dir.path().join("idem.db")))
+        .await
+        .unwrap();
+    let orders = Orders::default();
+    let upstream = orders.start().await;
+    let server = gateway(upstream, store, Mode::Stripe).await;
+
+    let ietf = conformance::run(&config(server, upstream, Expect::Ietf))
+        .await
+        .unwrap();
+    let failed: Vec<_> = ietf.failed().iter().map(|r| r.rule).collect();
+    assert_eq!(failed, ["key-reuse-refused"], "{ietf}");
+    let reuse = ietf.rule("key-reuse-refused").unwrap();
+    assert_eq!(reuse.exchanges[1].status, Some(400));
+    assert!(reuse.detail.contains("wants 422"), "{}", reuse.detail);
+    assert_eq!(reuse.effects, Some(1), "refused: nothing applied");
+
+    let stripe = conformance::run(&config(server, upstream, Expect::Stripe))
+        .await
+        .unwrap();
+    assert!(stripe.failed().is_empty(), "{stripe}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_naive_upstream_fails_the_rules_it_breaks_with_effects_as_evidence() {
+    let orders = Orders::default();
+    let upstream = orders.start().await;
+    let report = conformance::run(&config(upstream, upstream, Expect::Any))
+        .await
+        .unwrap();
+    println!("{report}");
+    let failed: Vec<_> = report.failed().iter().map(|r| r.rule).collect();
+    assert_eq!(
+        failed,
+        [
+            "retry-replayed",
+            "key-reuse-refused",
+            "concurrent-applied-once",
+            "malformed-keys-refused",
+            "principals-kept-apart",
+        ],
+        "{report}"
+    );
+    // Every request was applied: the counts say so.
+    assert_eq!(effects(&report, "retry-replayed"), Some(2));
+    assert_eq!(effects(&report, "key-reuse-refused"), Some(2));
+    assert_eq!(effects(&report, "concurrent-applied-once"), Some(9));
+    assert_eq!(effects(&report, "malformed-keys-refused"), Some(4));
+    assert_eq!(effects(&report, "principals-kept-apart"), Some(4));
+    // No replay marker, and a 5xx is not stored (nothing is).
+    assert_eq!(outcome(&report, "replay-marker"), Outcome::Info);
+    assert_eq!(outcome(&report, "failure-not-stored"), Outcome::Pass);
+    let total: u64 = report.rules.iter().filter_map(|r| r.effects).sum();
+    assert_eq!(total, orders.applied());
+    let retry = report.rule("retry-replayed").unwrap();
+    assert!(retry.detail.contains("another body"), "{}", retry.detail);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn without_an_effect_count_answers_still_convict_the_naive_upstream() {
+    let orders = Orders::default();
+    let upstream = orders.start().await;
+    let mut config = config(upstream, upstream, Expect::Any);
+    config.effects = None;
+    let report = conformance::run(&config).await.unwrap();
+    for rule in [
+        "retry-replayed",
+        "key-reuse-refused",
+        "concurrent-applied-once",
+    ] {
+        assert_eq!(outcome(&report, rule), Outcome::Fail, "{rule}: {report}");
+        assert_eq!(effects(&report, rule), None);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rules_needing_an_option_are_skipped_and_a_dead_endpoint_is_an_error() {
+    let orders = Orders::default();
+    let upstream = orders.start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = AnyStore::open(&StoreLocation::Sqlite(dir.path().join("idem.db")))
+        .await
+        .unwrap();
+    let server = gateway(upstream, store, Mode::Ietf).await;
+    let bare = ConformanceConfig::new(format!("http://{server}/orders").parse().unwrap());
+    let report = conformance::run(&bare).await.unwrap();
+    assert!(report.failed().is_empty(), "{report}");
+    assert_eq!(outcome(&report, "failure-not-stored"), Outcome::Skipped);
+    assert_eq!(outcome(&report, "principals-kept-apart"), Outcome::Skipped);
+    // Without effects, the gateway's replay marker is the evidence.
+    assert_eq!(outcome(&report, "retry-replayed"), Outcome::Pass);
+
+    let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dead = closed.local_addr().unwrap();
+    drop(closed);
+    let error = conformance::run(&ConformanceConfig::new(
+        format!("http://{dead}/orders").parse().unwrap(),
+    ))
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(error.contains("does not answer"), "{error}");
+
+    let mut wrong_effects = bare.clone();
+    wrong_effects.effects = Some(EffectSource::Url(
+        format!("http://{upstream}/orders").parse().unwrap(),
+    ));
+    let error = conformance::run(&wrong_effects)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("cannot read the effect count"), "{error}");
+}
+
+/// The payments example: an atomic handler on its own SQLite database,
+/// whose `payments` table is the effect log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_payments_example_passes_with_its_ledger_as_the_effect_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("payments.db");
+    let app = payments_axum::app(&StoreLocation::Sqlite(path.clone()))
+        .await
+        .unwrap();
+    let server = serve(app).await;
+    let mut config = ConformanceConfig::new(format!("http://{server}/payments").parse().unwrap());
+    config.body = BodyTemplate::new(r#"{"account": "acc-1", "amount": {n}}"#).unwrap();
+    config.expect = Expect::Ietf;
+    config.effects = Some(EffectSource::Query {
+        sql: "SELECT id AS key FROM payments ORDER BY id".to_owned(),
+        store: format!("sqlite://{}", path.display()),
+    });
+    config.principals = Some((
+        HeaderName::from_static("authorization"),
+        [
+            HeaderValue::from_static("Bearer alice"),
+            HeaderValue::from_static("Bearer bob"),
+        ],
+    ));
+    let report = conformance::run(&config).await.unwrap();
+    println!("{report}");
+    assert!(report.failed().is_empty(), "{report}");
+    assert_eq!(effects(&report, "concurrent-applied-once"), Some(1));
+    assert_eq!(effects(&report, "principals-kept-apart"), Some(2));
+    let missing = report.rule("missing-key").unwrap();
+    assert_eq!(
+        missing.exchanges[0].status,
+        Some(400),
+        "the example requires keys"
+    );
+    assert_eq!(missing.effects, Some(0));
+}
