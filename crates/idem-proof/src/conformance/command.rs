@@ -48,7 +48,6 @@ pub struct ConformanceArgs {
         long,
         value_name = "A,B",
         value_delimiter = ',',
-        num_args = 2,
         requires = "principal_header"
     )]
     pub principals: Vec<HeaderValue>,
@@ -120,10 +119,14 @@ impl ConformanceArgs {
         if let Some(header) = &self.principal_header {
             let values = match self.principals.as_slice() {
                 [a, b] => [a.clone(), b.clone()],
-                _ => [
+                [] => [
                     HeaderValue::from_static("idem-conformance-principal-a"),
                     HeaderValue::from_static("idem-conformance-principal-b"),
                 ],
+                other => bail!(
+                    "--principals takes two values, A,B (two callers), not {}",
+                    other.len()
+                ),
             };
             if values[0] == values[1] {
                 bail!("--principals gives the same value twice: give two different callers");

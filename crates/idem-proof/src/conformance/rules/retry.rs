@@ -13,7 +13,7 @@ const MARKER: &str = "a replayed answer says so with Idempotent-Replayed: true";
 /// Both rules: they read the same two exchanges.
 pub(crate) async fn retry_replayed(run: &Run<'_>) -> Result<[RuleReport; 2], EffectsError> {
     let mut finding = Finding::new("retry-replayed", RETRY);
-    let marker = Finding::new("replay-marker", MARKER);
+    let mut marker = Finding::new("replay-marker", MARKER);
     let key = run.key("retry", 1);
     let body = run.body();
     let before = run.count().await?;
@@ -26,6 +26,8 @@ pub(crate) async fn retry_replayed(run: &Run<'_>) -> Result<[RuleReport; 2], Eff
         ]);
     }
     let retry = finding.saw(run.send(run.keyed(&key, &body)).await);
+    // The marker rule judges the same retry: it is shown there too.
+    marker.saw(retry.clone());
     let applied = run.applied_since(before).await?;
     finding.counted(applied, 1);
 
