@@ -116,7 +116,7 @@ fn every_rule(server: SocketAddr, upstream: SocketAddr, json: bool) -> Vec<Strin
         "--path".into(),
         "/orders".into(),
         "--body".into(),
-        r#"{"item": "book", "quantity": {n}}"#.into(),
+        r#"{"item": "book", "quantity": {seq}}"#.into(),
         "--effects-url".into(),
         format!("http://{upstream}/effects"),
         "--fail-header".into(),
@@ -222,7 +222,7 @@ async fn bad_input_gets_a_clear_error() {
                 "--body".into(),
                 "{}".into(),
             ],
-            "has no {n}",
+            "has no {seq}",
         ),
         (vec![format!("http://{dead}/orders")], "does not answer"),
         (

@@ -97,7 +97,7 @@ async fn gateway(upstream: SocketAddr, store: AnyStore, mode: Mode) -> SocketAdd
 /// the gateway's principal header.
 fn config(server: SocketAddr, upstream: SocketAddr, expect: Expect) -> ConformanceConfig {
     let mut config = ConformanceConfig::new(format!("http://{server}/orders").parse().unwrap());
-    config.body = BodyTemplate::new(r#"{"item": "book", "quantity": {n}}"#).unwrap();
+    config.body = BodyTemplate::new(r#"{"item": "book", "quantity": {seq}}"#).unwrap();
     config.effects = Some(EffectSource::Url(
         format!("http://{upstream}/effects").parse().unwrap(),
     ));
@@ -325,7 +325,7 @@ async fn the_payments_example_passes_with_its_ledger_as_the_effect_count() {
         .unwrap();
     let server = serve(app).await;
     let mut config = ConformanceConfig::new(format!("http://{server}/payments").parse().unwrap());
-    config.body = BodyTemplate::new(r#"{"account": "acc-1", "amount": {n}}"#).unwrap();
+    config.body = BodyTemplate::new(r#"{"account": "acc-1", "amount": {seq}}"#).unwrap();
     config.expect = Expect::Ietf;
     config.effects = Some(EffectSource::Query {
         sql: "SELECT id AS key FROM payments ORDER BY id".to_owned(),

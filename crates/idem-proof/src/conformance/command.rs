@@ -25,7 +25,7 @@ pub struct ConformanceArgs {
     #[arg(long, value_name = "METHOD", default_value = "POST")]
     pub method: Method,
     /// The body of every request; each request gets a number of its own in
-    /// place of {n}.
+    /// place of {seq}.
     #[arg(long, value_name = "TEMPLATE", default_value = DEFAULT_BODY)]
     pub body: BodyTemplate,
     /// The body's Content-Type.

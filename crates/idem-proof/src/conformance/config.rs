@@ -8,7 +8,7 @@ use http::{HeaderName, HeaderValue, Method, Uri};
 
 /// The placeholder a body template carries: each request gets a number of
 /// its own there, so no two requests of a run send the same body by chance.
-pub const PLACEHOLDER: &str = "{n}";
+pub const PLACEHOLDER: &str = "{seq}";
 
 /// Which refusal statuses a rule accepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
@@ -188,4 +188,39 @@ impl ConformanceConfig {
 }
 
 /// The body sent when no template is given.
-pub const DEFAULT_BODY: &str = r#"{"conformance": "{n}"}"#;
+pub const DEFAULT_BODY: &str = r#"{"conformance": "{seq}"}"#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_template_needs_its_placeholder_and_numbers_each_body() {
+        let template = BodyTemplate::new(r#"{"amount": {seq}, "ref": "r-{seq}"}"#).unwrap();
+        assert_eq!(template.body(7), r#"{"amount": 7, "ref": "r-7"}"#);
+        let error = BodyTemplate::new(r#"{"amount": 1}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("has no {seq}"), "{error}");
+    }
+
+    #[test]
+    fn headers_are_read_as_name_and_value() {
+        let header: HeaderLine = "Authorization:  Bearer t0k ".parse().unwrap();
+        assert_eq!(header.name, "authorization");
+        assert_eq!(header.value, "Bearer t0k");
+        let error = "Authorization Bearer".parse::<HeaderLine>().unwrap_err();
+        assert!(error.contains("Name: value"), "{error}");
+        let error = "Bad Name: x".parse::<HeaderLine>().unwrap_err();
+        assert!(error.contains("not a header name"), "{error}");
+    }
+
+    #[test]
+    fn each_mode_accepts_its_reuse_refusals() {
+        assert_eq!(Expect::Ietf.reuse_statuses(), &[422]);
+        assert_eq!(Expect::Stripe.reuse_statuses(), &[400]);
+        assert_eq!(Expect::Any.reuse_statuses(), &[400, 422]);
+        assert!(!Expect::Stripe.quotes_keys());
+        assert!(Expect::Ietf.quotes_keys());
+    }
+}
