@@ -23,7 +23,8 @@ pub struct Exchange {
     /// The key header's value as sent (lossy for bytes that are not UTF-8),
     /// or `None` when the request had no key.
     pub key: Option<String>,
-    /// The principal header's value, when the rule set one.
+    /// Which principal sent the request, when the rule set one (the
+    /// header's name and a label; never the credential itself).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub principal: Option<String>,
     /// Other headers the rule added (the fail trigger).
@@ -135,9 +136,11 @@ impl Sender {
             key: key_bytes
                 .as_ref()
                 .map(|bytes| String::from_utf8_lossy(bytes).into_owned()),
-            principal: outgoing.principal.as_ref().map(|(name, value)| {
-                format!("{name}: {}", String::from_utf8_lossy(value.as_bytes()))
-            }),
+            // A principal is a credential: its value is never shown.
+            principal: outgoing
+                .principal
+                .as_ref()
+                .map(|(name, _)| name.to_string()),
             extra: outgoing
                 .extra
                 .iter()

@@ -20,20 +20,25 @@ pub(crate) async fn principals_kept_apart(run: &Run<'_>) -> Result<RuleReport, E
     let mut finding = finding;
     let key = run.key("principals", 1);
     let body = run.body();
-    let send = |who| {
+    let send = |who, label: &str| {
         let mut outgoing = run.keyed(&key, &body);
         outgoing.principal = principal(header, who);
-        run.send(outgoing)
+        let shown = format!("{header}: principal {label}");
+        async move {
+            let mut exchange = run.send(outgoing).await;
+            exchange.principal = Some(shown);
+            exchange
+        }
     };
     let before = run.count().await?;
-    let a1 = finding.saw(send(a).await);
-    let b1 = finding.saw(send(b).await);
-    let a2 = finding.saw(send(a).await);
-    let b2 = finding.saw(send(b).await);
+    let a1 = finding.saw(send(a, "A").await);
+    let b1 = finding.saw(send(b, "B").await);
+    let a2 = finding.saw(send(a, "A").await);
+    let b2 = finding.saw(send(b, "B").await);
     let applied = run.applied_since(before).await?;
     finding.counted(applied, 2);
     let seen = format!(
-        "A {}, B {}, A again {}, B again {}",
+        "principal A {}, B {}, A again {}, B again {}",
         a1.status_text(),
         b1.status_text(),
         a2.status_text(),
