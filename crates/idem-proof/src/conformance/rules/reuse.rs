@@ -46,7 +46,7 @@ pub(crate) async fn key_reuse_refused(run: &Run<'_>) -> Result<RuleReport, Effec
         Some(400 | 422) => finding.end(
             Outcome::Fail,
             format!(
-                "{answers}: refused, but with {} where --expect {} wants {wanted_text}",
+                "{answers}: refused, but with {} where --mode {} wants {wanted_text}",
                 other.status_text(),
                 run.config.expect
             ),
