@@ -149,7 +149,10 @@ async fn idem_serve_passes_every_rule_and_exits_0() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(0), "{stdout}\n{stderr}");
     let report: Value = serde_json::from_str(&stdout).expect("a JSON report");
-    assert!(!stdout.contains("Bearer alice"), "a credential in the report");
+    assert!(
+        !stdout.contains("Bearer alice"),
+        "a credential in the report"
+    );
     assert_eq!(report["expect"], "ietf");
     assert_eq!(report["effects_counted"], true);
     let rules = report["rules"].as_array().unwrap();

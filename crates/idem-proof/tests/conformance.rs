@@ -4,9 +4,10 @@
 //! without the gateway, where the rules it breaks fail with the effect
 //! counts as evidence; and the payments example, an atomic axum API.
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use axum::Router;
 use axum::extract::State;
@@ -16,7 +17,7 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue};
 use idem::{AnyStore, StoreLocation};
 use idem_http::gateway::{self, GatewayConfig};
-use idem_http::{IdempotencyConfig, IdempotencyLayer, Mode};
+use idem_http::{IdempotencyConfig, IdempotencyLayer, Mode, StoredStatuses};
 use idem_proof::conformance::{
     self, BodyTemplate, ConformanceConfig, EffectSource, Expect, FailTrigger, Outcome, Report,
 };
@@ -26,16 +27,20 @@ use tokio::net::TcpListener;
 /// An upstream with no idempotency of its own: `POST /orders` applies every
 /// request it gets (one order each) and answers 201 with the order's
 /// number, unless the request carries `X-Fail`, which it answers 500
-/// without applying anything; `GET /effects` answers the orders applied.
+/// without applying anything; `POST /flaky` answers 500 to the first
+/// request with a key, without applying it, and is `/orders` for the
+/// key's later ones; `GET /effects` answers the orders applied.
 #[derive(Clone, Default)]
 struct Orders {
     applied: Arc<AtomicU64>,
+    failed_keys: Arc<Mutex<HashSet<String>>>,
 }
 
 impl Orders {
     async fn start(&self) -> SocketAddr {
         let app = Router::new()
             .route("/orders", post(order))
+            .route("/flaky", post(flaky))
             .route(
                 "/effects",
                 get(|State(orders): State<Orders>| async move {
@@ -72,6 +77,25 @@ async fn order(
     )
 }
 
+async fn flaky(
+    State(orders): State<Orders>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> (StatusCode, String) {
+    let key = headers
+        .get("idempotency-key")
+        .map(|k| String::from_utf8_lossy(k.as_bytes()).into_owned());
+    if let Some(key) = key
+        && orders.failed_keys.lock().unwrap().insert(key)
+    {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{\"error\":\"try again\"}".into(),
+        );
+    }
+    order(State(orders), HeaderMap::new(), body).await
+}
+
 async fn serve(app: Router) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -81,7 +105,15 @@ async fn serve(app: Router) -> SocketAddr {
 
 /// The gateway in front of `upstream`, keeping its records in `store`.
 async fn gateway(upstream: SocketAddr, store: AnyStore, mode: Mode) -> SocketAddr {
-    let layer = IdempotencyLayer::new(store, IdempotencyConfig::default().mode(mode));
+    gateway_with(upstream, store, IdempotencyConfig::default().mode(mode)).await
+}
+
+async fn gateway_with(
+    upstream: SocketAddr,
+    store: AnyStore,
+    config: IdempotencyConfig,
+) -> SocketAddr {
+    let layer = IdempotencyLayer::new(store, config);
     let config = GatewayConfig::new(format!("http://{upstream}").parse().unwrap());
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -221,6 +253,59 @@ async fn a_stripe_gateway_fails_the_ietf_reuse_rule_and_passes_stripe() {
         .await
         .unwrap();
     assert!(stripe.failed().is_empty(), "{stripe}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_gateway_that_stores_5xx_and_shares_keys_fails_those_two_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = AnyStore::open(&StoreLocation::Sqlite(dir.path().join("idem.db")))
+        .await
+        .unwrap();
+    let orders = Orders::default();
+    let upstream = orders.start().await;
+    let misconfigured = IdempotencyConfig::default()
+        .stored_statuses(StoredStatuses::matching(|_| true))
+        .without_principal();
+    let server = gateway_with(upstream, store, misconfigured).await;
+    let report = conformance::run(&config(server, upstream, Expect::Ietf))
+        .await
+        .unwrap();
+    let failed: Vec<_> = report.failed().iter().map(|r| r.rule).collect();
+    assert_eq!(
+        failed,
+        ["failure-not-stored", "principals-kept-apart"],
+        "{report}"
+    );
+    let failure = report.rule("failure-not-stored").unwrap();
+    assert_eq!(failure.exchanges[1].status, Some(500), "the 500 replayed");
+    assert!(failure.exchanges[1].replayed);
+    assert_eq!(failure.effects, Some(0), "the retry never ran");
+    let principals = report.rule("principals-kept-apart").unwrap();
+    assert_eq!(principals.effects, Some(1), "bob got alice's order");
+    assert!(principals.exchanges[1].replayed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_path_that_fails_once_drives_the_5xx_rule() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = AnyStore::open(&StoreLocation::Sqlite(dir.path().join("idem.db")))
+        .await
+        .unwrap();
+    let orders = Orders::default();
+    let upstream = orders.start().await;
+    let server = gateway(upstream, store, Mode::Ietf).await;
+    let mut config = config(server, upstream, Expect::Ietf);
+    config.fail = Some(FailTrigger::Path("/flaky".to_owned()));
+    let report = conformance::run(&config).await.unwrap();
+    assert!(report.failed().is_empty(), "{report}");
+    let failure = report.rule("failure-not-stored").unwrap();
+    assert_eq!(failure.outcome, Outcome::Pass);
+    assert_eq!(failure.exchanges[0].request, "POST /flaky");
+    assert_eq!(
+        (failure.exchanges[0].status, failure.exchanges[1].status),
+        (Some(503), Some(201))
+    );
+    assert_eq!(failure.effects, Some(1));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
