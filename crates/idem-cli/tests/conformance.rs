@@ -153,7 +153,7 @@ async fn idem_serve_passes_every_rule_and_exits_0() {
         !stdout.contains("Bearer alice"),
         "a credential in the report"
     );
-    assert_eq!(report["expect"], "ietf");
+    assert_eq!(report["mode"], "ietf");
     assert_eq!(report["effects_counted"], true);
     let rules = report["rules"].as_array().unwrap();
     assert_eq!(rules.len(), 8);
@@ -240,6 +240,24 @@ async fn bad_input_gets_a_clear_error() {
                 "SELECT 1 AS key".into(),
             ],
             "--effects-store",
+        ),
+        (
+            vec![
+                format!("http://{dead}/orders"),
+                "--effects-url".into(),
+                "/effects".into(),
+            ],
+            "not a full URL",
+        ),
+        (
+            vec![
+                format!("http://{dead}/orders"),
+                "--principal-header".into(),
+                "Authorization".into(),
+                "--principals".into(),
+                "a,b,c".into(),
+            ],
+            "takes two values",
         ),
     ] {
         let output = conformance(args).await;

@@ -134,6 +134,9 @@ impl ConformanceArgs {
             config.principals = Some((header.clone(), values));
         }
         config.effects = match (&self.effects_url, &self.effects_query, &self.effects_store) {
+            (Some(url), _, _) if url.scheme().is_none() || url.authority().is_none() => {
+                bail!("--effects-url {url} is not a full URL: give it as http://HOST:PORT/PATH")
+            }
             (Some(url), _, _) => Some(EffectSource::Url(url.clone())),
             (None, Some(sql), Some(store)) => Some(EffectSource::Query {
                 sql: sql.clone(),

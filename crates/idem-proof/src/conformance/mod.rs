@@ -100,7 +100,7 @@ pub async fn run(config: &ConformanceConfig) -> Result<Report, ConformanceError>
     reports.push(rules::principals_kept_apart(&run).await?);
     Ok(Report {
         target: format!("{} {}", config.method, config.url),
-        expect: config.expect,
+        mode: config.expect,
         effects_counted: config.effects.is_some(),
         rules: reports,
     })

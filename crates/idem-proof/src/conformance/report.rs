@@ -63,8 +63,8 @@ pub struct RuleReport {
 pub struct Report {
     /// The endpoint tested.
     pub target: String,
-    /// Which refusal statuses were accepted.
-    pub expect: Expect,
+    /// Which refusal statuses were accepted (`--mode`).
+    pub mode: Expect,
     /// Whether effects were counted.
     pub effects_counted: bool,
     /// One entry per rule, in the order they ran.
@@ -111,7 +111,7 @@ impl std::fmt::Display for Report {
             f,
             "idem conformance: {} (refusals: {}; effects {})",
             self.target,
-            self.expect,
+            self.mode,
             if self.effects_counted {
                 "counted"
             } else {

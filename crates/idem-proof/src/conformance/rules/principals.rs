@@ -44,9 +44,10 @@ pub(crate) async fn principals_kept_apart(run: &Run<'_>) -> Result<RuleReport, E
         a2.status_text(),
         b2.status_text()
     );
-    let report = if !a1.succeeded() {
+    if !a1.succeeded() {
         return Ok(finding.unusable(&a1));
-    } else if !b1.succeeded() {
+    }
+    let report = if !b1.succeeded() {
         finding.end(
             Outcome::Fail,
             format!("{seen}: the second principal's first request was refused, so the key is shared between callers"),
