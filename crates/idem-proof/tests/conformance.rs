@@ -2,7 +2,8 @@
 //! `gateway::run`) in front of an upstream that applies every request, on
 //! SQLite and on PostgreSQL, where every rule passes; the same upstream
 //! without the gateway, where the rules it breaks fail with the effect
-//! counts as evidence; and the payments example, an atomic axum API.
+//! counts as evidence; and the payments example, an atomic axum API, on
+//! both stores with its own ledger as the effect count.
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -399,22 +400,17 @@ async fn rules_needing_an_option_are_skipped_and_a_dead_endpoint_is_an_error() {
     assert!(error.contains("cannot read the effect count"), "{error}");
 }
 
-/// The payments example: an atomic handler on its own SQLite database,
-/// whose `payments` table is the effect log.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_payments_example_passes_with_its_ledger_as_the_effect_count() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("payments.db");
-    let app = payments_axum::app(&StoreLocation::Sqlite(path.clone()))
-        .await
-        .unwrap();
+/// The payments example: an atomic handler on its own database, whose
+/// `payments` table is the effect log.
+async fn the_payments_example_passes(location: StoreLocation, effects_store: String) {
+    let app = payments_axum::app(&location).await.unwrap();
     let server = serve(app).await;
     let mut config = ConformanceConfig::new(format!("http://{server}/payments").parse().unwrap());
     config.body = BodyTemplate::new(r#"{"account": "acc-1", "amount": {seq}}"#).unwrap();
     config.expect = Expect::Ietf;
     config.effects = Some(EffectSource::Query {
         sql: "SELECT id AS key FROM payments ORDER BY id".to_owned(),
-        store: format!("sqlite://{}", path.display()),
+        store: effects_store,
     });
     config.principals = Some((
         HeaderName::from_static("authorization"),
@@ -426,7 +422,10 @@ async fn the_payments_example_passes_with_its_ledger_as_the_effect_count() {
     let report = conformance::run(&config).await.unwrap();
     println!("{report}");
     assert!(report.failed().is_empty(), "{report}");
+    assert_eq!(effects(&report, "retry-replayed"), Some(1));
+    assert_eq!(effects(&report, "key-reuse-refused"), Some(1));
     assert_eq!(effects(&report, "concurrent-applied-once"), Some(1));
+    assert_eq!(effects(&report, "malformed-keys-refused"), Some(0));
     assert_eq!(effects(&report, "principals-kept-apart"), Some(2));
     let missing = report.rule("missing-key").unwrap();
     assert_eq!(
@@ -435,4 +434,21 @@ async fn the_payments_example_passes_with_its_ledger_as_the_effect_count() {
         "the example requires keys"
     );
     assert_eq!(missing.effects, Some(0));
+    assert_eq!(outcome(&report, "failure-not-stored"), Outcome::Skipped);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_payments_example_passes_with_its_ledger_as_the_effect_count_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("payments.db");
+    let store = format!("sqlite://{}", path.display());
+    the_payments_example_passes(StoreLocation::Sqlite(path), store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_payments_example_passes_with_its_ledger_as_the_effect_count_on_postgres() {
+    let Some(db) = TestDatabase::create("idem_conformance_pay_t").await else {
+        return;
+    };
+    the_payments_example_passes(db.url().parse().unwrap(), db.url().to_owned()).await;
 }
