@@ -13,14 +13,13 @@ use super::{Finding, Run, with_path};
 const ASKS: &str = "a 5xx answer is not stored: a retry with the same key runs again";
 
 pub(crate) async fn failure_not_stored(run: &Run<'_>) -> Result<RuleReport, EffectsError> {
-    let finding = Finding::new("failure-not-stored", ASKS);
+    let mut finding = Finding::new("failure-not-stored", ASKS);
     let Some(trigger) = &run.config.fail else {
         return Ok(finding.end(
             Outcome::Skipped,
             "needs --fail-header or --fail-path: a way to make the server answer 5xx",
         ));
     };
-    let mut finding = finding;
     let key = run.key("failure", 1);
     let body = run.body();
     let before = run.count().await?;

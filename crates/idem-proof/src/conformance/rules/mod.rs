@@ -15,7 +15,7 @@ mod reuse;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use http::{HeaderName, HeaderValue, Uri};
+use http::Uri;
 
 use super::client::{Exchange, KeyValue, Outgoing, Sender};
 use super::config::ConformanceConfig;
@@ -158,14 +158,6 @@ impl Finding {
         };
         self.end(Outcome::Fail, detail)
     }
-}
-
-/// A header pair for a principal.
-pub(crate) fn principal(
-    name: &HeaderName,
-    value: &HeaderValue,
-) -> Option<(HeaderName, HeaderValue)> {
-    Some((name.clone(), value.clone()))
 }
 
 /// The endpoint's URL with another path (for `--fail-path`).

@@ -3,26 +3,27 @@
 //! each replayed only to its own principal. Run when `--principal-header`
 //! is given.
 
+use http::HeaderValue;
+
 use super::super::effects::EffectsError;
 use super::super::report::{Outcome, RuleReport};
-use super::{Finding, Run, principal};
+use super::{Finding, Run};
 
 const ASKS: &str = "the same key from two principals is applied once for each, and each retry is replayed to its own principal";
 
 pub(crate) async fn principals_kept_apart(run: &Run<'_>) -> Result<RuleReport, EffectsError> {
-    let finding = Finding::new("principals-kept-apart", ASKS);
+    let mut finding = Finding::new("principals-kept-apart", ASKS);
     let Some((header, [a, b])) = &run.config.principals else {
         return Ok(finding.end(
             Outcome::Skipped,
             "needs --principal-header: the header that tells callers apart",
         ));
     };
-    let mut finding = finding;
     let key = run.key("principals", 1);
     let body = run.body();
-    let send = |who, label: &str| {
+    let send = |who: &HeaderValue, label: &str| {
         let mut outgoing = run.keyed(&key, &body);
-        outgoing.principal = principal(header, who);
+        outgoing.principal = Some((header.clone(), who.clone()));
         let shown = format!("{header}: principal {label}");
         async move {
             let mut exchange = run.send(outgoing).await;
