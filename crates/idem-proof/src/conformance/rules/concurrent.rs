@@ -34,8 +34,11 @@ pub(crate) async fn concurrent_applied_once(run: &Run<'_>) -> Result<RuleReport,
     });
     let mut burst = Vec::with_capacity(copies);
     for send in sends.collect::<Vec<_>>() {
-        if let Ok(exchange) = send.await {
-            burst.push(finding.saw(exchange));
+        match send.await {
+            Ok(exchange) => burst.push(finding.saw(exchange)),
+            Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+            // Not cancelled: the handles are held until here.
+            Err(_) => {}
         }
     }
     let after = finding.saw(run.send(run.keyed(&key, &body)).await);
