@@ -52,6 +52,9 @@ pub(crate) enum Command {
     /// For staging: a reverse proxy that sends a share of the requests twice
     /// and reports the routes that answer the copy as a new request.
     DupProxy(crate::commands::dup_proxy::DupProxyArgs),
+    /// Test any HTTP endpoint that claims Idempotency-Key semantics, rule by
+    /// rule: exit 0 when every required rule passes, 1 otherwise.
+    Conformance(crate::commands::conformance::ConformanceArgs),
     /// Check a history of requests and answers against the effects they
     /// caused: exit 0 when clean, 1 on a violation, 2 on unreadable input.
     Check(crate::commands::check::CheckArgs),

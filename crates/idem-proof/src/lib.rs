@@ -4,6 +4,12 @@
 //!
 //! # Modules
 //!
+//! - [`conformance`](mod@conformance): tests any HTTP endpoint that claims
+//!   `Idempotency-Key` semantics, rule by rule (a retry replayed, a reused
+//!   key refused, concurrent duplicates applied once, malformed keys
+//!   refused, …), counting the server's effects when it can read them.
+//!   [`conformance()`] runs `idem conformance` with its flags
+//!   ([`ConformanceArgs`]);
 //! - [`dup_proxy`](mod@dup_proxy): a reverse proxy for staging that sends a
 //!   share of the requests twice and reports the routes that answer the copy
 //!   as a new request, built on the gateway's proxy pieces of `idem-http`;
@@ -17,9 +23,12 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod conformance;
 pub mod dup_proxy;
 pub mod torture;
 
+pub use conformance::ConformanceArgs;
+pub use conformance::command::run as conformance;
 pub use dup_proxy::DupProxyArgs;
 pub use dup_proxy::command::run as dup_proxy;
 pub use torture::{TortureArgs, run as torture};

@@ -1,9 +1,10 @@
 //! One module per subcommand; [`run`] picks the one asked for. The
 //! benchmarks (`idem bench …`) are the `idem-bench` crate's, and the proof
-//! lab (`idem dup-proxy`, `idem torture`) the `idem-proof` crate's, apart
+//! lab (`idem dup-proxy`, `idem torture`, `idem conformance`) the `idem-proof` crate's, apart
 //! from the product.
 
 pub(crate) mod check;
+pub(crate) mod conformance;
 mod demo;
 pub(crate) mod dlq;
 pub(crate) mod dup_proxy;
@@ -50,6 +51,7 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Dlq(command) => dlq::run(open(store).await?, command).await,
         Command::DupProxy(args) => dup_proxy::run(&args).await,
+        Command::Conformance(args) => conformance::run(&args).await,
         Command::Check(args) => check::run(store, &args).await,
         Command::Torture(args) => torture::run(&args).await,
     }
