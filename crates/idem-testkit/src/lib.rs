@@ -11,6 +11,7 @@
 //! - [`errors`]: an application's error wrapping a driver's, for error classification tests;
 //! - [`deliveries`]: at-least-once delivery simulated (duplicates, shuffles);
 //! - [`postgres`]: a fresh PostgreSQL database per test;
+//! - [`redis`]: the machine's Redis, a private `redis-server` a test restarts, a Redis Cluster;
 //! - [`services`]: whether a missing database fails or skips a test;
 //! - [`tls_postgres`]: a throwaway PostgreSQL that requires TLS and a password;
 //! - [`tls`]: a throwaway CA and the certificates it signs;
@@ -36,6 +37,7 @@ pub mod migrations;
 pub mod nats;
 pub mod postgres;
 pub mod rabbitmq;
+pub mod redis;
 pub mod services;
 #[cfg(feature = "spans")]
 pub mod spans;
