@@ -39,7 +39,10 @@ pub fn map_error(what: &str, write: bool, error: RedisError) -> Error {
             ErrorKind::Corrupt,
             "a key under the store's prefix is not a hash Idem wrote: give the store a key prefix of its own",
         )
-    } else if matches!(error.code(), Some("READONLY" | "MASTERDOWN" | "LOADING" | "TRYAGAIN" | "CLUSTERDOWN")) {
+    } else if matches!(
+        error.code(),
+        Some("READONLY" | "MASTERDOWN" | "LOADING" | "TRYAGAIN" | "CLUSTERDOWN")
+    ) {
         (
             ErrorKind::Unavailable,
             "Redis cannot take writes right now (a replica, a failover or a restart still loading its data); retry shortly",

@@ -120,7 +120,7 @@ impl RedisStore {
     async fn all(&self) -> Result<Vec<Record>, Error> {
         let names = self
             .connection()
-            .scan_hashes(&names::pattern(self.prefix()))
+            .scan_hashes(&names::records_pattern(self.prefix()))
             .await
             .map_err(|e| map_error("listing the records", false, e))?;
         let mut records = Vec::with_capacity(names.len());

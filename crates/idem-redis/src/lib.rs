@@ -4,8 +4,10 @@
 //!
 //! Redis holds the records, never the effect: an effect cannot commit in the
 //! same step as its record, so this store offers the leased protocol
-//! ([`LeaseStore`](idem_core::LeaseStore)) and inspection
-//! ([`RecordStore`](idem_core::RecordStore)), not the atomic one.
+//! ([`LeaseStore`](idem_core::LeaseStore)), inspection
+//! ([`RecordStore`](idem_core::RecordStore)), and what a consumer keeps
+//! beside its records (failed attempts, dead letters), not the atomic mode or
+//! the transactional outbox.
 //!
 //! # Modules
 //!
@@ -20,6 +22,10 @@
 //! - `leased`: [`LeaseStore`](idem_core::LeaseStore) on those scripts;
 //! - `inspect`: [`RecordStore`](idem_core::RecordStore): listing, counting, sweeping
 //!   by scanning the prefix on every primary;
+//! - `attempts`: [`AttemptStore`](idem_core::AttemptStore), a message's failed
+//!   attempts, counted beside its record;
+//! - `dead_letters`: [`DeadLetterStore`](idem_core::DeadLetterStore), the messages
+//!   a consumer gave up on (`idem forward`, `idem dlq`);
 //! - `error`: the one mapping of redis-rs errors to [`ErrorKind`](idem_core::ErrorKind).
 //!
 //! # How concurrent callers are kept apart
@@ -41,6 +47,8 @@
 
 #![forbid(unsafe_code)]
 
+mod attempts;
+mod dead_letters;
 mod durability;
 mod error;
 mod inspect;

@@ -1,10 +1,13 @@
 //! The Redis key of a record.
 //!
-//! One record is one hash. Its name is `PREFIX` + the scope's length + `:` +
-//! `{SCOPE:KEY}`: the length makes the name unambiguous whatever characters
-//! the scope holds, and the braces are a Redis Cluster hash tag, so a record
-//! lives in the slot of its scope and key. The scope and key are also stored
-//! in the hash, which is where they are read back from.
+//! One record is one hash. Its name is `PREFIX` + `rec:` + the scope's
+//! length + `:` + `{SCOPE:KEY}`: the length makes the name unambiguous
+//! whatever characters the scope holds, and the braces are a Redis Cluster
+//! hash tag, so a record lives in the slot of its scope and key. The scope
+//! and key are also stored in the hash, which is where they are read back
+//! from. A message's failed attempts sit beside it under `att:`; the dead
+//! letters share the hash tag `{dlq}`, so the scripts that write a letter
+//! and its index touch one slot.
 
 use idem_core::{IdempotencyKey, Scope};
 
@@ -13,15 +16,52 @@ pub const DEFAULT_PREFIX: &str = "idem:";
 
 /// The Redis key of `(scope, key)` under `prefix`.
 pub(crate) fn record(prefix: &str, scope: &Scope, key: &IdempotencyKey) -> String {
-    let scope = scope.as_str();
-    format!("{prefix}{}:{{{scope}:{key}}}", scope.len())
+    keyed(prefix, "rec:", scope, key)
 }
 
-/// The `SCAN MATCH` pattern of every record under `prefix`: the prefix with
-/// its glob characters escaped, then anything.
-pub(crate) fn pattern(prefix: &str) -> String {
-    let mut pattern = String::with_capacity(prefix.len() + 1);
-    for c in prefix.chars() {
+/// The Redis key of the failed attempts of `(scope, key)` under `prefix`.
+pub(crate) fn attempts(prefix: &str, scope: &Scope, key: &IdempotencyKey) -> String {
+    keyed(prefix, "att:", scope, key)
+}
+
+fn keyed(prefix: &str, kind: &str, scope: &Scope, key: &IdempotencyKey) -> String {
+    let scope = scope.as_str();
+    format!("{prefix}{kind}{}:{{{scope}:{key}}}", scope.len())
+}
+
+/// The Redis keys of the dead letters under `prefix`: the id counter, the
+/// index of ids, and the letter with id `id`.
+pub(crate) fn dead_letter_counter(prefix: &str) -> String {
+    format!("{prefix}{{dlq}}:next")
+}
+
+pub(crate) fn dead_letter_index(prefix: &str) -> String {
+    format!("{prefix}{{dlq}}:ids")
+}
+
+pub(crate) fn dead_letter(prefix: &str, id: i64) -> String {
+    format!("{}{id}", dead_letter_prefix(prefix))
+}
+
+/// What every dead letter's key starts with, its id following.
+pub(crate) fn dead_letter_prefix(prefix: &str) -> String {
+    format!("{prefix}{{dlq}}:")
+}
+
+/// The `SCAN MATCH` pattern of every record under `prefix`.
+pub(crate) fn records_pattern(prefix: &str) -> String {
+    pattern(prefix, "rec:")
+}
+
+/// The `SCAN MATCH` pattern of every failed-attempts hash under `prefix`.
+pub(crate) fn attempts_pattern(prefix: &str) -> String {
+    pattern(prefix, "att:")
+}
+
+/// `prefix` + `kind` with glob characters escaped, then anything.
+fn pattern(prefix: &str, kind: &str) -> String {
+    let mut pattern = String::with_capacity(prefix.len() + kind.len() + 1);
+    for c in prefix.chars().chain(kind.chars()) {
         if matches!(c, '*' | '?' | '[' | ']' | '\\') {
             pattern.push('\\');
         }
@@ -59,8 +99,9 @@ mod tests {
             &IdempotencyKey::new("b:c").unwrap(),
         );
         assert_ne!(a, b);
-        assert_eq!(a, "idem:3:{a:b:c}");
-        assert_eq!(pattern("t[1]*:"), "t\\[1\\]\\*:*");
+        assert_eq!(a, "idem:rec:3:{a:b:c}");
+        assert_eq!(records_pattern("t[1]*:"), "t\\[1\\]\\*:rec:*");
+        assert_eq!(dead_letter("idem:", 7), "idem:{dlq}:7");
         assert!(check_prefix("x{").is_err());
         assert!(check_prefix(DEFAULT_PREFIX).is_ok());
     }

@@ -19,8 +19,8 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use idem_core::{
-    Error, ErrorKind, FencingToken, Fingerprint, IdempotencyKey, Outcome, OutcomeKind,
-    RecordState, Scope, Settings, StoreError, Timestamp,
+    Error, ErrorKind, FencingToken, Fingerprint, IdempotencyKey, Outcome, OutcomeKind, RecordState,
+    Scope, Settings, StoreError, Timestamp,
 };
 use redis::Script;
 
@@ -170,7 +170,10 @@ fn number(record: &str, field: &[u8], what: &str) -> Result<i64, Error> {
         .map_err(|_| corrupt(record, &format!("{what} {:?} is not a number", text(field))))
 }
 
-pub(crate) fn claim_invocation(record: &str, args: &ClaimArgs<'_>) -> redis::ScriptInvocation<'static> {
+pub(crate) fn claim_invocation(
+    record: &str,
+    args: &ClaimArgs<'_>,
+) -> redis::ScriptInvocation<'static> {
     let mut invocation = CLAIM.key(record);
     invocation
         .arg(args.scope.as_str())
@@ -194,7 +197,9 @@ pub(crate) fn claim_answer(record: &str, reply: Vec<Vec<u8>>) -> Result<ClaimAns
             lease_until: Timestamp(number(record, lease_until, "lease end")?),
             took_over: *took_over == b"1",
         }),
-        [b"replay", kind, body, meta] => Ok(ClaimAnswer::Replay(outcome(record, kind, body, meta)?)),
+        [b"replay", kind, body, meta] => {
+            Ok(ClaimAnswer::Replay(outcome(record, kind, body, meta)?))
+        }
         [b"key_reuse"] => Ok(ClaimAnswer::KeyReuse),
         [b"in_flight", retry_after] => Ok(ClaimAnswer::InFlight {
             retry_after: Duration::from_millis(
@@ -202,17 +207,29 @@ pub(crate) fn claim_answer(record: &str, reply: Vec<Vec<u8>>) -> Result<ClaimAns
             ),
         }),
         [b"corrupt", what] => Err(corrupt(record, text(what))),
-        _ => Err(corrupt(record, "the claim script answered in an unknown form")),
+        _ => Err(corrupt(
+            record,
+            "the claim script answered in an unknown form",
+        )),
     }
 }
 
 /// The outcome stored in `kind`, `body` and `meta`.
-pub(crate) fn outcome(record: &str, kind: &[u8], body: &[u8], meta: &[u8]) -> Result<Outcome, Error> {
+pub(crate) fn outcome(
+    record: &str,
+    kind: &[u8],
+    body: &[u8],
+    meta: &[u8],
+) -> Result<Outcome, Error> {
     let kind: OutcomeKind = text(kind)
         .parse()
         .map_err(|e| corrupt(record, &format!("{e}")))?;
-    let meta = Outcome::parse_meta(text(meta))
-        .map_err(|e| corrupt(record, &format!("outcome metadata is not a JSON string map: {e}")))?;
+    let meta = Outcome::parse_meta(text(meta)).map_err(|e| {
+        corrupt(
+            record,
+            &format!("outcome metadata is not a JSON string map: {e}"),
+        )
+    })?;
     Ok(Outcome {
         kind,
         body: body.to_vec(),
@@ -258,7 +275,10 @@ pub(crate) fn change_answer(
         [b"held"] => Ok(None),
         [b"fenced", b""] => Ok(Some(None)),
         [b"fenced", token] => Ok(Some(FencingToken::new(number(record, token, "token")?))),
-        _ => Err(corrupt(record, "the change script answered in an unknown form")),
+        _ => Err(corrupt(
+            record,
+            "the change script answered in an unknown form",
+        )),
     }
 }
 

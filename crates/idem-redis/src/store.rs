@@ -215,7 +215,10 @@ fn shown(url: &str) -> String {
     if path.is_empty() {
         format!("{scheme}://{authority}")
     } else {
-        format!("{scheme}://{authority}/{}", path.split('?').next().unwrap_or(""))
+        format!(
+            "{scheme}://{authority}/{}",
+            path.split('?').next().unwrap_or("")
+        )
     }
 }
 
@@ -268,7 +271,9 @@ impl Connection {
         let client = redis::Client::open(url).map_err(|e| {
             Error::from(StoreError::with_source(
                 ErrorKind::Config,
-                format!("{shown} is not a valid Redis URL: write redis://[USER:PASSWORD@]HOST:PORT/DB"),
+                format!(
+                    "{shown} is not a valid Redis URL: write redis://[USER:PASSWORD@]HOST:PORT/DB"
+                ),
                 e,
             ))
         })?;
@@ -349,8 +354,10 @@ impl Connection {
     pub(crate) async fn scan_hashes(&mut self, pattern: &str) -> redis::RedisResult<Vec<String>> {
         match &mut self.0 {
             Node::Single(manager) => {
-                scan(manager, pattern, |m, cmd| Box::pin(async move { cmd.query_async(m).await }))
-                    .await
+                scan(manager, pattern, |m, cmd| {
+                    Box::pin(async move { cmd.query_async(m).await })
+                })
+                .await
             }
             #[cfg(feature = "cluster")]
             Node::Cluster(cluster) => {
@@ -360,10 +367,11 @@ impl Connection {
                     let mut node = (cluster.clone(), host, port);
                     keys.extend(
                         scan(&mut node, pattern, |(c, host, port), cmd| {
-                            let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
-                                host: host.clone(),
-                                port: *port,
-                            });
+                            let routing =
+                                RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                                    host: host.clone(),
+                                    port: *port,
+                                });
                             Box::pin(async move {
                                 let value = c.route_command(cmd, routing).await?;
                                 redis::FromRedisValue::from_redis_value(value).map_err(Into::into)
@@ -421,7 +429,9 @@ async fn primaries(
     let ranges: Vec<Vec<Value>> = redis::FromRedisValue::from_redis_value(value)?;
     let mut found = Vec::new();
     for range in ranges {
-        let Some(primary) = range.get(2) else { continue };
+        let Some(primary) = range.get(2) else {
+            continue;
+        };
         let (host, port): (String, u16) = match primary {
             Value::Array(fields) if fields.len() >= 2 => (
                 redis::FromRedisValue::from_redis_value_ref(&fields[0])?,
@@ -440,10 +450,7 @@ async fn primaries(
 /// to each `HOST:PORT` of the comma-separated list.
 #[cfg(feature = "cluster")]
 fn cluster_nodes(url: &str) -> Result<Vec<String>, String> {
-    let rest = url
-        .split_once("://")
-        .map(|(_, rest)| rest)
-        .unwrap_or(url);
+    let rest = url.split_once("://").map(|(_, rest)| rest).unwrap_or(url);
     let authority = rest.split(['/', '?']).next().unwrap_or("");
     let (user, hosts) = match authority.rsplit_once('@') {
         Some((user, hosts)) => (format!("{user}@"), hosts),

@@ -647,7 +647,9 @@ pub async fn expired_records_are_replaced_with_a_greater_token<H: Harness>(h: H)
 /// A worker that stalls past its key's whole window, while the sweeper
 /// deletes the record and another worker claims the key anew, stays fenced:
 /// the new window's tokens start above every token of the old one.
-pub async fn a_worker_stalled_past_a_swept_window_stays_fenced<H: crate::leased::LeasedHarness>(h: H) {
+pub async fn a_worker_stalled_past_a_swept_window_stays_fenced<H: crate::leased::LeasedHarness>(
+    h: H,
+) {
     let pay = op("payments", "p-swept", "v1");
     let s = h.store();
     let Claimed::Fresh(stalled) = s

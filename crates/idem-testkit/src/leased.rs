@@ -107,7 +107,12 @@ pub async fn fresh_key_runs_once_and_duplicates_replay<H: LeasedHarness>(h: H) {
         assert_eq!(again, Applied::Replayed(runs_outcome(1)));
     }
     assert_eq!(runs.load(Ordering::SeqCst), 1);
-    let record = h.store().get(&mail.scope, &mail.key).await.unwrap().unwrap();
+    let record = h
+        .store()
+        .get(&mail.scope, &mail.key)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(record.state, RecordState::Completed);
     assert_eq!(record.token, FencingToken::first_at(record.created_at));
     assert_eq!(record.outcome, Some(runs_outcome(1)));
@@ -118,8 +123,14 @@ pub async fn fresh_key_runs_once_and_duplicates_replay<H: LeasedHarness>(h: H) {
 pub async fn scopes_are_separate_leased<H: LeasedHarness>(h: H) {
     let a = claimed(&h, &op("tenant-a", "k", "x")).await;
     let b = claimed(&h, &op("tenant-b", "k", "x")).await;
-    h.store().complete(&a, &Outcome::success("a")).await.unwrap();
-    h.store().complete(&b, &Outcome::success("b")).await.unwrap();
+    h.store()
+        .complete(&a, &Outcome::success("a"))
+        .await
+        .unwrap();
+    h.store()
+        .complete(&b, &Outcome::success("b"))
+        .await
+        .unwrap();
     let again = h
         .store()
         .claim(&a.scope, &a.key, op("tenant-a", "k", "x").fingerprint)
@@ -272,7 +283,9 @@ pub async fn retryable_failure_releases_the_key<H: LeasedHarness>(h: H) {
         s.complete(&first, &Outcome::success("late")).await,
         Err(Error::Fenced { .. })
     ));
-    s.complete(&second, &Outcome::success("done")).await.unwrap();
+    s.complete(&second, &Outcome::success("done"))
+        .await
+        .unwrap();
 }
 
 /// A terminal failure is stored and replayed, and the record says failed.
@@ -321,7 +334,9 @@ pub async fn takeover_fences_the_zombie<H: LeasedHarness>(h: H) {
     assert!(matches!(s.release(&a).await, Err(Error::Fenced { .. })));
     s.complete(&b, &Outcome::success("b")).await.unwrap();
     assert_eq!(
-        s.claim(&job.scope, &job.key, job.fingerprint).await.unwrap(),
+        s.claim(&job.scope, &job.key, job.fingerprint)
+            .await
+            .unwrap(),
         Claimed::Replayed(Outcome::success("b"))
     );
 }
@@ -339,7 +354,10 @@ pub async fn the_window_counts_from_the_first_claim_leased<H: LeasedHarness>(h: 
     let first = claimed(&h, &job).await;
     h.clock().advance(step);
     let renewed = s.renew(&first).await.unwrap();
-    assert_eq!(window(&s.get(&job.scope, &job.key).await.unwrap().unwrap()), opened);
+    assert_eq!(
+        window(&s.get(&job.scope, &job.key).await.unwrap().unwrap()),
+        opened
+    );
     h.clock().advance(DEFAULT_LEASE + step);
     let second = claimed(&h, &job).await;
     assert!(second.took_over && second.token > renewed.token);
@@ -351,7 +369,10 @@ pub async fn the_window_counts_from_the_first_claim_leased<H: LeasedHarness>(h: 
     s.complete(&third, &Outcome::success("v1")).await.unwrap();
     let done = s.get(&job.scope, &job.key).await.unwrap().unwrap();
     assert_eq!(window(&done), opened);
-    assert_eq!((done.state, done.updated_at), (RecordState::Completed, settled_at));
+    assert_eq!(
+        (done.state, done.updated_at),
+        (RecordState::Completed, settled_at)
+    );
 
     h.clock().advance(DEFAULT_RETENTION);
     let anew = op("window", "leased", "v2");
@@ -361,7 +382,10 @@ pub async fn the_window_counts_from_the_first_claim_leased<H: LeasedHarness>(h: 
     assert_eq!(fourth.token, FencingToken::first_at(t1));
     let record = s.get(&job.scope, &job.key).await.unwrap().unwrap();
     assert_eq!(window(&record), (t1, t1.plus(DEFAULT_RETENTION)));
-    assert_eq!((record.fingerprint, record.outcome), (anew.fingerprint, None));
+    assert_eq!(
+        (record.fingerprint, record.outcome),
+        (anew.fingerprint, None)
+    );
 }
 
 /// Retention: a record replays until the window ends; then it counts as
@@ -373,9 +397,12 @@ pub async fn retention_is_enforced_by_bounded_sweeps_leased<H: LeasedHarness>(h:
         s.complete(&claim, &Outcome::success("ok")).await.unwrap();
     }
     let first = op("bulk", "k0", "x");
-    h.clock().advance(DEFAULT_RETENTION - Duration::from_millis(1));
+    h.clock()
+        .advance(DEFAULT_RETENTION - Duration::from_millis(1));
     assert_eq!(
-        s.claim(&first.scope, &first.key, first.fingerprint).await.unwrap(),
+        s.claim(&first.scope, &first.key, first.fingerprint)
+            .await
+            .unwrap(),
         Claimed::Replayed(Outcome::success("ok"))
     );
     assert_eq!(s.count().await.unwrap().expired, 0);
@@ -436,10 +463,13 @@ pub async fn records_can_be_listed_and_shown_leased<H: LeasedHarness>(h: H) {
         .unwrap();
     assert_eq!(limited.len(), 2);
     assert!(
-        s.get(&Scope::new("s1").unwrap(), &IdempotencyKey::new("nope").unwrap())
-            .await
-            .unwrap()
-            .is_none()
+        s.get(
+            &Scope::new("s1").unwrap(),
+            &IdempotencyKey::new("nope").unwrap()
+        )
+        .await
+        .unwrap()
+        .is_none()
     );
     let glance = s.glance().await.unwrap();
     assert_eq!(glance.records, 3);
@@ -450,7 +480,9 @@ pub async fn records_can_be_listed_and_shown_leased<H: LeasedHarness>(h: H) {
 /// swept before the next: every key's tokens only grow.
 pub async fn tokens_never_go_back_across_sweeps<H: LeasedHarness>(h: H) {
     let s = h.store();
-    let keys: Vec<_> = (0..8).map(|i| op("sweeps", &format!("k{i}"), "x")).collect();
+    let keys: Vec<_> = (0..8)
+        .map(|i| op("sweeps", &format!("k{i}"), "x"))
+        .collect();
     let mut last: Vec<Option<FencingToken>> = vec![None; keys.len()];
     for window in 0..4 {
         for (i, key) in keys.iter().enumerate() {

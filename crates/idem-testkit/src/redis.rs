@@ -324,8 +324,6 @@ impl RedisCluster {
     /// `ROLE`), if it answers.
     pub fn role_of(&self, port: u16) -> Option<String> {
         let info = command("127.0.0.1", port, &["ROLE"]).ok()?;
-        info.lines()
-            .nth(2)
-            .map(|role| role.trim().to_owned())
+        info.lines().nth(2).map(|role| role.trim().to_owned())
     }
 }

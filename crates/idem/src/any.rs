@@ -43,10 +43,10 @@ use crate::StoreLocation;
 
 /// Any store, behind the shared traits.
 ///
-/// Every store offers leased mode ([`LeaseStore`]) and inspection
-/// ([`RecordStore`]). Atomic mode ([`AtomicStore`]), the outbox, dead
-/// letters, failed attempts and fencing leases ([`FenceStore`]) write in the
-/// effect's own database, so only SQLite and PostgreSQL offer them: on a
+/// Every store offers leased mode ([`LeaseStore`]), inspection
+/// ([`RecordStore`]), failed attempts and dead letters. Atomic mode
+/// ([`AtomicStore`]), the outbox and fencing leases ([`FenceStore`]) write
+/// in the effect's own database, so only SQLite and PostgreSQL offer them: on a
 /// Redis store those calls fail with an [`ErrorKind::Config`] error saying
 /// so (check with [`AnyStore::require_atomic_mode`] before starting).
 #[derive(Debug, Clone)]
@@ -110,9 +110,8 @@ impl AnyStore {
         }
     }
 
-    /// Whether this store offers atomic mode, the outbox, dead letters,
-    /// failed attempts and fencing leases: SQLite and PostgreSQL do, Redis
-    /// does not.
+    /// Whether this store offers atomic mode, the outbox and fencing
+    /// leases: SQLite and PostgreSQL do, Redis does not.
     pub fn offers_atomic_mode(&self) -> bool {
         match self {
             #[cfg(feature = "redis")]
@@ -434,7 +433,7 @@ impl idem_core::OutboxStore for AnyStore {
 
 impl idem_core::DeadLetterStore for AnyStore {
     async fn record_dead_letter(&self, letter: &idem_core::NewDeadLetter) -> Result<i64, Error> {
-        sql_store!(self, "the dead-letter table", s => s.record_dead_letter(letter).await)
+        each_store!(self, s => s.record_dead_letter(letter).await)
     }
 
     async fn list_dead_letters(
@@ -442,23 +441,23 @@ impl idem_core::DeadLetterStore for AnyStore {
         limit: usize,
         include_redriven: bool,
     ) -> Result<Vec<idem_core::DeadLetter>, Error> {
-        sql_store!(self, "the dead-letter table", s => s.list_dead_letters(limit, include_redriven).await)
+        each_store!(self, s => s.list_dead_letters(limit, include_redriven).await)
     }
 
     async fn get_dead_letter(&self, id: i64) -> Result<Option<idem_core::DeadLetter>, Error> {
-        sql_store!(self, "the dead-letter table", s => s.get_dead_letter(id).await)
+        each_store!(self, s => s.get_dead_letter(id).await)
     }
 
     async fn mark_redriven(&self, id: i64) -> Result<(), Error> {
-        sql_store!(self, "the dead-letter table", s => s.mark_redriven(id).await)
+        each_store!(self, s => s.mark_redriven(id).await)
     }
 
     async fn dead_letter_stats(&self) -> Result<idem_core::DeadLetterStats, Error> {
-        sql_store!(self, "the dead-letter table", s => s.dead_letter_stats().await)
+        each_store!(self, s => s.dead_letter_stats().await)
     }
 
     async fn sweep_dead_letters(&self, retention: Duration, limit: usize) -> Result<u64, Error> {
-        sql_store!(self, "the dead-letter table", s => s.sweep_dead_letters(retention, limit).await)
+        each_store!(self, s => s.sweep_dead_letters(retention, limit).await)
     }
 }
 
@@ -469,11 +468,11 @@ impl idem_core::AttemptStore for AnyStore {
         key: &IdempotencyKey,
         error: &str,
     ) -> Result<idem_core::Failures, Error> {
-        sql_store!(self, "counting a message's failed attempts", s => s.record_failure(scope, key, error).await)
+        each_store!(self, s => s.record_failure(scope, key, error).await)
     }
 
     async fn forget_failures(&self, scope: &Scope, key: &IdempotencyKey) -> Result<(), Error> {
-        sql_store!(self, "counting a message's failed attempts", s => s.forget_failures(scope, key).await)
+        each_store!(self, s => s.forget_failures(scope, key).await)
     }
 
     async fn sweep_failures(
@@ -481,11 +480,11 @@ impl idem_core::AttemptStore for AnyStore {
         before: idem_core::Timestamp,
         limit: usize,
     ) -> Result<u64, Error> {
-        sql_store!(self, "counting a message's failed attempts", s => s.sweep_failures(before, limit).await)
+        each_store!(self, s => s.sweep_failures(before, limit).await)
     }
 
     fn now(&self) -> idem_core::Timestamp {
-        sql_store!(self, s => idem_core::AttemptStore::now(s), on Redis r => r.clock().now())
+        each_store!(self, s => idem_core::AttemptStore::now(s))
     }
 }
 

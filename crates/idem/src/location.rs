@@ -105,7 +105,10 @@ impl FromStr for StoreLocation {
             "postgres" | "postgresql" => Ok(Self::Postgres(url.to_owned())),
             "redis" | "redis+cluster"
                 if rest.split(['/', '?']).next().is_none_or(|hosts| {
-                    hosts.rsplit('@').next().is_none_or(|h| h.trim_matches(',').is_empty())
+                    hosts
+                        .rsplit('@')
+                        .next()
+                        .is_none_or(|h| h.trim_matches(',').is_empty())
                 }) =>
             {
                 Err(LocationError::NoHost {
@@ -202,18 +205,21 @@ mod tests {
         );
         assert_eq!(single.to_string(), "redis://:***@cache:6379/2");
         assert!(!single.offers_atomic_mode());
-        let cluster: StoreLocation = "redis+cluster://app:hunter2@a:7000,b:7001"
-            .parse()
-            .unwrap();
+        let cluster: StoreLocation = "redis+cluster://app:hunter2@a:7000,b:7001".parse().unwrap();
         assert_eq!(cluster.to_string(), "redis+cluster://app:***@a:7000,b:7001");
         assert!(format!("{cluster:?}").contains("a:7000,b:7001"));
         assert!(!format!("{cluster:?}").contains("hunter2"));
         for empty in ["redis://", "redis+cluster://:pw@", "redis+cluster://,/0"] {
             let err = empty.parse::<StoreLocation>().unwrap_err();
-            assert!(matches!(err, LocationError::NoHost { .. }), "{empty}: {err}");
+            assert!(
+                matches!(err, LocationError::NoHost { .. }),
+                "{empty}: {err}"
+            );
             assert!(!err.to_string().contains("pw@"), "{err}");
         }
-        let tls = "rediss://:hunter2@cache:6380".parse::<StoreLocation>().unwrap_err();
+        let tls = "rediss://:hunter2@cache:6380"
+            .parse::<StoreLocation>()
+            .unwrap_err();
         assert!(matches!(tls, LocationError::RedisTls { .. }));
         assert!(!tls.to_string().contains("hunter2"), "{tls}");
         assert!(StoreLocation::Sqlite("x.db".into()).offers_atomic_mode());
