@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Makes sure the services the test suite talks to answer on loopback:
 # PostgreSQL (5432), RabbitMQ (5672), NATS with JetStream (4222), a
-# Kafka-compatible broker (9092) and an SQS-compatible server (5000).
+# Kafka-compatible broker (9092), an SQS-compatible server (5000) and Redis
+# (6379). The Redis tests also start private redis-server processes of their
+# own (a server they restart, a three-primary Redis Cluster) from the same
+# binary, with redis-cli from the same package.
 # A service that does not answer is started; one that is not installed is
 # installed from Debian's packages first. No Apache Kafka build comes from
 # Debian's packages, so the Kafka protocol is served by tansu, a
@@ -68,6 +71,19 @@ start_nats() {
   mkdir -p /var/lib/nats-server
   start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- \
     -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log >&2
+}
+
+start_redis() {
+  { command -v redis-server >/dev/null && command -v redis-cli >/dev/null; } \
+    || install_packages redis-server || return 1
+  mkdir -p /var/lib/idem-redis
+  redis-server --port 6379 --bind 127.0.0.1 --daemonize yes --dir /var/lib/idem-redis \
+    --logfile /var/lib/idem-redis/redis.log >&2
+}
+
+# A port that accepts connections is not enough: Redis must answer PING.
+redis_answers() {
+  [ "$(redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null)" = "PONG" ]
 }
 
 cache="${IDEM_CACHE:-$HOME/.cache/idem}"
@@ -171,6 +187,18 @@ ensure Kafka 9092 start_kafka 60 || failed=1
 if ensure "SQS (moto)" "$MOTO_PORT" start_moto 120; then
   if ! sqs_answers; then
     log "ERROR: something answers on 127.0.0.1:$MOTO_PORT but not SQS's ListQueues; stop it or free the port for moto's server"
+    failed=1
+  fi
+else
+  failed=1
+fi
+
+if ensure Redis 6379 start_redis 30; then
+  if ! command -v redis-cli >/dev/null && ! install_packages redis-server; then
+    log "ERROR: Redis answers but redis-cli (Debian's redis-tools) is missing and could not be installed; the Redis Cluster tests need it"
+    failed=1
+  elif ! redis_answers; then
+    log "ERROR: something answers on 127.0.0.1:6379 but not Redis's PING; stop it or free the port for redis-server"
     failed=1
   fi
 else
