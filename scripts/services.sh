@@ -2,9 +2,11 @@
 # Makes sure the services the test suite talks to answer on loopback:
 # PostgreSQL (5432), RabbitMQ (5672), NATS with JetStream (4222), a
 # Kafka-compatible broker (9092), an SQS-compatible server (5000) and Redis
-# (6379). The Redis tests also start private redis-server processes of their
-# own (a server they restart, a three-primary Redis Cluster) from the same
-# binary, with redis-cli from the same package.
+# (6379), and a Redis Cluster of three primaries on 7001-7003, made with
+# redis-cli --cluster create from the same redis-server binary, its nodes'
+# files in the cache (IDEM_CACHE, below). The Redis tests also start private
+# redis-server processes of their own (a server they restart, a cluster with
+# replicas whose primary they kill).
 # A service that does not answer is started; one that is not installed is
 # installed from Debian's packages first. No Apache Kafka build comes from
 # Debian's packages, so the Kafka protocol is served by tansu, a
@@ -79,6 +81,44 @@ start_redis() {
   mkdir -p /var/lib/idem-redis
   redis-server --port 6379 --bind 127.0.0.1 --daemonize yes --dir /var/lib/idem-redis \
     --logfile /var/lib/idem-redis/redis.log >&2
+}
+
+REDIS_CLUSTER_PORTS=(7001 7002 7003)
+
+cluster_ok() {
+  redis-cli -h 127.0.0.1 -p "${REDIS_CLUSTER_PORTS[0]}" cluster info 2>/dev/null | grep -q 'cluster_state:ok'
+}
+
+# Starts the cluster's nodes where they do not answer; joins them into a
+# cluster when they are not one yet (a node that already knows the others
+# reads them back from its nodes.conf).
+start_redis_cluster() {
+  local dir="$cache/redis-cluster" port nodes=()
+  for port in "${REDIS_CLUSTER_PORTS[@]}"; do
+    nodes+=("127.0.0.1:$port")
+    answers 127.0.0.1 "$port" && continue
+    mkdir -p "$dir/$port"
+    redis-server --port "$port" --bind 127.0.0.1 --daemonize yes --dir "$dir/$port" \
+      --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 2000 \
+      --appendonly yes --save '' --logfile "$dir/$port/redis.log" >&2 || return 1
+  done
+  for port in "${REDIS_CLUSTER_PORTS[@]}"; do
+    wait_for "Redis Cluster node" "$port" 20 || return 1
+  done
+  for _ in $(seq 1 50); do
+    cluster_ok && return 0
+    # Several nodes each knowing only itself: not joined yet.
+    if redis-cli -h 127.0.0.1 -p "${REDIS_CLUSTER_PORTS[0]}" cluster info 2>/dev/null | grep -q 'cluster_known_nodes:1'; then
+      for port in "${REDIS_CLUSTER_PORTS[@]}"; do
+        redis-cli -h 127.0.0.1 -p "$port" flushall >/dev/null 2>&1
+        redis-cli -h 127.0.0.1 -p "$port" cluster reset hard >/dev/null 2>&1
+      done
+      log "creating the Redis Cluster on ${nodes[*]}"
+      redis-cli --cluster create "${nodes[@]}" --cluster-replicas 0 --cluster-yes >&2 || return 1
+    fi
+    sleep 0.2
+  done
+  cluster_ok
 }
 
 # A port that accepts connections is not enough: Redis must answer PING.
@@ -202,6 +242,13 @@ if ensure Redis 6379 start_redis 30; then
     failed=1
   fi
 else
+  failed=1
+fi
+
+if cluster_ok; then
+  log "Redis Cluster answers on 127.0.0.1 ports ${REDIS_CLUSTER_PORTS[*]}"
+elif ! start_redis_cluster; then
+  log "ERROR: the Redis Cluster on 127.0.0.1 ports ${REDIS_CLUSTER_PORTS[*]} is not in cluster_state:ok; see $cache/redis-cluster/*/redis.log, or delete that directory to start it anew"
   failed=1
 fi
 
