@@ -9,7 +9,8 @@ use idem_redis::RedisStore;
 use idem_redis::redis::AsyncCommands as _;
 use idem_testkit::LeasedHarness;
 
-/// Deletes every key under the prefix when dropped.
+/// Deletes every key under the prefix when dropped, on every node the URL
+/// names (a cluster's keys are each on the node that owns their slot).
 pub(crate) struct Prefix {
     pub(crate) url: String,
     pub(crate) prefix: String,
@@ -17,18 +18,30 @@ pub(crate) struct Prefix {
 
 impl Drop for Prefix {
     fn drop(&mut self) {
-        let Ok(client) = idem_redis::redis::Client::open(self.url.as_str()) else {
-            return;
+        let db = if self.url.starts_with("redis+cluster") {
+            String::new()
+        } else {
+            self.url
+                .rsplit_once('/')
+                .map(|(_, db)| db)
+                .unwrap_or("")
+                .to_owned()
         };
-        let Ok(mut conn) = client.get_connection() else {
-            return;
-        };
-        let keys: Vec<String> = idem_redis::redis::cmd("KEYS")
-            .arg(format!("{}*", self.prefix))
-            .query(&mut conn)
-            .unwrap_or_default();
-        for key in keys {
-            let _: Result<(), _> = idem_redis::redis::cmd("DEL").arg(key).query(&mut conn);
+        for (host, port) in idem_testkit::redis::nodes_of(&self.url) {
+            let url = format!("redis://{host}:{port}/{db}");
+            let Ok(client) = idem_redis::redis::Client::open(url.as_str()) else {
+                continue;
+            };
+            let Ok(mut conn) = client.get_connection() else {
+                continue;
+            };
+            let keys: Vec<String> = idem_redis::redis::cmd("KEYS")
+                .arg(format!("{}*", self.prefix))
+                .query(&mut conn)
+                .unwrap_or_default();
+            for key in keys {
+                let _: Result<(), _> = idem_redis::redis::cmd("DEL").arg(key).query(&mut conn);
+            }
         }
     }
 }
@@ -60,7 +73,8 @@ impl Redis {
         }
     }
 
-    /// How many keys the store's prefix holds, counted by Redis itself.
+    /// How many keys the store's prefix holds on one Redis node, counted by
+    /// Redis itself.
     #[allow(dead_code)]
     pub(crate) async fn keys(&self) -> usize {
         let mut conn = self.store.connection();

@@ -22,6 +22,63 @@ pub fn redis_url() -> String {
     std::env::var("IDEM_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".to_owned())
 }
 
+/// The machine's Redis Cluster (started by `scripts/services.sh` on ports
+/// 7001-7003): `$IDEM_TEST_REDIS_CLUSTER_URL`, else
+/// `redis+cluster://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003`.
+pub fn redis_cluster_url() -> String {
+    std::env::var("IDEM_TEST_REDIS_CLUSTER_URL").unwrap_or_else(|_| {
+        "redis+cluster://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003".to_owned()
+    })
+}
+
+/// The `(host, port)` of each node a `redis://` or `redis+cluster://` URL names.
+pub fn nodes_of(url: &str) -> Vec<(String, u16)> {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = rest.split(['/', '?']).next().unwrap_or("");
+    let hosts = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, hosts)| hosts);
+    hosts
+        .split(',')
+        .filter(|h| !h.is_empty())
+        .map(|h| {
+            let (host, port) = h.rsplit_once(':').unwrap_or((h, "6379"));
+            (host.to_owned(), port.parse().unwrap_or(6379))
+        })
+        .collect()
+}
+
+/// Checks that the machine's Redis Cluster answers and is in
+/// `cluster_state:ok`; `false` (after
+/// [`missing_service`](crate::services::missing_service)) when it is not.
+pub fn machine_cluster_answers() -> bool {
+    let url = redis_cluster_url();
+    let Some((host, port)) = nodes_of(&url).into_iter().next() else {
+        crate::services::missing_service("Redis Cluster", &format!("{url} names no node"));
+        return false;
+    };
+    match command(&host, port, &["CLUSTER", "INFO"]) {
+        Ok(info) if info.contains("cluster_state:ok") => true,
+        Ok(info) => {
+            crate::services::missing_service(
+                "Redis Cluster",
+                &format!(
+                    "{host}:{port} is not in cluster_state:ok ({}); run scripts/services.sh",
+                    info.lines().nth(1).unwrap_or("")
+                ),
+            );
+            false
+        }
+        Err(why) => {
+            crate::services::missing_service(
+                "Redis Cluster",
+                &format!("{why} (run scripts/services.sh, or set IDEM_TEST_REDIS_CLUSTER_URL)"),
+            );
+            false
+        }
+    }
+}
+
 /// A key prefix no other test uses: `idem-test:<name>:<random>:`.
 pub fn test_prefix(name: &str) -> String {
     format!("idem-test:{name}:{:016x}:", rand::random::<u64>())
@@ -62,15 +119,11 @@ pub fn command(host: &str, port: u16, args: &[&str]) -> Result<String, String> {
 /// [`missing_service`](crate::services::missing_service)) when it does not.
 pub fn machine_redis_answers() -> bool {
     let url = redis_url();
-    let authority = url
-        .split_once("://")
-        .map_or(url.as_str(), |(_, rest)| rest)
-        .split('/')
+    let (host, port) = nodes_of(&url)
+        .into_iter()
         .next()
-        .unwrap_or("");
-    let authority = authority.rsplit_once('@').map_or(authority, |(_, a)| a);
-    let (host, port) = authority.rsplit_once(':').unwrap_or((authority, "6379"));
-    match ping(host, port.parse().unwrap_or(6379)) {
+        .unwrap_or(("127.0.0.1".to_owned(), 6379));
+    match ping(&host, port) {
         Ok(()) => true,
         Err(why) => {
             crate::services::missing_service(
@@ -282,6 +335,25 @@ impl RedisCluster {
         );
         let cluster = Self { nodes, _dir: dir };
         cluster.wait_until_ok(Duration::from_secs(30));
+        // A replica is of use once it has the primary's data: wait until
+        // every primary reports each of its replicas online.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while replicas > 0 {
+            let online = cluster
+                .nodes
+                .iter()
+                .filter_map(|n| command("127.0.0.1", n.port(), &["INFO", "replication"]).ok())
+                .filter(|info| info.contains("role:master"))
+                .all(|info| info.matches("state=online").count() >= replicas);
+            if online {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the cluster's replicas did not come online within 60 s"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
         Some(cluster)
     }
 
@@ -312,6 +384,11 @@ impl RedisCluster {
             .map(|n| format!("127.0.0.1:{}", n.port()))
             .collect();
         format!("redis+cluster://{}", nodes.join(","))
+    }
+
+    /// The port of each node, in the order they were started.
+    pub fn ports(&self) -> Vec<u16> {
+        self.nodes.iter().map(RedisServer::port).collect()
     }
 
     /// The nodes, in the order they were started (the first three are the
