@@ -62,13 +62,18 @@ impl RedisStore {
     /// for one node, or (with the `cluster` feature)
     /// `redis+cluster://[USER:PASSWORD@]HOST:PORT,HOST:PORT,...` for a cluster,
     /// naming any of its nodes.
+    ///
+    /// The URL's query may set the store's own options, so that a command
+    /// line can: `wait=N` (replicas each write waits for, see
+    /// [`Durability`]), `wait_timeout_ms=MS` (default 1000) and `prefix=P`
+    /// (the key prefix, default `idem:`); the builder's methods override them.
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
         RedisStoreBuilder {
             url: url.into(),
             settings: Settings::default(),
             clock: Arc::new(SystemClock),
-            prefix: names::DEFAULT_PREFIX.to_owned(),
-            durability: Durability::Primary,
+            prefix: None,
+            durability: None,
         }
     }
 
@@ -144,8 +149,8 @@ pub struct RedisStoreBuilder {
     url: String,
     settings: Settings,
     clock: SharedClock,
-    prefix: String,
-    durability: Durability,
+    prefix: Option<String>,
+    durability: Option<Durability>,
 }
 
 impl RedisStoreBuilder {
@@ -165,22 +170,28 @@ impl RedisStoreBuilder {
     /// stores (or other data) can share one Redis database. It may not hold
     /// `{` or `}`.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
+        self.prefix = Some(prefix.into());
         self
     }
 
     /// Whether each write waits for replicas (`WAIT`); by default it does not.
     pub fn durability(mut self, durability: Durability) -> Self {
-        self.durability = durability;
+        self.durability = Some(durability);
         self
     }
 
-    /// Connects, and checks that the server answers and runs scripts.
+    /// Connects, and checks that the server answers.
     pub async fn connect(self) -> Result<RedisStore, Error> {
-        names::check_prefix(&self.prefix)
-            .map_err(|message| Error::from(StoreError::new(ErrorKind::Config, message)))?;
         let shown = shown(&self.url);
-        let connection = Connection::open(&self.url, &shown).await?;
+        let options = UrlOptions::of(&self.url, &shown)?;
+        let prefix = self
+            .prefix
+            .or(options.prefix)
+            .unwrap_or_else(|| names::DEFAULT_PREFIX.to_owned());
+        let durability = self.durability.or(options.durability).unwrap_or_default();
+        names::check_prefix(&prefix)
+            .map_err(|message| Error::from(StoreError::new(ErrorKind::Config, message)))?;
+        let connection = Connection::open(&options.url, &shown).await?;
         let mut probe = connection.clone();
         let _: String = redis::cmd("PING")
             .query_async(&mut probe)
@@ -191,10 +202,68 @@ impl RedisStoreBuilder {
                 connection,
                 settings: self.settings,
                 clock: self.clock,
-                prefix: self.prefix,
-                durability: self.durability,
+                prefix,
+                durability,
                 shown,
             }),
+        })
+    }
+}
+
+/// The store's own options from a URL's query, and the URL without them for
+/// redis-rs.
+struct UrlOptions {
+    url: String,
+    prefix: Option<String>,
+    durability: Option<Durability>,
+}
+
+impl UrlOptions {
+    fn of(url: &str, shown: &str) -> Result<UrlOptions, Error> {
+        let Some((base, query)) = url.split_once('?') else {
+            return Ok(UrlOptions {
+                url: url.to_owned(),
+                prefix: None,
+                durability: None,
+            });
+        };
+        let (mut prefix, mut wait, mut timeout, mut kept) = (None, None, None, Vec::new());
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let number = |what: &str| {
+                value.parse::<u32>().map_err(|_| {
+                    config_error(format!(
+                        "{what}={value:?} in {shown} is not a whole number: write for example ?wait=1&wait_timeout_ms=500"
+                    ))
+                })
+            };
+            match name {
+                "prefix" => prefix = Some(value.to_owned()),
+                "wait" => wait = Some(number("wait")?),
+                "wait_timeout_ms" => timeout = Some(number("wait_timeout_ms")?),
+                _ => kept.push(pair),
+            }
+        }
+        if timeout.is_some() && wait.is_none() {
+            return Err(config_error(format!(
+                "{shown} sets wait_timeout_ms but not wait: add wait=N, the replicas each write waits for"
+            )));
+        }
+        let durability = wait.map(|count| {
+            Durability::replicas(
+                count,
+                Duration::from_millis(u64::from(timeout.unwrap_or(1000))),
+            )
+        });
+        let url = if kept.is_empty() {
+            base.to_owned()
+        } else {
+            format!("{base}?{}", kept.join("&"))
+        };
+        Ok(UrlOptions {
+            url,
+            prefix,
+            durability,
         })
     }
 }
@@ -516,6 +585,28 @@ mod tests {
             shown("redis+cluster://:hunter2@a:1,b:2"),
             "redis+cluster://:***@a:1,b:2"
         );
+    }
+
+    #[test]
+    fn the_query_sets_the_stores_own_options() {
+        let options = UrlOptions::of(
+            "redis://h:1/0?wait=2&wait_timeout_ms=250&prefix=app:&protocol=resp3",
+            "",
+        )
+        .unwrap();
+        assert_eq!(options.url, "redis://h:1/0?protocol=resp3");
+        assert_eq!(options.prefix.as_deref(), Some("app:"));
+        assert_eq!(
+            options.durability,
+            Some(Durability::replicas(2, Duration::from_millis(250)))
+        );
+        let plain = UrlOptions::of("redis://h:1/0", "").unwrap();
+        assert_eq!((plain.prefix, plain.durability), (None, None));
+        let bad = UrlOptions::of("redis://h/0?wait=some", "redis://h/0")
+            .err()
+            .unwrap();
+        assert!(bad.to_string().contains("not a whole number"), "{bad}");
+        assert!(UrlOptions::of("redis://h/0?wait_timeout_ms=5", "").is_err());
     }
 
     #[cfg(feature = "cluster")]

@@ -338,16 +338,7 @@ impl RedisCluster {
         // A replica is of use once it has the primary's data: wait until
         // every primary reports each of its replicas online.
         let deadline = Instant::now() + Duration::from_secs(60);
-        while replicas > 0 {
-            let online = cluster
-                .nodes
-                .iter()
-                .filter_map(|n| command("127.0.0.1", n.port(), &["INFO", "replication"]).ok())
-                .filter(|info| info.contains("role:master"))
-                .all(|info| info.matches("state=online").count() >= replicas);
-            if online {
-                break;
-            }
+        while replicas > 0 && !cluster.replicas_online(replicas) {
             assert!(
                 Instant::now() < deadline,
                 "the cluster's replicas did not come online within 60 s"
@@ -355,6 +346,15 @@ impl RedisCluster {
             std::thread::sleep(Duration::from_millis(100));
         }
         Some(cluster)
+    }
+
+    /// Whether every primary reports at least `replicas` replicas online.
+    fn replicas_online(&self, replicas: usize) -> bool {
+        self.nodes
+            .iter()
+            .filter_map(|n| command("127.0.0.1", n.port(), &["INFO", "replication"]).ok())
+            .filter(|info| info.contains("role:master"))
+            .all(|info| info.matches("state=online").count() >= replicas)
     }
 
     /// Waits until every live node reports `cluster_state:ok`.
