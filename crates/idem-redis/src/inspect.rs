@@ -4,16 +4,17 @@
 //! Redis expires each record by itself at the end of its window (the claim
 //! sets `PEXPIRE`), so the sweeps find little to do: they delete records
 //! that are past retention by the application's clock but not yet by the
-//! server's, one atomic check-and-delete each. Listing and counting read
-//! every record under the prefix; they are for operators, not for the
-//! request path.
+//! server's, one atomic check-and-delete each. Listing reads every record
+//! under the prefix; counting, sweeping and the gauges read only each
+//! record's window (two fields), but still visit every record: they are for
+//! operators and the sweeper, not for the request path.
 
 use std::collections::HashMap;
 
 use futures::future::join_all;
 use idem_core::{
     Error, IdempotencyKey, Record, RecordCount, RecordFilter, RecordGlance, RecordStore, Scope,
-    Settings,
+    Settings, Timestamp,
 };
 
 use crate::error::map_error;
@@ -64,25 +65,24 @@ impl RecordStore for RedisStore {
 
     async fn count(&self) -> Result<RecordCount, Error> {
         let now = self.clock().now();
-        let records = self.all().await?;
+        let windows = self.windows().await?;
         Ok(RecordCount {
-            total: records.len() as u64,
-            expired: records.iter().filter(|r| r.expires_at <= now).count() as u64,
+            total: windows.len() as u64,
+            expired: windows.iter().filter(|w| w.expires_at <= now).count() as u64,
         })
     }
 
     async fn sweep_batch(&self, limit: usize) -> Result<u64, Error> {
         let now = self.clock().now();
-        let mut expired: Vec<Record> = self
-            .all()
+        let mut expired: Vec<Window> = self
+            .windows()
             .await?
             .into_iter()
-            .filter(|r| r.expires_at <= now)
+            .filter(|w| w.expires_at <= now)
             .collect();
-        expired.sort_by_key(|r| r.expires_at);
+        expired.sort_by_key(|w| w.expires_at);
         let mut deleted = 0;
-        for record in expired.into_iter().take(limit) {
-            let name = names::record(self.prefix(), &record.scope, &record.key);
+        for Window { name, .. } in expired.into_iter().take(limit) {
             let gone: u64 = scripts::sweep_invocation(&name, now)
                 .invoke_async(&mut self.connection())
                 .await
@@ -94,15 +94,22 @@ impl RecordStore for RedisStore {
 
     async fn glance(&self) -> Result<RecordGlance, Error> {
         let now = self.clock().now();
-        let records = self.all().await?;
+        let windows = self.windows().await?;
         Ok(RecordGlance {
-            records: records.len() as u64,
-            oldest_age: records
+            records: windows.len() as u64,
+            oldest_age: windows
                 .iter()
-                .min_by_key(|r| r.expires_at)
-                .map(|r| r.created_at.until(now)),
+                .min_by_key(|w| w.expires_at)
+                .map(|w| w.created_at.until(now)),
         })
     }
+}
+
+/// A record's window, as counting and sweeping need it.
+struct Window {
+    name: String,
+    created_at: Timestamp,
+    expires_at: Timestamp,
 }
 
 impl RedisStore {
@@ -116,13 +123,47 @@ impl RedisStore {
         record::from_hash(name, &fields)
     }
 
-    /// Every record under the store's prefix.
-    async fn all(&self) -> Result<Vec<Record>, Error> {
-        let names = self
-            .connection()
+    /// The names of every record under the store's prefix.
+    async fn names(&self) -> Result<Vec<String>, Error> {
+        self.connection()
             .scan_hashes(&names::records_pattern(self.prefix()))
             .await
-            .map_err(|e| map_error("listing the records", false, e))?;
+            .map_err(|e| map_error("listing the records", false, e))
+    }
+
+    /// The window of every record under the store's prefix (a record gone
+    /// since the scan is left out).
+    async fn windows(&self) -> Result<Vec<Window>, Error> {
+        let names = self.names().await?;
+        let mut windows = Vec::with_capacity(names.len());
+        for chunk in names.chunks(READ_AHEAD) {
+            let reads = chunk.iter().map(|name| async move {
+                let fields: (Option<i64>, Option<i64>) = redis::cmd("HMGET")
+                    .arg(name)
+                    .arg("created")
+                    .arg("expires")
+                    .query_async(&mut self.connection())
+                    .await
+                    .map_err(|e| map_error(&format!("reading {name}"), false, e))?;
+                Ok::<_, Error>(match fields {
+                    (Some(created), Some(expires)) => Some(Window {
+                        name: name.clone(),
+                        created_at: Timestamp(created),
+                        expires_at: Timestamp(expires),
+                    }),
+                    _ => None,
+                })
+            });
+            for window in join_all(reads).await {
+                windows.extend(window?);
+            }
+        }
+        Ok(windows)
+    }
+
+    /// Every record under the store's prefix.
+    async fn all(&self) -> Result<Vec<Record>, Error> {
+        let names = self.names().await?;
         let mut records = Vec::with_capacity(names.len());
         for chunk in names.chunks(READ_AHEAD) {
             for found in join_all(chunk.iter().map(|name| self.read(name))).await {
