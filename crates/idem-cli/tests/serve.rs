@@ -284,6 +284,10 @@ async fn killed_mid_request_and_restarted_the_effect_is_applied_once(store: &str
     let up = upstream.start().await;
     let store = store.to_owned();
     let upstream_url = format!("http://{up}");
+    // The spool in a directory of the test's own (a store that is not a
+    // file would put it in the working directory).
+    let spool_dir = tempfile::tempdir().unwrap();
+    let spool = spool_dir.path().join("idem.spool").display().to_string();
     let args = [
         "--store",
         &store,
@@ -294,6 +298,8 @@ async fn killed_mid_request_and_restarted_the_effect_is_applied_once(store: &str
         "127.0.0.1:0",
         "--lease",
         "1s",
+        "--spool",
+        &spool,
     ];
     let mut first = Serve::start(&args, &[]);
     let addr = first.addr;
