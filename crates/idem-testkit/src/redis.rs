@@ -172,10 +172,15 @@ impl RedisServer {
     pub fn start(args: &[&str]) -> Option<Self> {
         let dir = tempfile::tempdir().expect("a directory for redis-server");
         let path = dir.path().to_owned();
-        Self::start_in(&path, Some(dir), args)
+        Self::start_in(&path, Some(dir), free_port(), args)
     }
 
-    fn start_in(dir: &Path, owned: Option<tempfile::TempDir>, args: &[&str]) -> Option<Self> {
+    fn start_in(
+        dir: &Path,
+        owned: Option<tempfile::TempDir>,
+        port: u16,
+        args: &[&str],
+    ) -> Option<Self> {
         if binary("IDEM_REDIS_SERVER", "redis-server").is_none() {
             crate::services::missing_service(
                 "redis-server",
@@ -185,7 +190,7 @@ impl RedisServer {
         }
         let mut server = Self {
             child: None,
-            port: free_port(),
+            port,
             dir: dir.to_owned(),
             args: args.iter().map(|a| (*a).to_owned()).collect(),
             _owned: owned,
@@ -273,6 +278,20 @@ impl Drop for RedisServer {
     }
 }
 
+/// A free loopback port for a cluster node: its bus port, 10000 above it,
+/// must be free too and below 65536, which the system's ephemeral ports
+/// (up to 60999) do not ensure.
+fn free_cluster_port() -> u16 {
+    for _ in 0..1000 {
+        let port = 20_000 + rand::random::<u16>() % 20_000;
+        let free = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
+        if free(port) && free(port + 10_000) {
+            return port;
+        }
+    }
+    panic!("no free pair of loopback ports (PORT and PORT + 10000) between 20000 and 50000");
+}
+
 /// A Redis Cluster of private servers: three primaries, each with
 /// `replicas` replicas, on free loopback ports. Killed on drop.
 #[derive(Debug)]
@@ -303,6 +322,7 @@ impl RedisCluster {
             nodes.push(RedisServer::start_in(
                 &node_dir,
                 None,
+                free_cluster_port(),
                 &[
                     "--cluster-enabled",
                     "yes",
