@@ -717,6 +717,15 @@ async fn two_gateways_sharing_redis_apply_concurrent_duplicates_once() {
     two_gateways_sharing_one_store_apply_concurrent_duplicates_once(location).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_gateways_sharing_a_redis_cluster_apply_concurrent_duplicates_once() {
+    if !idem_testkit::redis::machine_cluster_answers() {
+        return;
+    }
+    let location = idem::StoreLocation::Redis(idem_testkit::redis::redis_cluster_url());
+    two_gateways_sharing_one_store_apply_concurrent_duplicates_once(location).await;
+}
+
 /// Two gateways on one shared store: of 32 concurrent requests with one key,
 /// split between them, one reaches the upstream; both replay its answer.
 async fn two_gateways_sharing_one_store_apply_concurrent_duplicates_once(
