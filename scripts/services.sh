@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # Makes sure the services the test suite talks to answer on loopback:
 # PostgreSQL (5432), RabbitMQ (5672), NATS with JetStream (4222), a
-# Kafka-compatible broker (9092) and an SQS-compatible server (5000).
+# Kafka-compatible broker (9092), an SQS-compatible server (5000) and Redis
+# (6379), and a Redis Cluster of three primaries on 7001-7003, made with
+# redis-cli --cluster create from the same redis-server binary, its nodes'
+# files in the cache (IDEM_CACHE, below). The Redis tests also start private
+# redis-server processes of their own (a server they restart, a cluster with
+# replicas whose primary they kill).
 # A service that does not answer is started; one that is not installed is
 # installed from Debian's packages first. No Apache Kafka build comes from
 # Debian's packages, so the Kafka protocol is served by tansu, a
@@ -71,6 +76,57 @@ start_nats() {
   mkdir -p /var/lib/nats-server
   start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- \
     -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log >&2
+}
+
+start_redis() {
+  { command -v redis-server >/dev/null && command -v redis-cli >/dev/null; } \
+    || install_packages redis-server || return 1
+  mkdir -p /var/lib/idem-redis
+  redis-server --port 6379 --bind 127.0.0.1 --daemonize yes --dir /var/lib/idem-redis \
+    --logfile /var/lib/idem-redis/redis.log >&2
+}
+
+REDIS_CLUSTER_PORTS=(7001 7002 7003)
+
+cluster_ok() {
+  redis-cli -h 127.0.0.1 -p "${REDIS_CLUSTER_PORTS[0]}" cluster info 2>/dev/null | grep -q 'cluster_state:ok'
+}
+
+# Starts the cluster's nodes where they do not answer; joins them into a
+# cluster when they are not one yet (a node that already knows the others
+# reads them back from its nodes.conf).
+start_redis_cluster() {
+  local dir="$cache/redis-cluster" port nodes=()
+  for port in "${REDIS_CLUSTER_PORTS[@]}"; do
+    nodes+=("127.0.0.1:$port")
+    answers 127.0.0.1 "$port" && continue
+    mkdir -p "$dir/$port"
+    redis-server --port "$port" --bind 127.0.0.1 --daemonize yes --dir "$dir/$port" \
+      --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 2000 \
+      --appendonly yes --save '' --logfile "$dir/$port/redis.log" >&2 || return 1
+  done
+  for port in "${REDIS_CLUSTER_PORTS[@]}"; do
+    wait_for "Redis Cluster node" "$port" 20 || return 1
+  done
+  for _ in $(seq 1 50); do
+    cluster_ok && return 0
+    # Several nodes each knowing only itself: not joined yet.
+    if redis-cli -h 127.0.0.1 -p "${REDIS_CLUSTER_PORTS[0]}" cluster info 2>/dev/null | grep -q 'cluster_known_nodes:1'; then
+      for port in "${REDIS_CLUSTER_PORTS[@]}"; do
+        redis-cli -h 127.0.0.1 -p "$port" flushall >/dev/null 2>&1
+        redis-cli -h 127.0.0.1 -p "$port" cluster reset hard >/dev/null 2>&1
+      done
+      log "creating the Redis Cluster on ${nodes[*]}"
+      redis-cli --cluster create "${nodes[@]}" --cluster-replicas 0 --cluster-yes >&2 || return 1
+    fi
+    sleep 0.2
+  done
+  cluster_ok
+}
+
+# A port that accepts connections is not enough: Redis must answer PING.
+redis_answers() {
+  [ "$(redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null)" = "PONG" ]
 }
 
 cache="${IDEM_CACHE:-$HOME/.cache/idem}"
@@ -193,6 +249,25 @@ fi
 ensure etcd 2379 start_etcd 60 || failed=1
 if ! command -v protoc >/dev/null && ! install_packages protobuf-compiler; then
   log "ERROR: protoc is missing and Debian's protobuf-compiler could not be installed; the etcd client's build needs it"
+  failed=1
+fi
+
+if ensure Redis 6379 start_redis 30; then
+  if ! command -v redis-cli >/dev/null && ! install_packages redis-server; then
+    log "ERROR: Redis answers but redis-cli (Debian's redis-tools) is missing and could not be installed; the Redis Cluster tests need it"
+    failed=1
+  elif ! redis_answers; then
+    log "ERROR: something answers on 127.0.0.1:6379 but not Redis's PING; stop it or free the port for redis-server"
+    failed=1
+  fi
+else
+  failed=1
+fi
+
+if cluster_ok; then
+  log "Redis Cluster answers on 127.0.0.1 ports ${REDIS_CLUSTER_PORTS[*]}"
+elif ! start_redis_cluster; then
+  log "ERROR: the Redis Cluster on 127.0.0.1 ports ${REDIS_CLUSTER_PORTS[*]} is not in cluster_state:ok; see $cache/redis-cluster/*/redis.log, or delete that directory to start it anew"
   failed=1
 fi
 

@@ -8,7 +8,9 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 #[derive(Debug, Parser)]
 #[command(name = "idem", version, about, long_about = None)]
 pub(crate) struct Cli {
-    /// Where the store lives: sqlite://PATH or postgres://USER@HOST:PORT/DATABASE
+    /// Where the store lives: sqlite://PATH or postgres://USER@HOST:PORT/DATABASE,
+    /// or for leased mode only (serve, forward, keys, gc, dlq)
+    /// redis://HOST:PORT/DB or redis+cluster://HOST:PORT,HOST:PORT
     /// [default: sqlite://idem.db; `demo` and `bench` default to a temporary file].
     #[arg(long, env = "IDEM_STORE", global = true)]
     pub store: Option<String>,

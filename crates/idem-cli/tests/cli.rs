@@ -156,3 +156,36 @@ fn bad_input_gets_a_clear_error_and_no_panic() {
         "check that the directory exists",
     );
 }
+
+/// The commands that need atomic mode refuse a Redis store before they
+/// connect to anything, saying why and what to use; an unreachable Redis is
+/// said to be unreachable.
+#[test]
+fn commands_that_need_atomic_mode_refuse_a_redis_store() {
+    // Port 1: nothing listens, so a refusal here came before connecting.
+    let redis = "redis://:hunter2@127.0.0.1:1/0";
+    for command in [&["demo"][..], &["relay"], &["bench", "apply"]] {
+        let mut args = vec!["--store", redis];
+        args.extend_from_slice(command);
+        let out = idem(&args);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{command:?}: {stderr}");
+        assert!(
+            stderr.contains("needs atomic mode"),
+            "{command:?}: {stderr}"
+        );
+        assert!(
+            stderr.contains("use a sqlite:// or postgres:// store"),
+            "{stderr}"
+        );
+        assert!(!stderr.contains("hunter2"), "{stderr}");
+    }
+    fails_clearly(
+        &["--store", "redis://127.0.0.1:1/0", "keys", "ls"],
+        "Redis refused the connection",
+    );
+    fails_clearly(
+        &["--store", "rediss://127.0.0.1:1/0", "keys", "ls"],
+        "asks for TLS to Redis",
+    );
+}

@@ -240,11 +240,54 @@ fn store_in(dir: &tempfile::TempDir) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn killed_mid_request_and_restarted_on_the_same_file_the_effect_is_applied_once() {
+    let dir = tempfile::tempdir().unwrap();
+    killed_mid_request_and_restarted_the_effect_is_applied_once(&store_in(&dir), "order-1").await;
+}
+
+/// The same on Redis: the claim of the killed gateway is in Redis, and the
+/// restarted one finds it; `idem keys show` then shows the completed record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killed_mid_request_and_restarted_on_redis_the_effect_is_applied_once() {
+    if !idem_testkit::redis::machine_redis_answers() {
+        return;
+    }
+    let store = idem_testkit::redis::redis_url();
+    let key = idem_testkit::redis::test_prefix("serve");
+    killed_mid_request_and_restarted_the_effect_is_applied_once(&store, &key).await;
+    let shown = idem()
+        .args([
+            "--store",
+            &store,
+            "keys",
+            "show",
+            "http:anon:POST:/pay",
+            &key,
+            "--json",
+        ])
+        .output()
+        .expect("run idem keys show");
+    let text = String::from_utf8_lossy(&shown.stdout);
+    assert!(
+        shown.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&shown.stderr)
+    );
+    let record: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(record["state"], "completed", "{record}");
+}
+
+/// `idem serve` killed (SIGKILL) while the upstream holds a request, then
+/// started again on the same store: after the lease, the retry is forwarded
+/// again with the same key, the upstream applies it once, and it is replayed.
+async fn killed_mid_request_and_restarted_the_effect_is_applied_once(store: &str, key: &str) {
     let upstream = Upstream::new();
     let up = upstream.start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let store = store_in(&dir);
+    let store = store.to_owned();
     let upstream_url = format!("http://{up}");
+    // The spool in a directory of the test's own (a store that is not a
+    // file would put it in the working directory).
+    let spool_dir = tempfile::tempdir().unwrap();
+    let spool = spool_dir.path().join("idem.spool").display().to_string();
     let args = [
         "--store",
         &store,
@@ -255,10 +298,13 @@ async fn killed_mid_request_and_restarted_on_the_same_file_the_effect_is_applied
         "127.0.0.1:0",
         "--lease",
         "1s",
+        "--spool",
+        &spool,
     ];
     let mut first = Serve::start(&args, &[]);
     let addr = first.addr;
-    let in_flight = tokio::spawn(async move { send(addr, "POST", "/pay", Some("order-1")).await });
+    let moved = key.to_owned();
+    let in_flight = tokio::spawn(async move { send(addr, "POST", "/pay", Some(&moved)).await });
     while upstream.calls() == 0 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -272,27 +318,21 @@ async fn killed_mid_request_and_restarted_on_the_same_file_the_effect_is_applied
     let second = Serve::start(&args, &[]);
     // The dead gateway's claim holds until its lease (1 s) ends; then the
     // retry is forwarded again, with the same key, and the upstream dedupes.
-    let mut reply = send(second.addr, "POST", "/pay", Some("order-1"))
-        .await
-        .unwrap();
+    let mut reply = send(second.addr, "POST", "/pay", Some(key)).await.unwrap();
     let mut tries = 0;
     while reply.status == StatusCode::CONFLICT {
         assert!(reply.headers.contains_key("retry-after"));
         tries += 1;
         assert!(tries < 100, "still 409 after 10 s");
         tokio::time::sleep(Duration::from_millis(100)).await;
-        reply = send(second.addr, "POST", "/pay", Some("order-1"))
-            .await
-            .unwrap();
+        reply = send(second.addr, "POST", "/pay", Some(key)).await.unwrap();
     }
     assert_eq!(reply.status, StatusCode::CREATED, "{:?}", reply.body);
     assert_eq!(reply.body, "{\"effect\":1}");
     assert_eq!(upstream.calls(), 2, "forwarded again after the lease");
     assert_eq!(upstream.effects(), 1, "applied once");
 
-    let replay = send(second.addr, "POST", "/pay", Some("order-1"))
-        .await
-        .unwrap();
+    let replay = send(second.addr, "POST", "/pay", Some(key)).await.unwrap();
     assert_eq!(replay.headers["idempotent-replayed"], "true");
     assert_eq!(replay.body, reply.body);
     assert_eq!(upstream.calls(), 2);

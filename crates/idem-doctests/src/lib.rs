@@ -42,6 +42,7 @@ doctests! {
     RetriesDoctests => "../../../docs/src/retries.md",
     OrderingDoctests => "../../../docs/src/ordering.md",
     DefaultsDoctests => "../../../docs/src/defaults.md",
+    StoresDoctests => "../../../docs/src/stores.md",
     ObservabilityDoctests => "../../../docs/src/observability.md",
     TracingDoctests => "../../../docs/src/tracing.md",
     CheckDoctests => "../../../docs/src/check.md",

@@ -1,5 +1,7 @@
 //! The gateway over real sockets: a client, `idem serve`'s service on
 //! `127.0.0.1:0`, and an upstream on `127.0.0.1:0` that counts its effects.
+//! Each case runs on the embedded store and on Redis (`CASE::sqlite`,
+//! `CASE::redis`): the gateway answers the same on both.
 
 mod common;
 
@@ -9,14 +11,33 @@ use std::time::Duration;
 
 use axum::http::StatusCode;
 use bytes::Bytes;
-use common::gateway::{Gateway, Hangup, Options, Upstream, embedded};
+use common::gateway::{Gateway, Hangup, Options, StoreKind, Upstream};
 use common::{Client, Server};
 use idem::{ManualClock, SystemClock};
 use idem_http::{IdempotencyConfig, Mode};
 use serde_json::json;
 use tokio::task::JoinSet;
 
-/// An upstream, and a gateway in front of it on a fresh embedded store.
+/// Runs a case on each store the gateway is tested on, as two tests named
+/// after the store.
+macro_rules! on_each_store {
+    ($case:ident) => {
+        mod $case {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn sqlite() {
+                super::$case(super::StoreKind::Embedded).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn redis() {
+                super::$case(super::StoreKind::Redis).await
+            }
+        }
+    };
+}
+
+/// An upstream, and a gateway in front of it on a fresh store of `kind`;
+/// `None` when that store's server is not reachable (and not required).
 struct Fixture {
     upstream: Upstream,
     gateway: Gateway,
@@ -26,21 +47,23 @@ struct Fixture {
     _dir: tempfile::TempDir,
 }
 
-async fn start(options: Options) -> Fixture {
+async fn start(kind: StoreKind, options: Options) -> Option<Fixture> {
     let dir = tempfile::tempdir().expect("temp dir");
     let clock = ManualClock::starting_now();
-    let store = embedded(dir.path(), &options.idempotency, Arc::new(clock.clone())).await;
+    let store = kind
+        .open(dir.path(), &options.idempotency, Arc::new(clock.clone()))
+        .await?;
     let upstream = Upstream::default();
     let upstream_server = upstream.start().await;
     let gateway = Gateway::start(upstream_server.addr, store, options).await;
-    Fixture {
+    Some(Fixture {
         upstream,
         client: gateway.client(),
         gateway,
         clock,
         _upstream_server: upstream_server,
         _dir: dir,
-    }
+    })
 }
 
 fn with(idempotency: IdempotencyConfig) -> Options {
@@ -50,9 +73,13 @@ fn with(idempotency: IdempotencyConfig) -> Options {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sequential_duplicates_reach_the_upstream_once_and_are_replayed_byte_for_byte() {
-    let f = start(Options::default()).await;
+on_each_store!(sequential_duplicates_reach_the_upstream_once_and_are_replayed_byte_for_byte);
+async fn sequential_duplicates_reach_the_upstream_once_and_are_replayed_byte_for_byte(
+    kind: StoreKind,
+) {
+    let Some(f) = start(kind, Options::default()).await else {
+        return;
+    };
     let body = json!({ "amount": 10, "to": "acc-1" });
     let first = f
         .client
@@ -89,17 +116,21 @@ async fn sequential_duplicates_reach_the_upstream_once_and_are_replayed_byte_for
     assert_eq!(f.upstream.effects(), 2);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sixty_four_concurrent_requests_with_one_key_make_one_upstream_effect() {
-    let f = start(Options::default()).await;
+on_each_store!(sixty_four_concurrent_requests_with_one_key_make_one_upstream_effect);
+async fn sixty_four_concurrent_requests_with_one_key_make_one_upstream_effect(kind: StoreKind) {
+    let Some(f) = start(kind, Options::default()).await else {
+        return;
+    };
     common::race_one_key(&f.client, "/payments", 64, json!({ "amount": 5 })).await;
     assert_eq!(f.upstream.effects(), 1);
     assert_eq!(f.upstream.calls(), 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn concurrent_duplicates_of_a_slow_request_get_409_while_it_runs() {
-    let f = start(Options::default()).await;
+on_each_store!(concurrent_duplicates_of_a_slow_request_get_409_while_it_runs);
+async fn concurrent_duplicates_of_a_slow_request_get_409_while_it_runs(kind: StoreKind) {
+    let Some(f) = start(kind, Options::default()).await else {
+        return;
+    };
     let mut calls = JoinSet::new();
     for _ in 0..64 {
         let client = f.client.clone();
@@ -121,10 +152,12 @@ async fn concurrent_duplicates_of_a_slow_request_get_409_while_it_runs() {
     assert_eq!(f.upstream.effects(), 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn key_reuse_is_422_in_ietf_mode_and_400_in_stripe_mode() {
+on_each_store!(key_reuse_is_422_in_ietf_mode_and_400_in_stripe_mode);
+async fn key_reuse_is_422_in_ietf_mode_and_400_in_stripe_mode(kind: StoreKind) {
     for mode in [Mode::Ietf, Mode::Stripe] {
-        let f = start(with(IdempotencyConfig::default().mode(mode))).await;
+        let Some(f) = start(kind, with(IdempotencyConfig::default().mode(mode))).await else {
+            return;
+        };
         let one = json!({ "amount": 1 });
         f.client.post("/payments").key("k").json(&one).send().await;
         let reused = f
@@ -156,12 +189,16 @@ async fn key_reuse_is_422_in_ietf_mode_and_400_in_stripe_mode() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_missing_key_is_400_where_required_and_other_methods_pass() {
-    let f = start(with(
-        IdempotencyConfig::default().require_key(idem_http::KeyRequirement::Always),
-    ))
-    .await;
+on_each_store!(a_missing_key_is_400_where_required_and_other_methods_pass);
+async fn a_missing_key_is_400_where_required_and_other_methods_pass(kind: StoreKind) {
+    let Some(f) = start(
+        kind,
+        with(IdempotencyConfig::default().require_key(idem_http::KeyRequirement::Always)),
+    )
+    .await
+    else {
+        return;
+    };
     let missing = f.client.post("/payments").json(&json!({})).send().await;
     let detail = missing.problem(StatusCode::BAD_REQUEST);
     assert!(detail.contains("Idempotency-Key"), "{detail}");
@@ -177,20 +214,28 @@ async fn a_missing_key_is_400_where_required_and_other_methods_pass() {
     assert_eq!(put.body, "as is");
     assert_eq!(f.upstream.effects(), 0);
 
-    let f = start(with(
-        IdempotencyConfig::default()
-            .mode(Mode::Stripe)
-            .require_key(idem_http::KeyRequirement::Always),
-    ))
-    .await;
+    let Some(f) = start(
+        kind,
+        with(
+            IdempotencyConfig::default()
+                .mode(Mode::Stripe)
+                .require_key(idem_http::KeyRequirement::Always),
+        ),
+    )
+    .await
+    else {
+        return;
+    };
     let missing = f.client.post("/payments").send().await;
     missing.stripe_error(StatusCode::BAD_REQUEST, "idempotency_error");
     assert_eq!(f.upstream.calls(), 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn malformed_keys_are_400_and_never_forwarded() {
-    let f = start(Options::default()).await;
+on_each_store!(malformed_keys_are_400_and_never_forwarded);
+async fn malformed_keys_are_400_and_never_forwarded(kind: StoreKind) {
+    let Some(f) = start(kind, Options::default()).await else {
+        return;
+    };
     let long = "k".repeat(256);
     let malformed: [&[u8]; 4] = [b"\"\"", long.as_bytes(), b"\"a\tb\"", b"\"caf\xc3\xa9\""];
     for key in malformed {
@@ -216,9 +261,11 @@ async fn malformed_keys_are_400_and_never_forwarded() {
     assert_eq!(f.upstream.calls(), 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn bodies_over_the_limit_are_413_and_never_forwarded() {
-    let f = start(with(IdempotencyConfig::default().body_limit(1024))).await;
+on_each_store!(bodies_over_the_limit_are_413_and_never_forwarded);
+async fn bodies_over_the_limit_are_413_and_never_forwarded(kind: StoreKind) {
+    let Some(f) = start(kind, with(IdempotencyConfig::default().body_limit(1024))).await else {
+        return;
+    };
     let declared = f
         .client
         .post("/payments")
@@ -248,9 +295,11 @@ async fn bodies_over_the_limit_are_413_and_never_forwarded() {
     assert_eq!(fits.status, StatusCode::CREATED);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn two_principals_with_one_key_get_two_effects_and_no_cross_replay() {
-    let f = start(Options::default()).await;
+on_each_store!(two_principals_with_one_key_get_two_effects_and_no_cross_replay);
+async fn two_principals_with_one_key_get_two_effects_and_no_cross_replay(kind: StoreKind) {
+    let Some(f) = start(kind, Options::default()).await else {
+        return;
+    };
     let body = json!({ "amount": 3 });
     let alice = f
         .client
@@ -284,9 +333,11 @@ async fn two_principals_with_one_key_get_two_effects_and_no_cross_replay() {
     assert_eq!(f.upstream.effects(), 2);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn an_upstream_5xx_releases_the_key_and_the_retry_is_forwarded() {
-    let f = start(Options::default()).await;
+on_each_store!(an_upstream_5xx_releases_the_key_and_the_retry_is_forwarded);
+async fn an_upstream_5xx_releases_the_key_and_the_retry_is_forwarded(kind: StoreKind) {
+    let Some(f) = start(kind, Options::default()).await else {
+        return;
+    };
     let first = f.client.post("/flaky").key("f-1").send().await;
     assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE);
     assert!(!first.replayed());
@@ -299,15 +350,23 @@ async fn an_upstream_5xx_releases_the_key_and_the_retry_is_forwarded() {
     assert_eq!(f.upstream.effects(), 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn an_upstream_timeout_is_504_outcome_unknown_then_forwarded_again_after_the_lease() {
+on_each_store!(an_upstream_timeout_is_504_outcome_unknown_then_forwarded_again_after_the_lease);
+async fn an_upstream_timeout_is_504_outcome_unknown_then_forwarded_again_after_the_lease(
+    kind: StoreKind,
+) {
     let lease = Duration::from_secs(60);
-    let f = start(Options {
-        idempotency: IdempotencyConfig::default().lease(lease),
-        upstream_timeout: Duration::from_millis(300),
-        ..Options::default()
-    })
-    .await;
+    let Some(f) = start(
+        kind,
+        Options {
+            idempotency: IdempotencyConfig::default().lease(lease),
+            upstream_timeout: Duration::from_millis(300),
+            ..Options::default()
+        },
+    )
+    .await
+    else {
+        return;
+    };
     let timed_out = f.client.post("/hang").key("t-1").send().await;
     let detail = timed_out.problem(StatusCode::GATEWAY_TIMEOUT);
     assert!(detail.contains("unknown"), "{detail}");
@@ -341,12 +400,17 @@ async fn an_upstream_timeout_is_504_outcome_unknown_then_forwarded_again_after_t
     f.upstream.open_gate(1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_short_real_lease_ends_and_the_retry_is_forwarded_again() {
+on_each_store!(a_short_real_lease_ends_and_the_retry_is_forwarded_again);
+async fn a_short_real_lease_ends_and_the_retry_is_forwarded_again(kind: StoreKind) {
     // The same boundary on the wall clock, with a 300 ms lease.
     let dir = tempfile::tempdir().unwrap();
     let idempotency = IdempotencyConfig::default().lease(Duration::from_millis(300));
-    let store = embedded(dir.path(), &idempotency, Arc::new(SystemClock)).await;
+    let Some(store) = kind
+        .open(dir.path(), &idempotency, Arc::new(SystemClock))
+        .await
+    else {
+        return;
+    };
     let upstream = Upstream::default();
     let server = upstream.start().await;
     let options = Options {
@@ -369,12 +433,17 @@ async fn a_short_real_lease_ends_and_the_retry_is_forwarded_again() {
     upstream.open_gate(1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_connection_reset_after_sending_is_502_and_keeps_the_claim() {
+on_each_store!(a_connection_reset_after_sending_is_502_and_keeps_the_claim);
+async fn a_connection_reset_after_sending_is_502_and_keeps_the_claim(kind: StoreKind) {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::starting_now();
     let idempotency = IdempotencyConfig::default();
-    let store = embedded(dir.path(), &idempotency, Arc::new(clock.clone())).await;
+    let Some(store) = kind
+        .open(dir.path(), &idempotency, Arc::new(clock.clone()))
+        .await
+    else {
+        return;
+    };
     let hangup = Hangup::start().await;
     let gateway = Gateway::start(hangup.addr, store, with(idempotency)).await;
     let client = gateway.client();
@@ -400,11 +469,16 @@ async fn a_connection_reset_after_sending_is_502_and_keeps_the_claim() {
     assert!(unkeyed.header("retry-after").is_none());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn an_unreachable_upstream_is_502_and_releases_the_key() {
+on_each_store!(an_unreachable_upstream_is_502_and_releases_the_key);
+async fn an_unreachable_upstream_is_502_and_releases_the_key(kind: StoreKind) {
     let dir = tempfile::tempdir().unwrap();
     let idempotency = IdempotencyConfig::default();
-    let store = embedded(dir.path(), &idempotency, Arc::new(SystemClock)).await;
+    let Some(store) = kind
+        .open(dir.path(), &idempotency, Arc::new(SystemClock))
+        .await
+    else {
+        return;
+    };
     // A port nobody listens on: bind one, then let it go.
     let closed = {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -420,9 +494,11 @@ async fn an_unreachable_upstream_is_502_and_releases_the_key() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn hop_by_hop_headers_are_stripped_both_ways_and_the_key_is_forwarded() {
-    let f = start(Options::default()).await;
+on_each_store!(hop_by_hop_headers_are_stripped_both_ways_and_the_key_is_forwarded);
+async fn hop_by_hop_headers_are_stripped_both_ways_and_the_key_is_forwarded(kind: StoreKind) {
+    let Some(f) = start(kind, Options::default()).await else {
+        return;
+    };
     let reply = f
         .client
         .post("/payments")
@@ -474,9 +550,11 @@ async fn hop_by_hop_headers_are_stripped_both_ways_and_the_key_is_forwarded() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn requests_without_a_key_stream_through_untouched() {
-    let f = start(with(IdempotencyConfig::default().body_limit(1024))).await;
+on_each_store!(requests_without_a_key_stream_through_untouched);
+async fn requests_without_a_key_stream_through_untouched(kind: StoreKind) {
+    let Some(f) = start(kind, with(IdempotencyConfig::default().body_limit(1024))).await else {
+        return;
+    };
     // Far over the keyed body limit, sent in chunks with no Content-Length.
     let chunks: Vec<Bytes> = (0..64u8)
         .map(|i| Bytes::from(vec![b'a' + i % 26; 16 * 1024]))
@@ -492,13 +570,19 @@ async fn requests_without_a_key_stream_through_untouched() {
     assert_eq!(f.upstream.effects(), 2);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_admin_listener_serves_metrics_and_health() {
-    let f = start(Options {
-        admin: true,
-        ..Options::default()
-    })
-    .await;
+on_each_store!(the_admin_listener_serves_metrics_and_health);
+async fn the_admin_listener_serves_metrics_and_health(kind: StoreKind) {
+    let Some(f) = start(
+        kind,
+        Options {
+            admin: true,
+            ..Options::default()
+        },
+    )
+    .await
+    else {
+        return;
+    };
     let body = json!({ "amount": 1 });
     f.client
         .post("/payments")
@@ -571,9 +655,13 @@ async fn the_admin_listener_serves_metrics_and_health() {
     assert!(records >= 1.0, "{text}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_graceful_shutdown_lets_requests_in_flight_finish_and_store_their_answers() {
-    let mut f = start(Options::default()).await;
+on_each_store!(a_graceful_shutdown_lets_requests_in_flight_finish_and_store_their_answers);
+async fn a_graceful_shutdown_lets_requests_in_flight_finish_and_store_their_answers(
+    kind: StoreKind,
+) {
+    let Some(mut f) = start(kind, Options::default()).await else {
+        return;
+    };
     let client = f.client.clone();
     let in_flight = tokio::spawn(async move { client.post("/slow").key("s-1").send().await });
     while f.upstream.calls() == 0 {
@@ -616,7 +704,34 @@ async fn two_gateways_sharing_postgres_apply_concurrent_duplicates_once() {
     let Some(db) = common::pg::PgDatabase::create().await else {
         return;
     };
-    let location: idem::StoreLocation = db.url.parse().unwrap();
+    two_gateways_sharing_one_store_apply_concurrent_duplicates_once(db.url.parse().unwrap()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_gateways_sharing_redis_apply_concurrent_duplicates_once() {
+    if !idem_testkit::redis::machine_redis_answers() {
+        return;
+    }
+    // Keys unique to this run: the store's prefix is the default one.
+    let location = idem::StoreLocation::Redis(idem_testkit::redis::redis_url());
+    two_gateways_sharing_one_store_apply_concurrent_duplicates_once(location).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_gateways_sharing_a_redis_cluster_apply_concurrent_duplicates_once() {
+    if !idem_testkit::redis::machine_cluster_answers() {
+        return;
+    }
+    let location = idem::StoreLocation::Redis(idem_testkit::redis::redis_cluster_url());
+    two_gateways_sharing_one_store_apply_concurrent_duplicates_once(location).await;
+}
+
+/// Two gateways on one shared store: of 32 concurrent requests with one key,
+/// split between them, one reaches the upstream; both replay its answer.
+async fn two_gateways_sharing_one_store_apply_concurrent_duplicates_once(
+    location: idem::StoreLocation,
+) {
+    let run = idem_testkit::redis::test_prefix("two-gateways");
     let upstream = Upstream::default();
     let server = upstream.start().await;
     let idempotency = IdempotencyConfig::default();
@@ -628,12 +743,12 @@ async fn two_gateways_sharing_postgres_apply_concurrent_duplicates_once() {
             Arc::new(SystemClock),
         )
         .await
-        .expect("open the PostgreSQL store");
+        .expect("open the shared store");
         gateways.push(Gateway::start(server.addr, store, with(idempotency.clone())).await);
     }
     let body = json!({ "amount": 7 });
     for round in 0..4 {
-        let key = format!("pg-{round}");
+        let key = format!("{run}{round}");
         let mut calls = JoinSet::new();
         for i in 0..32 {
             let client = gateways[i % 2].client();
@@ -690,14 +805,20 @@ fn counter(text: &str, name: &str, labels: &str) -> Option<f64> {
     })
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn duplicates_and_conflicts_are_counted_per_route() {
-    let f = start(Options {
-        admin: true,
-        routes: vec!["/orders/{id}".to_owned(), "/slow".to_owned()],
-        ..Options::default()
-    })
-    .await;
+on_each_store!(duplicates_and_conflicts_are_counted_per_route);
+async fn duplicates_and_conflicts_are_counted_per_route(kind: StoreKind) {
+    let Some(f) = start(
+        kind,
+        Options {
+            admin: true,
+            routes: vec!["/orders/{id}".to_owned(), "/slow".to_owned()],
+            ..Options::default()
+        },
+    )
+    .await
+    else {
+        return;
+    };
     // Two requests held by the upstream; their concurrent duplicates conflict.
     let mut held = JoinSet::new();
     for key in ["held-1", "held-2"] {
@@ -784,14 +905,20 @@ async fn duplicates_and_conflicts_are_counted_per_route() {
     assert!(!text.contains("/orders/1"), "{text}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn past_the_limit_in_flight_requests_are_shed_at_once_with_retry_after() {
-    let f = start(Options {
-        admin: true,
-        max_in_flight: Some(2),
-        ..Options::default()
-    })
-    .await;
+on_each_store!(past_the_limit_in_flight_requests_are_shed_at_once_with_retry_after);
+async fn past_the_limit_in_flight_requests_are_shed_at_once_with_retry_after(kind: StoreKind) {
+    let Some(f) = start(
+        kind,
+        Options {
+            admin: true,
+            max_in_flight: Some(2),
+            ..Options::default()
+        },
+    )
+    .await
+    else {
+        return;
+    };
     // Two requests admitted and held by the upstream...
     let mut admitted = JoinSet::new();
     for i in 0..2 {
@@ -901,19 +1028,25 @@ impl idem_retry::Timer for HeldTimer {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_retrying_client_waits_out_a_shed_answer_and_its_retry_runs_once() {
+on_each_store!(a_retrying_client_waits_out_a_shed_answer_and_its_retry_runs_once);
+async fn a_retrying_client_waits_out_a_shed_answer_and_its_retry_runs_once(kind: StoreKind) {
     use http_body_util::Full;
     use hyper_util::client::legacy::Client as HyperClient;
     use hyper_util::rt::TokioExecutor;
     use idem_retry::{HttpRetryLayer, HttpRetryPolicy, RetryBudget, RetryConfig};
     use tower::{Layer, Service, ServiceExt};
 
-    let f = start(Options {
-        max_in_flight: Some(1),
-        ..Options::default()
-    })
-    .await;
+    let Some(f) = start(
+        kind,
+        Options {
+            max_in_flight: Some(1),
+            ..Options::default()
+        },
+    )
+    .await
+    else {
+        return;
+    };
     let client = f.client.clone();
     let held = tokio::spawn(async move { client.post("/slow").key("held").send().await });
     while f.upstream.calls() < 1 {
@@ -951,13 +1084,15 @@ async fn a_retrying_client_waits_out_a_shed_answer_and_its_retry_runs_once() {
     assert_eq!(timer.slept.lock().unwrap().len(), 1, "one retry");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn one_port_serves_http2_and_http1_clients_alike() {
+on_each_store!(one_port_serves_http2_and_http1_clients_alike);
+async fn one_port_serves_http2_and_http1_clients_alike(kind: StoreKind) {
     use http_body_util::{BodyExt, Full};
     use hyper_util::client::legacy::Client as HyperClient;
     use hyper_util::rt::TokioExecutor;
 
-    let f = start(Options::default()).await;
+    let Some(f) = start(kind, Options::default()).await else {
+        return;
+    };
     // Prior-knowledge HTTP/2 without TLS (h2c), as gRPC clients speak it.
     let h2 = HyperClient::builder(TokioExecutor::new())
         .http2_only(true)

@@ -1,5 +1,6 @@
 //! The layer over real sockets, in front of an inner axum service that counts
-//! its effects, with the embedded SQLite store keeping the records.
+//! its effects, with the embedded SQLite store keeping the records (and, in
+//! one case, Redis).
 
 mod common;
 
@@ -638,5 +639,70 @@ async fn a_load_shed_layer_answers_503_past_its_limit_and_admits_again_when_a_pl
         .await;
     assert_eq!(retried.status, StatusCode::CREATED);
     assert!(!retried.replayed());
+    assert_eq!(upstream.effects(), 2);
+}
+
+/// The layer over a `RedisStore` itself (the layer takes any `LeaseStore`):
+/// a keyed POST runs once and its duplicate is replayed byte for byte; a
+/// concurrent duplicate of a slow request is answered 409 while it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_layer_over_a_redis_store_runs_a_keyed_request_once() {
+    if !idem_testkit::redis::machine_redis_answers() {
+        return;
+    }
+    let config = IdempotencyConfig::default();
+    let store = idem::RedisStore::builder(idem_testkit::redis::redis_url())
+        .settings(config.store_settings())
+        .prefix(idem_testkit::redis::test_prefix("layer"))
+        .connect()
+        .await
+        .expect("connect the Redis store");
+    let upstream = Upstream::default();
+    let app = Router::new()
+        .route("/payments", post(pay))
+        .route("/slow", post(slow))
+        .layer(IdempotencyLayer::new(store, config))
+        .with_state(upstream.clone());
+    let server = Server::start(app).await;
+    let client = server.client();
+    let body = json!({ "amount": 5 });
+    let first = client
+        .post("/payments")
+        .key("pay-1")
+        .json(&body)
+        .send()
+        .await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let again = client
+        .post("/payments")
+        .key("pay-1")
+        .json(&body)
+        .send()
+        .await;
+    assert!(again.replayed());
+    assert_eq!(again.body, first.body);
+    assert_eq!(upstream.effects(), 1);
+
+    let slow_client = client.clone();
+    let running = tokio::spawn(async move {
+        slow_client
+            .post("/slow")
+            .key("slow-1")
+            .json(&json!({}))
+            .send()
+            .await
+    });
+    while upstream.effects() < 2 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let duplicate = client
+        .post("/slow")
+        .key("slow-1")
+        .json(&json!({}))
+        .send()
+        .await;
+    assert_eq!(duplicate.status, StatusCode::CONFLICT);
+    upstream.gate.add_permits(1);
+    assert_eq!(running.await.unwrap().status, StatusCode::CREATED);
     assert_eq!(upstream.effects(), 2);
 }

@@ -152,3 +152,8 @@ mod claim_first {
 mod replay_first {
     idem_testkit::conformance_suite!(super::Postgres<true>);
 }
+
+/// The leased-mode rows alone, as a store without an atomic mode runs them.
+mod leased {
+    idem_testkit::leased_conformance_suite!(super::Postgres<false>);
+}

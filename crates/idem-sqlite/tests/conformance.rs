@@ -131,3 +131,8 @@ impl Harness for Sqlite {
 }
 
 idem_testkit::conformance_suite!(Sqlite);
+
+/// The leased-mode rows alone, as a store without an atomic mode runs them.
+mod leased {
+    idem_testkit::leased_conformance_suite!(super::Sqlite);
+}

@@ -19,7 +19,7 @@ use crate::harness::{Effect, Gate, Harness, RETRYABLE_FAILURE, counter_outcome, 
 
 pub use crate::harness::op;
 
-fn lease<H: Harness>(h: &H) -> Duration {
+fn lease<H>(h: &H) -> Duration {
     let _ = h;
     idem_core::DEFAULT_LEASE
 }
@@ -201,7 +201,7 @@ pub async fn terminal_failure_is_stored_and_replayed<H: Harness>(h: H) {
 
 /// Leased mode: claim, complete, then duplicates replay; a duplicate during
 /// the claim is answered `InFlight`.
-pub async fn leased_claim_complete_replay<H: Harness>(h: H) {
+pub async fn leased_claim_complete_replay<H: crate::leased::LeasedHarness>(h: H) {
     let mail = op("emails", "welcome-1", "welcome");
     let s = h.store();
     let Claimed::Fresh(claim) = s
@@ -323,7 +323,7 @@ pub async fn atomic_apply_takes_over_an_expired_claim<H: Harness>(h: H) {
 }
 
 /// Renewal keeps a long effect's claim; the lease then ends from the renewal.
-pub async fn renewal_extends_the_lease<H: Harness>(h: H) {
+pub async fn renewal_extends_the_lease<H: crate::leased::LeasedHarness>(h: H) {
     let job = op("jobs", "long", "report");
     let s = h.store();
     let Claimed::Fresh(claim) = s
@@ -355,7 +355,7 @@ pub async fn renewal_extends_the_lease<H: Harness>(h: H) {
 
 /// Release gives the key back at once; the next claim has a greater token, so
 /// the released token can never complete.
-pub async fn release_lets_the_next_retry_run_at_once<H: Harness>(h: H) {
+pub async fn release_lets_the_next_retry_run_at_once<H: crate::leased::LeasedHarness>(h: H) {
     let job = op("jobs", "j-3", "x");
     let s = h.store();
     let Claimed::Fresh(first) = s
@@ -647,7 +647,9 @@ pub async fn expired_records_are_replaced_with_a_greater_token<H: Harness>(h: H)
 /// A worker that stalls past its key's whole window, while the sweeper
 /// deletes the record and another worker claims the key anew, stays fenced:
 /// the new window's tokens start above every token of the old one.
-pub async fn a_worker_stalled_past_a_swept_window_stays_fenced<H: Harness>(h: H) {
+pub async fn a_worker_stalled_past_a_swept_window_stays_fenced<H: crate::leased::LeasedHarness>(
+    h: H,
+) {
     let pay = op("payments", "p-swept", "v1");
     let s = h.store();
     let Claimed::Fresh(stalled) = s

@@ -3,6 +3,7 @@
 //! Modules:
 //! - [`harness`]: the seam a store implements to run the conformance suite;
 //! - [`conformance`]: the suite itself, one async function per case;
+//! - [`leased`]: the rows of leased mode alone, for stores without an atomic mode;
 //! - [`crash`]: crash tests with real processes that abort at `idem_core::crash`'s points;
 //! - [`faultproxy`]: a TCP proxy that cuts, holds or slows a client's connections;
 //! - [`migrations`]: rows of earlier outbox, dead-letter and attempt tables read back after migrating;
@@ -10,6 +11,7 @@
 //! - [`errors`]: an application's error wrapping a driver's, for error classification tests;
 //! - [`deliveries`]: at-least-once delivery simulated (duplicates, shuffles);
 //! - [`postgres`]: a fresh PostgreSQL database per test;
+//! - [`redis`]: the machine's Redis, a private `redis-server` a test restarts, a Redis Cluster;
 //! - [`services`]: whether a missing database fails or skips a test;
 //! - [`tls_postgres`]: a throwaway PostgreSQL that requires TLS and a password;
 //! - [`tls`]: a throwaway CA and the certificates it signs;
@@ -30,10 +32,12 @@ pub mod errors;
 pub mod faultproxy;
 pub mod fencing;
 pub mod harness;
+pub mod leased;
 pub mod migrations;
 pub mod nats;
 pub mod postgres;
 pub mod rabbitmq;
+pub mod redis;
 pub mod services;
 #[cfg(feature = "spans")]
 pub mod spans;
@@ -42,6 +46,43 @@ pub mod tls_postgres;
 pub mod tlsproxy;
 
 pub use harness::{Effect, Gate, GateControl, Harness, TxOf};
+pub use leased::LeasedHarness;
+
+/// Expands to one test per leased-mode conformance case for the given
+/// [`LeasedHarness`] type: the rows a store without an atomic mode runs.
+#[macro_export]
+macro_rules! leased_conformance_suite {
+    ($harness:ty) => {
+        $crate::leased_conformance_suite!(@cases $harness; leased;
+            fresh_key_runs_once_and_duplicates_replay,
+            scopes_are_separate_leased,
+            key_reuse_is_refused_in_every_state,
+            concurrent_duplicate_is_answered_in_flight,
+            sixty_four_concurrent_claims_have_one_winner,
+            retryable_failure_releases_the_key,
+            terminal_failure_is_stored_and_replayed_leased,
+            takeover_fences_the_zombie,
+            the_window_counts_from_the_first_claim_leased,
+            retention_is_enforced_by_bounded_sweeps_leased,
+            records_can_be_listed_and_shown_leased,
+            tokens_never_go_back_across_sweeps,
+        );
+        $crate::leased_conformance_suite!(@cases $harness; conformance;
+            leased_claim_complete_replay,
+            renewal_extends_the_lease,
+            release_lets_the_next_retry_run_at_once,
+            a_worker_stalled_past_a_swept_window_stays_fenced,
+        );
+    };
+    (@cases $harness:ty; $module:ident; $($case:ident),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn $case() {
+            if let Some(h) = <$harness as $crate::LeasedHarness>::fresh().await {
+                $crate::$module::$case(h).await;
+            }
+        }
+    )*};
+}
 
 /// Expands to one test per conformance case for the given [`Harness`] type,
 /// plus the crash tests and the child they spawn. Use it at the top level of

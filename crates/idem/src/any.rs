@@ -41,7 +41,14 @@ use idem_core::{
 
 use crate::StoreLocation;
 
-/// Either store, behind the shared traits.
+/// Any store, behind the shared traits.
+///
+/// Every store offers leased mode ([`LeaseStore`]), inspection
+/// ([`RecordStore`]), failed attempts and dead letters. Atomic mode
+/// ([`AtomicStore`]), the outbox and fencing leases ([`FenceStore`]) write
+/// in the effect's own database, so only SQLite and PostgreSQL offer them: on a
+/// Redis store those calls fail with an [`ErrorKind::Config`] error saying
+/// so (check with [`AnyStore::require_atomic_mode`] before starting).
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum AnyStore {
@@ -51,6 +58,9 @@ pub enum AnyStore {
     /// The PostgreSQL store.
     #[cfg(feature = "postgres")]
     Postgres(idem_postgres::PgStore),
+    /// The Redis store (one node or a cluster): leased mode only.
+    #[cfg(feature = "redis")]
+    Redis(idem_redis::RedisStore),
 }
 
 impl AnyStore {
@@ -83,6 +93,14 @@ impl AnyStore {
                     .connect()
                     .await?,
             )),
+            #[cfg(feature = "redis")]
+            StoreLocation::Redis(url) => Ok(Self::Redis(
+                idem_redis::RedisStore::builder(url.clone())
+                    .settings(settings)
+                    .clock(clock)
+                    .connect()
+                    .await?,
+            )),
             #[allow(unreachable_patterns)]
             other => Err(idem_core::StoreError::new(
                 idem_core::ErrorKind::Config,
@@ -91,6 +109,39 @@ impl AnyStore {
             .into()),
         }
     }
+
+    /// Whether this store offers atomic mode, the outbox and fencing
+    /// leases: SQLite and PostgreSQL do, Redis does not.
+    pub fn offers_atomic_mode(&self) -> bool {
+        match self {
+            #[cfg(feature = "redis")]
+            Self::Redis(_) => false,
+            #[allow(unreachable_patterns)]
+            _ => true,
+        }
+    }
+
+    /// `Ok` when this store offers atomic mode; otherwise an
+    /// [`ErrorKind::Config`] error saying that `what` (for example "idem
+    /// relay") needs SQLite or PostgreSQL, and why.
+    pub fn require_atomic_mode(&self, what: &str) -> Result<(), Error> {
+        if self.offers_atomic_mode() {
+            Ok(())
+        } else {
+            Err(not_in_redis(what))
+        }
+    }
+}
+
+/// The refusal of a call that needs the effect's own database.
+fn not_in_redis(what: &str) -> Error {
+    idem_core::StoreError::new(
+        ErrorKind::Config,
+        format!(
+            "{what} needs atomic mode, where the effect and its record commit in one transaction of the store's database; a Redis store holds the records only, not the effect, so use a sqlite:// or postgres:// store for it (Redis serves leased mode: idem serve, idem forward, LeaseStore)"
+        ),
+    )
+    .into()
 }
 
 macro_rules! each_store {
@@ -100,6 +151,34 @@ macro_rules! each_store {
             AnyStore::Sqlite($store) => $body,
             #[cfg(feature = "postgres")]
             AnyStore::Postgres($store) => $body,
+            #[cfg(feature = "redis")]
+            AnyStore::Redis($store) => $body,
+        }
+    };
+}
+
+/// Like `each_store!` for the calls only SQLite and PostgreSQL offer: on
+/// Redis, `Err` with the refusal for `$what`, turned into the call's error
+/// type.
+macro_rules! sql_store {
+    ($self:ident, $what:expr, $store:ident => $body:expr) => {
+        match $self {
+            #[cfg(feature = "sqlite")]
+            AnyStore::Sqlite($store) => $body,
+            #[cfg(feature = "postgres")]
+            AnyStore::Postgres($store) => $body,
+            #[cfg(feature = "redis")]
+            AnyStore::Redis(_) => Err(not_in_redis($what).into()),
+        }
+    };
+    ($self:ident, $store:ident => $body:expr, on Redis $redis:ident => $other:expr) => {
+        match $self {
+            #[cfg(feature = "sqlite")]
+            AnyStore::Sqlite($store) => $body,
+            #[cfg(feature = "postgres")]
+            AnyStore::Postgres($store) => $body,
+            #[cfg(feature = "redis")]
+            AnyStore::Redis($redis) => $other,
         }
     };
 }
@@ -221,7 +300,7 @@ impl AtomicStore for AnyStore {
         F: AtomicEffect<dyn AnyTx, Outcome, E>,
         E: Send + 'static,
     {
-        each_store!(self, s => s.apply(scope, key, fingerprint, on(effect)).await)
+        sql_store!(self, "atomic mode (the effect and its record in one transaction)", s => s.apply(scope, key, fingerprint, on(effect)).await)
     }
 
     async fn apply_replay_first<F, E>(
@@ -235,7 +314,7 @@ impl AtomicStore for AnyStore {
         F: AtomicEffect<dyn AnyTx, Outcome, E>,
         E: Send + 'static,
     {
-        each_store!(self, s => s.apply_replay_first(scope, key, fingerprint, on(effect)).await)
+        sql_store!(self, "atomic mode (the effect and its record in one transaction)", s => s.apply_replay_first(scope, key, fingerprint, on(effect)).await)
     }
 
     async fn apply_batch<G, F, E>(&self, ops: &[Operation], mut effect_for: G) -> BatchApplied<E>
@@ -244,7 +323,7 @@ impl AtomicStore for AnyStore {
         F: AtomicEffect<dyn AnyTx, Outcome, E>,
         E: Send + 'static,
     {
-        each_store!(self, s => s.apply_batch(ops, move |i| on(effect_for(i))).await)
+        sql_store!(self, "atomic mode (the effect and its record in one transaction)", s => s.apply_batch(ops, move |i| on(effect_for(i))).await)
     }
 
     async fn apply_set<G, F, E>(&self, ops: &[Operation], effect_for: G) -> SetApplied<E>
@@ -253,7 +332,7 @@ impl AtomicStore for AnyStore {
         F: AtomicEffect<dyn AnyTx, Vec<Outcome>, E>,
         E: Send + 'static,
     {
-        each_store!(self, s => s.apply_set(ops, move |new| on(effect_for(new))).await)
+        sql_store!(self, "atomic mode (the effect and its record in one transaction)", s => s.apply_set(ops, move |new| on(effect_for(new))).await)
     }
 
     async fn complete_with<F, E>(&self, claim: &Claim, effect: F) -> Result<Outcome, ApplyError<E>>
@@ -261,7 +340,7 @@ impl AtomicStore for AnyStore {
         F: AtomicEffect<dyn AnyTx, Outcome, E>,
         E: Send + 'static,
     {
-        each_store!(self, s => s.complete_with(claim, on(effect)).await)
+        sql_store!(self, "atomic mode (the effect and its record in one transaction)", s => s.complete_with(claim, on(effect)).await)
     }
 
     async fn transaction<F, T, E>(&self, effect: F) -> Result<T, ApplyError<E>>
@@ -270,25 +349,25 @@ impl AtomicStore for AnyStore {
         T: Send + 'static,
         E: Send + 'static,
     {
-        each_store!(self, s => s.transaction(on(effect)).await)
+        sql_store!(self, "atomic mode (the effect and its record in one transaction)", s => s.transaction(on(effect)).await)
     }
 
     fn effect_error_kind(&self, error: &(dyn std::error::Error + 'static)) -> Option<ErrorKind> {
-        each_store!(self, s => s.effect_error_kind(error))
+        sql_store!(self, s => s.effect_error_kind(error), on Redis _r => None)
     }
 }
 
 impl FenceStore for AnyStore {
     async fn acquire(&self, resource: &Resource, ttl: Duration) -> Result<Lease, Error> {
-        each_store!(self, s => s.acquire(resource, ttl).await)
+        sql_store!(self, "a fencing lease on a resource", s => s.acquire(resource, ttl).await)
     }
 
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Lease, Error> {
-        each_store!(self, s => FenceStore::renew(s, lease, ttl).await)
+        sql_store!(self, "a fencing lease on a resource", s => FenceStore::renew(s, lease, ttl).await)
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), Error> {
-        each_store!(self, s => FenceStore::release(s, lease).await)
+        sql_store!(self, "a fencing lease on a resource", s => FenceStore::release(s, lease).await)
     }
 }
 
@@ -296,11 +375,11 @@ impl FenceStore for AnyStore {
 
 impl idem_core::OutboxStore for AnyStore {
     fn outbox_clock(&self) -> SharedClock {
-        each_store!(self, s => s.outbox_clock())
+        sql_store!(self, s => s.outbox_clock(), on Redis r => r.clock().clone())
     }
 
     async fn enqueue_now(&self, message: &idem_core::OutboxMessage) -> Result<i64, Error> {
-        each_store!(self, s => s.enqueue_now(message).await)
+        sql_store!(self, "the transactional outbox", s => s.enqueue_now(message).await)
     }
 
     async fn claim_outbox(
@@ -311,11 +390,11 @@ impl idem_core::OutboxStore for AnyStore {
         limit: usize,
         with_default: bool,
     ) -> Result<Vec<idem_core::Pending>, Error> {
-        each_store!(self, s => s.claim_outbox(owner, now, lease, limit, with_default).await)
+        sql_store!(self, "the transactional outbox", s => s.claim_outbox(owner, now, lease, limit, with_default).await)
     }
 
     async fn mark_sent(&self, ids: &[i64], now: idem_core::Timestamp) -> Result<u64, Error> {
-        each_store!(self, s => s.mark_sent(ids, now).await)
+        sql_store!(self, "the transactional outbox", s => s.mark_sent(ids, now).await)
     }
 
     async fn retry_later(
@@ -326,7 +405,7 @@ impl idem_core::OutboxStore for AnyStore {
         due: idem_core::Timestamp,
         error: &str,
     ) -> Result<bool, Error> {
-        each_store!(self, s => s.retry_later(id, owner, attempts, due, error).await)
+        sql_store!(self, "the transactional outbox", s => s.retry_later(id, owner, attempts, due, error).await)
     }
 
     async fn bury(
@@ -336,19 +415,19 @@ impl idem_core::OutboxStore for AnyStore {
         letter: &idem_core::NewDeadLetter,
         now: idem_core::Timestamp,
     ) -> Result<Option<i64>, Error> {
-        each_store!(self, s => s.bury(id, owner, letter, now).await)
+        sql_store!(self, "the transactional outbox", s => s.bury(id, owner, letter, now).await)
     }
 
     async fn sweep_sent(&self, before: idem_core::Timestamp, limit: usize) -> Result<u64, Error> {
-        each_store!(self, s => s.sweep_sent(before, limit).await)
+        sql_store!(self, "the transactional outbox", s => s.sweep_sent(before, limit).await)
     }
 
     async fn outbox_stats(&self) -> Result<idem_core::OutboxStats, Error> {
-        each_store!(self, s => s.outbox_stats().await)
+        sql_store!(self, "the transactional outbox", s => s.outbox_stats().await)
     }
 
     async fn wake_ups(&self) -> Result<Option<Box<dyn idem_core::WakeUps>>, Error> {
-        each_store!(self, s => s.wake_ups().await)
+        sql_store!(self, "the transactional outbox", s => s.wake_ups().await)
     }
 }
 

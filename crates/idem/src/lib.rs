@@ -4,10 +4,11 @@
 //! This is the crate applications depend on. It re-exports the protocol types
 //! from `idem-core` (the root: what an application writes) and, by feature, the stores:
 //! - `sqlite` (default): `SqliteStore`, embedded, zero set-up;
-//! - `postgres`: `PgStore`, shared by many processes and machines.
+//! - `postgres`: `PgStore`, shared by many processes and machines;
+//! - `redis`: `RedisStore`, leased mode on Redis (`redis-cluster`: on Redis Cluster too).
 //!
 //! Modules:
-//! - [`StoreLocation`]: `sqlite://PATH` / `postgres://URL` parsing;
+//! - [`StoreLocation`]: `sqlite://PATH` / `postgres://URL` / `redis://HOST:PORT/DB` parsing;
 //! - [`AnyStore`]: a store chosen at run time, behind the shared traits, and
 //!   [`AnyTx`], the connection its atomic effects get;
 //! - [`redact_url`]: a URL with its password and query removed, for logs and errors;
@@ -77,3 +78,6 @@ pub use idem_sqlite::{self as sqlite, SqliteStore, rusqlite};
 
 #[cfg(feature = "postgres")]
 pub use idem_postgres::{self as postgres, PgStore, sqlx};
+
+#[cfg(feature = "redis")]
+pub use idem_redis::{self as redis, Durability, RedisStore};

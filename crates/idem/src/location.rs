@@ -1,4 +1,5 @@
-//! Where a store lives, written as a URL: `sqlite://PATH` or `postgres://...`.
+//! Where a store lives, written as a URL: `sqlite://PATH`, `postgres://...`,
+//! `redis://HOST:PORT/DB` or `redis+cluster://HOST:PORT,HOST:PORT`.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -14,6 +15,18 @@ pub enum StoreLocation {
     Sqlite(PathBuf),
     /// A PostgreSQL connection URL (`postgres://user@host:5432/db`).
     Postgres(String),
+    /// A Redis URL, one node (`redis://[USER:PASSWORD@]HOST:PORT/DB`) or a
+    /// cluster (`redis+cluster://HOST:PORT,HOST:PORT`): leased mode only.
+    Redis(String),
+}
+
+impl StoreLocation {
+    /// Whether the store here offers atomic mode (the effect and its record
+    /// in one transaction): SQLite and PostgreSQL do; Redis holds records
+    /// only, so an effect cannot commit with them.
+    pub fn offers_atomic_mode(&self) -> bool {
+        !matches!(self, Self::Redis(_))
+    }
 }
 
 /// A store URL that could not be understood.
@@ -22,7 +35,7 @@ pub enum StoreLocation {
 pub enum LocationError {
     /// The URL names a scheme Idem has no store for.
     #[error(
-        "unknown store URL scheme {scheme:?} in {url:?}: use sqlite://PATH for the embedded store or postgres://USER@HOST:PORT/DATABASE"
+        "unknown store URL scheme {scheme:?} in {url:?}: use sqlite://PATH for the embedded store, postgres://USER@HOST:PORT/DATABASE, or redis://HOST:PORT/DB (redis+cluster://HOST:PORT,HOST:PORT for a cluster) for leased mode"
     )]
     UnknownScheme {
         /// The scheme found.
@@ -54,6 +67,22 @@ pub enum LocationError {
         /// The URL as given.
         url: String,
     },
+    /// `redis://` or `redis+cluster://` with no host.
+    #[error(
+        "store URL {url:?} names no Redis host: write redis://HOST:PORT/DB, or redis+cluster://HOST:PORT,HOST:PORT for a cluster"
+    )]
+    NoHost {
+        /// The URL as given, through [`redact_url`].
+        url: String,
+    },
+    /// `rediss://`: TLS to Redis, which the Redis store does not offer.
+    #[error(
+        "store URL {url:?} asks for TLS to Redis (rediss://), which the Redis store does not offer: reach Redis over a trusted network or a TLS tunnel with a redis:// URL"
+    )]
+    RedisTls {
+        /// The URL as given, through [`redact_url`].
+        url: String,
+    },
 }
 
 impl FromStr for StoreLocation {
@@ -74,6 +103,22 @@ impl FromStr for StoreLocation {
             }),
             "sqlite" => Ok(Self::Sqlite(PathBuf::from(rest))),
             "postgres" | "postgresql" => Ok(Self::Postgres(url.to_owned())),
+            "redis" | "redis+cluster"
+                if rest.split(['/', '?']).next().is_none_or(|hosts| {
+                    hosts
+                        .rsplit('@')
+                        .next()
+                        .is_none_or(|h| h.trim_matches(',').is_empty())
+                }) =>
+            {
+                Err(LocationError::NoHost {
+                    url: redact_url(url),
+                })
+            }
+            "redis" | "redis+cluster" => Ok(Self::Redis(url.to_owned())),
+            "rediss" | "rediss+cluster" => Err(LocationError::RedisTls {
+                url: redact_url(url),
+            }),
             _ => Err(LocationError::UnknownScheme {
                 scheme: scheme.to_owned(),
                 url: redact_url(url),
@@ -86,7 +131,7 @@ impl fmt::Display for StoreLocation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Sqlite(path) => write!(f, "sqlite://{}", path.display()),
-            Self::Postgres(url) => f.write_str(&redact_url(url)),
+            Self::Postgres(url) | Self::Redis(url) => f.write_str(&redact_url(url)),
         }
     }
 }
@@ -149,6 +194,35 @@ mod tests {
             assert!(!shown.contains("hunter2"), "{shown}");
             assert!(shown.contains("postgres://USER:PASSWORD@"), "{shown}");
         }
+    }
+
+    #[test]
+    fn parses_redis_and_redis_cluster_urls() {
+        let single: StoreLocation = "redis://:hunter2@cache:6379/2".parse().unwrap();
+        assert_eq!(
+            single,
+            StoreLocation::Redis("redis://:hunter2@cache:6379/2".into())
+        );
+        assert_eq!(single.to_string(), "redis://:***@cache:6379/2");
+        assert!(!single.offers_atomic_mode());
+        let cluster: StoreLocation = "redis+cluster://app:hunter2@a:7000,b:7001".parse().unwrap();
+        assert_eq!(cluster.to_string(), "redis+cluster://app:***@a:7000,b:7001");
+        assert!(format!("{cluster:?}").contains("a:7000,b:7001"));
+        assert!(!format!("{cluster:?}").contains("hunter2"));
+        for empty in ["redis://", "redis+cluster://:pw@", "redis+cluster://,/0"] {
+            let err = empty.parse::<StoreLocation>().unwrap_err();
+            assert!(
+                matches!(err, LocationError::NoHost { .. }),
+                "{empty}: {err}"
+            );
+            assert!(!err.to_string().contains("pw@"), "{err}");
+        }
+        let tls = "rediss://:hunter2@cache:6380"
+            .parse::<StoreLocation>()
+            .unwrap_err();
+        assert!(matches!(tls, LocationError::RedisTls { .. }));
+        assert!(!tls.to_string().contains("hunter2"), "{tls}");
+        assert!(StoreLocation::Sqlite("x.db".into()).offers_atomic_mode());
     }
 
     #[test]

@@ -38,6 +38,9 @@ pub async fn app(location: &StoreLocation) -> anyhow::Result<Router> {
     match location {
         StoreLocation::Sqlite(path) => api_on(SqliteStore::open(path).await?, config).await,
         StoreLocation::Postgres(url) => api_on(PgStore::connect(url).await?, config).await,
+        StoreLocation::Redis(_) => anyhow::bail!(
+            "{location} is a Redis store, which holds records only: the payments API debits in the transaction of its idempotency record (atomic mode), so give it a sqlite:// or postgres:// store"
+        ),
     }
 }
 

@@ -38,14 +38,18 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Keys(KeysCommand::Ls(args)) => keys::list(&open(store).await?, &args).await,
         Command::Keys(KeysCommand::Show(args)) => keys::show(&open(store).await?, &args).await,
         Command::Gc(args) => gc::run(&open(store).await?, &args).await,
-        Command::Demo(args) => demo::run(store.map(parse).transpose()?, &args).await,
-        Command::Bench(command) => idem_bench::run(store.map(parse).transpose()?, &command).await,
+        Command::Demo(args) => demo::run(atomic(store, "idem demo")?, &args).await,
+        Command::Bench(command) => idem_bench::run(atomic(store, "idem bench")?, &command).await,
         Command::Serve(args) => serve::run(store, &args, key_in_spans).await,
         Command::Forward(args) => {
             let opened = open_waiting(store, args.reconnect.reconnect()).await?;
             forward::run(opened, &args, key_in_spans).await
         }
         Command::Relay(args) => {
+            atomic(
+                store,
+                "idem relay (it publishes the outbox rows effects write in their transaction)",
+            )?;
             let opened = open_waiting(store, args.reconnect.reconnect()).await?;
             relay::run(opened, &args, key_in_spans).await
         }
@@ -78,6 +82,19 @@ pub(crate) fn exit_code(error: &anyhow::Error) -> std::process::ExitCode {
 fn parse(url: &str) -> anyhow::Result<StoreLocation> {
     url.parse()
         .with_context(|| "invalid --store (or IDEM_STORE)".to_owned())
+}
+
+/// The `--store` of a command that needs atomic mode (`what` names it and
+/// says why), if given; a Redis store is refused before anything opens.
+fn atomic(store: Option<&str>, what: &str) -> anyhow::Result<Option<StoreLocation>> {
+    let Some(location) = store.map(parse).transpose()? else {
+        return Ok(None);
+    };
+    anyhow::ensure!(
+        location.offers_atomic_mode(),
+        "{what} needs atomic mode, where an effect and its record commit in one transaction of the store's database, and {location} is a Redis store, which holds records only: use a sqlite:// or postgres:// store for it (Redis serves leased mode: idem serve, idem forward)"
+    );
+    Ok(Some(location))
 }
 
 fn location(store: Option<&str>) -> anyhow::Result<StoreLocation> {

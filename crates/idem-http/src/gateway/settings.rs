@@ -697,7 +697,7 @@ impl GatewaySettings {
     pub fn to_toml(&self) -> String {
         let store = match &self.store {
             StoreLocation::Sqlite(path) => format!("sqlite://{}", path.display()),
-            StoreLocation::Postgres(url) => url.clone(),
+            StoreLocation::Postgres(url) | StoreLocation::Redis(url) => url.clone(),
         };
         let mut lines = vec![
             format!("upstream = {}", quoted(&self.upstream.to_string())),
@@ -803,7 +803,7 @@ fn default_spool(store: &StoreLocation) -> PathBuf {
             name.push(".spool");
             PathBuf::from(name)
         }
-        StoreLocation::Postgres(_) => PathBuf::from(DEFAULT_SPOOL),
+        StoreLocation::Postgres(_) | StoreLocation::Redis(_) => PathBuf::from(DEFAULT_SPOOL),
     }
 }
 

@@ -229,6 +229,44 @@ impl Drop for Hangup {
     }
 }
 
+/// A store the gateway's cases run on.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum StoreKind {
+    /// SQLite, in the case's directory.
+    Embedded,
+    /// The machine's Redis, under a key prefix of the case's own.
+    Redis,
+}
+
+impl StoreKind {
+    /// A fresh store of this kind with the config's lease and retention and
+    /// `clock`; `None` (after saying why) when Redis is not reachable and
+    /// services are not required.
+    pub(crate) async fn open(
+        self,
+        dir: &Path,
+        config: &IdempotencyConfig,
+        clock: SharedClock,
+    ) -> Option<AnyStore> {
+        match self {
+            Self::Embedded => Some(embedded(dir, config, clock).await),
+            Self::Redis => {
+                if !idem_testkit::redis::machine_redis_answers() {
+                    return None;
+                }
+                let store = idem::RedisStore::builder(idem_testkit::redis::redis_url())
+                    .settings(config.store_settings())
+                    .clock(clock)
+                    .prefix(idem_testkit::redis::test_prefix("gateway"))
+                    .connect()
+                    .await
+                    .expect("connect the Redis store");
+                Some(AnyStore::Redis(store))
+            }
+        }
+    }
+}
+
 /// The embedded store in `dir`, with the config's lease and retention and `clock`.
 pub(crate) async fn embedded(
     dir: &Path,

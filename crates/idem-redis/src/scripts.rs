@@ -1,0 +1,289 @@
+//! The Lua scripts: every change of a record is one of them, so its read and
+//! its write are one step on the server.
+//!
+//! The claim script carries out the protocol table of
+//! [`idem_core::decide`] on the record it finds, with the application's time
+//! and settings as arguments, and writes what [`idem_core::Plan`] says a
+//! claim writes: the record's window (`created`, `expires`) is kept inside
+//! the window and opened anew past it; a new window's first token is the
+//! larger of the next token and [`FencingToken::first_at`] its start, which
+//! the caller computes and passes in. Tokens stay below 2^53 until the year
+//! 2248, so Lua's numbers hold them exactly; they are written with `%.0f`,
+//! never in exponent form.
+//!
+//! Hash fields: `scope`, `key`, `fp` (the 32 fingerprint bytes), `state`,
+//! `token`, `lease` (empty once released or settled), `kind`, `body`,
+//! `meta` (outcome), `created`, `updated`, `expires`.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use idem_core::{
+    Error, ErrorKind, FencingToken, Fingerprint, IdempotencyKey, Outcome, OutcomeKind, RecordState,
+    Scope, Settings, StoreError, Timestamp,
+};
+use redis::Script;
+
+/// Claims a key, or answers why not.
+///
+/// KEYS: the record. ARGV: scope, key, fingerprint, now, the first token of a
+/// window starting now, lease, retention, longest retry-after (ms).
+static CLAIM: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local f = redis.call('HMGET', KEYS[1], 'fp', 'state', 'token', 'lease', 'kind', 'body', 'meta', 'created', 'expires')
+local now = tonumber(ARGV[4])
+local token = tonumber(ARGV[5])
+local took_over = '0'
+local created = now
+local expires = now + tonumber(ARGV[7])
+if f[2] then
+  if not f[3] or not f[9] then
+    return {'corrupt', 'no token or expiry'}
+  end
+  local stored = tonumber(f[3])
+  if tonumber(f[9]) <= now then
+    token = math.max(stored + 1, token)
+  elseif f[1] ~= ARGV[3] then
+    return {'key_reuse'}
+  elseif f[2] ~= 'in_flight' then
+    if not f[5] then
+      return {'corrupt', 'a settled record without an outcome'}
+    end
+    return {'replay', f[5], f[6] or '', f[7] or '{}'}
+  else
+    if f[4] and f[4] ~= '' then
+      local lease_until = tonumber(f[4])
+      if lease_until > now then
+        return {'in_flight', string.format('%.0f', math.min(lease_until - now, tonumber(ARGV[8])))}
+      end
+      took_over = '1'
+    end
+    token = stored + 1
+    created = tonumber(f[8])
+    expires = tonumber(f[9])
+  end
+end
+local lease_until = now + tonumber(ARGV[6])
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'scope', ARGV[1], 'key', ARGV[2], 'fp', ARGV[3], 'state', 'in_flight',
+  'token', string.format('%.0f', token), 'lease', string.format('%.0f', lease_until),
+  'created', string.format('%.0f', created), 'updated', ARGV[4],
+  'expires', string.format('%.0f', expires))
+redis.call('PEXPIRE', KEYS[1], string.format('%.0f', math.max(expires - now, 1)))
+return {'claimed', string.format('%.0f', token), string.format('%.0f', lease_until), took_over}
+",
+    )
+});
+
+/// Changes a claim if it is still held: in flight with the caller's token.
+///
+/// KEYS: the record. ARGV: token, now, then either `lease` and the new lease
+/// end (empty to release), or `settle`, the state, kind, body and meta.
+static CHANGE_HELD: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local f = redis.call('HMGET', KEYS[1], 'state', 'token')
+if f[1] ~= 'in_flight' or f[2] ~= ARGV[1] then
+  return {'fenced', f[2] or ''}
+end
+if ARGV[3] == 'lease' then
+  redis.call('HSET', KEYS[1], 'lease', ARGV[4], 'updated', ARGV[2])
+else
+  redis.call('HSET', KEYS[1], 'state', ARGV[4], 'kind', ARGV[5], 'body', ARGV[6], 'meta', ARGV[7],
+    'lease', '', 'updated', ARGV[2])
+end
+return {'held'}
+",
+    )
+});
+
+/// Deletes a record if it is past retention by the application's clock.
+///
+/// KEYS: the record. ARGV: now.
+static SWEEP: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local expires = redis.call('HGET', KEYS[1], 'expires')
+if expires and tonumber(expires) <= tonumber(ARGV[1]) then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+",
+    )
+});
+
+/// What the claim script found and did.
+#[derive(Debug)]
+pub(crate) enum ClaimAnswer {
+    Claimed {
+        token: FencingToken,
+        lease_until: Timestamp,
+        took_over: bool,
+    },
+    Replay(Outcome),
+    KeyReuse,
+    InFlight {
+        retry_after: Duration,
+    },
+}
+
+/// The arguments of one claim.
+pub(crate) struct ClaimArgs<'a> {
+    pub(crate) scope: &'a Scope,
+    pub(crate) key: &'a IdempotencyKey,
+    pub(crate) fingerprint: Fingerprint,
+    pub(crate) now: Timestamp,
+    pub(crate) settings: &'a Settings,
+}
+
+/// A change to a held claim.
+pub(crate) enum HeldChange<'a> {
+    /// A new lease end (`None`: released).
+    Lease(Option<Timestamp>),
+    /// The outcome that settles the record.
+    Settle(&'a Outcome),
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn corrupt(record: &str, what: &str) -> Error {
+    StoreError::new(
+        ErrorKind::Corrupt,
+        format!(
+            "the Redis record {record} is not one Idem wrote ({what}); delete it (a new claim then starts the key over) or check what else writes under this key prefix"
+        ),
+    )
+    .into()
+}
+
+fn text(field: &[u8]) -> &str {
+    std::str::from_utf8(field).unwrap_or("")
+}
+
+fn number(record: &str, field: &[u8], what: &str) -> Result<i64, Error> {
+    text(field)
+        .parse()
+        .map_err(|_| corrupt(record, &format!("{what} {:?} is not a number", text(field))))
+}
+
+pub(crate) fn claim_invocation(
+    record: &str,
+    args: &ClaimArgs<'_>,
+) -> redis::ScriptInvocation<'static> {
+    let mut invocation = CLAIM.key(record);
+    invocation
+        .arg(args.scope.as_str())
+        .arg(args.key.as_str())
+        .arg(args.fingerprint.as_bytes().as_slice())
+        .arg(args.now.0)
+        .arg(FencingToken::first_at(args.now).get())
+        .arg(millis(args.settings.lease))
+        .arg(millis(args.settings.retention))
+        .arg(millis(args.settings.in_flight_retry_after));
+    invocation
+}
+
+/// Reads the claim script's answer.
+pub(crate) fn claim_answer(record: &str, reply: Vec<Vec<u8>>) -> Result<ClaimAnswer, Error> {
+    let fields: Vec<&[u8]> = reply.iter().map(Vec::as_slice).collect();
+    match fields.as_slice() {
+        [b"claimed", token, lease_until, took_over] => Ok(ClaimAnswer::Claimed {
+            token: FencingToken::new(number(record, token, "token")?)
+                .ok_or_else(|| corrupt(record, "token is not positive"))?,
+            lease_until: Timestamp(number(record, lease_until, "lease end")?),
+            took_over: *took_over == b"1",
+        }),
+        [b"replay", kind, body, meta] => {
+            Ok(ClaimAnswer::Replay(outcome(record, kind, body, meta)?))
+        }
+        [b"key_reuse"] => Ok(ClaimAnswer::KeyReuse),
+        [b"in_flight", retry_after] => Ok(ClaimAnswer::InFlight {
+            retry_after: Duration::from_millis(
+                u64::try_from(number(record, retry_after, "retry-after")?).unwrap_or(0),
+            ),
+        }),
+        [b"corrupt", what] => Err(corrupt(record, text(what))),
+        _ => Err(corrupt(
+            record,
+            "the claim script answered in an unknown form",
+        )),
+    }
+}
+
+/// The outcome stored in `kind`, `body` and `meta`.
+pub(crate) fn outcome(
+    record: &str,
+    kind: &[u8],
+    body: &[u8],
+    meta: &[u8],
+) -> Result<Outcome, Error> {
+    let kind: OutcomeKind = text(kind)
+        .parse()
+        .map_err(|e| corrupt(record, &format!("{e}")))?;
+    let meta = Outcome::parse_meta(text(meta)).map_err(|e| {
+        corrupt(
+            record,
+            &format!("outcome metadata is not a JSON string map: {e}"),
+        )
+    })?;
+    Ok(Outcome {
+        kind,
+        body: body.to_vec(),
+        meta,
+    })
+}
+
+pub(crate) fn change_invocation(
+    record: &str,
+    token: FencingToken,
+    now: Timestamp,
+    change: &HeldChange<'_>,
+) -> redis::ScriptInvocation<'static> {
+    let mut invocation = CHANGE_HELD.key(record);
+    invocation.arg(token.get()).arg(now.0);
+    match change {
+        HeldChange::Lease(until) => {
+            invocation
+                .arg("lease")
+                .arg(until.map(|t| t.0.to_string()).unwrap_or_default());
+        }
+        HeldChange::Settle(outcome) => {
+            invocation
+                .arg("settle")
+                .arg(RecordState::settled_by(outcome.kind).as_str())
+                .arg(outcome.kind.as_str())
+                .arg(outcome.body.as_slice())
+                .arg(outcome.meta_json());
+        }
+    }
+    invocation
+}
+
+/// Reads the change script's answer: `Ok(None)` when the claim was held and
+/// changed, `Ok(Some(current))` when it was not (fenced; the record's token
+/// if there is a record).
+pub(crate) fn change_answer(
+    record: &str,
+    reply: Vec<Vec<u8>>,
+) -> Result<Option<Option<FencingToken>>, Error> {
+    let fields: Vec<&[u8]> = reply.iter().map(Vec::as_slice).collect();
+    match fields.as_slice() {
+        [b"held"] => Ok(None),
+        [b"fenced", b""] => Ok(Some(None)),
+        [b"fenced", token] => Ok(Some(FencingToken::new(number(record, token, "token")?))),
+        _ => Err(corrupt(
+            record,
+            "the change script answered in an unknown form",
+        )),
+    }
+}
+
+pub(crate) fn sweep_invocation(record: &str, now: Timestamp) -> redis::ScriptInvocation<'static> {
+    let mut invocation = SWEEP.key(record);
+    invocation.arg(now.0);
+    invocation
+}
