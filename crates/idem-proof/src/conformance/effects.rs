@@ -66,6 +66,12 @@ pub(crate) async fn count(sender: &Sender, source: &EffectSource) -> Result<u64,
                 StoreLocation::Postgres(url) => {
                     idem_check::effects::query::postgres(url, &location.to_string(), sql).await
                 }
+                StoreLocation::Redis(_) => {
+                    return Err(error(
+                        "--effects-query runs SQL, and a Redis store holds no effects: give --effects-store as the sqlite://PATH or postgres://… database the effects are written to"
+                            .to_owned(),
+                    ));
+                }
             };
             rows.map(|rows| rows.len() as u64)
                 .map_err(|e| error(idem::error_chain(&e)))
