@@ -1,6 +1,6 @@
 //! Store URLs: any text parses or is refused without a panic. An SQLite
-//! location shows as a URL that parses back to it; a PostgreSQL one shows
-//! redacted (no password, no query), and the redacted form is stable.
+//! location shows as a URL that parses back to it; a PostgreSQL or Redis one
+//! shows redacted (no password), and the redacted form is stable.
 #![no_main]
 
 use idem::StoreLocation;
@@ -18,6 +18,10 @@ fuzz_target!(|text: &str| {
         StoreLocation::Sqlite(_) => assert_eq!(again, location, "{shown:?}"),
         StoreLocation::Postgres(_) => {
             assert!(matches!(again, StoreLocation::Postgres(_)));
+            assert_eq!(again.to_string(), shown);
+        }
+        StoreLocation::Redis(_) => {
+            assert!(matches!(again, StoreLocation::Redis(_)));
             assert_eq!(again.to_string(), shown);
         }
     }

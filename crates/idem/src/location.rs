@@ -103,14 +103,10 @@ impl FromStr for StoreLocation {
             }),
             "sqlite" => Ok(Self::Sqlite(PathBuf::from(rest))),
             "postgres" | "postgresql" => Ok(Self::Postgres(url.to_owned())),
-            "redis" | "redis+cluster"
-                if rest.split(['/', '?']).next().is_none_or(|hosts| {
-                    hosts
-                        .rsplit('@')
-                        .next()
-                        .is_none_or(|h| h.trim_matches(',').is_empty())
-                }) =>
-            {
+            // The hosts as the URL is shown (redacted): its authority after
+            // the last `@`, without a query or fragment, so what is accepted
+            // is what shows, and what shows parses again.
+            "redis" | "redis+cluster" if !names_a_host(&redact_url(url)) => {
                 Err(LocationError::NoHost {
                     url: redact_url(url),
                 })
@@ -125,6 +121,17 @@ impl FromStr for StoreLocation {
             }),
         }
     }
+}
+
+/// Whether a `redis://` URL names a host: something between its user-info and
+/// its path, query or fragment.
+fn names_a_host(url: &str) -> bool {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    rest.split('/')
+        .next()
+        .and_then(|authority| authority.rsplit('@').next())
+        .and_then(|hosts| hosts.split(['?', '#']).next())
+        .is_some_and(|hosts| !hosts.trim_matches(',').is_empty())
 }
 
 impl fmt::Display for StoreLocation {
