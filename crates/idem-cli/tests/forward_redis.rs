@@ -136,6 +136,21 @@ async fn forward_counts_attempts_and_dead_letters_in_redis_and_dlq_redrives_them
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // The letter goes back to the queue it came from; the running `idem
+    // forward` takes it from there, so its call arrives a moment later.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let bad = calls.lock().unwrap().calls.get("bad-1").copied();
+        if bad == Some(4) {
+            break;
+        }
+        assert!(
+            bad == Some(3) && Instant::now() < deadline,
+            "the redriven letter should reach the endpoint once: {bad:?} calls"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(calls.lock().unwrap().calls.get("bad-1"), Some(&4));
     let out = idem(&store, &["dlq", "ls"]).await;
     let listed = String::from_utf8_lossy(&out.stdout);
