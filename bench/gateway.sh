@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# What `idem serve` costs on the wire, next to nginx, and how several gateway
-# nodes on one PostgreSQL database behave, in one run, on loopback.
+# What `idem serve` costs on the wire, next to nginx, on each store, and how
+# several gateway nodes on one PostgreSQL database or one Redis Cluster
+# behave, in one run, on loopback.
 #
 #   bench/gateway.sh [--quick] [--rounds R] [--seconds S] [--nodes "1 2 4"]
+#                    [--node-stores "pg rcluster"] [--phases LIST]
 #                    [--check-keys N] [--perf] [SERVER_URL]
 #
 # Part 1. One echo upstream (a private nginx answering `return 200` with a
@@ -18,13 +20,20 @@
 #   - through `idem serve` on PostgreSQL with `group_commit=off` in its store
 #     URL (each claim and completion in a transaction of its own): replays
 #     and unique keys, to show what grouping the commits gives;
+#   - through `idem serve` on a private Redis (append-only file, fsync every
+#     second, one replica): replays and unique keys, and unique keys again
+#     with `wait=1` in the store URL (each write waits for the replica);
+#   - through `idem serve` on a private Redis Cluster of three primaries
+#     (append-only file, fsync every second, no replicas): replays and
+#     unique keys;
 #   - and pgbench's single-row INSERT transactions on the same PostgreSQL (16
 #     and 32 clients; the better is the reference for unique keys there).
 # The phases take turns in rounds; each rate is the median of the rounds',
 # each ratio the median of the rounds' ratios, printed with its target.
 #
-# Part 2. 1, 2 and 4 `idem serve` nodes on one PostgreSQL database behind a
-# private nginx load balancer (round robin): unique keys and replays, and a
+# Part 2. 1, 2 and 4 `idem serve` nodes on one PostgreSQL database, then on
+# the Redis Cluster, behind a private nginx load balancer (round robin):
+# unique keys and replays, and a
 # correctness check: each of --check-keys keys is sent 4 times, the copies
 # adjacent so that some run concurrently on different nodes, then once more
 # until every key has its final answer (409, "in flight", means: retry
@@ -37,6 +46,8 @@
 #   --rounds R       rounds of part 1 (default 3)
 #   --seconds S      length of each measured phase (default 8)
 #   --nodes LIST     node counts of part 2 (default "1 2 4"; "" skips part 2)
+#   --node-stores L  the stores of part 2: pg (one PostgreSQL database),
+#                    rcluster (the Redis Cluster); default "pg rcluster"
 #   --phases LIST    only these phases of part 1, e.g. "pg-unique
 #                    pgalone-unique pgbench-16" (default: all of them)
 #   --check-keys N   keys of the correctness check (default 3000)
@@ -47,9 +58,11 @@
 #                    idem_gwbench_<pid> is made on it and dropped afterwards
 #
 # The binary is $IDEM_BIN, or else target/release/idem of this repository,
-# built first with `cargo build --release -p idem-cli`. nginx and wrk are
-# installed from the distribution's packages (apt-get) when missing; pgbench,
-# psql and curl must be present. Everything listens on 127.0.0.1 on free
+# built first with `cargo build --release -p idem-cli`. nginx, wrk and
+# redis-server (with redis-cli) are installed from the distribution's packages
+# (apt-get) when missing; pgbench, psql and curl must be present. The Redis
+# servers are private too (their own ports and directories), never the
+# machine's. Everything listens on 127.0.0.1 on free
 # ports; the nginx instances are private (their own configuration, pid file,
 # logs and temporary directories under a temporary directory), and every
 # process, file and database the script made is removed on exit, Ctrl-C
@@ -63,6 +76,7 @@ check_keys=3000
 copies=4
 replay_keys=1000
 node_counts="1 2 4"
+node_stores="pg rcluster"
 conns=32
 threads=2
 perf=0
@@ -74,10 +88,11 @@ while (($#)); do
     --seconds) seconds=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --nodes) node_counts=$2; shift 2 ;;
+    --node-stores) node_stores=$2; shift 2 ;;
     --phases) only_phases=$2; shift 2 ;;
     --check-keys) check_keys=$2; shift 2 ;;
     --perf) perf=1; shift ;;
-    -h | --help) sed -n '2,57p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,71p' "$0"; exit 0 ;;
     -*) echo "unknown option $1 (try --help)" >&2; exit 2 ;;
     *) server=$1; shift ;;
     esac
@@ -98,12 +113,13 @@ else
 fi
 [[ -x $idem ]] || die "no executable idem at $idem"
 
-if ! command -v nginx >/dev/null || ! command -v wrk >/dev/null; then
-    [[ $(id -u) == 0 ]] || die "nginx and wrk are missing; install them (apt-get install nginx wrk) or run as root"
-    command -v apt-get >/dev/null || die "nginx and wrk are missing and there is no apt-get to install them"
-    say "installing nginx and wrk from the distribution's packages"
+if ! command -v nginx >/dev/null || ! command -v wrk >/dev/null || ! command -v redis-server >/dev/null ||
+    ! command -v redis-cli >/dev/null; then
+    [[ $(id -u) == 0 ]] || die "nginx, wrk or redis-server is missing; install them (apt-get install nginx wrk redis-server) or run as root"
+    command -v apt-get >/dev/null || die "nginx, wrk or redis-server is missing and there is no apt-get to install them"
+    say "installing nginx, wrk and redis-server from the distribution's packages"
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx wrk >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx wrk redis-server >/dev/null
 fi
 nginx=$(command -v nginx)
 pgbench=$(command -v pgbench || find /usr/lib/postgresql -path '*/bin/pgbench' 2>/dev/null | sort -V | tail -1 || true)
@@ -202,11 +218,45 @@ EOF
     last_pid=$!
 }
 
-# gateway_start NAME STORE PORT ADMIN_PORT: one `idem serve` in front of the echo upstream.
+# redis_start NAME PORT [ARGS...]: a private redis-server (its directory
+# $work/NAME) with the append-only file on, fsynced every second (Redis's
+# own default for it), in the foreground of a background job.
+redis_start() {
+    local name=$1 port=$2 dir=$work/$1 i
+    shift 2
+    mkdir -p "$dir"
+    redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" --save '' \
+        --appendonly yes --appendfsync everysec --logfile "$work/$name.log" "$@" >/dev/null 2>&1 &
+    pids+=("$!")
+    last_pid=$!
+    for ((i = 0; i < 100; i++)); do
+        [[ $(redis-cli -p "$port" ping 2>/dev/null) == PONG ]] && return 0
+        kill -0 "$last_pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    cat "$work/$name.log" >&2 || true
+    die "$name (redis-server on port $port) does not answer PING"
+}
+
+# free_cluster_port: a free port whose cluster bus port (port + 10000) is
+# free and below the ephemeral range too.
+free_cluster_port() {
+    while :; do
+        free_port
+        ((port + 10000 < ephemeral_low)) || continue
+        [[ $taken == *" $((port + 10000)) "* ]] && continue
+        (exec 3<>"/dev/tcp/127.0.0.1/$((port + 10000))") 2>/dev/null && continue
+        taken+="$((port + 10000)) "
+        return
+    done
+}
+
+# gateway_start NAME STORE PORT ADMIN_PORT: one `idem serve` in front of the
+# echo upstream, with an answer spool of its own.
 gateway_start() {
     local name=$1 store=$2 port=$3 admin=$4
     IDEM_LOG=warn "$idem" --store "$store" serve --upstream "http://127.0.0.1:$echo_port" \
-        --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" >"$work/$name.log" 2>&1 &
+        --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" --spool "$work/$name.spool" >"$work/$name.log" 2>&1 &
     pids+=("$!")
     last_pid=$!
     wait_http "http://127.0.0.1:$admin/healthz" "$name" "$last_pid"
@@ -409,15 +459,76 @@ made_db=1
 "$idem" --store "$pg_url" migrate >/dev/null
 psql -q "$pg_url" -c "CREATE TABLE gwbench_insert (k TEXT PRIMARY KEY, body BYTEA NOT NULL, created_at BIGINT NOT NULL)" >/dev/null
 
+phases=(direct nginx nginx-keyed sqlite-pass sqlite-replay sqlite-unique pg-pass pg-replay pg-unique
+    pgalone-replay pgalone-unique redis-replay redis-unique rwait-unique rcluster-replay rcluster-unique
+    pgbench-16 pgbench-32)
+[[ -z $only_phases ]] || read -ra phases <<<"$only_phases"
+# the gateways part 1 needs: one per store named by a phase
+stores=()
+for ph in "${phases[@]}"; do
+    case $ph in
+    direct | nginx | nginx-keyed | pgbench-*) ;;
+    *) [[ " ${stores[*]} " == *" ${ph%-*} "* ]] || stores+=("${ph%-*}") ;;
+    esac
+done
+wanted() {
+    local part2=
+    [[ -z ${node_counts// /} ]] || part2=$node_stores
+    [[ " ${stores[*]} $part2 " == *" $1 "* ]]
+}
+
+# A private Redis with one replica, and a private Redis Cluster of three
+# primaries, each started only when a phase uses it.
+if wanted redis || wanted rwait; then
+    free_port
+    redis_port=$port
+    redis_start redis "$redis_port"
+    free_port
+    redis_start redis-replica "$port" --replicaof 127.0.0.1 "$redis_port"
+    for ((i = 0; i < 100; i++)); do
+        redis-cli -p "$port" info replication 2>/dev/null | grep -q 'master_link_status:up' && break
+        sleep 0.1
+    done
+    ((i < 100)) || die "the Redis replica on port $port did not catch up with its primary"
+fi
+if wanted rcluster; then
+    cluster_nodes=()
+    for i in 1 2 3; do
+        free_cluster_port
+        redis_start "rcluster-$i" "$port" --cluster-enabled yes --cluster-config-file "$work/rcluster-$i/nodes.conf" \
+            --cluster-node-timeout 2000
+        cluster_nodes+=("127.0.0.1:$port")
+    done
+    redis-cli --cluster create "${cluster_nodes[@]}" --cluster-replicas 0 --cluster-yes >"$work/rcluster.log" 2>&1 ||
+        { cat "$work/rcluster.log" >&2; die "redis-cli could not make the Redis Cluster"; }
+    for node in "${cluster_nodes[@]}"; do
+        for ((i = 0; i < 100; i++)); do
+            redis-cli -h "${node%:*}" -p "${node#*:}" cluster info 2>/dev/null | grep -q 'cluster_state:ok' && break
+            sleep 0.1
+        done
+        ((i < 100)) || die "the Redis Cluster node $node is not in cluster_state:ok"
+    done
+    cluster_url="redis+cluster://$(IFS=,; echo "${cluster_nodes[*]}")"
+fi
+
+# store_url STORE: the store URL of a gateway on STORE.
+store_url() {
+    case $1 in
+    sqlite) echo "sqlite://$work/gateway.db" ;;
+    pg) echo "$pg_url" ;;
+    pgalone) echo "$pg_url?group_commit=off" ;;
+    redis) echo "redis://127.0.0.1:$redis_port/0" ;;
+    rwait) echo "redis://127.0.0.1:$redis_port/0?wait=1&wait_timeout_ms=1000&prefix=idem-wait:" ;;
+    rcluster) echo "$cluster_url" ;;
+    *) die "no store named $1 (phases name sqlite, pg, pgalone, redis, rwait or rcluster)" ;;
+    esac
+}
+
 cores=$(nproc 2>/dev/null || echo '?')
 proxy="http://127.0.0.1:$proxy_port/"
 declare -A gw_url gw_admin_port gw_pid_of all_rps all_p50 all_p99 all_bad
-for store in sqlite pg pgalone; do
-    case $store in
-    sqlite) url=sqlite://$work/gateway.db ;;
-    pg) url=$pg_url ;;
-    pgalone) url="$pg_url?group_commit=off" ;;
-    esac
+for store in "${stores[@]}"; do
+    url=$(store_url "$store")
     free_port
     gw_port=$port
     free_port
@@ -490,8 +601,6 @@ ratios() {
         printf "%.2f %.2f-%.2f\n", m, r[1], r[n] }'
 }
 
-phases=(direct nginx nginx-keyed sqlite-pass sqlite-replay sqlite-unique pg-pass pg-replay pg-unique pgalone-replay pgalone-unique pgbench-16 pgbench-32)
-[[ -z $only_phases ]] || read -ra phases <<<"$only_phases"
 say ""
 say "part 1: one echo upstream; wrk $threads threads, $conns connections; $rounds rounds of ${seconds}s phases (after ${warmup}s warm-ups) taking turns; $cores cores"
 for ((round = 1; round <= rounds; round++)); do
@@ -514,6 +623,11 @@ declare -A label=(
     [pg-unique]="idem serve, PostgreSQL: unique keys"
     [pgalone-replay]="idem serve, PostgreSQL ungrouped: replays"
     [pgalone-unique]="idem serve, PostgreSQL ungrouped: unique keys"
+    [redis-replay]="idem serve, Redis: replays"
+    [redis-unique]="idem serve, Redis: unique keys"
+    [rwait-unique]="idem serve, Redis WAIT 1: unique keys"
+    [rcluster-replay]="idem serve, Redis Cluster: replays"
+    [rcluster-unique]="idem serve, Redis Cluster: unique keys"
     [pgbench-16]="pgbench single-row INSERT, 16 clients"
     [pgbench-32]="pgbench single-row INSERT, 32 clients"
 )
@@ -527,11 +641,12 @@ for ph in "${phases[@]}"; do
         "$(median "${all_p50[$ph]}")" "$(median "${all_p99[$ph]}")" "${all_bad[$ph]}"
 done
 echo "(errors: non-2xx answers and socket errors; for pgbench, failed transactions, and p50 is its average latency)"
-for store in sqlite pg pgalone; do
+for store in "${stores[@]}"; do
     echo "gateway outcomes, $store: $(outcomes "${gw_admin_port[$store]}")"
     stop_proc "${gw_pid_of[$store]}"
 done
-echo "PostgreSQL transactions per request (xact_commit, last round): unique keys ${commits_per[pg-unique]:-}, replays ${commits_per[pg-replay]:-}; ungrouped: unique keys ${commits_per[pgalone-unique]:-}, replays ${commits_per[pgalone-replay]:-}"
+[[ -z ${commits_per[pg-unique]:-}${commits_per[pgalone-unique]:-} ]] ||
+    echo "PostgreSQL transactions per request (xact_commit, last round): unique keys ${commits_per[pg-unique]:-}, replays ${commits_per[pg-replay]:-}; ungrouped: unique keys ${commits_per[pgalone-unique]:-}, replays ${commits_per[pgalone-replay]:-}"
 echo
 
 target_row() {
@@ -556,6 +671,12 @@ target_row "unique keys (PostgreSQL) / pgbench INSERT" pg-unique pgref 0.5
 target_row "replays (PostgreSQL) / nginx, keyed" pg-replay nginx-keyed 0.5
 info_row "unique keys (PostgreSQL): grouped / ungrouped" pg-unique pgalone-unique
 info_row "replays (PostgreSQL): grouped / ungrouped" pg-replay pgalone-replay
+info_row "unique keys: Redis / SQLite" redis-unique sqlite-unique
+info_row "unique keys: Redis / PostgreSQL" redis-unique pg-unique
+info_row "unique keys: Redis WAIT 1 / Redis" rwait-unique redis-unique
+info_row "unique keys: Redis Cluster / Redis" rcluster-unique redis-unique
+info_row "replays: Redis / nginx, keyed" redis-replay nginx-keyed
+info_row "replays: Redis Cluster / nginx, keyed" rcluster-replay nginx-keyed
 info_row "nginx, no key / direct" nginx direct
 info_row "nginx, keyed / nginx, no key" nginx-keyed nginx
 
@@ -570,9 +691,9 @@ if ((perf)) && [[ -s $work/perf.data ]]; then
         --sort dso,sym -g none 2>/dev/null || true; } | awk '/^ *[0-9.]+%/ && n++ < 25'
 fi
 
-# --- part 2: several nodes on one PostgreSQL -----------------------------------
+# --- part 2: several nodes on one store ---------------------------------------
 
-# check_once N LB_URL: every check key sent $copies times (adjacent copies run
+# check_once RUN LB_URL: every check key sent $copies times (adjacent copies run
 # concurrently and go to different nodes), then once more until each has its
 # final answer; each key must have reached the upstream exactly once.
 check_once() {
@@ -607,23 +728,25 @@ check_once() {
     else
         check_ok[$n]=no
         failed=1
-        say "  check on $n nodes: $once keys reached the upstream once, $more more than once, $missing never; $pending without a final answer"
+        say "  check on $n nodes (store-count): $once keys reached the upstream once, $more more than once, $missing never; $pending without a final answer"
     fi
 }
 
-declare -A check_ok check_codes check_sent node_share
+declare -A check_ok check_codes check_sent node_share node_label=([pg]="one PostgreSQL database" [rcluster]="one Redis Cluster (three primaries)")
+[[ -z ${node_counts// /} ]] || for store in $node_stores; do
 say ""
-say "part 2: several idem serve nodes on one PostgreSQL database behind nginx (round robin)"
-for n in $node_counts; do
+say "part 2: several idem serve nodes on ${node_label[$store]:-$store} behind nginx (round robin)"
+for count in $node_counts; do
+    n=$store-$count
     node_pids=()
     node_admins=()
     servers=""
-    for ((i = 1; i <= n; i++)); do
+    for ((i = 1; i <= count; i++)); do
         free_port
         np=$port
         free_port
         na=$port
-        gateway_start "node-$n-$i" "$pg_url" "$np" "$na"
+        gateway_start "node-$n-$i" "$(store_url "$store")" "$np" "$na"
         node_pids+=("$last_pid")
         node_admins+=("$na")
         servers+="server 127.0.0.1:$np; "
@@ -670,26 +793,28 @@ http {
         stop_proc "$pid"
     done
 done
+done
 
-if [[ -n ${node_counts// /} ]]; then
+[[ -z ${node_counts// /} ]] || for store in $node_stores; do
 echo
-echo "Part 2: idem serve nodes on one PostgreSQL database behind nginx round robin ($cores cores)"
+echo "Part 2: idem serve nodes on ${node_label[$store]:-$store} behind nginx round robin ($cores cores)"
 echo
-first=${node_counts%% *}
-printf '%-6s %13s %7s %9s %9s %13s %7s %9s %9s\n' nodes "unique req/s" "x$first" "p50 ms" "p99 ms" "replays req/s" "x$first" "p50 ms" "p99 ms"
-for n in $node_counts; do
-    printf '%-6s %13s %7s %9s %9s %13s %7s %9s %9s\n' "$n" \
+first=$store-${node_counts%% *}
+printf '%-6s %13s %7s %9s %9s %13s %7s %9s %9s\n' nodes "unique req/s" "x${first#*-}" "p50 ms" "p99 ms" "replays req/s" "x${first#*-}" "p50 ms" "p99 ms"
+for count in $node_counts; do
+    n=$store-$count
+    printf '%-6s %13s %7s %9s %9s %13s %7s %9s %9s\n' "$count" \
         "${rps[nodes$n-unique]}" "$(ratio "${rps[nodes$n-unique]}" "${rps[nodes$first-unique]}")x" "${p50[nodes$n-unique]}" "${p99[nodes$n-unique]}" \
         "${rps[nodes$n-replay]}" "$(ratio "${rps[nodes$n-replay]}" "${rps[nodes$first-replay]}")x" "${p50[nodes$n-replay]}" "${p99[nodes$n-replay]}"
 done
-echo "(errors: $(for n in $node_counts; do printf '%s nodes %s/%s; ' "$n" "${bad[nodes$n-unique]}" "${bad[nodes$n-replay]}"; done)unique/replays)"
+echo "(errors: $(for count in $node_counts; do printf '%s nodes %s/%s; ' "$count" "${bad[nodes$store-$count-unique]}" "${bad[nodes$store-$count-replay]}"; done)unique/replays)"
 echo
-for n in $node_counts; do
-    echo "$n nodes: requests per node ${node_share[$n]}; check answers: ${check_codes[$n]}"
+for count in $node_counts; do
+    n=$store-$count
+    echo "$count nodes: requests per node ${node_share[$n]}; check answers: ${check_codes[$n]}"
     echo "duplicates across nodes: $check_keys keys (${check_sent[$n]} requests), each applied once: ${check_ok[$n]}"
 done
-
-fi
+done
 
 if ((failed)); then
     say "FAILED: some key reached the upstream more than once, or never"
