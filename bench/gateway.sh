@@ -26,6 +26,10 @@
 #   - through `idem serve` on a private Redis Cluster of three primaries
 #     (append-only file, fsync every second, no replicas): replays and
 #     unique keys;
+#   - through the nearest peer, idempotent-proxy-server (a Rust idempotency
+#     gateway, installed from crates.io with `cargo install` into
+#     $IDEM_CACHE/idempotent-proxy once), on the private Redis and with its
+#     in-memory store: replays and unique keys;
 #   - and pgbench's single-row INSERT transactions on the same PostgreSQL (16
 #     and 32 clients; the better is the reference for unique keys there).
 # The phases take turns in rounds; each rate is the median of the rounds',
@@ -48,6 +52,7 @@
 #   --nodes LIST     node counts of part 2 (default "1 2 4"; "" skips part 2)
 #   --node-stores L  the stores of part 2: pg (one PostgreSQL database),
 #                    rcluster (the Redis Cluster); default "pg rcluster"
+#   --no-peer        leave out idempotent-proxy (no install, no phases)
 #   --phases LIST    only these phases of part 1, e.g. "pg-unique
 #                    pgalone-unique pgbench-16" (default: all of them)
 #   --check-keys N   keys of the correctness check (default 3000)
@@ -77,6 +82,7 @@ copies=4
 replay_keys=1000
 node_counts="1 2 4"
 node_stores="pg rcluster"
+peer=1
 conns=32
 threads=2
 perf=0
@@ -88,11 +94,12 @@ while (($#)); do
     --seconds) seconds=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --nodes) node_counts=$2; shift 2 ;;
+    --no-peer) peer=0; shift ;;
     --node-stores) node_stores=$2; shift 2 ;;
     --phases) only_phases=$2; shift 2 ;;
     --check-keys) check_keys=$2; shift 2 ;;
     --perf) perf=1; shift ;;
-    -h | --help) sed -n '2,71p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,76p' "$0"; exit 0 ;;
     -*) echo "unknown option $1 (try --help)" >&2; exit 2 ;;
     *) server=$1; shift ;;
     esac
@@ -293,7 +300,7 @@ function init(args)
 end
 function request()
    n = n + 1
-   return wrk.format("POST", "/", {["Content-Type"] = "application/json",
+   return wrk.format("POST", nil, {["Content-Type"] = "application/json",
       ["Idempotency-Key"] = prefix .. n .. '"'}, '$body')
 end
 EOF
@@ -306,7 +313,7 @@ function init(args)
 end
 function request()
    n = (n + 1) % count
-   return wrk.format("POST", "/", {["Content-Type"] = "application/json",
+   return wrk.format("POST", nil, {["Content-Type"] = "application/json",
       ["Idempotency-Key"] = prefix .. n .. '"'}, '$body')
 end
 EOF
@@ -461,8 +468,15 @@ psql -q "$pg_url" -c "CREATE TABLE gwbench_insert (k TEXT PRIMARY KEY, body BYTE
 
 phases=(direct nginx nginx-keyed sqlite-pass sqlite-replay sqlite-unique pg-pass pg-replay pg-unique
     pgalone-replay pgalone-unique redis-replay redis-unique rwait-unique rcluster-replay rcluster-unique
-    pgbench-16 pgbench-32)
+    ipxmem-replay ipxmem-unique ipxredis-replay ipxredis-unique pgbench-16 pgbench-32)
 [[ -z $only_phases ]] || read -ra phases <<<"$only_phases"
+if ((!peer)); then
+    kept=()
+    for ph in "${phases[@]}"; do
+        [[ $ph == ipx* ]] || kept+=("$ph")
+    done
+    phases=("${kept[@]}")
+fi
 # the gateways part 1 needs: one per store named by a phase
 stores=()
 for ph in "${phases[@]}"; do
@@ -479,7 +493,7 @@ wanted() {
 
 # A private Redis with one replica, and a private Redis Cluster of three
 # primaries, each started only when a phase uses it.
-if wanted redis || wanted rwait; then
+if wanted redis || wanted rwait || wanted ipxredis; then
     free_port
     redis_port=$port
     redis_start redis "$redis_port"
@@ -511,6 +525,38 @@ if wanted rcluster; then
     cluster_url="redis+cluster://$(IFS=,; echo "${cluster_nodes[*]}")"
 fi
 
+# The peer, idempotent-proxy-server, installed once into the cache folder.
+# Its answers are kept for REQUEST_TIMEOUT milliseconds (10 s unless set):
+# set to 7 days, Idem's default window, so that a replay is a replay.
+if wanted ipxmem || wanted ipxredis; then
+    ipx_root=${IDEM_CACHE:-$HOME/.cache/idem}/idempotent-proxy
+    ipx=$ipx_root/bin/idempotent-proxy-server
+    if [[ ! -x $ipx ]]; then
+        say "installing idempotent-proxy-server 1.2.2 from crates.io into $ipx_root (once)"
+        cargo install --locked idempotent-proxy-server --version 1.2.2 --root "$ipx_root" >&2 ||
+            die "could not install idempotent-proxy-server (run with --no-peer to leave it out)"
+    fi
+fi
+
+# peer_start NAME PORT [REDIS_URL]: idempotent-proxy-server serving the echo
+# upstream under /URL_ECHO, its answers in Redis or (without REDIS_URL) in
+# its own memory. It reads its settings from a .env file in its directory.
+peer_start() {
+    local name=$1 port=$2 redis=${3:-} dir=$work/$1
+    mkdir -p "$dir"
+    {
+        echo "SERVER_ADDR=127.0.0.1:$port"
+        echo "URL_ECHO=http://127.0.0.1:$echo_port/"
+        echo "REQUEST_TIMEOUT=604800000"
+        echo "LOG_LEVEL=warn"
+        [[ -z $redis ]] || echo "REDIS_URL=$redis"
+    } >"$dir/.env"
+    (cd "$dir" && exec "$ipx") >"$work/$name.log" 2>&1 &
+    pids+=("$!")
+    last_pid=$!
+    wait_http "http://127.0.0.1:$port/URL_ECHO" "$name" "$last_pid"
+}
+
 # store_url STORE: the store URL of a gateway on STORE.
 store_url() {
     case $1 in
@@ -528,14 +574,23 @@ cores=$(nproc 2>/dev/null || echo '?')
 proxy="http://127.0.0.1:$proxy_port/"
 declare -A gw_url gw_admin_port gw_pid_of all_rps all_p50 all_p99 all_bad
 for store in "${stores[@]}"; do
-    url=$(store_url "$store")
     free_port
     gw_port=$port
-    free_port
-    gw_admin_port[$store]=$port
-    gateway_start "gateway-$store" "$url" "$gw_port" "$port"
+    case $store in
+    ipxmem | ipxredis)
+        redis_url=
+        [[ $store == ipxmem ]] || redis_url="redis://127.0.0.1:$redis_port/1"
+        peer_start "peer-$store" "$gw_port" "$redis_url"
+        gw_url[$store]="http://127.0.0.1:$gw_port/URL_ECHO"
+        ;;
+    *)
+        free_port
+        gw_admin_port[$store]=$port
+        gateway_start "gateway-$store" "$(store_url "$store")" "$gw_port" "$port"
+        gw_url[$store]="http://127.0.0.1:$gw_port/"
+        ;;
+    esac
     gw_pid_of[$store]=$last_pid
-    gw_url[$store]="http://127.0.0.1:$gw_port/"
     prime "r-$store-$run_id" "${gw_url[$store]}"
 done
 printf 'INSERT INTO gwbench_insert VALUES (gen_random_uuid()::text, %s::bytea, 1);\n' \
@@ -628,6 +683,10 @@ declare -A label=(
     [rwait-unique]="idem serve, Redis WAIT 1: unique keys"
     [rcluster-replay]="idem serve, Redis Cluster: replays"
     [rcluster-unique]="idem serve, Redis Cluster: unique keys"
+    [ipxmem-replay]="idempotent-proxy, in memory: replays"
+    [ipxmem-unique]="idempotent-proxy, in memory: unique keys"
+    [ipxredis-replay]="idempotent-proxy, Redis: replays"
+    [ipxredis-unique]="idempotent-proxy, Redis: unique keys"
     [pgbench-16]="pgbench single-row INSERT, 16 clients"
     [pgbench-32]="pgbench single-row INSERT, 32 clients"
 )
@@ -642,7 +701,7 @@ for ph in "${phases[@]}"; do
 done
 echo "(errors: non-2xx answers and socket errors; for pgbench, failed transactions, and p50 is its average latency)"
 for store in "${stores[@]}"; do
-    echo "gateway outcomes, $store: $(outcomes "${gw_admin_port[$store]}")"
+    [[ -z ${gw_admin_port[$store]:-} ]] || echo "gateway outcomes, $store: $(outcomes "${gw_admin_port[$store]}")"
     stop_proc "${gw_pid_of[$store]}"
 done
 [[ -z ${commits_per[pg-unique]:-}${commits_per[pgalone-unique]:-} ]] ||
@@ -677,6 +736,11 @@ info_row "unique keys: Redis WAIT 1 / Redis" rwait-unique redis-unique
 info_row "unique keys: Redis Cluster / Redis" rcluster-unique redis-unique
 info_row "replays: Redis / nginx, keyed" redis-replay nginx-keyed
 info_row "replays: Redis Cluster / nginx, keyed" rcluster-replay nginx-keyed
+info_row "unique keys: idem SQLite / idempotent-proxy Redis" sqlite-unique ipxredis-unique
+info_row "unique keys: idem Redis / idempotent-proxy Redis" redis-unique ipxredis-unique
+info_row "replays: idem SQLite / idempotent-proxy memory" sqlite-replay ipxmem-replay
+info_row "replays: idem PostgreSQL / idempotent-proxy memory" pg-replay ipxmem-replay
+info_row "replays: idem Redis / idempotent-proxy Redis" redis-replay ipxredis-replay
 info_row "nginx, no key / direct" nginx direct
 info_row "nginx, keyed / nginx, no key" nginx-keyed nginx
 
