@@ -7,6 +7,18 @@ use consumer_support::Jet;
 
 consumer_tests!(Jet);
 
+/// A fingerprint rule on the consumer, on each store: a copy differing only in
+/// an ignored field is a duplicate, one differing in the amount is key reuse.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fingerprint_rule_decides_duplicates_on_sqlite() {
+    consumer_support::scenarios::fingerprint_rule::<Jet, consumer_support::SqliteBank>().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fingerprint_rule_decides_duplicates_on_postgres() {
+    consumer_support::scenarios::fingerprint_rule::<Jet, consumer_support::PgBank>().await
+}
+
 /// With the default key rule the key is `Nats-Msg-Id`; JetStream drops a
 /// repeat inside its window (a second line of dedupe), and a redelivery
 /// (`-NAK`) is suppressed by the store.

@@ -263,11 +263,34 @@ pub(crate) struct ServeArgs {
     /// among them, is forwarded untouched [default: none].
     #[arg(long, env = "IDEM_GRPC_UNARY", value_name = "LIST")]
     pub grpc_unary: Option<String>,
+    /// Fingerprint only these fields of a keyed JSON body (with the method,
+    /// route and target), as JSON Pointers (RFC 6901) after json:, such as
+    /// 'json:/amount,/currency,/account': a retry that differs elsewhere is
+    /// replayed, one that differs in them is refused as key reuse. A missing
+    /// field counts as absent (not null); a body that is not JSON is
+    /// fingerprinted whole [default: the whole body].
+    #[arg(long, env = "IDEM_FINGERPRINT", value_name = "json:FIELDS")]
+    pub fingerprint: Option<String>,
+    /// Fingerprint the keyed body less these JSON fields, such as
+    /// 'json:/sent_at,/trace_id' (instead of --fingerprint) [default: none].
+    #[arg(long, env = "IDEM_FINGERPRINT_IGNORE", value_name = "json:FIELDS")]
+    pub fingerprint_ignore: Option<String>,
+    /// Fingerprint this request header's values too, such as content-type;
+    /// repeat the flag or separate names with commas (a missing header
+    /// differs from an empty one) [default: none].
+    #[arg(
+        long,
+        env = "IDEM_FINGERPRINT_HEADER",
+        value_name = "HEADER",
+        value_delimiter = ','
+    )]
+    pub fingerprint_header: Vec<String>,
     /// A TOML file with the same settings: upstream, listen, store, mode,
     /// require_key, max_body, lease, retention, admin_listen,
     /// upstream_timeout, probe, spool, principal_header, methods, sweep_every,
-    /// max_in_flight, routes, grpc_unary, upstream_ca, upstream_cert,
-    /// upstream_key, tls_cert, tls_key, tls_client_ca, admin_token_file.
+    /// max_in_flight, routes, grpc_unary, fingerprint, fingerprint_ignore,
+    /// fingerprint_header, upstream_ca, upstream_cert, upstream_key,
+    /// tls_cert, tls_key, tls_client_ca, admin_token_file.
     #[arg(long, env = "IDEM_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
 }

@@ -585,6 +585,84 @@ fn bad_settings_are_refused_with_what_to_fix() {
 }
 
 #[test]
+fn fingerprint_flags_are_read_and_bad_ones_refused_with_what_to_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_in(&dir);
+    let base = [
+        "--store",
+        &store,
+        "serve",
+        "--upstream",
+        "http://127.0.0.1:9",
+        "--listen",
+        "127.0.0.1:0",
+    ];
+    let mut good: Vec<&str> = base.to_vec();
+    good.extend([
+        "--fingerprint",
+        "json:/currency,/amount",
+        "--fingerprint-header",
+        "X-Tenant",
+        "--fingerprint-header",
+        "content-type",
+    ]);
+    let serve = Serve::start(&good, &[]);
+    assert!(
+        serve
+            .settings
+            .contains("fingerprint json:/amount,/currency header:content-type header:x-tenant"),
+        "{}",
+        serve.settings
+    );
+    drop(serve);
+    let from_env = Serve::start(&base, &[("IDEM_FINGERPRINT_IGNORE", "json:/sent_at")]);
+    assert!(
+        from_env
+            .settings
+            .contains("fingerprint ignore json:/sent_at"),
+        "{}",
+        from_env.settings
+    );
+    drop(from_env);
+
+    for (flags, expected) in [
+        (
+            vec!["--fingerprint", "/amount"],
+            "does not start with json:",
+        ),
+        (vec!["--fingerprint", "json:"], "names no field"),
+        (
+            vec!["--fingerprint-ignore", "json:sent_at"],
+            "is not a JSON Pointer (RFC 6901): it does not start with /",
+        ),
+        (
+            vec!["--fingerprint", "json:/a~3"],
+            "a ~ that is not ~0 or ~1",
+        ),
+        (
+            vec![
+                "--fingerprint",
+                "json:/amount",
+                "--fingerprint-ignore",
+                "json:/sent_at",
+            ],
+            "give one of the two",
+        ),
+        (
+            vec!["--fingerprint-header", "x tenant"],
+            "is not a header name",
+        ),
+    ] {
+        let mut args: Vec<&str> = base.to_vec();
+        args.extend(flags);
+        let out = idem().args(&args).output().expect("run idem");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} was accepted");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
 fn a_bad_probe_and_a_spool_in_use_are_refused_with_what_to_fix() {
     let dir = tempfile::tempdir().unwrap();
     let store = store_in(&dir);

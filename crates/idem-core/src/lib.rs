@@ -41,6 +41,7 @@ mod error;
 mod error_chain;
 mod fence;
 mod fingerprint;
+mod fingerprint_rule;
 pub mod health;
 pub(crate) mod key;
 pub mod observe;
@@ -64,6 +65,9 @@ pub use error::{ApplyError, Error, ErrorKind, StoreError};
 pub use error_chain::error_chain;
 pub use fence::{FenceStore, Guard, IdentifierError, Lease, Ordering as GuardOrdering, Resource};
 pub use fingerprint::{Fingerprint, FingerprintError};
+pub use fingerprint_rule::{
+    FingerprintMatch, FingerprintRule, FingerprintRuleError, RULE_MARK, RuleId,
+};
 pub use key::{IDEMPOTENCY_KEY_HEADER, IdempotencyKey, KeyError, MAX_KEY_LEN, Scope};
 pub use outbox::{AtomicOutbox, OutboxMessage, OutboxStats, OutboxStore, Pending, WakeUps};
 pub use outcome::{Outcome, OutcomeKind, UnknownOutcomeKind};

@@ -10,7 +10,7 @@
 //! the key travels in the caller's tracing span, where the application decides
 //! whether spans are recorded.
 
-use crate::{Error, FencingToken, Scope};
+use crate::{Error, FencingToken, Fingerprint, Scope};
 
 /// Duplicates answered with the stored outcome, labelled `scope`.
 pub const DUPLICATES_SUPPRESSED_TOTAL: &str = "duplicates_suppressed_total";
@@ -18,6 +18,10 @@ pub const DUPLICATES_SUPPRESSED_TOTAL: &str = "duplicates_suppressed_total";
 pub const KEY_CONFLICTS_TOTAL: &str = "idempotency_key_conflicts_total";
 /// Keys refused for a different payload, labelled `scope`.
 pub const KEY_REUSE_TOTAL: &str = "idempotency_key_reuse_total";
+
+/// Records found fingerprinted under another fingerprint rule than the
+/// request's, and answered as if the fingerprints matched, labelled `scope`.
+pub const FINGERPRINT_RULE_CHANGED_TOTAL: &str = "idempotency_fingerprint_rule_changed_total";
 
 /// The family of the HTTP layer's scopes (`http:{principal}:{METHOD}:{route}`).
 /// Their duplicates, conflicts and reused keys are counted by the HTTP layer,
@@ -39,6 +43,26 @@ pub fn replayed(scope: &Scope) {
     tracing::info!(
         scope = scope.as_str(),
         "duplicate suppressed; stored outcome replayed"
+    );
+}
+
+/// A record was fingerprinted under another rule than `current`: the two
+/// cannot be compared, so the record is answered as if they matched (a
+/// retry is replayed, not refused as key reuse). Counted for every family
+/// and logged at warn, with both rules' ids (`default` for the whole body).
+pub fn fingerprint_rule_changed(scope: &Scope, stored: &Fingerprint, current: &Fingerprint) {
+    metrics::counter!(FINGERPRINT_RULE_CHANGED_TOTAL, "scope" => scope.family().to_owned())
+        .increment(1);
+    let id = |fingerprint: &Fingerprint| {
+        fingerprint
+            .rule_id()
+            .map_or_else(|| "default".to_owned(), |id| id.to_string())
+    };
+    tracing::warn!(
+        scope = scope.as_str(),
+        stored_rule = id(stored),
+        current_rule = id(current),
+        "the key's record was fingerprinted under another fingerprint rule; its payload cannot be compared, so it is answered as a retry"
     );
 }
 

@@ -7,8 +7,15 @@
 //! | none, or past retention           | —           | [`Decision::Claim`]               |
 //! | completed or failed               | same        | [`Decision::Replay`]              |
 //! | any state                         | different   | refuse with `KeyReuse`            |
+//! | any state                         | other rule  | as if the same (logged, counted)  |
 //! | in flight, lease alive            | same        | refuse with `InFlight`            |
 //! | in flight, lease ended            | same        | [`Decision::TakeOver`] (token + 1) |
+//!
+//! A fingerprint made under another [`FingerprintRule`](crate::FingerprintRule)
+//! than the record's cannot be compared with it (the payload is not stored),
+//! so it is taken as the same: a retry across a change of the rule is
+//! replayed rather than refused as key reuse, and the event is logged and
+//! counted ([`observe::fingerprint_rule_changed`](crate::observe::fingerprint_rule_changed)).
 //!
 //! A record past retention is replaced, but its token still grows: tokens are
 //! never reused, so a worker holding an old token can never be mistaken for the
@@ -22,8 +29,8 @@
 
 use crate::clock::Timestamp;
 use crate::{
-    Error, FencingToken, Fingerprint, IdempotencyKey, Operation, Outcome, Record, RecordState,
-    Scope, Settings,
+    Error, FencingToken, Fingerprint, FingerprintMatch, IdempotencyKey, Operation, Outcome, Record,
+    RecordState, Scope, Settings,
 };
 
 /// What the caller of [`decide`] must do.
@@ -82,11 +89,17 @@ pub fn decide(
             token: record.token.next().max(FencingToken::first_at(now)),
         });
     }
-    if record.fingerprint != *fingerprint {
-        return Err(Error::KeyReuse {
-            scope: scope.clone(),
-            key: key.clone(),
-        });
+    match fingerprint.compare(&record.fingerprint) {
+        FingerprintMatch::Same => {}
+        FingerprintMatch::Different => {
+            return Err(Error::KeyReuse {
+                scope: scope.clone(),
+                key: key.clone(),
+            });
+        }
+        FingerprintMatch::OtherRule => {
+            crate::observe::fingerprint_rule_changed(scope, &record.fingerprint, fingerprint);
+        }
     }
     match record.state {
         RecordState::Completed | RecordState::Failed => match &record.outcome {
@@ -263,6 +276,45 @@ mod tests {
             Timestamp(now),
             &Settings::default(),
         )
+    }
+
+    #[test]
+    fn a_record_of_another_fingerprint_rule_is_answered_as_a_retry() {
+        let body = br#"{"amount":10,"sent_at":1}"#;
+        let none = |_: &str| Vec::new();
+        let amount = crate::FingerprintRule::default()
+            .select("json:/amount")
+            .unwrap();
+        let decide_on = |stored: Fingerprint, state, current: Fingerprint| {
+            let mut found = record(state, b"", Some(9_000));
+            found.fingerprint = stored;
+            decide(
+                Some(&found),
+                &found.scope.clone(),
+                &found.key.clone(),
+                &current,
+                Timestamp(5),
+                &Settings::default(),
+            )
+        };
+        // Stored under the default rule, retried under a selection: replayed.
+        let whole = Fingerprint::of_json_or_bytes(body);
+        let selected = amount.fingerprint(br#"{"amount":10,"sent_at":2}"#, none);
+        assert!(matches!(
+            decide_on(whole, RecordState::Completed, selected),
+            Ok(Decision::Replay(_))
+        ));
+        // And back: a live claim is still in flight, not key reuse.
+        assert!(matches!(
+            decide_on(selected, RecordState::InFlight, whole),
+            Err(Error::InFlight { .. })
+        ));
+        // Under one rule, a different selected field is key reuse.
+        let other = amount.fingerprint(br#"{"amount":11,"sent_at":1}"#, none);
+        assert!(matches!(
+            decide_on(selected, RecordState::Completed, other),
+            Err(Error::KeyReuse { .. })
+        ));
     }
 
     #[test]

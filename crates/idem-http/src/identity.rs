@@ -12,14 +12,16 @@
 //!
 //! The **fingerprint** covers the method, the route, the request target (path
 //! and query, so `/accounts/1` and `/accounts/2` under one template are
-//! different payloads) and the body: the RFC 8785 canonical form when the body
-//! is JSON (so key order and spacing do not turn a retry into key reuse), the raw
-//! bytes otherwise.
+//! different payloads) and what the [`FingerprintRule`] covers of the body and
+//! headers: by default the whole body, in its RFC 8785 canonical form when it
+//! is JSON (so key order and spacing do not turn a retry into key reuse), the
+//! raw bytes otherwise. A rule other than the default seals the fingerprint
+//! with its id.
 
 use axum::extract::MatchedPath;
 use http::request::Parts;
 use http::{HeaderMap, HeaderName, Method};
-use idem::{Fingerprint, Scope};
+use idem::{Fingerprint, FingerprintRule, Scope};
 
 /// The principal part of a scope for requests without the credential header.
 const ANONYMOUS: &str = "anon";
@@ -60,8 +62,10 @@ pub(crate) fn scope_of(principal: &str, method: &Method, route: &str) -> Scope {
     })
 }
 
-/// The fingerprint of a request: method, route, target and body.
+/// The fingerprint of a request: method, route, target, and what `rule`
+/// covers of the body and headers.
 pub(crate) fn fingerprint_of(
+    rule: &FingerprintRule,
     method: &Method,
     route: &str,
     parts: &Parts,
@@ -71,13 +75,20 @@ pub(crate) fn fingerprint_of(
         .uri
         .path_and_query()
         .map_or("/", |target| target.as_str());
-    let body = Fingerprint::of_json_or_bytes(body);
-    Fingerprint::of_parts([
+    let covered = rule.digest(body, |name| {
+        parts
+            .headers
+            .get_all(name)
+            .iter()
+            .map(|value| value.as_bytes().to_vec())
+            .collect()
+    });
+    rule.seal(Fingerprint::of_parts([
         method.as_str().as_bytes(),
         route.as_bytes(),
         target.as_bytes(),
-        body.as_bytes(),
-    ])
+        covered.as_bytes(),
+    ]))
 }
 
 #[cfg(test)]
@@ -124,47 +135,78 @@ mod tests {
     #[test]
     fn fingerprints_see_target_and_canonical_json() {
         let a = fingerprint_of(
+            &FingerprintRule::default(),
             &Method::POST,
             "/a/{id}",
             &parts("/a/1"),
             br#"{"x":1,"y":2}"#,
         );
         let same = fingerprint_of(
+            &FingerprintRule::default(),
             &Method::POST,
             "/a/{id}",
             &parts("/a/1"),
             br#"{ "y":2, "x":1 }"#,
         );
         let other_target = fingerprint_of(
+            &FingerprintRule::default(),
             &Method::POST,
             "/a/{id}",
             &parts("/a/2"),
             br#"{"x":1,"y":2}"#,
         );
         let other_query = fingerprint_of(
+            &FingerprintRule::default(),
             &Method::POST,
             "/a/{id}",
             &parts("/a/1?v=2"),
             br#"{"x":1,"y":2}"#,
         );
         let other_body = fingerprint_of(
+            &FingerprintRule::default(),
             &Method::POST,
             "/a/{id}",
             &parts("/a/1"),
             br#"{"x":1,"y":3}"#,
         );
         assert_eq!(a, same);
+        assert_eq!(a.rule_id(), None);
         assert_ne!(a, other_target);
         assert_ne!(a, other_query);
         assert_ne!(a, other_body);
         assert_ne!(
             a,
             fingerprint_of(
+                &FingerprintRule::default(),
                 &Method::PATCH,
                 "/a/{id}",
                 &parts("/a/1"),
                 br#"{"x":1,"y":2}"#
             )
         );
+    }
+
+    #[test]
+    fn a_rule_sees_its_fields_and_headers_and_seals_the_fingerprint() {
+        let rule = FingerprintRule::default()
+            .ignore("json:/sent_at")
+            .unwrap()
+            .header("x-tenant")
+            .unwrap();
+        let with = |tenant: &'static str| {
+            let mut parts = parts("/p");
+            parts
+                .headers
+                .insert("x-tenant", HeaderValue::from_static(tenant));
+            parts
+        };
+        let of =
+            |parts: &Parts, body: &[u8]| fingerprint_of(&rule, &Method::POST, "/p", parts, body);
+        let a = of(&with("t1"), br#"{"amount":1,"sent_at":1}"#);
+        assert_eq!(a.rule_id(), rule.id());
+        assert_eq!(a, of(&with("t1"), br#"{"amount":1,"sent_at":2}"#));
+        assert_ne!(a, of(&with("t2"), br#"{"amount":1,"sent_at":1}"#));
+        assert_ne!(a, of(&parts("/p"), br#"{"amount":1,"sent_at":1}"#));
+        assert_ne!(a, of(&with("t1"), br#"{"amount":2,"sent_at":1}"#));
     }
 }

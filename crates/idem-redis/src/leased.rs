@@ -35,7 +35,11 @@ impl LeaseStore for RedisStore {
             .invoke_async(&mut self.connection())
             .await
             .map_err(|e| map_error(&format!("claiming {scope}/{key}"), true, e))?;
-        let refusal = match scripts::claim_answer(&record, reply)? {
+        let (answer, other_rule) = scripts::claim_answer(&record, reply)?;
+        if let Some(stored) = other_rule {
+            observe::fingerprint_rule_changed(scope, &stored, &fingerprint);
+        }
+        let refusal = match answer {
             ClaimAnswer::Claimed {
                 token,
                 lease_until,

@@ -19,19 +19,38 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use idem_core::{
-    Error, ErrorKind, FencingToken, Fingerprint, IdempotencyKey, Outcome, OutcomeKind, RecordState,
-    Scope, Settings, StoreError, Timestamp,
+    Error, ErrorKind, FencingToken, Fingerprint, IdempotencyKey, Outcome, OutcomeKind, RULE_MARK,
+    RecordState, Scope, Settings, StoreError, Timestamp,
 };
 use redis::Script;
 
 /// Claims a key, or answers why not.
 ///
 /// KEYS: the record. ARGV: scope, key, fingerprint, now, the first token of a
-/// window starting now, lease, retention, longest retry-after (ms).
+/// window starting now, lease, retention, longest retry-after (ms), the mark
+/// of a fingerprint made under a rule ([`idem_core::RULE_MARK`]).
+///
+/// A stored fingerprint of another rule (its mark and rule id differ from the
+/// request's) is taken as the same, as [`idem_core::decide`] does; the answer
+/// then ends with `other_rule` and the stored fingerprint.
 static CLAIM: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 local f = redis.call('HMGET', KEYS[1], 'fp', 'state', 'token', 'lease', 'kind', 'body', 'meta', 'created', 'expires')
+local function rule_of(fp)
+  if string.len(fp) == 32 and string.sub(fp, 1, 4) == ARGV[9] then
+    return string.sub(fp, 5, 8)
+  end
+  return ''
+end
+local other_rule = nil
+local function answer(reply)
+  if other_rule then
+    table.insert(reply, 'other_rule')
+    table.insert(reply, f[1])
+  end
+  return reply
+end
 local now = tonumber(ARGV[4])
 local token = tonumber(ARGV[5])
 local took_over = '0'
@@ -44,18 +63,20 @@ if f[2] then
   local stored = tonumber(f[3])
   if tonumber(f[9]) <= now then
     token = math.max(stored + 1, token)
-  elseif f[1] ~= ARGV[3] then
+  elseif f[1] ~= ARGV[3] and rule_of(f[1] or '') == rule_of(ARGV[3]) then
     return {'key_reuse'}
   elseif f[2] ~= 'in_flight' then
+    other_rule = f[1] ~= ARGV[3]
     if not f[5] then
       return {'corrupt', 'a settled record without an outcome'}
     end
-    return {'replay', f[5], f[6] or '', f[7] or '{}'}
+    return answer({'replay', f[5], f[6] or '', f[7] or '{}'})
   else
+    other_rule = f[1] ~= ARGV[3]
     if f[4] and f[4] ~= '' then
       local lease_until = tonumber(f[4])
       if lease_until > now then
-        return {'in_flight', string.format('%.0f', math.min(lease_until - now, tonumber(ARGV[8])))}
+        return answer({'in_flight', string.format('%.0f', math.min(lease_until - now, tonumber(ARGV[8])))})
       end
       took_over = '1'
     end
@@ -71,7 +92,7 @@ redis.call('HSET', KEYS[1], 'scope', ARGV[1], 'key', ARGV[2], 'fp', ARGV[3], 'st
   'created', string.format('%.0f', created), 'updated', ARGV[4],
   'expires', string.format('%.0f', expires))
 redis.call('PEXPIRE', KEYS[1], string.format('%.0f', math.max(expires - now, 1)))
-return {'claimed', string.format('%.0f', token), string.format('%.0f', lease_until), took_over}
+return answer({'claimed', string.format('%.0f', token), string.format('%.0f', lease_until), took_over})
 ",
     )
 });
@@ -183,14 +204,29 @@ pub(crate) fn claim_invocation(
         .arg(FencingToken::first_at(args.now).get())
         .arg(millis(args.settings.lease))
         .arg(millis(args.settings.retention))
-        .arg(millis(args.settings.in_flight_retry_after));
+        .arg(millis(args.settings.in_flight_retry_after))
+        .arg(RULE_MARK.as_slice());
     invocation
 }
 
-/// Reads the claim script's answer.
-pub(crate) fn claim_answer(record: &str, reply: Vec<Vec<u8>>) -> Result<ClaimAnswer, Error> {
+/// Reads the claim script's answer, and the stored fingerprint when it was
+/// made under another rule than the request's.
+pub(crate) fn claim_answer(
+    record: &str,
+    reply: Vec<Vec<u8>>,
+) -> Result<(ClaimAnswer, Option<Fingerprint>), Error> {
     let fields: Vec<&[u8]> = reply.iter().map(Vec::as_slice).collect();
-    match fields.as_slice() {
+    let (fields, other_rule) = match fields.as_slice() {
+        [rest @ .., b"other_rule", stored] => (
+            rest,
+            Some(
+                Fingerprint::from_slice(stored)
+                    .ok_or_else(|| corrupt(record, "a fingerprint that is not 32 bytes"))?,
+            ),
+        ),
+        all => (all, None),
+    };
+    let answer = match fields {
         [b"claimed", token, lease_until, took_over] => Ok(ClaimAnswer::Claimed {
             token: FencingToken::new(number(record, token, "token")?)
                 .ok_or_else(|| corrupt(record, "token is not positive"))?,
@@ -211,7 +247,8 @@ pub(crate) fn claim_answer(record: &str, reply: Vec<Vec<u8>>) -> Result<ClaimAns
             record,
             "the claim script answered in an unknown form",
         )),
-    }
+    };
+    answer.map(|answer| (answer, other_rule))
 }
 
 /// The outcome stored in `kind`, `body` and `meta`.

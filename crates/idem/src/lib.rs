@@ -45,8 +45,9 @@ pub mod sweeper;
 pub use any::{AnyConnection, AnyStore, AnyTx};
 // What an application writes: keys, payloads and results.
 pub use idem_core::{
-    Fingerprint, FingerprintError, IDEMPOTENCY_KEY_HEADER, IdempotencyKey, KeyError, MAX_KEY_LEN,
-    Outcome, OutcomeKind, Scope, UnknownOutcomeKind,
+    Fingerprint, FingerprintError, FingerprintMatch, FingerprintRule, FingerprintRuleError,
+    IDEMPOTENCY_KEY_HEADER, IdempotencyKey, KeyError, MAX_KEY_LEN, Outcome, OutcomeKind, Scope,
+    UnknownOutcomeKind,
 };
 // The effect and its record committed together; the leased protocol for
 // effects the store cannot see.

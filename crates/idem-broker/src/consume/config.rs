@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::Scope;
+use idem_core::{FingerprintRule, Scope};
 use idem_retry::{Backoff, RetryBudget};
 use idem_trace::KeyInSpans;
 
@@ -65,6 +65,7 @@ pub struct ConsumerConfig {
     pub(crate) manual_replay_allowance: Option<Duration>,
     pub(crate) key_in_spans: KeyInSpans,
     pub(crate) watchdog: Option<Duration>,
+    pub(crate) fingerprint: FingerprintRule,
 }
 
 impl fmt::Debug for ConsumerConfig {
@@ -90,6 +91,7 @@ impl fmt::Debug for ConsumerConfig {
             .field("manual_replay_allowance", &self.manual_replay_allowance)
             .field("key_in_spans", &self.key_in_spans)
             .field("watchdog", &self.watchdog)
+            .field("fingerprint", &self.fingerprint.to_string())
             .finish()
     }
 }
@@ -119,6 +121,7 @@ impl ConsumerConfig {
             manual_replay_allowance: None,
             key_in_spans: KeyInSpans::Raw,
             watchdog: None,
+            fingerprint: FingerprintRule::default(),
         }
     }
 
@@ -250,6 +253,33 @@ impl ConsumerConfig {
     pub fn watchdog(mut self, after: Duration) -> Self {
         self.watchdog = Some(after);
         self
+    }
+
+    /// What a message's fingerprint covers: the whole payload (the default),
+    /// selected JSON fields or the payload less some, and chosen headers
+    /// (looked up without regard to case). A copy whose covered parts differ
+    /// from the first one's is key reuse (dead-lettered); a record
+    /// fingerprinted under another rule (the rule changed since) is answered
+    /// as a duplicate, logged and counted. The same text as `idem serve`'s
+    /// `--fingerprint`, `--fingerprint-ignore` and `--fingerprint-header`:
+    ///
+    /// ```
+    /// use idem::{FingerprintRule, Scope};
+    /// use idem_broker::consume::ConsumerConfig;
+    ///
+    /// let config = ConsumerConfig::new(Scope::new("billing").unwrap())
+    ///     .fingerprint(FingerprintRule::default().ignore("json:/sent_at,/trace_id")?);
+    /// assert_eq!(config.fingerprint_rule().to_string(), "ignore json:/sent_at,/trace_id");
+    /// # Ok::<(), idem::FingerprintRuleError>(())
+    /// ```
+    pub fn fingerprint(mut self, rule: FingerprintRule) -> Self {
+        self.fingerprint = rule;
+        self
+    }
+
+    /// What a message's fingerprint covers.
+    pub fn fingerprint_rule(&self) -> &FingerprintRule {
+        &self.fingerprint
     }
 
     /// Calls `hook` at each [`Checkpoint`]. For fault-injection tests.

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use bytes::Bytes;
-use idem_core::{Fingerprint, IdempotencyKey, Scope, Timestamp};
+use idem_core::{Fingerprint, FingerprintRule, IdempotencyKey, Scope, Timestamp};
 
 /// One received message, broker-neutral.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,6 +71,16 @@ impl Message {
             })
             .map(String::as_str)
     }
+
+    /// The fingerprint of this message under `rule`: what it covers of the
+    /// payload and of the headers (each header's one value, or none).
+    pub fn fingerprint(&self, rule: &FingerprintRule) -> Fingerprint {
+        rule.fingerprint(&self.payload, |name| {
+            self.header(name)
+                .map(|value| vec![value.as_bytes().to_vec()])
+                .unwrap_or_default()
+        })
+    }
 }
 
 /// A message with the identity it is applied under: scope, key and payload
@@ -81,7 +91,8 @@ pub struct KeyedMessage {
     pub scope: Scope,
     /// The idempotency key taken from the message.
     pub key: IdempotencyKey,
-    /// The hash of the payload (canonical JSON when the payload is JSON).
+    /// The hash of the payload (canonical JSON when the payload is JSON), or
+    /// of what the consumer's [`FingerprintRule`] covers.
     pub fingerprint: Fingerprint,
     /// The message.
     pub message: Message,
@@ -96,5 +107,38 @@ impl KeyedMessage {
     /// The operation the store dedupes on.
     pub fn operation(&self) -> idem_core::Operation {
         idem_core::Operation::new(self.scope.clone(), self.key.clone(), self.fingerprint)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rule_covers_the_chosen_headers_without_regard_to_case() {
+        let rule = FingerprintRule::default()
+            .select("json:/amount")
+            .unwrap()
+            .header("X-Tenant")
+            .unwrap();
+        let with = |payload: &'static [u8], tenant: Option<&str>| {
+            let mut message = Message::new(payload);
+            if let Some(tenant) = tenant {
+                message.headers.insert("x-TENANT".into(), tenant.into());
+            }
+            message.fingerprint(&rule)
+        };
+        let a = with(br#"{"amount":1,"at":1}"#, Some("t1"));
+        assert_eq!(a, with(br#"{"at":2,"amount":1}"#, Some("t1")));
+        assert_ne!(a, with(br#"{"amount":1}"#, Some("t2")));
+        assert_ne!(a, with(br#"{"amount":1}"#, None));
+        assert_ne!(a, with(br#"{"amount":2}"#, Some("t1")));
+        assert_eq!(a.rule_id(), rule.id());
+        // The default rule: the payload's canonical JSON, as before rules.
+        let plain = Message::new(&br#"{"b":1,"a":2}"#[..]);
+        assert_eq!(
+            plain.fingerprint(&FingerprintRule::default()),
+            Fingerprint::of_json_or_bytes(&plain.payload)
+        );
     }
 }

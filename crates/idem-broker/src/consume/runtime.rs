@@ -426,7 +426,7 @@ impl<A: Apply> Shared<A> {
             Ok(key) => Ok(KeyedMessage {
                 scope: self.config.scope.clone(),
                 key,
-                fingerprint: Fingerprint::of_json_or_bytes(&message.payload),
+                fingerprint: message.fingerprint(&self.config.fingerprint),
                 message,
             }),
             Err(why) => Err(Box::new((message, why.to_string()))),

@@ -245,6 +245,56 @@ pub(crate) async fn keyless<B: Broker, K: Bank>() {
     }
 }
 
+/// A consumer with a fingerprint rule that leaves `/sent_at` out: a copy
+/// that differs only there is a duplicate (one effect), one that differs in
+/// the amount is key reuse (dead-lettered, not applied).
+pub(crate) async fn fingerprint_rule<B: Broker, K: Bank>() {
+    let Some((broker, bank)) = start::<B, K>().await else {
+        return;
+    };
+    broker
+        .publish(Some("order-1"), br#"{"amount": 10, "sent_at": 1}"#)
+        .await;
+    broker
+        .publish(Some("order-1"), br#"{"sent_at": 2, "amount": 10}"#)
+        .await;
+    broker
+        .publish(Some("order-1"), br#"{"amount": 11, "sent_at": 3}"#)
+        .await;
+    let rule = idem::FingerprintRule::default()
+        .ignore("json:/sent_at")
+        .expect("a valid rule");
+    let consumer = Consumer::new(
+        broker.transport().await,
+        bank.apply(false),
+        // One at a time, in order: the first copy is the one applied.
+        config(broker.key_rule()).concurrency(1).fingerprint(rule),
+    );
+    let running = Running::start(consumer.stats(), |stop| consumer.run(stop));
+    running
+        .until("three deliveries settled", |s| s.acked() >= 3)
+        .await;
+    let stats = running.stop().await;
+    assert_eq!(bank.ledger().await, ["order-1"]);
+    assert_eq!(bank.balance().await, OPENING_BALANCE - 10);
+    assert_eq!(
+        (stats.applied, stats.replayed, stats.dead_lettered),
+        (1, 1, 1),
+        "{stats:?}"
+    );
+    let letters = bank
+        .store()
+        .list_dead_letters(10, false)
+        .await
+        .expect("list");
+    assert_eq!(letters.len(), 1);
+    assert!(
+        letters[0].last_error.contains("different payload"),
+        "{}",
+        letters[0].last_error
+    );
+}
+
 /// Batch mode end to end: 200 orders, 50 of them published twice, one
 /// without a key and one poison; batches of 100.
 pub(crate) async fn batches<B: Broker, K: Bank>() {

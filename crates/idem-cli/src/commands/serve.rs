@@ -227,6 +227,10 @@ fn resolve(store: Option<&str>, args: &ServeArgs) -> anyhow::Result<GatewaySetti
         tls_client_ca: args.tls_client_ca.clone(),
         admin_token_file: args.admin_token_file.clone(),
         grpc_unary: args.grpc_unary.clone(),
+        fingerprint: args.fingerprint.clone(),
+        fingerprint_ignore: args.fingerprint_ignore.clone(),
+        fingerprint_header: (!args.fingerprint_header.is_empty())
+            .then(|| args.fingerprint_header.join(",")),
     };
     let text = args
         .config

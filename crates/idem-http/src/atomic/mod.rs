@@ -258,7 +258,7 @@ where
     let keyed = key.clone().map(|key| {
         let principal = principal_of(&parts.headers, config.principal_header.as_ref());
         let scope = scope_of(&principal, &parts.method, &route);
-        let fingerprint = fingerprint_of(&parts.method, &route, &parts, &body);
+        let fingerprint = fingerprint_of(&config.fingerprint, &parts.method, &route, &parts, &body);
         (scope, key, fingerprint)
     });
     Ok(Admitted {

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use http::{HeaderName, Method};
-use idem::StoreLocation;
+use idem::{FingerprintRule, StoreLocation};
 use serde::Deserialize;
 
 use super::tls::{TLS_SUBJECT, TLS_SUBJECT_HEADER};
@@ -110,6 +110,13 @@ pub struct GivenSettings {
     /// `--grpc-unary`: the unary gRPC methods whose keyed calls are
     /// deduplicated.
     pub grpc_unary: Option<String>,
+    /// `--fingerprint`: the JSON fields a fingerprint covers (`json:/a,/b`).
+    pub fingerprint: Option<String>,
+    /// `--fingerprint-ignore`: the JSON fields a fingerprint leaves out.
+    pub fingerprint_ignore: Option<String>,
+    /// `--fingerprint-header`: the headers a fingerprint covers,
+    /// comma-separated (the flag may be repeated).
+    pub fingerprint_header: Option<String>,
 }
 
 /// A config file's text, and its path for messages.
@@ -159,6 +166,9 @@ struct FileSettings {
     tls_client_ca: Option<String>,
     admin_token_file: Option<String>,
     grpc_unary: Option<Listed>,
+    fingerprint: Option<String>,
+    fingerprint_ignore: Option<String>,
+    fingerprint_header: Option<Listed>,
 }
 
 /// A list in the file (methods, routes, gRPC methods): `"POST,PUT"` or
@@ -266,6 +276,9 @@ pub struct GatewaySettings {
     /// an `idempotency-key` metadata entry are deduplicated; every other
     /// gRPC call (streaming ones among them) is forwarded untouched.
     pub grpc_unary: Vec<String>,
+    /// What a request's fingerprint covers besides its method, route and
+    /// target (default: the whole body).
+    pub fingerprint: FingerprintRule,
 }
 
 /// One setting's value and where it came from, for error messages.
@@ -524,6 +537,8 @@ impl GatewaySettings {
             Some(found) => parse_grpc_methods(&found.value).map_err(|e| e.of(&found.origin))?,
         };
 
+        let fingerprint = fingerprint_rule(&sources, given)?;
+
         let path = |flag: &str,
                     env: &str,
                     given: Option<&String>,
@@ -626,6 +641,7 @@ impl GatewaySettings {
         )?;
 
         Ok(Self {
+            fingerprint,
             grpc_unary,
             upstream_tls,
             tls,
@@ -664,6 +680,7 @@ impl GatewaySettings {
             } else {
                 KeyRequirement::Optional
             });
+        let config = config.fingerprint(self.fingerprint.clone());
         match &self.principal_header {
             Some(header) => config.principal_header(header.clone()),
             None => config.without_principal(),
@@ -769,6 +786,23 @@ impl GatewaySettings {
                     .join(", ")
             ),
         ];
+        if let Some(fields) = self.fingerprint.selected() {
+            lines.push(format!("fingerprint = {}", quoted(&fields)));
+        }
+        if let Some(fields) = self.fingerprint.ignored() {
+            lines.push(format!("fingerprint_ignore = {}", quoted(&fields)));
+        }
+        if !self.fingerprint.headers().is_empty() {
+            lines.push(format!(
+                "fingerprint_header = [{}]",
+                self.fingerprint
+                    .headers()
+                    .iter()
+                    .map(|h| quoted(h))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
         if let Some(admin) = self.admin_listen {
             lines.push(format!("admin_listen = {}", quoted(&admin.to_string())));
         }
@@ -792,6 +826,69 @@ impl GatewaySettings {
         file("admin_token_file", self.admin_token_file.as_ref());
         lines.join("\n") + "\n"
     }
+}
+
+/// The fingerprint rule from `--fingerprint`, `--fingerprint-ignore` and
+/// `--fingerprint-header` (or their variables, or the file's keys).
+fn fingerprint_rule(
+    sources: &Sources<'_>,
+    given: &GivenSettings,
+) -> Result<FingerprintRule, SettingsError> {
+    let select = sources.pick(
+        "fingerprint",
+        "IDEM_FINGERPRINT",
+        given.fingerprint.as_ref(),
+        |f| f.fingerprint.clone(),
+    );
+    let ignore = sources.pick(
+        "fingerprint-ignore",
+        "IDEM_FINGERPRINT_IGNORE",
+        given.fingerprint_ignore.as_ref(),
+        |f| f.fingerprint_ignore.clone(),
+    );
+    let headers = sources.pick(
+        "fingerprint-header",
+        "IDEM_FINGERPRINT_HEADER",
+        given.fingerprint_header.as_ref(),
+        |f| f.fingerprint_header.as_ref().map(Listed::text),
+    );
+    let invalid = |found: &Found, error: idem::FingerprintRuleError| {
+        SettingsError::new(format!("invalid {}: {error}", found.origin))
+    };
+    let mut rule = FingerprintRule::default();
+    match (&select, &ignore) {
+        (Some(select), Some(ignore)) => {
+            return Err(SettingsError::new(format!(
+                "{} selects the fields a fingerprint covers and {} leaves some out: give one of the two (the selection, such as json:/amount,/currency, or the fields to leave out, such as json:/sent_at)",
+                select.origin, ignore.origin
+            )));
+        }
+        (Some(found), None) => {
+            rule = rule.select(&found.value).map_err(|e| invalid(found, e))?;
+        }
+        (None, Some(found)) => {
+            rule = rule.ignore(&found.value).map_err(|e| invalid(found, e))?;
+        }
+        (None, None) => {}
+    }
+    if let Some(found) = &headers {
+        let names: Vec<&str> = found
+            .value
+            .split(',')
+            .map(str::trim)
+            .filter(|name| !name.is_empty())
+            .collect();
+        if names.is_empty() {
+            return Err(SettingsError::new(format!(
+                "invalid {}: no header named; write one or more, such as content-type or x-tenant-id",
+                found.origin
+            )));
+        }
+        for name in names {
+            rule = rule.header(name).map_err(|e| invalid(found, e))?;
+        }
+    }
+    Ok(rule)
 }
 
 /// The spool when none is given: next to an SQLite store's file
@@ -1001,7 +1098,7 @@ impl fmt::Display for GatewaySettings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "store {}; mode {}; key {} on {}; max body {} bytes; lease {}; retention {}; upstream timeout {}; principal {}; in flight {}",
+            "store {}; mode {}; key {} on {}; max body {} bytes; lease {}; retention {}; upstream timeout {}; principal {}; in flight {}; fingerprint {}",
             self.store,
             mode_name(self.mode),
             if self.require_key {
@@ -1029,6 +1126,7 @@ impl fmt::Display for GatewaySettings {
                 || "unlimited".to_owned(),
                 |limit| format!("at most {limit}")
             ),
+            self.fingerprint,
         )
     }
 }
@@ -1052,6 +1150,80 @@ mod tests {
         GatewaySettings::resolve(given, None)
             .unwrap_err()
             .to_string()
+    }
+
+    #[test]
+    fn fingerprint_rules_read_from_flags_and_file_and_bad_ones_say_what_to_write() {
+        let defaults = GatewaySettings::resolve(&upstream(), None).unwrap();
+        assert!(defaults.fingerprint.is_whole_body());
+
+        let mut given = upstream();
+        given.fingerprint = Some("json:/currency,/amount".into());
+        given.fingerprint_header = Some("Content-Type,x-tenant".into());
+        let flagged = GatewaySettings::resolve(&given, None).unwrap();
+        assert_eq!(
+            flagged.fingerprint.to_string(),
+            "json:/amount,/currency header:content-type header:x-tenant"
+        );
+        assert_eq!(
+            flagged.idempotency().fingerprint_rule(),
+            &flagged.fingerprint
+        );
+        assert!(
+            flagged
+                .to_string()
+                .contains("fingerprint json:/amount,/currency header:content-type")
+        );
+        let again = from_file(&GivenSettings::default(), &flagged.to_toml()).unwrap();
+        assert_eq!(again, flagged);
+
+        let text = "upstream = \"http://127.0.0.1:9000\"\nfingerprint_ignore = \"json:/sent_at\"\nfingerprint_header = [\"x-tenant\"]\n";
+        let filed = from_file(&GivenSettings::default(), text).unwrap();
+        assert_eq!(
+            filed.fingerprint.to_string(),
+            "ignore json:/sent_at header:x-tenant"
+        );
+        let again = from_file(&GivenSettings::default(), &filed.to_toml()).unwrap();
+        assert_eq!(again, filed);
+
+        let bad = |select: Option<&str>, ignore: Option<&str>, header: Option<&str>| {
+            let mut given = upstream();
+            given.fingerprint = select.map(Into::into);
+            given.fingerprint_ignore = ignore.map(Into::into);
+            given.fingerprint_header = header.map(Into::into);
+            error(&given)
+        };
+        let e = bad(Some("/amount"), None, None);
+        assert!(
+            e.contains("--fingerprint (or IDEM_FINGERPRINT)")
+                && e.contains("does not start with json:"),
+            "{e}"
+        );
+        let e = bad(Some("json:"), None, None);
+        assert!(e.contains("names no field"), "{e}");
+        let e = bad(None, Some("json:sent_at"), None);
+        assert!(
+            e.contains("--fingerprint-ignore (or IDEM_FINGERPRINT_IGNORE)")
+                && e.contains("not a JSON Pointer"),
+            "{e}"
+        );
+        let e = bad(Some("json:/a"), Some("json:/b"), None);
+        assert!(e.contains("give one of the two"), "{e}");
+        let e = bad(None, None, Some("x tenant"));
+        assert!(
+            e.contains("--fingerprint-header (or IDEM_FINGERPRINT_HEADER)")
+                && e.contains("is not a header name"),
+            "{e}"
+        );
+        let e = bad(None, None, Some(" , "));
+        assert!(e.contains("no header named"), "{e}");
+        let e = from_file(
+            &GivenSettings::default(),
+            "upstream = \"http://127.0.0.1:9000\"\nfingerprint = \"amount\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("`fingerprint` in idem.toml"), "{e}");
     }
 
     #[test]

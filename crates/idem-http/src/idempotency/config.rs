@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use http::header::AUTHORIZATION;
 use http::{HeaderName, Method, StatusCode};
-use idem::{DEFAULT_LEASE, DEFAULT_RETENTION, Settings};
+use idem::{DEFAULT_LEASE, DEFAULT_RETENTION, FingerprintRule, Settings};
 use idem_trace::KeyInSpans;
 
 /// Which vocabulary refusals are written in.
@@ -128,6 +128,7 @@ pub struct IdempotencyConfig {
     pub(crate) lease: Duration,
     pub(crate) retention: Duration,
     pub(crate) key_in_spans: KeyInSpans,
+    pub(crate) fingerprint: FingerprintRule,
 }
 
 impl Default for IdempotencyConfig {
@@ -142,6 +143,7 @@ impl Default for IdempotencyConfig {
             lease: DEFAULT_LEASE,
             retention: DEFAULT_RETENTION,
             key_in_spans: KeyInSpans::Raw,
+            fingerprint: FingerprintRule::default(),
         }
     }
 }
@@ -231,6 +233,37 @@ impl IdempotencyConfig {
     pub fn key_in_spans(mut self, shown: KeyInSpans) -> Self {
         self.key_in_spans = shown;
         self
+    }
+
+    /// What a request's fingerprint covers besides its method, route and
+    /// target: the whole body (the default), selected JSON fields or the body
+    /// less some, and chosen headers. A retry whose covered parts differ is
+    /// refused as key reuse; a record fingerprinted under another rule (the
+    /// rule changed since) is replayed to its retry, logged and counted.
+    ///
+    /// ```
+    /// use idem::FingerprintRule;
+    /// use idem_http::IdempotencyConfig;
+    ///
+    /// let config = IdempotencyConfig::default().fingerprint(
+    ///     FingerprintRule::default()
+    ///         .select("json:/amount,/currency,/account")?
+    ///         .header("content-type")?,
+    /// );
+    /// assert_eq!(
+    ///     config.fingerprint_rule().to_string(),
+    ///     "json:/account,/amount,/currency header:content-type"
+    /// );
+    /// # Ok::<(), idem::FingerprintRuleError>(())
+    /// ```
+    pub fn fingerprint(mut self, rule: FingerprintRule) -> Self {
+        self.fingerprint = rule;
+        self
+    }
+
+    /// What a request's fingerprint covers.
+    pub fn fingerprint_rule(&self) -> &FingerprintRule {
+        &self.fingerprint
     }
 
     /// The vocabulary of refusals.

@@ -237,7 +237,7 @@ where
     };
     let principal = principal_of(&parts.headers, config.principal_header.as_ref());
     let scope = scope_of(&principal, &parts.method, &route);
-    let fingerprint = fingerprint_of(&parts.method, &route, &parts, &body);
+    let fingerprint = fingerprint_of(&config.fingerprint, &parts.method, &route, &parts, &body);
 
     let span = tracing::info_span!(
         "idempotency",
