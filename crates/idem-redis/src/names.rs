@@ -48,6 +48,16 @@ pub(crate) fn dead_letter_prefix(prefix: &str) -> String {
     format!("{prefix}{{dlq}}:")
 }
 
+/// The Redis keys of the audit log under `prefix`: the id counter and the
+/// stream of entries. Both share the hash tag `{audit}`.
+pub(crate) fn audit_counter(prefix: &str) -> String {
+    format!("{prefix}{{audit}}:next")
+}
+
+pub(crate) fn audit_log(prefix: &str) -> String {
+    format!("{prefix}{{audit}}:log")
+}
+
 /// The `SCAN MATCH` pattern of every record under `prefix`.
 pub(crate) fn records_pattern(prefix: &str) -> String {
     pattern(prefix, "rec:")
