@@ -82,9 +82,14 @@ pub(super) async fn run(store: &AnyStore, args: &AuditLogArgs) -> anyhow::Result
         return Ok(());
     }
     let mut table = Table::new();
-    table
-        .load_preset(UTF8_FULL_CONDENSED)
-        .set_header(["id", "at", "actor", "action", "what", "as it was"]);
+    table.load_preset(UTF8_FULL_CONDENSED).set_header([
+        "id",
+        "at",
+        "actor",
+        "action",
+        "what",
+        "as it was",
+    ]);
     for entry in &entries {
         table.add_row([
             entry.id.to_string(),

@@ -33,7 +33,9 @@ pub(crate) fn confirm(args: &ConfirmArgs, verb: &str) -> anyhow::Result<()> {
         bail!("nothing changed: run again with --yes to {verb}");
     }
     print!("{verb}? [y/N] ");
-    std::io::stdout().flush().context("cannot write the question")?;
+    std::io::stdout()
+        .flush()
+        .context("cannot write the question")?;
     let mut answer = String::new();
     stdin
         .lock()

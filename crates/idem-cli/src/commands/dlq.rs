@@ -570,7 +570,9 @@ async fn set_aside(store: &AnyStore, args: &SetAsideArgs, what: SetAside) -> any
                 .get_dead_letter(id)
                 .await
                 .context("cannot read the dead letter")?
-                .with_context(|| format!("no dead letter with id {id}; `idem dlq ls` lists them"))?,
+                .with_context(|| {
+                    format!("no dead letter with id {id}; `idem dlq ls` lists them")
+                })?,
         ],
         (None, Some(given)) => {
             let given = given.trim();
@@ -599,9 +601,13 @@ async fn set_aside(store: &AnyStore, args: &SetAsideArgs, what: SetAside) -> any
         );
     }
     let mut table = Table::new();
-    table
-        .load_preset(UTF8_FULL_CONDENSED)
-        .set_header(["id", "origin", "key", "dead at", "last error"]);
+    table.load_preset(UTF8_FULL_CONDENSED).set_header([
+        "id",
+        "origin",
+        "key",
+        "dead at",
+        "last error",
+    ]);
     for letter in &chosen {
         table.add_row([
             letter.id.to_string(),
@@ -644,7 +650,11 @@ async fn set_aside(store: &AnyStore, args: &SetAsideArgs, what: SetAside) -> any
                 skipped += 1;
             }
             LetterAction::AlreadyArchived(at) => {
-                println!("dead letter {} was archived already, at {}", letter.id, time(at));
+                println!(
+                    "dead letter {} was archived already, at {}",
+                    letter.id,
+                    time(at)
+                );
                 skipped += 1;
             }
         }

@@ -8,8 +8,8 @@ use std::time::SystemTime;
 use anyhow::Context;
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 use idem::{
-    AdminStore, AnyStore, IdempotencyKey, Outcome, Record, RecordAction, RecordFilter,
-    RecordState, RecordStore, Scope, Timestamp,
+    AdminStore, AnyStore, IdempotencyKey, Outcome, Record, RecordAction, RecordFilter, RecordState,
+    RecordStore, Scope, Timestamp,
 };
 use serde_json::{Value, json};
 
@@ -191,7 +191,9 @@ fn not_done(answer: RecordAction, seen: &Record) -> anyhow::Error {
     let at = format!("key {} in scope {}", seen.key, seen.scope);
     match answer {
         RecordAction::Done(_) => unreachable!("a change that was done is not refused"),
-        RecordAction::Missing => anyhow::anyhow!("the record of {at} is gone already; nothing changed"),
+        RecordAction::Missing => {
+            anyhow::anyhow!("the record of {at} is gone already; nothing changed")
+        }
         RecordAction::Changed(now) => anyhow::anyhow!(
             "the record of {at} changed since it was shown (it is {} now, token {}); nothing changed: run the command again to see it as it is",
             now.state,
@@ -206,8 +208,9 @@ fn not_held(record: &Record) -> anyhow::Error {
     let at = format!("key {} in scope {}", record.key, record.scope);
     if record.state == RecordState::InFlight {
         anyhow::anyhow!(
-            "the claim on {at} was released already (token {}): the next claim takes the key at once, so there is nothing to end"
-        , record.token)
+            "the claim on {at} was released already (token {}): the next claim takes the key at once, so there is nothing to end",
+            record.token
+        )
     } else {
         anyhow::anyhow!(
             "{at} is {}, not in flight: there is no claim to end (`idem keys rm` evicts the record, so the key applies anew)",
