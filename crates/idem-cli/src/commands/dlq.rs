@@ -618,13 +618,15 @@ async fn set_aside(store: &AnyStore, args: &SetAsideArgs, what: SetAside) -> any
         ]);
     }
     println!("{table}");
-    println!(
-        "would {} {} dead letter{}: {}",
-        what.verb(),
-        chosen.len(),
-        if chosen.len() == 1 { "" } else { "s" },
-        what.effect()
-    );
+    if !args.confirm.yes {
+        println!(
+            "would {} {} dead letter{}: {}",
+            what.verb(),
+            chosen.len(),
+            if chosen.len() == 1 { "" } else { "s" },
+            what.effect()
+        );
+    }
     super::confirm::confirm(&args.confirm, &format!("{} them", what.verb()))?;
     let (mut done, mut skipped) = (0u64, 0u64);
     for letter in &chosen {

@@ -232,7 +232,9 @@ pub(super) async fn remove(store: &AnyStore, args: &ChangeArgs) -> anyhow::Resul
             "; the claim's holder, if still running, has its completion refused (fenced)",
         );
     }
-    println!("{what}");
+    if !args.confirm.yes {
+        println!("{what}");
+    }
     confirm(&args.confirm, "remove it")?;
     match store
         .evict(&record, &actor)
@@ -257,10 +259,12 @@ pub(super) async fn release(store: &AnyStore, args: &ChangeArgs) -> anyhow::Resu
     }
     let actor = actor(&args.confirm)?;
     println!("{}", record_table(&record));
-    println!(
-        "would end the claim on key {} in scope {}: token {} is fenced (its holder's completion is refused) and the next claim runs at once with a greater token",
-        record.key, record.scope, record.token
-    );
+    if !args.confirm.yes {
+        println!(
+            "would end the claim on key {} in scope {}: token {} is fenced (its holder's completion is refused) and the next claim runs at once with a greater token",
+            record.key, record.scope, record.token
+        );
+    }
     confirm(&args.confirm, "end the claim")?;
     match store
         .release_claim(&record, &actor)
