@@ -7,7 +7,8 @@
 //! and key are also stored in the hash, which is where they are read back
 //! from. A message's failed attempts sit beside it under `att:`; the dead
 //! letters share the hash tag `{dlq}`, so the scripts that write a letter
-//! and its index touch one slot.
+//! and its index touch one slot, and the audit log of operators' changes
+//! (a counter and a stream) shares `{audit}`.
 
 use idem_core::{IdempotencyKey, Scope};
 
