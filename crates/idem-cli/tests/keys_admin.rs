@@ -465,3 +465,52 @@ async fn dlq_archive_and_discard_on_redis() {
         dead_letters(&backend).await;
     }
 }
+
+/// `idem ARGS…` on a pseudo-terminal (util-linux `script`), typing `answer`
+/// at its question.
+fn on_a_terminal(backend: &Backend, args: &[&str], answer: &str) -> Output {
+    use std::io::Write;
+    let mut line = format!("'{}' --store '{}'", env!("CARGO_BIN_EXE_idem"), backend.url);
+    for arg in args {
+        line.push_str(&format!(" '{arg}'"));
+    }
+    let mut child = std::process::Command::new("script")
+        .args(["-qec", &line, "/dev/null"])
+        .env_remove("IDEM_STORE")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run script (util-linux) to give idem a terminal");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(format!("{answer}\n").as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// On a terminal, idem asks: anything but `y` changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_rm_asks_on_a_terminal() {
+    let backend = Backend::sqlite();
+    let store = backend.store().await;
+    let (scope, key) = (Scope::new("s").unwrap(), IdempotencyKey::new("k").unwrap());
+    let runs = AtomicU32::new(0);
+    apply(&store, &scope, &key, &runs).await;
+
+    let out = on_a_terminal(&backend, &["keys", "rm", "s", "k"], "n");
+    let shown = text(&out.stdout);
+    assert!(!out.status.success(), "{shown}");
+    assert!(shown.contains("remove it? [y/N]"), "{shown}");
+    assert!(shown.contains("not confirmed"), "{shown}");
+    assert!(store.get(&scope, &key).await.unwrap().is_some());
+
+    let out = on_a_terminal(&backend, &["keys", "rm", "s", "k", "--actor", "dave"], "y");
+    let shown = text(&out.stdout);
+    assert!(out.status.success(), "{shown}");
+    assert!(shown.contains("removed key k in scope s"), "{shown}");
+    assert_eq!(store.get(&scope, &key).await.unwrap(), None);
+    assert_eq!(audit_log(&backend).await[0]["actor"], "dave");
+}
