@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 #[command(name = "idem", version, about, long_about = None)]
 pub(crate) struct Cli {
     /// Where the store lives: sqlite://PATH or postgres://USER@HOST:PORT/DATABASE,
-    /// or for leased mode only (serve, forward, keys, gc, dlq)
+    /// or for leased mode only (serve, forward, keys, gc, dlq, audit-log)
     /// redis://HOST:PORT/DB or redis+cluster://HOST:PORT,HOST:PORT
     /// [default: sqlite://idem.db; `demo` and `bench` default to a temporary file].
     #[arg(long, env = "IDEM_STORE", global = true)]
@@ -27,7 +27,7 @@ pub(crate) struct Cli {
 pub(crate) enum Command {
     /// Create or upgrade the store's schema.
     Migrate,
-    /// Look at stored idempotency records.
+    /// Look at stored idempotency records; evict a key, end a stuck claim.
     #[command(subcommand)]
     Keys(KeysCommand),
     /// Delete records past retention, in bounded batches.
@@ -48,9 +48,14 @@ pub(crate) enum Command {
     /// Publish the store's outbox rows, each with its own key (AMQP message_id,
     /// Nats-Msg-Id, Idempotency-Key); retry with jitter, dead-letter after N attempts.
     Relay(crate::commands::relay::RelayArgs),
-    /// List, show and redrive dead letters; a redrive keeps the original key.
+    /// List, show, redrive, discard and archive dead letters; a redrive
+    /// keeps the original key.
     #[command(subcommand)]
     Dlq(crate::commands::dlq::DlqCommand),
+    /// What operators changed by hand (idem keys rm and release, idem dlq
+    /// discard and archive): who, when, what, and the record or letter as
+    /// it was. Newest first.
+    AuditLog(AuditLogArgs),
     /// For staging: a reverse proxy that sends a share of the requests twice
     /// and reports the routes that answer the copy as a new request.
     DupProxy(crate::commands::dup_proxy::DupProxyArgs),
@@ -72,6 +77,48 @@ pub(crate) enum KeysCommand {
     Ls(LsArgs),
     /// Show one record in full.
     Show(ShowArgs),
+    /// Evict a key: show its record, remove it (after a confirmation, or
+    /// with --yes) and log it in the audit log. The key's next use applies
+    /// its effect again.
+    Rm(ChangeArgs),
+    /// End a stuck in-flight claim now: its token is fenced (the holder's
+    /// completion is refused) and the next claim runs at once with a
+    /// greater token. Logged in the audit log.
+    Release(ChangeArgs),
+}
+
+/// Who changes the store by hand, and whether they confirmed.
+#[derive(Debug, Args)]
+pub(crate) struct ConfirmArgs {
+    /// Do it without asking; without it, idem asks on a terminal and
+    /// otherwise only says what would change, and exits with status 1.
+    #[arg(long)]
+    pub yes: bool,
+    /// Who does it, for the audit log [default: the operating-system user].
+    #[arg(long, env = "IDEM_ACTOR", value_name = "NAME")]
+    pub actor: Option<String>,
+}
+
+/// `idem keys rm` and `idem keys release`
+#[derive(Debug, Args)]
+pub(crate) struct ChangeArgs {
+    /// The record's scope, as `idem keys ls` shows it (a principal's hash
+    /// stays a hash).
+    pub scope: String,
+    /// The idempotency key.
+    pub key: String,
+    #[command(flatten)]
+    pub confirm: ConfirmArgs,
+}
+
+/// `idem audit-log`
+#[derive(Debug, Args)]
+pub(crate) struct AuditLogArgs {
+    /// At most this many entries, newest first.
+    #[arg(long, default_value_t = 100)]
+    pub limit: usize,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 /// How records are printed.

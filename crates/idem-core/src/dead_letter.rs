@@ -62,15 +62,27 @@ pub struct DeadLetter {
     pub dead_at: Timestamp,
     /// When it was last redriven, if ever.
     pub redriven_at: Option<Timestamp>,
+    /// When an operator archived it (`idem dlq archive`), if ever: kept, but
+    /// no longer waiting.
+    pub archived_at: Option<Timestamp>,
+}
+
+impl DeadLetter {
+    /// Whether it still waits for a redrive: neither redriven nor archived.
+    pub fn is_waiting(&self) -> bool {
+        self.redriven_at.is_none() && self.archived_at.is_none()
+    }
 }
 
 /// How many dead letters wait, and since when.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct DeadLetterStats {
-    /// Letters not redriven yet.
+    /// Letters neither redriven nor archived.
     pub waiting: u64,
-    /// Letters already redriven (kept until the retention ends).
+    /// Letters redriven and not archived (kept until the retention ends).
     pub redriven: u64,
+    /// Letters archived by an operator (kept until the retention ends).
+    pub archived: u64,
     /// When the oldest waiting letter was recorded.
     pub oldest_waiting: Option<Timestamp>,
 }
@@ -87,8 +99,8 @@ pub trait DeadLetterStore: Send + Sync {
         letter: &NewDeadLetter,
     ) -> impl Future<Output = Result<i64, Error>> + Send;
 
-    /// The oldest `limit` dead letters (by id), without the redriven ones
-    /// unless `include_redriven`.
+    /// The oldest `limit` dead letters (by id): the waiting ones, or with
+    /// `include_redriven` every one (redriven and archived too).
     fn list_dead_letters(
         &self,
         limit: usize,

@@ -22,6 +22,8 @@
 //! - [`outbox`](crate::OutboxStore): the transactional outbox, enqueued in the
 //!   business transaction ([`AtomicOutbox`]) and claimed by relays;
 //! - [`dead_letter`](crate::DeadLetterStore): messages given up on, kept with their key;
+//! - [`admin`](crate::AdminStore): what an operator changes by hand (evict a key, end a
+//!   stuck claim, discard or archive a dead letter), each logged in the audit log;
 //! - [`attempts`](crate::AttemptStore): failed attempts per message, for consumers;
 //! - [`error`](crate::Error): refusals and store failures;
 //! - [`error_chain`]: an error and its causes on one line, for messages and logs;
@@ -31,6 +33,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod admin;
 mod atomic;
 mod attempts;
 mod batch;
@@ -52,6 +55,10 @@ mod record;
 mod settings;
 mod store;
 
+pub use admin::{
+    AdminStore, AuditAction, AuditEntry, AuditSubject, LetterAction, NewAuditEntry, RecordAction,
+    UnknownAction, dead_letter_json, is_held, record_json, unchanged,
+};
 pub use atomic::{
     AtomicEffect, AtomicStore, BatchApplied, SetApplied, TxCall, outcome_count_mismatch,
 };

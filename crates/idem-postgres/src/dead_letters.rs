@@ -18,26 +18,32 @@ use crate::error::BadRow;
 use crate::headers;
 use crate::store::PgStore;
 
+/// One letter, for the operators' changes that read it first.
+pub(crate) const GET_FOR_UPDATE: &str = "SELECT id, origin, destination, key, payload, headers,
+    attempts, last_error, first_seen_at, dead_at, redriven_at, archived_at
+    FROM idem_dead_letters WHERE id = $1 FOR UPDATE";
 const INSERT: &str = "INSERT INTO idem_dead_letters
     (origin, destination, key, payload, headers, attempts, last_error, first_seen_at, dead_at)
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING id";
 const LIST: &str = "SELECT id, origin, destination, key, payload, headers, attempts, last_error,
-    first_seen_at, dead_at, redriven_at
-    FROM idem_dead_letters WHERE ($2 OR redriven_at IS NULL) ORDER BY id LIMIT $1";
+    first_seen_at, dead_at, redriven_at, archived_at
+    FROM idem_dead_letters WHERE ($2 OR (redriven_at IS NULL AND archived_at IS NULL))
+    ORDER BY id LIMIT $1";
 const GET: &str = "SELECT id, origin, destination, key, payload, headers, attempts, last_error,
-    first_seen_at, dead_at, redriven_at
+    first_seen_at, dead_at, redriven_at, archived_at
     FROM idem_dead_letters WHERE id = $1";
 const MARK_REDRIVEN: &str = "UPDATE idem_dead_letters SET redriven_at = $2 WHERE id = $1";
 const STATS: &str = "SELECT
-    COUNT(*) FILTER (WHERE redriven_at IS NULL),
-    COUNT(*) FILTER (WHERE redriven_at IS NOT NULL),
-    MIN(dead_at) FILTER (WHERE redriven_at IS NULL)
+    COUNT(*) FILTER (WHERE redriven_at IS NULL AND archived_at IS NULL),
+    COUNT(*) FILTER (WHERE redriven_at IS NOT NULL AND archived_at IS NULL),
+    MIN(dead_at) FILTER (WHERE redriven_at IS NULL AND archived_at IS NULL),
+    COUNT(*) FILTER (WHERE archived_at IS NOT NULL)
     FROM idem_dead_letters";
 const SWEEP: &str = "DELETE FROM idem_dead_letters WHERE id IN
     (SELECT id FROM idem_dead_letters WHERE dead_at < $1 ORDER BY dead_at LIMIT $2)";
 
 /// A row read back and checked.
-fn letter(row: &PgRow) -> sqlx::Result<DeadLetter> {
+pub(crate) fn letter(row: &PgRow) -> sqlx::Result<DeadLetter> {
     let id: i64 = row.try_get(0)?;
     let bad = |why: String| BadRow::into_sqlx(format!("dead letter {id} {why}"));
     let attempts: i32 = row.try_get(6)?;
@@ -55,6 +61,7 @@ fn letter(row: &PgRow) -> sqlx::Result<DeadLetter> {
         first_seen_at: Timestamp(row.try_get(8)?),
         dead_at: Timestamp(row.try_get(9)?),
         redriven_at: row.try_get::<Option<i64>, _>(10)?.map(Timestamp),
+        archived_at: row.try_get::<Option<i64>, _>(11)?.map(Timestamp),
     })
 }
 
@@ -129,14 +136,16 @@ impl DeadLetterStore for PgStore {
     }
 
     async fn dead_letter_stats(&self) -> Result<DeadLetterStats, Error> {
-        let (waiting, redriven, oldest): (i64, i64, Option<i64>) = sqlx::query_as(STATS)
-            .fetch_one(self.pool())
-            .await
-            .map_err(|e| self.fail(e))?;
+        let (waiting, redriven, oldest, archived): (i64, i64, Option<i64>, i64) =
+            sqlx::query_as(STATS)
+                .fetch_one(self.pool())
+                .await
+                .map_err(|e| self.fail(e))?;
         Ok(DeadLetterStats {
             waiting: waiting.unsigned_abs(),
             redriven: redriven.unsigned_abs(),
             oldest_waiting: oldest.map(Timestamp),
+            archived: archived.unsigned_abs(),
         })
     }
 

@@ -27,6 +27,8 @@
 //!   caller's transaction and the relay's statements, and [`OutboxListener`],
 //!   its LISTEN/NOTIFY wake-ups;
 //! - `dead_letters`: dead letters (`idem_dead_letters`);
+//! - `admin`: what operators change by hand ([`AdminStore`](idem_core::AdminStore)),
+//!   each change and its row in the audit log (`idem_audit`) in one transaction;
 //! - `attempts`: consumers' failed attempts (`idem_consumer_attempts`);
 //! - `headers`: message headers as the JSON text the outbox and dead letters keep;
 //! - `seed`: test and benchmark hooks on the records table (bulk records, statistics, size);
@@ -92,6 +94,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod admin;
 mod atomic;
 mod attempts;
 mod batch;

@@ -101,7 +101,7 @@ impl DeadLetterStore for RedisStore {
             if letters.len() >= limit {
                 break;
             }
-            if include_redriven || letter.redriven_at.is_none() {
+            if include_redriven || letter.is_waiting() {
                 letters.push(letter);
             }
         }
@@ -139,7 +139,9 @@ impl DeadLetterStore for RedisStore {
     async fn dead_letter_stats(&self) -> Result<DeadLetterStats, Error> {
         let mut stats = DeadLetterStats::default();
         for letter in self.all_dead_letters().await? {
-            if letter.redriven_at.is_some() {
+            if letter.archived_at.is_some() {
+                stats.archived += 1;
+            } else if letter.redriven_at.is_some() {
                 stats.redriven += 1;
             } else {
                 stats.waiting += 1;
@@ -232,6 +234,10 @@ fn letter(name: &str, id: i64, fields: &HashMap<String, Vec<u8>>) -> Result<Dead
         dead_at: Timestamp(number("dead_at")?),
         redriven_at: match fields.get("redriven_at") {
             Some(_) => Some(Timestamp(number("redriven_at")?)),
+            None => None,
+        },
+        archived_at: match fields.get("archived_at") {
+            Some(_) => Some(Timestamp(number("archived_at")?)),
             None => None,
         },
     })

@@ -26,6 +26,8 @@
 //!   attempts, counted beside its record;
 //! - `dead_letters`: [`DeadLetterStore`](idem_core::DeadLetterStore), the messages
 //!   a consumer gave up on (`idem forward`, `idem dlq`);
+//! - `admin`: [`AdminStore`](idem_core::AdminStore), what operators change by hand,
+//!   and the audit log, a stream under the prefix;
 //! - `error`: the one mapping of redis-rs errors to [`ErrorKind`](idem_core::ErrorKind).
 //!
 //! # How concurrent callers are kept apart
@@ -47,6 +49,7 @@
 
 #![forbid(unsafe_code)]
 
+mod admin;
 mod attempts;
 mod dead_letters;
 mod durability;

@@ -7,7 +7,8 @@
 //! and key are also stored in the hash, which is where they are read back
 //! from. A message's failed attempts sit beside it under `att:`; the dead
 //! letters share the hash tag `{dlq}`, so the scripts that write a letter
-//! and its index touch one slot.
+//! and its index touch one slot, and the audit log of operators' changes
+//! (a counter and a stream) shares `{audit}`.
 
 use idem_core::{IdempotencyKey, Scope};
 
@@ -46,6 +47,16 @@ pub(crate) fn dead_letter(prefix: &str, id: i64) -> String {
 /// What every dead letter's key starts with, its id following.
 pub(crate) fn dead_letter_prefix(prefix: &str) -> String {
     format!("{prefix}{{dlq}}:")
+}
+
+/// The Redis keys of the audit log under `prefix`: the id counter and the
+/// stream of entries. Both share the hash tag `{audit}`.
+pub(crate) fn audit_counter(prefix: &str) -> String {
+    format!("{prefix}{{audit}}:next")
+}
+
+pub(crate) fn audit_log(prefix: &str) -> String {
+    format!("{prefix}{{audit}}:log")
 }
 
 /// The `SCAN MATCH` pattern of every record under `prefix`.

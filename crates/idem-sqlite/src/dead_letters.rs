@@ -20,16 +20,18 @@ const INSERT: &str = "INSERT INTO idem_dead_letters
     (origin, destination, key, payload, headers, attempts, last_error, first_seen_at, dead_at)
     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) RETURNING id";
 const LIST: &str = "SELECT id, origin, destination, key, payload, headers, attempts, last_error,
-    first_seen_at, dead_at, redriven_at
-    FROM idem_dead_letters WHERE (?2 OR redriven_at IS NULL) ORDER BY id LIMIT ?1";
+    first_seen_at, dead_at, redriven_at, archived_at
+    FROM idem_dead_letters WHERE (?2 OR (redriven_at IS NULL AND archived_at IS NULL))
+    ORDER BY id LIMIT ?1";
 const GET: &str = "SELECT id, origin, destination, key, payload, headers, attempts, last_error,
-    first_seen_at, dead_at, redriven_at
+    first_seen_at, dead_at, redriven_at, archived_at
     FROM idem_dead_letters WHERE id = ?1";
 const MARK_REDRIVEN: &str = "UPDATE idem_dead_letters SET redriven_at = ?2 WHERE id = ?1";
 const STATS: &str = "SELECT
-    COUNT(*) FILTER (WHERE redriven_at IS NULL),
-    COUNT(*) FILTER (WHERE redriven_at IS NOT NULL),
-    MIN(dead_at) FILTER (WHERE redriven_at IS NULL)
+    COUNT(*) FILTER (WHERE redriven_at IS NULL AND archived_at IS NULL),
+    COUNT(*) FILTER (WHERE redriven_at IS NOT NULL AND archived_at IS NULL),
+    MIN(dead_at) FILTER (WHERE redriven_at IS NULL AND archived_at IS NULL),
+    COUNT(*) FILTER (WHERE archived_at IS NOT NULL)
     FROM idem_dead_letters";
 const SWEEP: &str = "DELETE FROM idem_dead_letters WHERE id IN
     (SELECT id FROM idem_dead_letters WHERE dead_at < ?1 ORDER BY dead_at LIMIT ?2)";
@@ -47,6 +49,7 @@ struct Raw {
     first_seen_at: i64,
     dead_at: i64,
     redriven_at: Option<i64>,
+    archived_at: Option<i64>,
 }
 
 impl Raw {
@@ -63,6 +66,7 @@ impl Raw {
             first_seen_at: row.get(8)?,
             dead_at: row.get(9)?,
             redriven_at: row.get(10)?,
+            archived_at: row.get(11)?,
         })
     }
 
@@ -83,6 +87,7 @@ impl Raw {
             first_seen_at: Timestamp(self.first_seen_at),
             dead_at: Timestamp(self.dead_at),
             redriven_at: self.redriven_at.map(Timestamp),
+            archived_at: self.archived_at.map(Timestamp),
         })
     }
 }
@@ -112,6 +117,16 @@ pub(crate) fn insert(
             )
         })
         .map_err(|e| map_error("record a dead letter", e))
+}
+
+/// Dead letter `id` on an open connection, inside whatever transaction it
+/// is in.
+pub(crate) fn select(conn: &Connection, id: i64) -> Result<Option<DeadLetter>, Error> {
+    conn.prepare_cached(GET)
+        .and_then(|mut statement| statement.query_row([id], Raw::read).optional())
+        .map_err(|e| map_error("read a dead letter", e))?
+        .map(Raw::check)
+        .transpose()
 }
 
 fn limit(limit: usize) -> i64 {
@@ -145,14 +160,7 @@ impl DeadLetterStore for SqliteStore {
     }
 
     async fn get_dead_letter(&self, id: i64) -> Result<Option<DeadLetter>, Error> {
-        self.with_connection(move |conn| {
-            conn.prepare_cached(GET)
-                .and_then(|mut statement| statement.query_row([id], Raw::read).optional())
-                .map_err(|e| map_error("read a dead letter", e))?
-                .map(Raw::check)
-                .transpose()
-        })
-        .await?
+        self.with_connection(move |conn| select(conn, id)).await?
     }
 
     async fn mark_redriven(&self, id: i64) -> Result<(), Error> {
@@ -176,6 +184,7 @@ impl DeadLetterStore for SqliteStore {
                     waiting: row.get::<_, i64>(0)?.unsigned_abs(),
                     redriven: row.get::<_, i64>(1)?.unsigned_abs(),
                     oldest_waiting: row.get::<_, Option<i64>>(2)?.map(Timestamp),
+                    archived: row.get::<_, i64>(3)?.unsigned_abs(),
                 })
             })
             .map_err(|e| map_error("count dead letters", e))

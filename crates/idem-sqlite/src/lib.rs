@@ -20,6 +20,8 @@
 //!   [`SqliteStore::advance`], the guarded write on the application's own tables;
 //! - `outbox`: the transactional outbox (`idem_outbox`), enqueue and relay statements;
 //! - `dead_letters`: dead letters (`idem_dead_letters`);
+//! - `admin`: what operators change by hand ([`AdminStore`](idem_core::AdminStore)),
+//!   each change and its row in the audit log (`idem_audit`) in one transaction;
 //! - `attempts`: consumers' failed attempts (`idem_consumer_attempts`);
 //! - `headers`: message headers as the JSON text the outbox and dead letters keep;
 //! - `seed`: test and benchmark hooks on the records table (bulk records, statistics, size);
@@ -36,6 +38,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod admin;
 mod atomic;
 mod attempts;
 mod batch;

@@ -200,6 +200,34 @@ pub(crate) fn update_held(
     Ok(changed == 1)
 }
 
+/// Deletes the record of `(scope, key)` (an operator's eviction).
+pub(crate) fn delete(conn: &Connection, scope: &str, key: &str) -> Result<(), Error> {
+    conn.prepare_cached("DELETE FROM idem_records WHERE scope = ?1 AND key = ?2")
+        .and_then(|mut stmt| stmt.execute(params![scope, key]))
+        .map_err(|e| map_error("remove a record", e))?;
+    Ok(())
+}
+
+/// Ends the in-flight claim with `token` (an operator's release): the lease
+/// is cleared and the token raised by one, so its holder is fenced and the
+/// next claim takes the token after that. Returns whether a row changed.
+pub(crate) fn end_claim(
+    conn: &Connection,
+    scope: &str,
+    key: &str,
+    token: FencingToken,
+    now: Timestamp,
+) -> Result<bool, Error> {
+    let changed = conn
+        .prepare_cached(
+            "UPDATE idem_records SET token = token + 1, lease_until = NULL, updated_at = ?1 \
+             WHERE scope = ?2 AND key = ?3 AND token = ?4 AND state = 'in_flight'",
+        )
+        .and_then(|mut stmt| stmt.execute(params![now.0, scope, key, token.get()]))
+        .map_err(|e| map_error("end a claim", e))?;
+    Ok(changed == 1)
+}
+
 /// Records matching `filter`, newest first.
 pub(crate) fn list(conn: &Connection, filter: &RecordFilter) -> Result<Vec<Record>, Error> {
     let mut stmt = conn

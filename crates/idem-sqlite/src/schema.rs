@@ -99,6 +99,22 @@ CREATE TABLE IF NOT EXISTS idem_consumer_attempts (
     PRIMARY KEY (scope, key)
 );
 "#,
+    // 6: the audit log of what operators change by hand (`admin`), and
+    // dead letters set aside by an operator (archived: kept, not waiting).
+    r#"
+CREATE TABLE idem_audit (
+    id             INTEGER PRIMARY KEY AUTOINCREMENT,
+    at             INTEGER NOT NULL,
+    actor          TEXT    NOT NULL,
+    action         TEXT    NOT NULL,
+    scope          TEXT,
+    key            TEXT    NOT NULL,
+    dead_letter_id INTEGER,
+    before         TEXT    NOT NULL,
+    CHECK ((scope IS NULL) <> (dead_letter_id IS NULL))
+);
+ALTER TABLE idem_dead_letters ADD COLUMN archived_at INTEGER;
+"#,
 ];
 
 /// The schema version this build writes.

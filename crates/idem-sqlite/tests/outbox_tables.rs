@@ -12,12 +12,14 @@ async fn a_file_an_earlier_broker_made_upgrades_with_its_rows() {
 
     // Back to what an earlier version left: the store's own schema at version
     // 2, and the broker's tables (same definitions) with rows in them and the
-    // broker's record of its migrations.
+    // broker's record of its migrations; nothing later migrations add.
     let store = SqliteStore::open(&path).await.unwrap();
     store
         .with_connection(|conn| {
             conn.execute_batch(
                 "PRAGMA user_version = 2;
+                 DROP TABLE idem_audit;
+                 ALTER TABLE idem_dead_letters DROP COLUMN archived_at;
                  CREATE TABLE idem_broker_schema (component TEXT NOT NULL PRIMARY KEY, version INTEGER NOT NULL);
                  INSERT INTO idem_broker_schema VALUES ('outbox', 1), ('dead_letters', 1);
                  INSERT INTO idem_outbox (destination, key, payload, headers, created_at)

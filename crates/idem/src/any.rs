@@ -44,7 +44,8 @@ use crate::StoreLocation;
 /// Any store, behind the shared traits.
 ///
 /// Every store offers leased mode ([`LeaseStore`]), inspection
-/// ([`RecordStore`]), failed attempts and dead letters. Atomic mode
+/// ([`RecordStore`]), failed attempts, dead letters and operators' changes
+/// with their audit log ([`AdminStore`](idem_core::AdminStore)). Atomic mode
 /// ([`AtomicStore`]), the outbox and fencing leases ([`FenceStore`]) write
 /// in the effect's own database, so only SQLite and PostgreSQL offer them: on a
 /// Redis store those calls fail with an [`ErrorKind::Config`] error saying
@@ -458,6 +459,40 @@ impl idem_core::DeadLetterStore for AnyStore {
 
     async fn sweep_dead_letters(&self, retention: Duration, limit: usize) -> Result<u64, Error> {
         each_store!(self, s => s.sweep_dead_letters(retention, limit).await)
+    }
+}
+
+impl idem_core::AdminStore for AnyStore {
+    async fn evict(&self, seen: &Record, actor: &str) -> Result<idem_core::RecordAction, Error> {
+        each_store!(self, s => s.evict(seen, actor).await)
+    }
+
+    async fn release_claim(
+        &self,
+        seen: &Record,
+        actor: &str,
+    ) -> Result<idem_core::RecordAction, Error> {
+        each_store!(self, s => s.release_claim(seen, actor).await)
+    }
+
+    async fn discard_dead_letter(
+        &self,
+        id: i64,
+        actor: &str,
+    ) -> Result<idem_core::LetterAction, Error> {
+        each_store!(self, s => s.discard_dead_letter(id, actor).await)
+    }
+
+    async fn archive_dead_letter(
+        &self,
+        id: i64,
+        actor: &str,
+    ) -> Result<idem_core::LetterAction, Error> {
+        each_store!(self, s => s.archive_dead_letter(id, actor).await)
+    }
+
+    async fn audit_log(&self, limit: usize) -> Result<Vec<idem_core::AuditEntry>, Error> {
+        each_store!(self, s => s.audit_log(limit).await)
     }
 }
 

@@ -67,6 +67,11 @@ pub use idem_core::{
     AtomicOutbox, AttemptStore, DeadLetter, DeadLetterStats, DeadLetterStore, Failures,
     NewDeadLetter, OutboxMessage, OutboxStats, OutboxStore, Pending, WakeUps,
 };
+// What operators change by hand, and the audit log that keeps it.
+pub use idem_core::{
+    AdminStore, AuditAction, AuditEntry, AuditSubject, LetterAction, NewAuditEntry, RecordAction,
+    UnknownAction, dead_letter_json, is_held, record_json, unchanged,
+};
 // Fencing tokens on named resources, and guarded writes.
 pub use idem_core::{FenceStore, Guard, GuardOrdering, IdentifierError, Lease, Resource};
 pub use idem_core::{crash, health, observe};

@@ -1,17 +1,21 @@
-//! `idem dlq ls | groups | show ID | redrive ID|--all|--group CAUSE`: the dead
+//! `idem dlq ls | groups | show ID | redrive ID|--all|--group CAUSE |
+//! discard ID|--group CAUSE | archive ID|--group CAUSE`: the dead
 //! letters of the relay, the consumers and the sidecar, for people (a table)
 //! and scripts (`--json`). A redrive publishes the stored payload to the
 //! stored destination with the original key, then marks the letter redriven;
 //! the key lets the consumer drop it if the message was in fact handled
 //! already. `groups` sorts the letters by cause (the first line of their last
 //! error), so a whole failure can be redriven once its cause is fixed.
+//! `discard` deletes letters and `archive` sets them aside (kept, no longer
+//! waiting); both ask first and log each letter, as it was, in the store's
+//! audit log.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
-use idem::{AnyStore, Timestamp};
+use idem::{AdminStore, AnyStore, LetterAction, Timestamp};
 use idem_broker::dead_letter::{self, DeadLetter, DeadLetterStore, RedriveError};
 use idem_broker::publish::{self, Publisher};
 use serde_json::{Value, json};
@@ -28,12 +32,31 @@ pub(crate) enum DlqCommand {
     Show(ShowArgs),
     /// Publish dead letters again, with their original keys.
     Redrive(RedriveArgs),
+    /// Delete dead letters for good (each logged in the audit log).
+    Discard(SetAsideArgs),
+    /// Set dead letters aside: kept, but no longer waiting, counted or
+    /// listed (`idem dlq ls --all` shows them); each logged in the audit log.
+    Archive(SetAsideArgs),
+}
+
+/// `idem dlq discard` and `idem dlq archive`
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["id", "group"])))]
+pub(crate) struct SetAsideArgs {
+    /// The letter (from `idem dlq ls`).
+    pub id: Option<i64>,
+    /// The waiting letters of one cause, as `idem dlq groups` shows it (or
+    /// the start of it, if only one cause starts so).
+    #[arg(long, value_name = "CAUSE")]
+    pub group: Option<String>,
+    #[command(flatten)]
+    pub confirm: crate::cli::ConfirmArgs,
 }
 
 /// `idem dlq ls`
 #[derive(Debug, Args)]
 pub(crate) struct LsArgs {
-    /// Include letters already redriven.
+    /// Include letters already redriven, and archived ones.
     #[arg(long)]
     pub all: bool,
     /// At most this many letters.
@@ -57,7 +80,7 @@ pub(crate) struct ShowArgs {
 /// `idem dlq groups`
 #[derive(Debug, Args)]
 pub(crate) struct GroupsArgs {
-    /// Include letters already redriven.
+    /// Include letters already redriven, and archived ones.
     #[arg(long)]
     pub all: bool,
     /// At most this many letters are read, oldest first.
@@ -96,6 +119,8 @@ pub(crate) async fn run(store: AnyStore, command: DlqCommand) -> anyhow::Result<
             (None, Some(cause)) => redrive_group(&store, cause, args.yes).await,
             (None, None) => redrive_where(&store, |_| true).await,
         },
+        DlqCommand::Discard(args) => set_aside(&store, &args, SetAside::Discard).await,
+        DlqCommand::Archive(args) => set_aside(&store, &args, SetAside::Archive).await,
     }
 }
 
@@ -132,6 +157,7 @@ fn to_json(letter: &DeadLetter) -> Value {
         "first_seen_at_ms": letter.first_seen_at.0,
         "dead_at_ms": letter.dead_at.0,
         "redriven_at_ms": letter.redriven_at.map(|t| t.0),
+        "archived_at_ms": letter.archived_at.map(|t| t.0),
     })
 }
 
@@ -161,6 +187,7 @@ async fn list(store: &AnyStore, args: &LsArgs) -> anyhow::Result<()> {
             "attempts",
             "dead at",
             "redriven",
+            "archived",
             "last error",
         ]);
         for letter in &letters {
@@ -172,6 +199,7 @@ async fn list(store: &AnyStore, args: &LsArgs) -> anyhow::Result<()> {
                 letter.attempts.to_string(),
                 time(letter.dead_at),
                 letter.redriven_at.map_or_else(|| "-".to_owned(), time),
+                letter.archived_at.map_or_else(|| "-".to_owned(), time),
                 shorten(&letter.last_error, 60),
             ]);
         }
@@ -181,8 +209,8 @@ async fn list(store: &AnyStore, args: &LsArgs) -> anyhow::Result<()> {
         format!("; the oldest waiting died at {}", time(t))
     });
     println!(
-        "{} waiting, {} redriven{oldest}",
-        stats.waiting, stats.redriven
+        "{} waiting, {} redriven, {} archived{oldest}",
+        stats.waiting, stats.redriven, stats.archived
     );
     if letters.len() == args.limit {
         println!("(first {} shown; use --limit for more)", args.limit);
@@ -219,6 +247,10 @@ async fn show(store: &AnyStore, args: &ShowArgs) -> anyhow::Result<()> {
         (
             "redriven",
             letter.redriven_at.map_or_else(|| "never".to_owned(), time),
+        ),
+        (
+            "archived",
+            letter.archived_at.map_or_else(|| "no".to_owned(), time),
         ),
     ];
     for (name, value) in &letter.headers {
@@ -273,7 +305,7 @@ fn group_by_cause(letters: &[DeadLetter]) -> Vec<(String, Group)> {
     for letter in letters {
         let group = groups.entry(cause(letter).to_owned()).or_default();
         group.letters += 1;
-        group.waiting += u64::from(letter.redriven_at.is_none());
+        group.waiting += u64::from(letter.is_waiting());
         group.origins.insert(letter.origin.clone());
         group.oldest = Some(
             group
@@ -356,32 +388,7 @@ async fn redrive_group(store: &AnyStore, given: &str, yes: bool) -> anyhow::Resu
         .list_dead_letters(usize::MAX >> 1, false)
         .await
         .context("cannot list dead letters")?;
-    let groups = group_by_cause(&letters);
-    let chosen = match groups.iter().find(|(cause, _)| cause == given) {
-        Some((cause, _)) => cause.clone(),
-        None => {
-            let starting: Vec<&String> = groups
-                .iter()
-                .map(|(cause, _)| cause)
-                .filter(|cause| cause.starts_with(given))
-                .collect();
-            match starting.as_slice() {
-                [only] => (*only).clone(),
-                [] => bail!(
-                    "no waiting dead letter's cause is or starts with {given:?}; `idem dlq groups` lists the causes"
-                ),
-                several => bail!(
-                    "{} causes start with {given:?}; give more of the one to redrive:\n{}",
-                    several.len(),
-                    several
-                        .iter()
-                        .map(|c| format!("  {c}"))
-                        .collect::<Vec<_>>()
-                        .join("\n")
-                ),
-            }
-        }
-    };
+    let chosen = choose_group(&letters, given, "redrive")?;
     let members: HashSet<i64> = letters
         .iter()
         .filter(|l| cause(l) == chosen)
@@ -401,6 +408,37 @@ async fn redrive_group(store: &AnyStore, given: &str, yes: bool) -> anyhow::Resu
         bail!("nothing redriven: run again with --yes to redrive them");
     }
     redrive_where(store, |letter| members.contains(&letter.id)).await
+}
+
+/// The cause of the waiting `letters` that `given` names: the whole cause,
+/// or the start of exactly one; `verb` says what the operator is about to do.
+fn choose_group(letters: &[DeadLetter], given: &str, verb: &str) -> anyhow::Result<String> {
+    let groups = group_by_cause(letters);
+    Ok(match groups.iter().find(|(cause, _)| cause == given) {
+        Some((cause, _)) => cause.clone(),
+        None => {
+            let starting: Vec<&String> = groups
+                .iter()
+                .map(|(cause, _)| cause)
+                .filter(|cause| cause.starts_with(given))
+                .collect();
+            match starting.as_slice() {
+                [only] => (*only).clone(),
+                [] => bail!(
+                    "no waiting dead letter's cause is or starts with {given:?}; `idem dlq groups` lists the causes"
+                ),
+                several => bail!(
+                    "{} causes start with {given:?}; give more of the one to {verb}:\n{}",
+                    several.len(),
+                    several
+                        .iter()
+                        .map(|c| format!("  {c}"))
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                ),
+            }
+        }
+    })
 }
 
 /// Redrives every waiting letter `chosen` picks, in batches, one publisher
@@ -486,5 +524,143 @@ async fn redrive_where(
     if failed > 0 {
         bail!("{failed} dead letters could not be redriven; they stay waiting");
     }
+    Ok(())
+}
+
+/// What `idem dlq discard` and `idem dlq archive` do to a letter.
+#[derive(Debug, Clone, Copy)]
+enum SetAside {
+    Discard,
+    Archive,
+}
+
+impl SetAside {
+    fn verb(self) -> &'static str {
+        match self {
+            Self::Discard => "discard",
+            Self::Archive => "archive",
+        }
+    }
+
+    fn done(self) -> &'static str {
+        match self {
+            Self::Discard => "discarded",
+            Self::Archive => "archived",
+        }
+    }
+
+    /// What it does, for the question.
+    fn effect(self) -> &'static str {
+        match self {
+            Self::Discard => "deleted for good, never to be redriven",
+            Self::Archive => {
+                "kept, but no longer waiting, counted or listed (`idem dlq ls --all` shows them)"
+            }
+        }
+    }
+}
+
+/// Discards or archives one letter, or the waiting letters of one cause,
+/// once confirmed; each is logged in the audit log.
+async fn set_aside(store: &AnyStore, args: &SetAsideArgs, what: SetAside) -> anyhow::Result<()> {
+    let actor = super::confirm::actor(&args.confirm)?;
+    let chosen: Vec<DeadLetter> = match (args.id, &args.group) {
+        (Some(id), _) => vec![
+            store
+                .get_dead_letter(id)
+                .await
+                .context("cannot read the dead letter")?
+                .with_context(|| {
+                    format!("no dead letter with id {id}; `idem dlq ls` lists them")
+                })?,
+        ],
+        (None, Some(given)) => {
+            let given = given.trim();
+            if given.is_empty() {
+                bail!("--group needs a cause, as `idem dlq groups` shows it");
+            }
+            let letters = store
+                .list_dead_letters(usize::MAX >> 1, false)
+                .await
+                .context("cannot list dead letters")?;
+            let cause_of = choose_group(&letters, given, what.verb())?;
+            letters
+                .into_iter()
+                .filter(|l| cause(l) == cause_of)
+                .collect()
+        }
+        (None, None) => bail!("name a letter by its id, or a cause with --group"),
+    };
+    if let (SetAside::Archive, [letter]) = (what, chosen.as_slice())
+        && let Some(at) = letter.archived_at
+    {
+        bail!(
+            "dead letter {} was archived already, at {}; nothing changed",
+            letter.id,
+            time(at)
+        );
+    }
+    let mut table = Table::new();
+    table.load_preset(UTF8_FULL_CONDENSED).set_header([
+        "id",
+        "origin",
+        "key",
+        "dead at",
+        "last error",
+    ]);
+    for letter in &chosen {
+        table.add_row([
+            letter.id.to_string(),
+            letter.origin.clone(),
+            letter.key.to_string(),
+            time(letter.dead_at),
+            shorten(cause(letter), 60),
+        ]);
+    }
+    println!("{table}");
+    if !args.confirm.yes {
+        println!(
+            "would {} {} dead letter{}: {}",
+            what.verb(),
+            chosen.len(),
+            if chosen.len() == 1 { "" } else { "s" },
+            what.effect()
+        );
+    }
+    super::confirm::confirm(&args.confirm, &format!("{} them", what.verb()))?;
+    let (mut done, mut skipped) = (0u64, 0u64);
+    for letter in &chosen {
+        let answer = match what {
+            SetAside::Discard => store.discard_dead_letter(letter.id, &actor).await,
+            SetAside::Archive => store.archive_dead_letter(letter.id, &actor).await,
+        }
+        .with_context(|| format!("cannot {} dead letter {}", what.verb(), letter.id))?;
+        match answer {
+            LetterAction::Done(entry) => {
+                println!(
+                    "{} dead letter {} (key {}); audit entry {} by {}",
+                    what.done(),
+                    letter.id,
+                    letter.key,
+                    entry.id,
+                    entry.actor
+                );
+                done += 1;
+            }
+            LetterAction::Missing => {
+                println!("dead letter {} is gone already", letter.id);
+                skipped += 1;
+            }
+            LetterAction::AlreadyArchived(at) => {
+                println!(
+                    "dead letter {} was archived already, at {}",
+                    letter.id,
+                    time(at)
+                );
+                skipped += 1;
+            }
+        }
+    }
+    println!("{done} {}, {skipped} left as they were", what.done());
     Ok(())
 }

@@ -1,17 +1,20 @@
 //! `idem keys ls` and `idem keys show`: what the store holds, for people (a
-//! table) and scripts (`--json`).
+//! table) and scripts (`--json`). `idem keys rm` and `idem keys release`:
+//! evict a key, end a stuck claim, each shown first, confirmed, and logged
+//! in the store's audit log.
 
 use std::time::SystemTime;
 
 use anyhow::Context;
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 use idem::{
-    AnyStore, IdempotencyKey, Outcome, Record, RecordFilter, RecordState, RecordStore, Scope,
-    Timestamp,
+    AdminStore, AnyStore, IdempotencyKey, Outcome, Record, RecordAction, RecordFilter, RecordState,
+    RecordStore, Scope, Timestamp,
 };
 use serde_json::{Value, json};
 
-use crate::cli::{LsArgs, ShowArgs, StateArg};
+use super::confirm::{actor, confirm};
+use crate::cli::{ChangeArgs, LsArgs, ShowArgs, StateArg};
 
 fn state(arg: StateArg) -> RecordState {
     match arg {
@@ -128,6 +131,12 @@ pub(super) async fn show(store: &AnyStore, args: &ShowArgs) -> anyhow::Result<()
         println!("{}", serde_json::to_string_pretty(&to_json(&record))?);
         return Ok(());
     }
+    println!("{}", record_table(&record));
+    Ok(())
+}
+
+/// One record in full, a row per field.
+fn record_table(record: &Record) -> Table {
     let mut table = Table::new();
     table.load_preset(UTF8_FULL_CONDENSED);
     let mut rows = vec![
@@ -139,7 +148,7 @@ pub(super) async fn show(store: &AnyStore, args: &ShowArgs) -> anyhow::Result<()
         ("created", time(record.created_at)),
         ("updated", time(record.updated_at)),
         ("expires", time(record.expires_at)),
-        ("lease", lease(&record)),
+        ("lease", lease(record)),
     ];
     if let Some(outcome) = &record.outcome {
         rows.push((
@@ -159,6 +168,121 @@ pub(super) async fn show(store: &AnyStore, args: &ShowArgs) -> anyhow::Result<()
     for (name, value) in rows {
         table.add_row([name.to_owned(), value]);
     }
-    println!("{table}");
-    Ok(())
+    table
+}
+
+/// The record of the scope and key `args` name, or an error saying there is none.
+async fn stored(store: &AnyStore, args: &ChangeArgs) -> anyhow::Result<Record> {
+    let scope = Scope::new(args.scope.as_str())?;
+    let key = IdempotencyKey::new(args.key.as_str())?;
+    store
+        .get(&scope, &key)
+        .await
+        .context("cannot read the record")?
+        .with_context(|| {
+            format!(
+                "no record for key {key} in scope {scope}; `idem keys ls` lists them (name the scope as it shows it)"
+            )
+        })
+}
+
+/// What a change found, when it was not done.
+fn not_done(answer: RecordAction, seen: &Record) -> anyhow::Error {
+    let at = format!("key {} in scope {}", seen.key, seen.scope);
+    match answer {
+        RecordAction::Done(_) => unreachable!("a change that was done is not refused"),
+        RecordAction::Missing => {
+            anyhow::anyhow!("the record of {at} is gone already; nothing changed")
+        }
+        RecordAction::Changed(now) => anyhow::anyhow!(
+            "the record of {at} changed since it was shown (it is {} now, token {}); nothing changed: run the command again to see it as it is",
+            now.state,
+            now.token
+        ),
+        RecordAction::NotHeld(now) => not_held(&now),
+    }
+}
+
+/// Why `record` has no claim to end.
+fn not_held(record: &Record) -> anyhow::Error {
+    let at = format!("key {} in scope {}", record.key, record.scope);
+    if record.state == RecordState::InFlight {
+        anyhow::anyhow!(
+            "the claim on {at} was released already (token {}): the next claim takes the key at once, so there is nothing to end",
+            record.token
+        )
+    } else {
+        anyhow::anyhow!(
+            "{at} is {}, not in flight: there is no claim to end (`idem keys rm` evicts the record, so the key applies anew)",
+            record.state
+        )
+    }
+}
+
+pub(super) async fn remove(store: &AnyStore, args: &ChangeArgs) -> anyhow::Result<()> {
+    let record = stored(store, args).await?;
+    let actor = actor(&args.confirm)?;
+    println!("{}", record_table(&record));
+    let mut what = format!(
+        "would remove the record of key {} in scope {}: the key's next use applies its effect again",
+        record.key, record.scope
+    );
+    if idem::is_held(&record) {
+        what.push_str(
+            "; the claim's holder, if still running, has its completion refused (fenced)",
+        );
+    }
+    if !args.confirm.yes {
+        println!("{what}");
+    }
+    confirm(&args.confirm, "remove it")?;
+    match store
+        .evict(&record, &actor)
+        .await
+        .context("cannot remove the record")?
+    {
+        RecordAction::Done(entry) => {
+            println!(
+                "removed key {} in scope {}; audit entry {} by {}",
+                record.key, record.scope, entry.id, entry.actor
+            );
+            Ok(())
+        }
+        other => Err(not_done(other, &record)),
+    }
+}
+
+pub(super) async fn release(store: &AnyStore, args: &ChangeArgs) -> anyhow::Result<()> {
+    let record = stored(store, args).await?;
+    if !idem::is_held(&record) {
+        return Err(not_held(&record));
+    }
+    let actor = actor(&args.confirm)?;
+    println!("{}", record_table(&record));
+    if !args.confirm.yes {
+        println!(
+            "would end the claim on key {} in scope {}: token {} is fenced (its holder's completion is refused) and the next claim runs at once with a greater token",
+            record.key, record.scope, record.token
+        );
+    }
+    confirm(&args.confirm, "end the claim")?;
+    match store
+        .release_claim(&record, &actor)
+        .await
+        .context("cannot end the claim")?
+    {
+        RecordAction::Done(entry) => {
+            println!(
+                "released key {} in scope {}: token {} is fenced, the next claim gets a token above {}; audit entry {} by {}",
+                record.key,
+                record.scope,
+                record.token,
+                record.token.next(),
+                entry.id,
+                entry.actor
+            );
+            Ok(())
+        }
+        other => Err(not_done(other, &record)),
+    }
 }

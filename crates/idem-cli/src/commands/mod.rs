@@ -3,7 +3,9 @@
 //! lab (`idem dup-proxy`, `idem torture`, `idem conformance`) the `idem-proof` crate's, apart
 //! from the product.
 
+mod audit_log;
 pub(crate) mod check;
+mod confirm;
 pub(crate) mod conformance;
 mod demo;
 pub(crate) mod dlq;
@@ -37,6 +39,11 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Migrate => migrate::run(&location(store)?).await,
         Command::Keys(KeysCommand::Ls(args)) => keys::list(&open(store).await?, &args).await,
         Command::Keys(KeysCommand::Show(args)) => keys::show(&open(store).await?, &args).await,
+        Command::Keys(KeysCommand::Rm(args)) => keys::remove(&open(store).await?, &args).await,
+        Command::Keys(KeysCommand::Release(args)) => {
+            keys::release(&open(store).await?, &args).await
+        }
+        Command::AuditLog(args) => audit_log::run(&open(store).await?, &args).await,
         Command::Gc(args) => gc::run(&open(store).await?, &args).await,
         Command::Demo(args) => demo::run(atomic(store, "idem demo")?, &args).await,
         Command::Bench(command) => idem_bench::run(atomic(store, "idem bench")?, &command).await,

@@ -269,6 +269,41 @@ pub(crate) async fn lock_token(
     )))
 }
 
+/// Deletes the record of `(scope, key)` (an operator's eviction).
+pub(crate) async fn delete(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    key: &IdempotencyKey,
+) -> sqlx::Result<()> {
+    sqlx::query("DELETE FROM idem_records WHERE scope = $1 AND key = $2")
+        .bind(scope.as_str())
+        .bind(key.as_str())
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// Ends the in-flight claim of `found` (an operator's release): the lease is
+/// cleared and the token raised by one, so its holder is fenced and the next
+/// claim takes the token after that.
+pub(crate) async fn end_claim(
+    conn: &mut PgConnection,
+    found: &Record,
+    now: Timestamp,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "UPDATE idem_records SET token = token + 1, lease_until = NULL, updated_at = $1 \
+         WHERE scope = $2 AND key = $3 AND token = $4 AND state = 'in_flight'",
+    )
+    .bind(now.0)
+    .bind(found.scope.as_str())
+    .bind(found.key.as_str())
+    .bind(found.token.get())
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
 /// Records matching `filter`, newest first.
 pub(crate) async fn list<'e>(
     db: impl PgExecutor<'e>,
