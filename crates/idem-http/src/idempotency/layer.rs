@@ -106,6 +106,12 @@ impl<St: LeaseStore> IdempotencyLayer<St> {
         }
     }
 
+    /// How many concurrent duplicates wait for their original in this
+    /// process now ([`Concurrent::Wait`](crate::Concurrent::Wait)).
+    pub fn waiting(&self) -> usize {
+        self.shared.waiters.waiting()
+    }
+
     /// The store.
     pub fn store(&self) -> &St {
         &self.shared.store

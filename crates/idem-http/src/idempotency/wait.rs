@@ -142,6 +142,11 @@ impl Waiters {
         }
     }
 
+    /// How many wait now.
+    pub(crate) fn waiting(&self) -> usize {
+        self.lock().total
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Keys> {
         self.keys.lock().unwrap_or_else(PoisonError::into_inner)
     }
