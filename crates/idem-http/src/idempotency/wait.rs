@@ -319,8 +319,8 @@ async fn listen_postgres(
     }
 }
 
-/// Reads the record of a key waited on until it is settled, released or
-/// gone, and says so to the slot: at once, then on every nudge (a
+/// Reads the record of a key waited on until it is settled or released,
+/// and says so to the slot: at once, then on every nudge (a
 /// notification), or with backoff while the store says nothing.
 async fn watch_key<St: WaitableStore + 'static>(
     shared: Arc<Shared<St>>,
@@ -342,8 +342,11 @@ async fn watch_key<St: WaitableStore + 'static>(
             }
             Ok(Some(record))
                 if record.state == RecordState::InFlight && record.lease_until.is_some() => {}
-            // Released (no lease), or gone.
-            Ok(_) => return finish(&wake, Wake::Ended),
+            // Released: no lease.
+            Ok(Some(_)) => return finish(&wake, Wake::Ended),
+            // Not visible yet (a claim answered before its commit is read),
+            // or swept: the wait's bound decides.
+            Ok(None) => {}
             Err(error) => {
                 tracing::debug!(scope = scope.as_str(), %error, "could not read a key waited on; reading again");
             }
