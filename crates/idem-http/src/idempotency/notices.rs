@@ -10,6 +10,9 @@
 //! re-read the record, one read per key and process, with a backoff from
 //! 50 ms doubling to 1 s.
 
+// Without PostgreSQL there are no notifications to hear or send.
+#![cfg_attr(not(feature = "postgres"), allow(dead_code))]
+
 use std::time::Duration;
 
 use idem::{AnyStore, LeaseStore, RecordStore};
@@ -47,38 +50,31 @@ impl std::fmt::Debug for Notices {
 }
 
 /// A store a concurrent duplicate can wait on
-/// ([`Concurrent::Wait`](crate::Concurrent::Wait)): it reads a record
-/// without claiming it ([`RecordStore::get`]) and says how settlements in
-/// other processes are heard. Every store of the workspace is one; a store
-/// of your own needs only `impl WaitableStore for MyStore {}` (its waiters
-/// then re-read).
-pub trait WaitableStore: LeaseStore + RecordStore {
-    /// How waiters hear that another process settled a key (default: they
-    /// re-read the record).
-    fn notices(&self) -> Notices {
-        Notices::Reread
-    }
+/// ([`Concurrent::Wait`](crate::Concurrent::Wait)): one that reads a record
+/// without claiming it ([`RecordStore::get`]). Every [`LeaseStore`] that is
+/// also a [`RecordStore`] is one. Waiters hear of other processes'
+/// settlements through PostgreSQL's notifications on a [`idem::PgStore`]
+/// (or an [`AnyStore`] on PostgreSQL); on any other store they re-read.
+pub trait WaitableStore: LeaseStore + RecordStore + 'static {
+    /// How waiters hear that another process settled a key.
+    fn notices(&self) -> Notices;
 }
 
-impl WaitableStore for idem::SqliteStore {}
-
-#[cfg(feature = "postgres")]
-impl WaitableStore for idem::PgStore {
+impl<T: LeaseStore + RecordStore + 'static> WaitableStore for T {
     fn notices(&self) -> Notices {
-        Notices::Postgres(self.pool().clone())
-    }
-}
-
-#[cfg(feature = "redis")]
-impl WaitableStore for idem::RedisStore {}
-
-impl WaitableStore for AnyStore {
-    fn notices(&self) -> Notices {
-        match self {
-            #[cfg(feature = "postgres")]
-            AnyStore::Postgres(store) => store.notices(),
-            _ => Notices::Reread,
+        let any: &dyn std::any::Any = self;
+        if let Some(store) = any.downcast_ref::<AnyStore>() {
+            return match store {
+                #[cfg(feature = "postgres")]
+                AnyStore::Postgres(store) => Notices::Postgres(store.pool().clone()),
+                _ => Notices::Reread,
+            };
         }
+        #[cfg(feature = "postgres")]
+        if let Some(store) = any.downcast_ref::<idem::PgStore>() {
+            return Notices::Postgres(store.pool().clone());
+        }
+        Notices::Reread
     }
 }
 
@@ -133,7 +129,9 @@ fn hex(bytes: &[u8]) -> String {
 /// their 409 when their wait runs out.
 pub(crate) async fn announce(notices: &Notices, id: super::wait::KeyId, settled: Settled) {
     match notices {
-        Notices::Reread => {}
+        Notices::Reread => {
+            let _ = (id, settled);
+        }
         #[cfg(feature = "postgres")]
         Notices::Postgres(pool) => {
             let sent = idem::sqlx::query("SELECT pg_notify($1, $2)")

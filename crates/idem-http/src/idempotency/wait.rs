@@ -21,9 +21,12 @@
 //! ([`WaiterCaps`](super::WaiterCaps)); a duplicate past a cap gets its 409
 //! at once.
 
+// Without PostgreSQL there are no notifications to hear or send.
+#![cfg_attr(not(feature = "postgres"), allow(dead_code))]
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use axum::response::Response;
 use idem::{Error, Fingerprint, IdempotencyKey, Outcome, RecordState, Scope};
@@ -263,7 +266,7 @@ fn finish(sender: &watch::Sender<Wake>, wake: Wake) {
 #[cfg(feature = "postgres")]
 async fn listen_postgres(
     pool: idem::sqlx::PgPool,
-    waiters: Weak<Waiters>,
+    waiters: std::sync::Weak<Waiters>,
     ready: tokio::sync::oneshot::Sender<()>,
 ) {
     use idem::sqlx::postgres::PgListener;
