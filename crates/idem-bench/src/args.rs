@@ -17,6 +17,10 @@ pub enum BenchCommand {
     /// A tonic service called bare, behind the gRPC layer (new keys,
     /// replays) and through the gateway over HTTP/2, in one run.
     Grpc(BenchGrpcArgs),
+    /// Bursts of concurrent duplicates through the gateway, their original
+    /// slow: duplicates answered 409 and polling (Retry-After) against
+    /// duplicates waiting for the original's answer, in one run.
+    Wait(BenchWaitArgs),
     /// An effectively-once consumer vs a plain at-least-once one on RabbitMQ,
     /// NATS JetStream or Kafka into PostgreSQL, one message per transaction and batched.
     Consume(BenchConsumeArgs),
@@ -87,6 +91,32 @@ pub struct BenchHttpArgs {
     pub body: usize,
     /// Rounds in which the phases take turns, each sending requests/rounds
     /// per phase.
+    #[arg(long, default_value_t = 4)]
+    pub rounds: usize,
+}
+
+/// `idem bench wait`
+#[derive(Debug, Args)]
+pub struct BenchWaitArgs {
+    /// Keys per mode; each is sent by --duplicates clients at once.
+    #[arg(long, default_value_t = 400)]
+    pub keys: usize,
+    /// Copies of each request sent at once (the original and its
+    /// concurrent duplicates).
+    #[arg(long, default_value_t = 8)]
+    pub duplicates: usize,
+    /// Keys in flight at once.
+    #[arg(long, default_value_t = 32)]
+    pub concurrency: usize,
+    /// How long the upstream works on each request, such as 100ms.
+    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
+    pub work: Duration,
+    /// The longest a duplicate waits in the waiting mode (--concurrent
+    /// wait:DURATION).
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    pub wait: Duration,
+    /// Rounds in which the two modes take turns, each sending keys/rounds
+    /// keys per mode.
     #[arg(long, default_value_t = 4)]
     pub rounds: usize,
 }

@@ -4,7 +4,7 @@
 //! because ratios — not absolute numbers — are what carry between machines.
 //!
 //! Modules:
-//! - [`args`]: the flags of `idem bench apply|http|consume`;
+//! - [`args`]: the flags of `idem bench apply|http|grpc|wait|consume`;
 //! - [`workload`]: the payment workload (accounts, a ledger, one debit) run
 //!   bare or through atomic apply, written once against the atomic contract;
 //!   `idem demo` runs it too;
@@ -14,6 +14,8 @@
 //! - `http`: `idem bench http`, the gateway against the upstream called directly;
 //! - `grpc`: `idem bench grpc`, a tonic service behind the gRPC layer and
 //!   through the gateway against the service called bare;
+//! - `wait`: `idem bench wait`, bursts of concurrent duplicates answered
+//!   409 (the client polls) against duplicates that wait for the original;
 //! - `phase`: a measured phase of requests and the table of phases;
 //! - `consume`: `idem bench consume`, the effectively-once consumer against a
 //!   plain at-least-once one;
@@ -34,6 +36,7 @@ mod consume;
 mod grpc;
 mod http;
 mod phase;
+mod wait;
 
 pub use args::BenchCommand;
 
@@ -46,6 +49,7 @@ pub async fn run(store: Option<StoreLocation>, command: &BenchCommand) -> anyhow
         BenchCommand::Apply(args) => apply::run(store, args).await,
         BenchCommand::Http(args) => http::run(store, args).await,
         BenchCommand::Grpc(args) => grpc::run(store, args).await,
+        BenchCommand::Wait(args) => wait::run(store, args).await,
         BenchCommand::Consume(args) => consume::run(store, args).await,
     }
 }

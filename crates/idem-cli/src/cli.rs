@@ -298,6 +298,21 @@ pub(crate) struct ServeArgs {
     /// or `off` [default: off].
     #[arg(long, env = "IDEM_MAX_IN_FLIGHT", value_name = "N")]
     pub max_in_flight: Option<String>,
+    /// What a duplicate gets while its original is still running: `reject`
+    /// (409 with Retry-After at once) or `wait:DURATION`, such as wait:5s
+    /// (the original's answer as a replay as soon as it is stored, or 409
+    /// when the wait runs out or the original ends without one)
+    /// [default: reject].
+    #[arg(long, env = "IDEM_CONCURRENT", value_name = "reject|wait:DURATION")]
+    pub concurrent: Option<String>,
+    /// With --concurrent wait: the most duplicates waiting at once in this
+    /// process; past it a duplicate gets 409 at once [default: 1024].
+    #[arg(long, env = "IDEM_MAX_WAITERS", value_name = "N")]
+    pub max_waiters: Option<String>,
+    /// With --concurrent wait: the most duplicates waiting on one key in
+    /// this process; past it a duplicate gets 409 at once [default: 64].
+    #[arg(long, env = "IDEM_MAX_WAITERS_PER_KEY", value_name = "N")]
+    pub max_waiters_per_key: Option<String>,
     /// Route templates that name the `route` label of the metrics,
     /// comma-separated, such as '/payments/{id},/orders'; a path that
     /// matches none is labelled with its first segment [default: none].
@@ -335,9 +350,10 @@ pub(crate) struct ServeArgs {
     /// A TOML file with the same settings: upstream, listen, store, mode,
     /// require_key, max_body, lease, retention, admin_listen,
     /// upstream_timeout, probe, spool, principal_header, methods, sweep_every,
-    /// max_in_flight, routes, grpc_unary, fingerprint, fingerprint_ignore,
-    /// fingerprint_header, upstream_ca, upstream_cert, upstream_key,
-    /// tls_cert, tls_key, tls_client_ca, admin_token_file.
+    /// max_in_flight, concurrent, max_waiters, max_waiters_per_key, routes,
+    /// grpc_unary, fingerprint, fingerprint_ignore, fingerprint_header,
+    /// upstream_ca, upstream_cert, upstream_key, tls_cert, tls_key,
+    /// tls_client_ca, admin_token_file.
     #[arg(long, env = "IDEM_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
 }

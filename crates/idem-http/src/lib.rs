@@ -57,9 +57,10 @@ pub mod shed;
 mod stored;
 
 pub use idempotency::{
-    DEFAULT_BODY_LIMIT, IDEMPOTENCY_RECONCILED, IdempotencyConfig, IdempotencyLayer,
-    IdempotencyService, KeyRequirement, Mode, Reconcile, Reconciled, Refusal, ResponseFuture,
-    Spool, SpoolError, StoredStatuses, UnknownOutcome,
+    CONCURRENT_WAITS_TOTAL, Concurrent, DEFAULT_BODY_LIMIT, DEFAULT_WAITERS,
+    DEFAULT_WAITERS_PER_KEY, IDEMPOTENCY_RECONCILED, IdempotencyConfig, IdempotencyLayer,
+    IdempotencyService, KeyRequirement, Mode, Notices, Reconcile, Reconciled, Refusal,
+    ResponseFuture, Spool, SpoolError, StoredStatuses, UnknownOutcome, WaitableStore, WaiterCaps,
 };
 pub use identity::principal_of;
 pub use key_header::{

@@ -96,11 +96,11 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 
+use crate::WaitableStore;
 use axum::body::Body;
 use axum::response::Response;
 use http::{HeaderName, HeaderValue, Request};
 use hyper::body::Incoming;
-use idem::LeaseStore;
 use tokio::net::TcpListener;
 use tower::ServiceExt;
 use tracing::Instrument;
@@ -109,9 +109,9 @@ pub use config::{DEFAULT_UPSTREAM_TIMEOUT, GatewayConfig, Upstream, UpstreamErro
 pub use observe::REQUESTS_TOTAL;
 pub use probe::{IDEMPOTENCY_ORIGINAL_STATUS, Probe, ProbeError};
 pub use settings::{
-    DEFAULT_LISTEN, DEFAULT_STORE, GatewaySettings, GivenSettings, MAX_IN_FLIGHT, SettingsError,
-    SettingsFile, parse_duration, parse_grpc_methods, parse_limit, parse_methods, parse_routes,
-    parse_size,
+    DEFAULT_LISTEN, DEFAULT_STORE, GatewaySettings, GivenSettings, MAX_CONCURRENT_WAIT,
+    MAX_IN_FLIGHT, SettingsError, SettingsFile, parse_concurrent, parse_duration,
+    parse_grpc_methods, parse_limit, parse_methods, parse_routes, parse_size, parse_waiters,
 };
 
 use crate::observe::RouteLabel;
@@ -215,7 +215,7 @@ pub async fn run<St>(
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()>
 where
-    St: LeaseStore + 'static,
+    St: WaitableStore + 'static,
 {
     let idempotency = gateway.layer.config().clone();
     match gateway.layer.flush_spool().await {
@@ -298,7 +298,7 @@ async fn answer<St>(
     mut request: Request<Incoming>,
 ) -> Result<Response, Infallible>
 where
-    St: LeaseStore + 'static,
+    St: WaitableStore + 'static,
 {
     let idempotency = &admission.idempotency;
     let keyed = observe::is_keyed(idempotency, &request);

@@ -25,7 +25,10 @@ use super::tls::{TLS_SUBJECT, TLS_SUBJECT_HEADER};
 use super::{
     DEFAULT_UPSTREAM_TIMEOUT, GatewayConfig, ListenerTls, Probe, TlsError, Upstream, UpstreamTls,
 };
-use crate::{DEFAULT_BODY_LIMIT, IdempotencyConfig, KeyRequirement, Mode};
+use crate::{
+    Concurrent, DEFAULT_BODY_LIMIT, DEFAULT_WAITERS, DEFAULT_WAITERS_PER_KEY, IdempotencyConfig,
+    KeyRequirement, Mode, WaiterCaps,
+};
 
 /// Where the gateway listens by default.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
@@ -90,6 +93,13 @@ pub struct GivenSettings {
     pub sweep_every: Option<String>,
     /// `--max-in-flight`: the most requests answered at once, or `off`.
     pub max_in_flight: Option<String>,
+    /// `--concurrent`: what a concurrent duplicate gets, `reject` or
+    /// `wait:DURATION`.
+    pub concurrent: Option<String>,
+    /// `--max-waiters`: the most concurrent duplicates waiting at once.
+    pub max_waiters: Option<String>,
+    /// `--max-waiters-per-key`: the most waiting on one key.
+    pub max_waiters_per_key: Option<String>,
     /// `--routes`: route templates for the metrics' `route` label.
     pub routes: Option<String>,
     /// `--upstream-ca`: a PEM file of the CAs an `https://` upstream is
@@ -157,6 +167,9 @@ struct FileSettings {
     methods: Option<Listed>,
     sweep_every: Option<String>,
     max_in_flight: Option<NumberOrText>,
+    concurrent: Option<String>,
+    max_waiters: Option<NumberOrText>,
+    max_waiters_per_key: Option<NumberOrText>,
     routes: Option<Listed>,
     upstream_ca: Option<String>,
     upstream_cert: Option<String>,
@@ -260,6 +273,11 @@ pub struct GatewaySettings {
     /// The most requests answered at once; past it a request gets 503 +
     /// `Retry-After` at once. `None`: no limit.
     pub max_in_flight: Option<usize>,
+    /// What a concurrent duplicate gets: 409 at once, or a bounded wait for
+    /// the original's answer.
+    pub concurrent: Concurrent,
+    /// How many concurrent duplicates may wait, per key and in all.
+    pub waiter_caps: WaiterCaps,
     /// Route templates (`/payments/{id}`) naming the metrics' `route` label.
     pub routes: Vec<String>,
     /// How an `https://` upstream is reached (CA file, client certificate).
@@ -521,6 +539,42 @@ impl GatewaySettings {
             None => None,
             Some(found) => parse_limit(&found.value).map_err(|e| e.of(&found.origin))?,
         };
+        let concurrent = match sources.pick(
+            "concurrent",
+            "IDEM_CONCURRENT",
+            given.concurrent.as_ref(),
+            |f| f.concurrent.clone(),
+        ) {
+            None => Concurrent::Reject,
+            Some(found) => parse_concurrent(&found.value).map_err(|e| e.of(&found.origin))?,
+        };
+        let waiters = |flag: &str,
+                       env: &str,
+                       given: Option<&String>,
+                       in_file: fn(&FileSettings) -> Option<String>,
+                       default: usize|
+         -> Result<usize, SettingsError> {
+            match sources.pick(flag, env, given, in_file) {
+                None => Ok(default),
+                Some(found) => parse_waiters(&found.value).map_err(|e| e.of(&found.origin)),
+            }
+        };
+        let waiter_caps = WaiterCaps {
+            per_key: waiters(
+                "max-waiters-per-key",
+                "IDEM_MAX_WAITERS_PER_KEY",
+                given.max_waiters_per_key.as_ref(),
+                |f| f.max_waiters_per_key.as_ref().map(NumberOrText::text),
+                DEFAULT_WAITERS_PER_KEY,
+            )?,
+            total: waiters(
+                "max-waiters",
+                "IDEM_MAX_WAITERS",
+                given.max_waiters.as_ref(),
+                |f| f.max_waiters.as_ref().map(NumberOrText::text),
+                DEFAULT_WAITERS,
+            )?,
+        };
         let routes = match sources.pick("routes", "IDEM_ROUTES", given.routes.as_ref(), |f| {
             f.routes.as_ref().map(Listed::text)
         }) {
@@ -663,6 +717,8 @@ impl GatewaySettings {
             methods,
             sweep_every,
             max_in_flight,
+            concurrent,
+            waiter_caps,
             routes,
         })
     }
@@ -675,6 +731,8 @@ impl GatewaySettings {
             .lease(self.lease)
             .retention(self.retention)
             .methods(self.methods.iter().cloned())
+            .concurrent(self.concurrent)
+            .waiter_caps(self.waiter_caps)
             .require_key(if self.require_key {
                 KeyRequirement::Always
             } else {
@@ -769,6 +827,9 @@ impl GatewaySettings {
                 self.max_in_flight
                     .map_or_else(|| quoted("off"), |limit| limit.to_string())
             ),
+            format!("concurrent = {}", quoted(&concurrent_text(self.concurrent))),
+            format!("max_waiters = {}", self.waiter_caps.total),
+            format!("max_waiters_per_key = {}", self.waiter_caps.per_key),
             format!(
                 "routes = [{}]",
                 self.routes
@@ -911,6 +972,14 @@ fn mode_name(mode: Mode) -> &'static str {
     }
 }
 
+/// What a concurrent duplicate gets, as [`parse_concurrent`] reads it.
+fn concurrent_text(concurrent: Concurrent) -> String {
+    match concurrent {
+        Concurrent::Reject => "reject".to_owned(),
+        Concurrent::Wait(up_to) => format!("wait:{}", duration_text(up_to)),
+    }
+}
+
 /// A TOML basic string.
 fn quoted(text: &str) -> String {
     toml::Value::String(text.to_owned()).to_string()
@@ -976,6 +1045,48 @@ pub fn parse_limit(text: &str) -> Result<Option<usize>, SettingsError> {
         return Err(explain());
     }
     Ok(Some(limit))
+}
+
+/// The longest wait `--concurrent wait:DURATION` takes: 10 minutes.
+pub const MAX_CONCURRENT_WAIT: Duration = Duration::from_secs(600);
+
+/// What a concurrent duplicate gets: `reject` (409 at once) or
+/// `wait:DURATION` (such as `wait:5s`, up to [`MAX_CONCURRENT_WAIT`]).
+pub fn parse_concurrent(text: &str) -> Result<Concurrent, SettingsError> {
+    let trimmed = text.trim();
+    if trimmed.eq_ignore_ascii_case("reject") {
+        return Ok(Concurrent::Reject);
+    }
+    let explain = |why: String| {
+        SettingsError::new(format!(
+            "{text:?} is not a way to answer concurrent duplicates ({why}); write reject (409 at once) or wait:DURATION, such as wait:5s"
+        ))
+    };
+    let Some((word, duration)) = trimmed.split_once(':') else {
+        return Err(explain("neither reject nor wait:DURATION".to_owned()));
+    };
+    if !word.trim().eq_ignore_ascii_case("wait") {
+        return Err(explain(format!("{:?} is not wait", word.trim())));
+    }
+    let up_to = parse_duration(duration).map_err(|e| explain(e.to_string()))?;
+    if up_to > MAX_CONCURRENT_WAIT {
+        return Err(explain(format!(
+            "longer than {}, the longest wait",
+            duration_text(MAX_CONCURRENT_WAIT)
+        )));
+    }
+    Ok(Concurrent::Wait(up_to))
+}
+
+/// A cap on waiting duplicates: a whole number from 1 to [`MAX_IN_FLIGHT`].
+pub fn parse_waiters(text: &str) -> Result<usize, SettingsError> {
+    let text = text.trim();
+    match text.parse::<usize>() {
+        Ok(cap) if (1..=MAX_IN_FLIGHT).contains(&cap) => Ok(cap),
+        _ => Err(SettingsError::new(format!(
+            "{text:?} is not a number of waiting requests; write a whole number from 1 to {MAX_IN_FLIGHT}, such as 64"
+        ))),
+    }
 }
 
 /// The largest `--max-in-flight`.
@@ -1098,7 +1209,7 @@ impl fmt::Display for GatewaySettings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "store {}; mode {}; key {} on {}; max body {} bytes; lease {}; retention {}; upstream timeout {}; principal {}; in flight {}; fingerprint {}",
+            "store {}; mode {}; key {} on {}; max body {} bytes; lease {}; retention {}; upstream timeout {}; principal {}; in flight {}; fingerprint {}; concurrent duplicates {}",
             self.store,
             mode_name(self.mode),
             if self.require_key {
@@ -1127,6 +1238,15 @@ impl fmt::Display for GatewaySettings {
                 |limit| format!("at most {limit}")
             ),
             self.fingerprint,
+            match self.concurrent {
+                Concurrent::Reject => "409 at once".to_owned(),
+                Concurrent::Wait(up_to) => format!(
+                    "wait up to {} (at most {} per key, {} in all)",
+                    duration_text(up_to),
+                    self.waiter_caps.per_key,
+                    self.waiter_caps.total
+                ),
+            },
         )
     }
 }
@@ -1314,6 +1434,77 @@ mod tests {
                 "{bad}: {error}"
             );
         }
+    }
+
+    #[test]
+    fn concurrent_duplicates_wait_only_when_asked_and_bad_values_say_what_to_write() {
+        let text = "upstream = \"http://127.0.0.1:9000\"\n";
+        let mut given = GivenSettings::default();
+        let defaults = from_file(&given, text).unwrap();
+        assert_eq!(defaults.concurrent, Concurrent::Reject);
+        assert_eq!(defaults.waiter_caps, WaiterCaps::default());
+        assert_eq!(
+            defaults.idempotency().concurrent_duplicates(),
+            Concurrent::Reject
+        );
+
+        let filed = from_file(
+            &given,
+            "upstream = \"http://127.0.0.1:9000\"\nconcurrent = \"wait:5s\"\nmax_waiters = 500\nmax_waiters_per_key = \"8\"\n",
+        )
+        .unwrap();
+        assert_eq!(filed.concurrent, Concurrent::Wait(Duration::from_secs(5)));
+        assert_eq!(
+            filed.waiter_caps,
+            WaiterCaps {
+                per_key: 8,
+                total: 500
+            }
+        );
+        let config = filed.idempotency();
+        assert_eq!(config.waiters().per_key, 8);
+        assert_eq!(
+            config.concurrent_duplicates(),
+            Concurrent::Wait(Duration::from_secs(5))
+        );
+        assert_eq!(from_file(&given, &filed.to_toml()).unwrap(), filed);
+        assert!(filed.to_string().contains("wait up to 5s"), "{filed}");
+
+        given.concurrent = Some("WAIT:250ms".into());
+        let flagged = from_file(&given, text).unwrap();
+        assert_eq!(
+            flagged.concurrent,
+            Concurrent::Wait(Duration::from_millis(250))
+        );
+        assert_eq!(from_file(&given, &flagged.to_toml()).unwrap(), flagged);
+        given.concurrent = Some("reject".into());
+        assert_eq!(
+            from_file(&given, text).unwrap().concurrent,
+            Concurrent::Reject
+        );
+
+        for (bad, says) in [
+            ("wait", "reject (409 at once) or wait:DURATION"),
+            ("sleep:5s", "\"sleep\" is not wait"),
+            ("wait:0s", "is zero"),
+            ("wait:soon", "not a duration"),
+            ("wait:1h", "longer than 10m"),
+        ] {
+            given.concurrent = Some(bad.into());
+            let error = from_file(&given, text).unwrap_err().to_string();
+            assert!(
+                error.contains("--concurrent (or IDEM_CONCURRENT)") && error.contains(says),
+                "{bad}: {error}"
+            );
+        }
+        given.concurrent = None;
+        given.max_waiters_per_key = Some("0".into());
+        let error = from_file(&given, text).unwrap_err().to_string();
+        assert!(
+            error.contains("--max-waiters-per-key (or IDEM_MAX_WAITERS_PER_KEY)")
+                && error.contains("from 1 to"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -98,6 +98,55 @@ impl fmt::Debug for StoredStatuses {
     }
 }
 
+/// What a concurrent duplicate gets: a request whose key is claimed by an
+/// original that is still running.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_http::{Concurrent, IdempotencyConfig};
+///
+/// let config = IdempotencyConfig::default().concurrent(Concurrent::Wait(Duration::from_secs(5)));
+/// assert_eq!(config.concurrent_duplicates(), Concurrent::Wait(Duration::from_secs(5)));
+/// assert_eq!(IdempotencyConfig::default().concurrent_duplicates(), Concurrent::Reject);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Concurrent {
+    /// 409 with `Retry-After` at once; the client polls (the default).
+    #[default]
+    Reject,
+    /// Waits up to this long for the original's answer: the replay as soon
+    /// as it is stored, or 409 with `Retry-After` when the wait runs out or
+    /// the original ends without a stored answer. Bounded by
+    /// [`WaiterCaps`]: past them the 409 comes at once.
+    Wait(Duration),
+}
+
+/// How many concurrent duplicates may wait at once ([`Concurrent::Wait`]),
+/// on one key and in all, in one process; past either, a duplicate is
+/// answered 409 at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct WaiterCaps {
+    /// Waiters on one key (default [`DEFAULT_WAITERS_PER_KEY`]).
+    pub per_key: usize,
+    /// Waiters in all (default [`DEFAULT_WAITERS`]).
+    pub total: usize,
+}
+
+/// The default cap on waiters on one key: 64.
+pub const DEFAULT_WAITERS_PER_KEY: usize = 64;
+
+/// The default cap on waiters in all: 1024.
+pub const DEFAULT_WAITERS: usize = 1024;
+
+impl Default for WaiterCaps {
+    fn default() -> Self {
+        Self {
+            per_key: DEFAULT_WAITERS_PER_KEY,
+            total: DEFAULT_WAITERS,
+        }
+    }
+}
+
 /// The default body limit: 1 MiB.
 pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
 
@@ -129,6 +178,8 @@ pub struct IdempotencyConfig {
     pub(crate) retention: Duration,
     pub(crate) key_in_spans: KeyInSpans,
     pub(crate) fingerprint: FingerprintRule,
+    pub(crate) concurrent: Concurrent,
+    pub(crate) waiter_caps: WaiterCaps,
 }
 
 impl Default for IdempotencyConfig {
@@ -144,6 +195,8 @@ impl Default for IdempotencyConfig {
             retention: DEFAULT_RETENTION,
             key_in_spans: KeyInSpans::Raw,
             fingerprint: FingerprintRule::default(),
+            concurrent: Concurrent::Reject,
+            waiter_caps: WaiterCaps::default(),
         }
     }
 }
@@ -264,6 +317,33 @@ impl IdempotencyConfig {
     /// What a request's fingerprint covers.
     pub fn fingerprint_rule(&self) -> &FingerprintRule {
         &self.fingerprint
+    }
+
+    /// What a concurrent duplicate gets (default [`Concurrent::Reject`]: 409
+    /// at once).
+    pub fn concurrent(mut self, concurrent: Concurrent) -> Self {
+        self.concurrent = concurrent;
+        self
+    }
+
+    /// How many concurrent duplicates may wait at once, per key and in all
+    /// (each at least one); see [`WaiterCaps`].
+    pub fn waiter_caps(mut self, caps: WaiterCaps) -> Self {
+        self.waiter_caps = WaiterCaps {
+            per_key: caps.per_key.max(1),
+            total: caps.total.max(1),
+        };
+        self
+    }
+
+    /// What a concurrent duplicate gets.
+    pub fn concurrent_duplicates(&self) -> Concurrent {
+        self.concurrent
+    }
+
+    /// The caps on waiting duplicates.
+    pub fn waiters(&self) -> WaiterCaps {
+        self.waiter_caps
     }
 
     /// The vocabulary of refusals.

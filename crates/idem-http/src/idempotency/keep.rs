@@ -25,7 +25,9 @@ use idem_retry::Backoff;
 use tracing::Instrument;
 
 use super::Shared;
+use super::notices::WaitableStore;
 use super::spool::{Spool, SpoolError};
+use super::wait::Announce;
 
 /// The first delay between completion attempts, and the longest one.
 const FIRST_DELAY: Duration = Duration::from_millis(50);
@@ -55,14 +57,16 @@ fn judge(claim: &Claim, result: Result<(), Error>) -> Completion {
 /// Stores `outcome` for `claim`. If the store refuses it now, the answer is
 /// kept (in the spool, synced, when there is one) and the completion retried
 /// in the background until stored; this returns once the answer may be sent.
-pub(super) async fn store_answer<St: LeaseStore + 'static>(
+/// Waiting duplicates get the answer once it is stored (`announce`).
+pub(super) async fn store_answer<St: WaitableStore + 'static>(
     shared: &Arc<Shared<St>>,
     claim: Claim,
     outcome: Outcome,
+    announce: Announce<St>,
 ) {
     let scope = claim.scope.as_str();
     let error = match judge(&claim, shared.store.complete(&claim, &outcome).await) {
-        Completion::Stored => return,
+        Completion::Stored => return announce.stored(&outcome),
         Completion::TakenOver(error) => return given_up(&claim, &error),
         Completion::Failed(error) => error,
     };
@@ -87,7 +91,10 @@ pub(super) async fn store_answer<St: LeaseStore + 'static>(
         async move {
             let kept = complete_until_stored(&*shared.store, claim.clone(), &outcome, shared.config.lease).await;
             match kept {
-                Ok(()) => tracing::info!(scope = claim.scope.as_str(), "the response kept while the store was away is stored"),
+                Ok(()) => {
+                    tracing::info!(scope = claim.scope.as_str(), "the response kept while the store was away is stored");
+                    announce.stored(&outcome);
+                }
                 Err(error) => given_up(&claim, &error),
             }
             if let Some((spool, id)) = spooled

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use idem::{AnyStore, Error, LeaseStore, StoreLocation, SystemClock};
 use tower::Layer;
 
+use super::wait::Waiters;
 use super::{Answers, IdempotencyConfig, IdempotencyService, Reconcile, Shared, Spool, SpoolError};
 
 /// Puts `Idempotency-Key` semantics in front of a service, with any
@@ -37,6 +38,7 @@ impl<St: LeaseStore> IdempotencyLayer<St> {
         Self {
             shared: Arc::new(Shared {
                 store: Arc::new(store),
+                waiters: Arc::new(Waiters::new(config.waiter_caps)),
                 config,
                 answers: Answers::default(),
             }),
@@ -52,6 +54,7 @@ impl<St: LeaseStore> IdempotencyLayer<St> {
                 store: Arc::clone(&self.shared.store),
                 config: self.shared.config.clone(),
                 answers,
+                waiters: Arc::clone(&self.shared.waiters),
             }),
         }
     }
@@ -101,6 +104,12 @@ impl<St: LeaseStore> IdempotencyLayer<St> {
             }
             None => Ok(0),
         }
+    }
+
+    /// How many concurrent duplicates wait for their original in this
+    /// process now ([`Concurrent::Wait`](crate::Concurrent::Wait)).
+    pub fn waiting(&self) -> usize {
+        self.shared.waiters.waiting()
     }
 
     /// The store.

@@ -14,7 +14,9 @@
 //!    target, canonical body);
 //! 2. **claim** `(scope, key)`: a settled record is replayed with
 //!    `Idempotent-Replayed: true`; a different payload is refused (422, Stripe
-//!    400); a live claim is refused at once (409 + `Retry-After`);
+//!    400); a live claim is refused at once (409 + `Retry-After`), or, with
+//!    [`Concurrent::Wait`], the duplicate waits (bounded) for the original's
+//!    stored answer and gets it as a replay;
 //! 3. call the inner service, renewing the claim every third of the lease
 //!    while it works (so a slow request is not taken over by its own retry);
 //! 4. **complete** the record with the response (status, headers, body) when
@@ -62,6 +64,10 @@
 //! - `keep`: the completion retried until stored, and the spool flushed at start-up;
 //! - `spool`: [`Spool`], the local file of answers the store has not taken yet;
 //! - `reconcile`: [`Reconcile`], the question asked before a takeover;
+//! - `wait`: a concurrent duplicate waiting for its original, and the
+//!   waiters of a process;
+//! - `notices`: [`WaitableStore`], the store's side of waiting: a read that
+//!   claims nothing, and PostgreSQL's notifications;
 //! - `problem`: [`Refusal`], the answers the layer gives itself, and the one
 //!   function that maps them (and store errors) to HTTP statuses.
 
@@ -69,9 +75,11 @@ mod config;
 mod future;
 mod keep;
 mod layer;
+mod notices;
 pub(crate) mod problem;
 mod reconcile;
 mod spool;
+mod wait;
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -81,16 +89,21 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::{HeaderValue, Request};
 use http_body_util::BodyExt;
-use idem::{Claim, Claimed, LeaseStore};
+use idem::{Claim, Claimed, Error, LeaseStore};
 use tower::Service;
 use tracing::Instrument;
 
-pub use config::{DEFAULT_BODY_LIMIT, IdempotencyConfig, KeyRequirement, Mode, StoredStatuses};
+pub use config::{
+    Concurrent, DEFAULT_BODY_LIMIT, DEFAULT_WAITERS, DEFAULT_WAITERS_PER_KEY, IdempotencyConfig,
+    KeyRequirement, Mode, StoredStatuses, WaiterCaps,
+};
 pub use future::ResponseFuture;
 pub use layer::IdempotencyLayer;
+pub use notices::{Notices, WaitableStore};
 pub use problem::Refusal;
 pub use reconcile::{Reconcile, Reconciled};
 pub use spool::{Spool, SpoolError};
+pub use wait::CONCURRENT_WAITS_TOTAL;
 
 use crate::StoredResponse;
 use crate::body::read_limited;
@@ -124,6 +137,7 @@ pub(crate) struct Shared<St> {
     pub(crate) store: Arc<St>,
     pub(crate) config: IdempotencyConfig,
     pub(crate) answers: Answers,
+    pub(crate) waiters: Arc<wait::Waiters>,
 }
 
 /// What the leased layer does about answers beyond the store: where it keeps
@@ -168,7 +182,7 @@ where
     S: Service<Request<Body>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
-    St: LeaseStore + 'static,
+    St: WaitableStore + 'static,
     ReqBody: http_body::Body<Data = Bytes> + Send + 'static,
     ReqBody::Error: Into<BoxError>,
     ResBody: http_body::Body<Data = Bytes> + Send + 'static,
@@ -199,7 +213,7 @@ where
     S: Service<Request<Body>, Response = Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
-    St: LeaseStore + 'static,
+    St: WaitableStore + 'static,
     ReqBody: http_body::Body<Data = Bytes> + Send + 'static,
     ReqBody::Error: Into<BoxError>,
     ResBody: http_body::Body<Data = Bytes> + Send + 'static,
@@ -272,7 +286,7 @@ where
     S: Service<Request<Body>, Response = Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
-    St: LeaseStore + 'static,
+    St: WaitableStore + 'static,
     ResBody: http_body::Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
@@ -285,6 +299,9 @@ where
                 Err(damaged) => Refusal::Corrupt(damaged.to_string()).to_response(mode),
             });
         }
+        Err(in_flight @ Error::InFlight { .. }) => {
+            return Ok(wait::for_original(&shared, &scope, &key, fingerprint, in_flight).await);
+        }
         Err(refused) => return Ok(Refusal::from_store(refused, true).to_response(mode)),
     };
 
@@ -292,8 +309,11 @@ where
     // From here on the work finishes even if the client goes away: a claim
     // abandoned half-way would answer every retry 409 until its lease ended.
     let request = Request::from_parts(parts, Body::from(body));
-    let settle =
-        tokio::spawn(run_claimed(Arc::clone(&shared), inner, request, claim).in_current_span());
+    // Tells waiting duplicates what became of this original, however it ends.
+    let announce = wait::Announce::new(&shared, &scope, &key, fingerprint);
+    let settle = tokio::spawn(
+        run_claimed(Arc::clone(&shared), inner, request, claim, announce).in_current_span(),
+    );
     match settle.await {
         Ok(answer) => answer,
         Err(failed) => {
@@ -328,10 +348,11 @@ async fn run_claimed<S, St, ResBody>(
     mut inner: S,
     request: Request<Body>,
     claim: Claim,
+    announce: wait::Announce<St>,
 ) -> Result<Response, S::Error>
 where
     S: Service<Request<Body>, Response = Response<ResBody>>,
-    St: LeaseStore + 'static,
+    St: WaitableStore + 'static,
     ResBody: http_body::Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
@@ -359,7 +380,7 @@ where
                         IDEMPOTENCY_RECONCILED,
                         http::HeaderValue::from_static("true"),
                     );
-                    keep::store_answer(&shared, claim, stored.to_outcome()).await;
+                    keep::store_answer(&shared, claim, stored.to_outcome(), announce).await;
                     return Ok(stored.into_replay());
                 }
                 Reconciled::Unknown(cause) => {
@@ -417,7 +438,7 @@ where
     // The effect happened and this is its answer: it is stored before the
     // client gets it, or kept (spooled) and stored as soon as the store
     // takes it.
-    keep::store_answer(&shared, claim, stored.to_outcome()).await;
+    keep::store_answer(&shared, claim, stored.to_outcome(), announce).await;
     idem::crash::point(idem::crash::BEFORE_ANSWER);
     Ok(Response::from_parts(parts, Body::from(body)).into_response())
 }
