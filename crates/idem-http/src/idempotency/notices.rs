@@ -17,6 +17,9 @@ use std::time::Duration;
 
 use idem::{AnyStore, LeaseStore, RecordStore};
 
+/// A key's hash: what slots and notifications are known by.
+pub(crate) type KeyId = [u8; 32];
+
 /// The PostgreSQL channel settlements are announced on.
 pub(crate) const CHANNEL: &str = "idem_settled";
 
@@ -98,12 +101,12 @@ impl Settled {
 }
 
 /// The payload of a notification: the key's hash in hex, `:`, what became of it.
-pub(crate) fn payload(id: &super::wait::KeyId, settled: Settled) -> String {
+pub(crate) fn payload(id: &KeyId, settled: Settled) -> String {
     format!("{}:{}", hex(id), settled.word())
 }
 
 /// The key's hash and what became of it, from a notification's payload.
-pub(crate) fn parse_payload(payload: &str) -> Option<(super::wait::KeyId, Settled)> {
+pub(crate) fn parse_payload(payload: &str) -> Option<(KeyId, Settled)> {
     let (id, word) = payload.split_once(':')?;
     let settled = match word {
         "stored" => Settled::Stored,
@@ -127,7 +130,7 @@ fn hex(bytes: &[u8]) -> String {
 /// Announces to other processes that a key was settled; nothing for a store
 /// without notifications. Errors are logged: the waiters elsewhere then get
 /// their 409 when their wait runs out.
-pub(crate) async fn announce(notices: &Notices, id: super::wait::KeyId, settled: Settled) {
+pub(crate) async fn announce(notices: &Notices, id: KeyId, settled: Settled) {
     match notices {
         Notices::Reread => {
             let _ = (id, settled);

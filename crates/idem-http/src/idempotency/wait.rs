@@ -34,7 +34,7 @@ use tokio::sync::{Notify, OnceCell, watch};
 use tokio::task::AbortHandle;
 
 use super::config::WaiterCaps;
-use super::notices::{self, FIRST_REREAD, LONGEST_REREAD, Notices, Settled, WaitableStore};
+use super::notices::{self, FIRST_REREAD, KeyId, LONGEST_REREAD, Notices, Settled, WaitableStore};
 use super::problem::Refusal;
 use super::{Concurrent, Shared};
 use crate::StoredResponse;
@@ -44,9 +44,6 @@ use crate::StoredResponse;
 /// `ended_unknown` (409: the original ended without a stored answer),
 /// `over_cap` (409 at once: too many waiters on the key or in all).
 pub const CONCURRENT_WAITS_TOTAL: &str = "http_concurrent_waits_total";
-
-/// A key's hash: what slots and notifications are known by.
-pub(crate) type KeyId = [u8; 32];
 
 /// The hash of `(scope, key)`.
 pub(crate) fn key_id(scope: &Scope, key: &IdempotencyKey) -> KeyId {
