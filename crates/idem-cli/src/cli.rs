@@ -174,6 +174,24 @@ pub(crate) struct GcArgs {
     /// Records deleted per transaction.
     #[arg(long, default_value_t = 1000)]
     pub batch: usize,
+    /// Leave a tombstone of each swept key for this long, such as 30d, so a
+    /// late retry is refused instead of running again; give the gateway's
+    /// `--tombstones` here too [default: off].
+    #[arg(long, env = "IDEM_TOMBSTONES", value_name = "DURATION|off", value_parser = parse_grace)]
+    pub tombstones: Option<Grace>,
+}
+
+/// A tombstone grace period as given: a duration, or `off`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Grace(pub Option<std::time::Duration>);
+
+fn parse_grace(text: &str) -> Result<Grace, String> {
+    if text.trim().eq_ignore_ascii_case("off") {
+        return Ok(Grace(None));
+    }
+    humantime::parse_duration(text.trim())
+        .map(|d| Grace(Some(d)))
+        .map_err(|e| format!("{e}; give a duration such as 30d or 12h, or off"))
 }
 
 /// `idem demo`
@@ -260,6 +278,11 @@ pub(crate) struct ServeArgs {
     /// 7d [default: 7d].
     #[arg(long, env = "IDEM_RETENTION", value_name = "DURATION")]
     pub retention: Option<String>,
+    /// Keep a tombstone of each swept key this much longer, such as 30d, so a
+    /// late retry is refused with 410 Gone instead of running again
+    /// [default: off].
+    #[arg(long, env = "IDEM_TOMBSTONES", value_name = "DURATION|off")]
+    pub tombstones: Option<String>,
     /// Serve /metrics (Prometheus) and /healthz on this address [default: off].
     #[arg(long, env = "IDEM_ADMIN_LISTEN", value_name = "ADDR")]
     pub admin_listen: Option<String>,

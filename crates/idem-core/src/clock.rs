@@ -16,6 +16,22 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 pub struct Timestamp(pub i64);
 
 impl Timestamp {
+    /// This instant as a wall-clock time (milliseconds since the Unix epoch).
+    pub fn system_time(self) -> std::time::SystemTime {
+        let since = Duration::from_millis(self.0.unsigned_abs());
+        if self.0 >= 0 {
+            std::time::UNIX_EPOCH + since
+        } else {
+            std::time::UNIX_EPOCH - since
+        }
+    }
+
+    /// This instant in RFC 3339 form, to the millisecond, in UTC
+    /// (`2026-12-05T16:40:00.000Z`).
+    pub fn rfc3339(self) -> String {
+        humantime::format_rfc3339_millis(self.system_time()).to_string()
+    }
+
     /// The instant `by` after this one.
     pub fn plus(self, by: Duration) -> Self {
         Self(

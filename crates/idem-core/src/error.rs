@@ -38,6 +38,21 @@ pub enum Error {
         /// When a retry has a fair chance of finding the outcome.
         retry_after: Duration,
     },
+    /// The key's dedupe window ended, and a tombstone says the key was used:
+    /// this is a late retry of an operation that may have been applied, so it
+    /// is refused rather than run again. Nothing was changed.
+    #[error(
+        "idempotency key {key} in scope {scope} expired at {} (its dedupe window ended); a late retry is refused so the operation cannot apply twice; check whether it was applied, and use a new key for a new operation",
+        expired_at.rfc3339()
+    )]
+    Expired {
+        /// Scope of the record.
+        scope: Scope,
+        /// The key.
+        key: IdempotencyKey,
+        /// When the key's window ended.
+        expired_at: crate::Timestamp,
+    },
     /// The caller's claim was taken over by a newer owner (its lease ended).
     /// Its completion and its effect were rejected. Retrying is wrong: the newer
     /// owner is doing the work.
@@ -96,6 +111,7 @@ impl Error {
             Self::InFlight { .. } | Self::LeaseHeld { .. } => true,
             Self::Store(e) => e.kind().is_transient(),
             Self::KeyReuse { .. }
+            | Self::Expired { .. }
             | Self::Fenced { .. }
             | Self::Stale { .. }
             | Self::InvalidKey(_) => false,

@@ -83,5 +83,5 @@ pub use record::{FencingToken, Record, RecordSeed, RecordState, UnknownState};
 pub use settings::{DEFAULT_LEASE, DEFAULT_RETENTION, Settings};
 pub use store::{
     Applied, Claim, Claimed, LeaseStore, Operation, RecordCount, RecordFilter, RecordGlance,
-    RecordStore,
+    RecordStore, Replay,
 };

@@ -18,6 +18,8 @@ pub const DUPLICATES_SUPPRESSED_TOTAL: &str = "duplicates_suppressed_total";
 pub const KEY_CONFLICTS_TOTAL: &str = "idempotency_key_conflicts_total";
 /// Keys refused for a different payload, labelled `scope`.
 pub const KEY_REUSE_TOTAL: &str = "idempotency_key_reuse_total";
+/// Late retries refused by a tombstone (the key's window had ended), by scope.
+pub const LATE_RETRIES_TOTAL: &str = "idempotency_late_retries_total";
 
 /// Records found fingerprinted under another fingerprint rule than the
 /// request's, and answered as if the fingerprints matched, labelled `scope`.
@@ -87,6 +89,17 @@ pub fn refused(error: &Error) {
             tracing::info!(
                 scope = scope.as_str(),
                 "key reused with a different payload"
+            );
+        }
+        Error::Expired {
+            scope, expired_at, ..
+        } => {
+            metrics::counter!(LATE_RETRIES_TOTAL, "scope" => scope.family().to_owned())
+                .increment(1);
+            tracing::warn!(
+                scope = scope.as_str(),
+                expired_at = %expired_at.rfc3339(),
+                "a late retry met its key's tombstone and was refused"
             );
         }
         Error::InFlight { scope, .. } => {

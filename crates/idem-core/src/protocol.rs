@@ -5,6 +5,8 @@
 //! | record found                      | fingerprint | decision                         |
 //! |-----------------------------------|-------------|----------------------------------|
 //! | none, or past retention           | —           | [`Decision::Claim`]               |
+//! | past retention, tombstones kept   | same        | refuse with `Expired`             |
+//! | past retention, tombstones kept   | different   | refuse with `KeyReuse`            |
 //! | completed or failed               | same        | [`Decision::Replay`]              |
 //! | any state                         | different   | refuse with `KeyReuse`            |
 //! | any state                         | other rule  | as if the same (logged, counted)  |
@@ -16,6 +18,11 @@
 //! so it is taken as the same: a retry across a change of the rule is
 //! replayed rather than refused as key reuse, and the event is logged and
 //! counted ([`observe::fingerprint_rule_changed`](crate::observe::fingerprint_rule_changed)).
+//!
+//! With tombstones kept ([`Settings::tombstones`]), a record past retention
+//! (or the tombstone the sweep left in its place) still refuses its key until
+//! the grace period ends: a late retry is the request most likely to apply an
+//! operation twice. After the grace period the key is new again.
 //!
 //! A record past retention is replaced, but its token still grows: tokens are
 //! never reused, so a worker holding an old token can never be mistaken for the
@@ -30,7 +37,7 @@
 use crate::clock::Timestamp;
 use crate::{
     Error, FencingToken, Fingerprint, FingerprintMatch, IdempotencyKey, Operation, Outcome, Record,
-    RecordState, Scope, Settings,
+    RecordState, Replay, Scope, Settings,
 };
 
 /// What the caller of [`decide`] must do.
@@ -48,7 +55,7 @@ pub enum Decision {
         token: FencingToken,
     },
     /// A settled record: return its outcome, run nothing.
-    Replay(Outcome),
+    Replay(Replay),
 }
 
 impl Decision {
@@ -85,6 +92,19 @@ pub fn decide(
         });
     };
     if record.expires_at <= now {
+        if settings.refuses_late(record.expires_at, now) {
+            return match fingerprint.compare(&record.fingerprint) {
+                FingerprintMatch::Different => Err(Error::KeyReuse {
+                    scope: scope.clone(),
+                    key: key.clone(),
+                }),
+                FingerprintMatch::Same | FingerprintMatch::OtherRule => Err(Error::Expired {
+                    scope: scope.clone(),
+                    key: key.clone(),
+                    expired_at: record.expires_at,
+                }),
+            };
+        }
         return Ok(Decision::Claim {
             token: record.token.next().max(FencingToken::first_at(now)),
         });
@@ -103,7 +123,10 @@ pub fn decide(
     }
     match record.state {
         RecordState::Completed | RecordState::Failed => match &record.outcome {
-            Some(outcome) => Ok(Decision::Replay(outcome.clone())),
+            Some(outcome) => Ok(Decision::Replay(Replay::new(
+                outcome.clone(),
+                record.expires_at,
+            ))),
             None => Err(Error::Store(crate::StoreError::new(
                 crate::ErrorKind::Corrupt,
                 format!("settled record {scope}/{key} has no stored outcome"),
@@ -279,6 +302,63 @@ mod tests {
     }
 
     #[test]
+    fn a_late_retry_meets_the_tombstone_until_the_grace_period_ends() {
+        let grace = Duration::from_millis(1_000);
+        let settings = Settings::default().with_tombstones(Some(grace));
+        let mut done = record(RecordState::Completed, b"a", None);
+        done.expires_at = Timestamp(9_000);
+        let gone = Record::tombstone(
+            done.scope.clone(),
+            done.key.clone(),
+            done.fingerprint,
+            done.token,
+            Timestamp(9_000),
+        );
+        for found in [&done, &gone] {
+            let at = |now: i64, fp: &[u8]| {
+                decide(
+                    Some(found),
+                    &found.scope,
+                    &found.key,
+                    &Fingerprint::of_bytes(fp),
+                    Timestamp(now),
+                    &settings,
+                )
+            };
+            assert!(matches!(at(8_999, b"a"), Ok(Decision::Replay(_)) | Err(_)));
+            match at(9_000, b"a") {
+                Err(Error::Expired { expired_at, .. }) => assert_eq!(expired_at, Timestamp(9_000)),
+                other => panic!("a retry at the end of the window must be refused, got {other:?}"),
+            }
+            assert!(matches!(at(9_999, b"a"), Err(Error::Expired { .. })));
+            assert!(matches!(at(9_999, b"b"), Err(Error::KeyReuse { .. })));
+            let Ok(Decision::Claim { token }) = at(10_000, b"a") else {
+                panic!("past the grace period the key is new again");
+            };
+            assert!(token > found.token);
+        }
+        // Without tombstones the key is new as soon as its window ends.
+        assert!(matches!(
+            decide(
+                Some(&done),
+                &done.scope,
+                &done.key,
+                &done.fingerprint,
+                Timestamp(9_000),
+                &Settings::default(),
+            ),
+            Ok(Decision::Claim { .. })
+        ));
+        let message = Error::Expired {
+            scope: done.scope.clone(),
+            key: done.key.clone(),
+            expired_at: Timestamp(0),
+        }
+        .to_string();
+        assert!(message.contains("1970-01-01T00:00:00.000Z"), "{message}");
+    }
+
+    #[test]
     fn a_record_of_another_fingerprint_rule_is_answered_as_a_retry() {
         let body = br#"{"amount":10,"sent_at":1}"#;
         let none = |_: &str| Vec::new();
@@ -328,7 +408,7 @@ mod tests {
         let done = record(RecordState::Completed, b"a", None);
         assert_eq!(
             run(Some(&done), b"a", 5).unwrap(),
-            Decision::Replay(Outcome::success("done"))
+            Decision::Replay(Replay::new(Outcome::success("done"), Timestamp(10_000)))
         );
         let failed = record(RecordState::Failed, b"a", None);
         assert!(matches!(
@@ -400,7 +480,7 @@ mod tests {
         );
         assert_eq!(
             Plan::of(
-                &Decision::Replay(Outcome::empty()),
+                &Decision::Replay(Replay::new(Outcome::empty(), Timestamp(0))),
                 None,
                 Timestamp(1),
                 &settings

@@ -163,6 +163,34 @@ pub struct Record {
     pub expires_at: Timestamp,
 }
 
+impl Record {
+    /// A tombstone read as the record it stands for: the key was used with
+    /// `fingerprint`, its window ended at `expired_at`, and its answer is gone.
+    /// Only the protocol's decision reads it (it refuses the key while
+    /// [`Settings::refuses_late`](crate::Settings::refuses_late) says so); it
+    /// is never written back.
+    pub fn tombstone(
+        scope: Scope,
+        key: IdempotencyKey,
+        fingerprint: Fingerprint,
+        token: FencingToken,
+        expired_at: Timestamp,
+    ) -> Self {
+        Self {
+            scope,
+            key,
+            fingerprint,
+            state: RecordState::Completed,
+            token,
+            lease_until: None,
+            outcome: None,
+            created_at: expired_at,
+            updated_at: expired_at,
+            expires_at: expired_at,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,6 +17,13 @@ pub struct Settings {
     pub retention: Duration,
     /// The longest `retry_after` hint given to a concurrent duplicate. Default 1 s.
     pub in_flight_retry_after: Duration,
+    /// How long a key is still remembered after its window ended, so that a
+    /// late retry is refused ([`Error::Expired`](crate::Error::Expired))
+    /// rather than applied again. The sweep leaves a tombstone (scope, key,
+    /// fingerprint, when the window ended) in place of each record it
+    /// deletes, and deletes the tombstone once this grace period is over.
+    /// `None` (the default): past its window a key is new again.
+    pub tombstones: Option<Duration>,
 }
 
 /// The default lease of an in-flight claim: 60 seconds.
@@ -30,6 +37,7 @@ impl Default for Settings {
             lease: DEFAULT_LEASE,
             retention: DEFAULT_RETENTION,
             in_flight_retry_after: Duration::from_secs(1),
+            tombstones: None,
         }
     }
 }
@@ -39,6 +47,20 @@ impl Settings {
     pub fn with_lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
+    }
+
+    /// These settings with tombstones kept for `grace` after a key's window
+    /// ends (see [`tombstones`](Self::tombstones)), or none.
+    pub fn with_tombstones(mut self, grace: Option<Duration>) -> Self {
+        self.tombstones = grace;
+        self
+    }
+
+    /// Whether a key whose window ended at `expired_at` is still refused at
+    /// `now` (tombstones are kept and the grace period is not over).
+    pub fn refuses_late(&self, expired_at: crate::Timestamp, now: crate::Timestamp) -> bool {
+        self.tombstones
+            .is_some_and(|grace| expired_at <= now && now < expired_at.plus(grace))
     }
 
     /// These settings with another retention.

@@ -24,6 +24,30 @@ pub struct Claim {
     pub lease_until: Timestamp,
     /// Whether this claim took over an expired one (a worker died or stalled).
     pub took_over: bool,
+    /// When the key's dedupe window ends: until then a duplicate is answered
+    /// from the record. A key claimed again inside its window (after a
+    /// release or a takeover) keeps the window of its first claim.
+    pub expires_at: Timestamp,
+}
+
+/// A settled key's answer to a duplicate: the stored outcome, and when the
+/// key's dedupe window ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replay {
+    /// The outcome stored when the key was settled.
+    pub outcome: Outcome,
+    /// When the record stops answering duplicates (the end of its window).
+    pub expires_at: Timestamp,
+}
+
+impl Replay {
+    /// The stored outcome of `record`'s key, with the end of its window.
+    pub fn new(outcome: Outcome, expires_at: Timestamp) -> Self {
+        Self {
+            outcome,
+            expires_at,
+        }
+    }
 }
 
 /// What [`LeaseStore::claim`] found.
@@ -33,7 +57,17 @@ pub enum Claimed {
     /// release.
     Fresh(Claim),
     /// The key was settled before: here is its stored outcome. Run nothing.
-    Replayed(Outcome),
+    Replayed(Replay),
+}
+
+impl Claimed {
+    /// The stored outcome, if this was a replay.
+    pub fn replayed(&self) -> Option<&Outcome> {
+        match self {
+            Self::Replayed(replay) => Some(&replay.outcome),
+            Self::Fresh(_) => None,
+        }
+    }
 }
 
 /// What an apply returned: the outcome, and whether it was produced now or
@@ -107,7 +141,7 @@ impl Operation {
 ///         // send the email here, outside the database
 ///         store.complete(&claim, &Outcome::success("sent")).await?;
 ///     }
-///     Claimed::Replayed(outcome) => assert_eq!(outcome.body, b"sent"),
+///     Claimed::Replayed(replay) => assert_eq!(replay.outcome.body, b"sent"),
 /// }
 /// # Ok(()) }
 /// ```
@@ -167,7 +201,7 @@ pub trait LeaseStore: Send + Sync {
     {
         async move {
             let claim = match self.claim(scope, key, fingerprint).await? {
-                Claimed::Replayed(outcome) => return Ok(Applied::Replayed(outcome)),
+                Claimed::Replayed(replay) => return Ok(Applied::Replayed(replay.outcome)),
                 Claimed::Fresh(claim) => claim,
             };
             crate::crash::point(crate::crash::AFTER_CLAIM);
@@ -215,7 +249,7 @@ pub trait LeaseStore: Send + Sync {
     {
         async move {
             let claim = match self.claim(scope, key, fingerprint).await? {
-                Claimed::Replayed(outcome) => return Ok(Applied::Replayed(outcome)),
+                Claimed::Replayed(replay) => return Ok(Applied::Replayed(replay.outcome)),
                 Claimed::Fresh(claim) => claim,
             };
             self.complete(&claim, &recorded).await?;

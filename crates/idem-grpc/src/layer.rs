@@ -256,9 +256,9 @@ where
 {
     let claim = match shared.store.claim(&scope, &key, fingerprint).await {
         Ok(Claimed::Fresh(claim)) => claim,
-        Ok(Claimed::Replayed(outcome)) => {
+        Ok(Claimed::Replayed(replay)) => {
             tracing::debug!("replaying the stored answer");
-            return Ok(match StoredCall::from_outcome(outcome) {
+            return Ok(match StoredCall::from_outcome(replay.outcome) {
                 Ok(stored) => stored.into_replay(),
                 Err(damaged) => Refusal::Corrupt(damaged.to_string()).to_response(),
             });

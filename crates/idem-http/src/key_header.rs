@@ -25,6 +25,21 @@ pub use idem_retry::IDEMPOTENCY_KEY;
 /// The response header set (to `true`) on every replayed response.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
+/// The response header on every answer to a keyed request that claimed its
+/// key or replayed it: until when the key is remembered (the end of its
+/// dedupe window, an HTTP-date). A retry sent before then is answered from
+/// the record; after it the key is new again, unless the server keeps
+/// tombstones, which refuse a late retry with 410 Gone for a while longer.
+pub const IDEMPOTENCY_KEY_EXPIRES: HeaderName = HeaderName::from_static("idempotency-key-expires");
+
+/// Says on `headers` until when the key of the answer is remembered.
+pub(crate) fn mark_expiry(headers: &mut http::HeaderMap, expires_at: idem::Timestamp) {
+    let date = httpdate::fmt_http_date(expires_at.system_time());
+    if let Ok(value) = http::HeaderValue::from_str(&date) {
+        headers.insert(IDEMPOTENCY_KEY_EXPIRES, value);
+    }
+}
+
 /// The response header set (to `true`) when a request with a safe method
 /// (GET, HEAD, OPTIONS, TRACE) carried an `Idempotency-Key`: such a request
 /// changes nothing, so it ran as usual and its key was not used.

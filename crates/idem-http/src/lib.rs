@@ -64,8 +64,8 @@ pub use idempotency::{
 };
 pub use identity::principal_of;
 pub use key_header::{
-    IDEMPOTENCY_KEY, IDEMPOTENCY_KEY_IGNORED, IDEMPOTENT_REPLAYED, KeyHeaderError, parse_key,
-    read_key,
+    IDEMPOTENCY_KEY, IDEMPOTENCY_KEY_EXPIRES, IDEMPOTENCY_KEY_IGNORED, IDEMPOTENT_REPLAYED,
+    KeyHeaderError, parse_key, read_key,
 };
 pub use shed::{LoadShed, LoadShedLayer};
 pub use stored::{NotAResponse, StoredResponse};

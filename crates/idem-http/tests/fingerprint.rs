@@ -2,100 +2,16 @@
 //! `127.0.0.1:0` with a [`FingerprintRule`], and an upstream that counts its
 //! effects. Each case runs on SQLite, PostgreSQL and Redis.
 
+#[macro_use]
 mod common;
-
-use std::sync::Arc;
 
 use axum::http::StatusCode;
 use common::gateway::{Gateway, Options, Upstream};
+use common::stores::{Kind, Store};
 use common::{Client, Server};
-use idem::{AnyStore, FingerprintRule, StoreLocation, SystemClock};
+use idem::FingerprintRule;
 use idem_http::IdempotencyConfig;
 use serde_json::json;
-
-/// Runs a case on each store, as tests named after the store.
-macro_rules! on_each_store {
-    ($case:ident) => {
-        mod $case {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn sqlite() {
-                super::$case(super::Kind::Sqlite).await
-            }
-
-            #[cfg(feature = "postgres")]
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn postgres() {
-                super::$case(super::Kind::Postgres).await
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn redis() {
-                super::$case(super::Kind::Redis).await
-            }
-        }
-    };
-}
-
-#[derive(Debug, Clone, Copy)]
-enum Kind {
-    Sqlite,
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    Postgres,
-    Redis,
-}
-
-/// A fresh store, and what keeps it alive (its directory or database).
-struct Store {
-    location: StoreLocation,
-    _dir: tempfile::TempDir,
-    #[cfg(feature = "postgres")]
-    _db: Option<common::pg::PgDatabase>,
-}
-
-impl Store {
-    /// `None` when the store's server is not reachable (and not required).
-    async fn fresh(kind: Kind) -> Option<Store> {
-        let dir = tempfile::tempdir().expect("temp dir");
-        #[cfg(feature = "postgres")]
-        let mut db = None;
-        let location = match kind {
-            Kind::Sqlite => StoreLocation::Sqlite(dir.path().join("idem.db")),
-            Kind::Postgres => {
-                #[cfg(feature = "postgres")]
-                {
-                    let created = common::pg::PgDatabase::create().await?;
-                    let url = created.url.clone();
-                    db = Some(created);
-                    url.parse().expect("a PostgreSQL URL")
-                }
-                #[cfg(not(feature = "postgres"))]
-                unreachable!("PostgreSQL cases are built with the postgres feature")
-            }
-            Kind::Redis => {
-                if !idem_testkit::redis::machine_redis_answers() {
-                    return None;
-                }
-                StoreLocation::Redis(idem_testkit::redis::redis_url())
-            }
-        };
-        Some(Store {
-            location,
-            _dir: dir,
-            #[cfg(feature = "postgres")]
-            _db: db,
-        })
-    }
-
-    async fn open(&self, config: &IdempotencyConfig) -> AnyStore {
-        AnyStore::open_with(
-            &self.location,
-            config.store_settings(),
-            Arc::new(SystemClock),
-        )
-        .await
-        .expect("open the store")
-    }
-}
 
 /// A gateway with `rule` in front of `upstream`, on `store`.
 async fn gateway(store: &Store, upstream: &Server, rule: FingerprintRule) -> Gateway {

@@ -70,6 +70,28 @@ impl PgStore {
                 current[slot] = Some(record);
             }
         }
+        if let Some(grace) = self.settings().tombstones {
+            // A held key without a record may have been swept inside its
+            // grace period: its tombstone takes the record's place, so the
+            // decision refuses it as late. Never written back.
+            let unknown: Vec<(&Scope, &IdempotencyKey)> = batch
+                .keys(ops)
+                .enumerate()
+                .filter(|(slot, _)| granted[*slot] && current[*slot].is_none())
+                .map(|(_, key)| key)
+                .collect();
+            if !unknown.is_empty() {
+                let now = self.clock().now();
+                let tombstones = records::fetch_tombstones(tx, &unknown, now, grace)
+                    .await
+                    .map_err(|e| self.fail(e))?;
+                for tombstone in tombstones {
+                    if let Some(slot) = batch.slot_of_key(&tombstone.scope, &tombstone.key) {
+                        current[slot] = Some(tombstone);
+                    }
+                }
+            }
+        }
         Ok(Held { granted, current })
     }
 
@@ -100,7 +122,7 @@ impl PgStore {
         match decided {
             Err(error) => Step::Answer(Err(error)),
             Ok(decision) => match Next::after(decision, current, now, self.settings()) {
-                Next::Replay(outcome) => Step::Answer(Ok(Applied::Replayed(outcome))),
+                Next::Replay(replay) => Step::Answer(Ok(Applied::Replayed(replay.outcome))),
                 Next::Run(plan) => Step::Run(plan),
             },
         }

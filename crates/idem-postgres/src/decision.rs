@@ -14,8 +14,8 @@
 //! [`Next`] then turns a decision into a replay or the [`Plan`] of the record to write.
 
 use idem_core::{
-    Decision, Error, Fingerprint, IdempotencyKey, Outcome, Plan, Record, Scope, Settings,
-    Timestamp, decide, observe, protocol,
+    Decision, Error, Fingerprint, IdempotencyKey, Plan, Record, Replay, Scope, Settings, Timestamp,
+    decide, observe, protocol,
 };
 use sqlx::postgres::PgExecutor;
 
@@ -48,7 +48,7 @@ impl PgStore {
         scope: &Scope,
         key: &IdempotencyKey,
         fingerprint: &Fingerprint,
-    ) -> Result<Option<Outcome>, Error> {
+    ) -> Result<Option<Replay>, Error> {
         let found = records::fetch(db, scope, key)
             .await
             .map_err(|e| self.fail(e))?;
@@ -57,9 +57,9 @@ impl PgStore {
         };
         let now = self.clock().now();
         match decide(Some(&found), scope, key, fingerprint, now, self.settings()) {
-            Ok(Decision::Replay(outcome)) => {
+            Ok(Decision::Replay(replay)) => {
                 observe::replayed(scope);
-                Ok(Some(outcome))
+                Ok(Some(replay))
             }
             Ok(Decision::Claim { .. } | Decision::TakeOver { .. }) => Ok(None),
             Err(error) => {
@@ -96,9 +96,9 @@ impl PgStore {
             return self.decide_held(found, scope, key, fingerprint, now);
         }
         match decide(found, scope, key, fingerprint, now, self.settings()) {
-            Ok(Decision::Replay(outcome)) => {
+            Ok(Decision::Replay(replay)) => {
                 observe::replayed(scope);
-                Ok(Decision::Replay(outcome))
+                Ok(Decision::Replay(replay))
             }
             Ok(Decision::Claim { .. } | Decision::TakeOver { .. }) => Err(self.busy(scope, key)),
             Err(error) => {
@@ -128,7 +128,7 @@ impl PgStore {
 #[derive(Debug)]
 pub(crate) enum Next {
     /// Return the stored outcome; run nothing.
-    Replay(Outcome),
+    Replay(Replay),
     /// Run the effect (or hand out the claim) under this plan.
     Run(Plan),
 }
@@ -143,7 +143,7 @@ impl Next {
         settings: &Settings,
     ) -> Self {
         match decision {
-            Decision::Replay(outcome) => Next::Replay(outcome),
+            Decision::Replay(replay) => Next::Replay(replay),
             decision => Next::Run(
                 Plan::of(&decision, found, now, settings)
                     .expect("claims and takeovers have a plan"),

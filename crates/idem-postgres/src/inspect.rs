@@ -43,13 +43,18 @@ impl RecordStore for PgStore {
     }
 
     async fn sweep_batch(&self, limit: usize) -> Result<u64, Error> {
-        records::sweep(self.pool(), self.clock().now(), limit)
+        records::sweep(self.pool(), self.clock().now(), limit, self.settings().tombstones)
             .await
             .map_err(|e| self.fail(e))
     }
 
     async fn sweep_batch_alone(&self, limit: usize) -> Result<Option<u64>, Error> {
-        records::sweep_alone(self.pool(), self.clock().now(), limit)
+        records::sweep_alone(
+            self.pool(),
+            self.clock().now(),
+            limit,
+            self.settings().tombstones,
+        )
             .await
             .map_err(|e| self.fail(e))
     }

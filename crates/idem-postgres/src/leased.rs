@@ -23,7 +23,7 @@
 
 use idem_core::{
     ApplyError, AtomicEffect, Claim, Claimed, Error, ErrorKind, Fingerprint, IdempotencyKey,
-    LeaseStore, Operation, Outcome, Plan, RecordState, Scope, StoreError, Timestamp,
+    LeaseStore, Operation, Outcome, Plan, RecordState, Replay, Scope, StoreError, Timestamp,
 };
 use sqlx::{AssertSqlSafe, PgConnection, Postgres, Transaction};
 
@@ -159,8 +159,8 @@ struct ClaimOnly;
 impl Locked for ClaimOnly {
     type Output = Result<Claimed, Error>;
 
-    fn replayed(outcome: Outcome) -> Self::Output {
-        Ok(Claimed::Replayed(outcome))
+    fn replayed(replay: Replay) -> Self::Output {
+        Ok(Claimed::Replayed(replay))
     }
 
     fn failed(error: Error) -> Self::Output {
@@ -184,6 +184,7 @@ impl Locked for ClaimOnly {
             token: plan.token,
             lease_until: now.plus(store.settings().lease),
             took_over: plan.took_over,
+            expires_at: plan.expires_at,
         }))
     }
 }

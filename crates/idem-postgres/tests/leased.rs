@@ -27,7 +27,7 @@ fn fp() -> Fingerprint {
 fn fresh(claimed: Claimed) -> Claim {
     match claimed {
         Claimed::Fresh(claim) => claim,
-        Claimed::Replayed(outcome) => panic!("expected a fresh claim, got replay {outcome:?}"),
+        Claimed::Replayed(replay) => panic!("expected a fresh claim, got replay {replay:?}"),
     }
 }
 
@@ -56,8 +56,10 @@ async fn claim_complete_then_replay() {
     let sent = Outcome::success("sent").with_meta("provider", "smtp");
     store.complete(&claim, &sent).await.unwrap();
     assert_eq!(
-        store.claim(&scope(), &key("user-7"), fp()).await.unwrap(),
-        Claimed::Replayed(sent.clone())
+        store.claim(&scope(), &key("user-7"), fp()).await.unwrap()
+        .replayed()
+        .cloned(),
+        Some(sent.clone())
     );
 
     let record = store.get(&scope(), &key("user-7")).await.unwrap().unwrap();
@@ -202,8 +204,10 @@ async fn complete_with_commits_the_effect_only_for_the_current_token() {
     assert_eq!(outcome, Outcome::success("debited"));
     assert_eq!(db.balance(&store, 1).await, 90);
     assert_eq!(
-        store.claim(&scope(), &key("pay-1"), fp()).await.unwrap(),
-        Claimed::Replayed(outcome)
+        store.claim(&scope(), &key("pay-1"), fp()).await.unwrap()
+        .replayed()
+        .cloned(),
+        Some(outcome)
     );
 }
 
@@ -251,8 +255,8 @@ async fn concurrent_claims_and_completions_of_many_keys_settle_each_key_once() {
                     store.complete(&claim, &outcome).await.unwrap();
                     Some(name)
                 }
-                Ok(Claimed::Replayed(outcome)) => {
-                    assert_eq!(outcome, Outcome::success(format!("done {name}")));
+                Ok(Claimed::Replayed(replay)) => {
+                    assert_eq!(replay.outcome, Outcome::success(format!("done {name}")));
                     None
                 }
                 Err(Error::InFlight { .. }) => None,
@@ -271,8 +275,10 @@ async fn concurrent_claims_and_completions_of_many_keys_settle_each_key_once() {
     for i in 0..50 {
         let name = format!("order-{i}");
         assert_eq!(
-            store.claim(&scope(), &key(&name), fp()).await.unwrap(),
-            Claimed::Replayed(Outcome::success(format!("done {name}")))
+            store.claim(&scope(), &key(&name), fp()).await.unwrap()
+            .replayed()
+            .cloned(),
+            Some(Outcome::success(format!("done {name}")))
         );
     }
 }
@@ -308,12 +314,16 @@ async fn completions_in_one_group_fence_the_zombie_and_settle_the_others() {
     s.unwrap();
     o.unwrap();
     assert_eq!(
-        store.claim(&scope(), &key("a"), fp()).await.unwrap(),
-        Claimed::Replayed(won)
+        store.claim(&scope(), &key("a"), fp()).await.unwrap()
+        .replayed()
+        .cloned(),
+        Some(won)
     );
     assert_eq!(
-        store.claim(&scope(), &key("b"), fp()).await.unwrap(),
-        Claimed::Replayed(done)
+        store.claim(&scope(), &key("b"), fp()).await.unwrap()
+        .replayed()
+        .cloned(),
+        Some(done)
     );
 }
 

@@ -7,7 +7,7 @@
 //! each write is followed by `WAIT` before the caller is answered.
 
 use idem_core::{
-    Claim, Claimed, Error, Fingerprint, IdempotencyKey, LeaseStore, Outcome, Scope, observe,
+    Claim, Claimed, Error, Fingerprint, IdempotencyKey, LeaseStore, Outcome, Replay, Scope, observe,
 };
 
 use crate::error::map_error;
@@ -44,6 +44,7 @@ impl LeaseStore for RedisStore {
                 token,
                 lease_until,
                 took_over,
+                expires_at,
             } => {
                 if took_over {
                     observe::took_over(scope, token);
@@ -56,12 +57,18 @@ impl LeaseStore for RedisStore {
                     token,
                     lease_until,
                     took_over,
+                    expires_at,
                 }));
             }
-            ClaimAnswer::Replay(outcome) => {
+            ClaimAnswer::Replay(outcome, expires_at) => {
                 observe::replayed(scope);
-                return Ok(Claimed::Replayed(outcome));
+                return Ok(Claimed::Replayed(Replay::new(outcome, expires_at)));
             }
+            ClaimAnswer::Expired(expired_at) => Error::Expired {
+                scope: scope.clone(),
+                key: key.clone(),
+                expired_at,
+            },
             ClaimAnswer::KeyReuse => Error::KeyReuse {
                 scope: scope.clone(),
                 key: key.clone(),

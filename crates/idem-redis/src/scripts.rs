@@ -28,7 +28,13 @@ use redis::Script;
 ///
 /// KEYS: the record. ARGV: scope, key, fingerprint, now, the first token of a
 /// window starting now, lease, retention, longest retry-after (ms), the mark
-/// of a fingerprint made under a rule ([`idem_core::RULE_MARK`]).
+/// of a fingerprint made under a rule ([`idem_core::RULE_MARK`]), the
+/// tombstone grace period (ms, 0 for none).
+///
+/// With a grace period, a record outlives its window by that much (Redis
+/// expires it then) and stands as its own tombstone: a claim of its key in
+/// that time is refused as late (`expired` and the window's end), or as key
+/// reuse for another payload.
 ///
 /// A stored fingerprint of another rule (its mark and rule id differ from the
 /// request's) is taken as the same, as [`idem_core::decide`] does; the answer
@@ -61,7 +67,13 @@ if f[2] then
     return {'corrupt', 'no token or expiry'}
   end
   local stored = tonumber(f[3])
-  if tonumber(f[9]) <= now then
+  local grace = tonumber(ARGV[10])
+  if tonumber(f[9]) <= now and now < tonumber(f[9]) + grace then
+    if f[1] ~= ARGV[3] and rule_of(f[1] or '') == rule_of(ARGV[3]) then
+      return {'key_reuse'}
+    end
+    return {'expired', f[9]}
+  elseif tonumber(f[9]) <= now then
     token = math.max(stored + 1, token)
   elseif f[1] ~= ARGV[3] and rule_of(f[1] or '') == rule_of(ARGV[3]) then
     return {'key_reuse'}
@@ -70,7 +82,7 @@ if f[2] then
     if not f[5] then
       return {'corrupt', 'a settled record without an outcome'}
     end
-    return answer({'replay', f[5], f[6] or '', f[7] or '{}'})
+    return answer({'replay', f[5], f[6] or '', f[7] or '{}', f[9]})
   else
     other_rule = f[1] ~= ARGV[3]
     if f[4] and f[4] ~= '' then
@@ -91,8 +103,9 @@ redis.call('HSET', KEYS[1], 'scope', ARGV[1], 'key', ARGV[2], 'fp', ARGV[3], 'st
   'token', string.format('%.0f', token), 'lease', string.format('%.0f', lease_until),
   'created', string.format('%.0f', created), 'updated', ARGV[4],
   'expires', string.format('%.0f', expires))
-redis.call('PEXPIRE', KEYS[1], string.format('%.0f', math.max(expires - now, 1)))
-return answer({'claimed', string.format('%.0f', token), string.format('%.0f', lease_until), took_over})
+redis.call('PEXPIRE', KEYS[1], string.format('%.0f', math.max(expires + tonumber(ARGV[10]) - now, 1)))
+return answer({'claimed', string.format('%.0f', token), string.format('%.0f', lease_until), took_over,
+  string.format('%.0f', expires)})
 ",
     )
 });
@@ -119,9 +132,10 @@ return {'held'}
     )
 });
 
-/// Deletes a record if it is past retention by the application's clock.
+/// Deletes a record if it is past retention (and its tombstone grace period)
+/// by the application's clock.
 ///
-/// KEYS: the record. ARGV: now.
+/// KEYS: the record. ARGV: now less the grace period.
 static SWEEP: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -142,8 +156,10 @@ pub(crate) enum ClaimAnswer {
         token: FencingToken,
         lease_until: Timestamp,
         took_over: bool,
+        expires_at: Timestamp,
     },
-    Replay(Outcome),
+    Replay(Outcome, Timestamp),
+    Expired(Timestamp),
     KeyReuse,
     InFlight {
         retry_after: Duration,
@@ -205,7 +221,8 @@ pub(crate) fn claim_invocation(
         .arg(millis(args.settings.lease))
         .arg(millis(args.settings.retention))
         .arg(millis(args.settings.in_flight_retry_after))
-        .arg(RULE_MARK.as_slice());
+        .arg(RULE_MARK.as_slice())
+        .arg(args.settings.tombstones.map_or(0, millis));
     invocation
 }
 
@@ -227,15 +244,20 @@ pub(crate) fn claim_answer(
         all => (all, None),
     };
     let answer = match fields {
-        [b"claimed", token, lease_until, took_over] => Ok(ClaimAnswer::Claimed {
+        [b"claimed", token, lease_until, took_over, expires] => Ok(ClaimAnswer::Claimed {
             token: FencingToken::new(number(record, token, "token")?)
                 .ok_or_else(|| corrupt(record, "token is not positive"))?,
             lease_until: Timestamp(number(record, lease_until, "lease end")?),
             took_over: *took_over == b"1",
+            expires_at: Timestamp(number(record, expires, "expiry")?),
         }),
-        [b"replay", kind, body, meta] => {
-            Ok(ClaimAnswer::Replay(outcome(record, kind, body, meta)?))
-        }
+        [b"replay", kind, body, meta, expires] => Ok(ClaimAnswer::Replay(
+            outcome(record, kind, body, meta)?,
+            Timestamp(number(record, expires, "expiry")?),
+        )),
+        [b"expired", expires] => Ok(ClaimAnswer::Expired(Timestamp(number(
+            record, expires, "expiry",
+        )?))),
         [b"key_reuse"] => Ok(ClaimAnswer::KeyReuse),
         [b"in_flight", retry_after] => Ok(ClaimAnswer::InFlight {
             retry_after: Duration::from_millis(

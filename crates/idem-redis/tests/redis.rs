@@ -102,8 +102,10 @@ async fn records_expire_by_the_servers_clock_and_tokens_keep_growing() {
             .await
             .unwrap();
         assert!(matches!(
-            store.claim(&scope(), &key("k"), fp()).await.unwrap(),
-            Claimed::Replayed(_)
+            store.claim(&scope(), &key("k"), fp()).await.unwrap()
+            .replayed()
+            .cloned(),
+            Some(_)
         ));
         let deadline = Instant::now() + Duration::from_secs(10);
         while store.get(&scope(), &key("k")).await.unwrap().is_some() {
@@ -173,7 +175,7 @@ async fn a_restart_with_the_append_only_file_forgets_no_completed_key_and_no_tok
     assert_eq!(completed.len(), 300);
     for k in &completed {
         match store.claim(&scope(), k, fp()).await.unwrap() {
-            Claimed::Replayed(outcome) => assert_eq!(outcome.body, k.as_str().as_bytes()),
+            Claimed::Replayed(replay) => assert_eq!(replay.outcome.body, k.as_str().as_bytes()),
             Claimed::Fresh(_) => panic!("{k} was completed before, and is forgotten"),
         }
     }

@@ -11,7 +11,7 @@
 
 use idem_core::{
     Applied, ApplyError, AtomicEffect, AtomicStore, BatchApplied, Claim, ErrorKind, Fingerprint,
-    IdempotencyKey, Operation, Outcome, Plan, Scope, SetApplied, crash,
+    IdempotencyKey, Operation, Outcome, Plan, Replay, Scope, SetApplied, crash,
 };
 use rusqlite::Connection;
 
@@ -41,7 +41,7 @@ impl AtomicStore for SqliteStore {
     {
         let op = Operation::new(scope.clone(), key.clone(), fingerprint);
         let applied = self
-            .decide_then(op, Applied::Replayed, move |tx, protocol, op, plan| {
+            .decide_then(op, |replay| Applied::Replayed(replay.outcome), move |tx, protocol, op, plan| {
                 crash::point(crash::AFTER_CLAIM);
                 let outcome = run_effect(effect, tx).map_err(ApplyError::Effect)?;
                 crash::point(crash::INSIDE_EFFECT);
@@ -114,7 +114,7 @@ impl SqliteStore {
     async fn decide_then<R, E>(
         &self,
         op: Operation,
-        replayed: fn(Outcome) -> R,
+        replayed: fn(Replay) -> R,
         carry_out: impl FnOnce(
             &mut Connection,
             &Protocol<'_>,
@@ -130,7 +130,7 @@ impl SqliteStore {
     {
         let _hold = match self.admit(&op).await? {
             Ok(hold) => hold,
-            Err(outcome) => return Ok(replayed(outcome)),
+            Err(replay) => return Ok(replayed(replay)),
         };
         let store = self.clone();
         self.connections()
@@ -138,7 +138,7 @@ impl SqliteStore {
                 let protocol = store.protocol();
                 let (found, decision) = match decide_in(conn, &protocol, &op)? {
                     Ok(claim) => claim,
-                    Err(outcome) => return Ok(replayed(outcome)),
+                    Err(replay) => return Ok(replayed(replay)),
                 };
                 let plan = protocol.plan(found.as_ref(), &decision, &op.scope);
                 carry_out(conn, &protocol, &op, plan)

@@ -21,7 +21,7 @@ use idem_core::{
 };
 use rusqlite::Connection;
 
-use crate::decision::Step;
+use crate::decision::{Protocol, Step};
 use crate::holds::Hold;
 use crate::records;
 use crate::store::{SqliteStore, run_effect};
@@ -62,7 +62,7 @@ impl SqliteStore {
             .write(move |conn| {
                 let protocol = store.protocol();
                 let mut tx = WriteTx::begin(conn)?;
-                let mut found = read_held(&tx, &ops, &batch, &held)?;
+                let mut found = read_held(&tx, &protocol, &ops, &batch, &held)?;
                 let mut answers = Vec::with_capacity(ops.len());
                 let mut written = Vec::new();
                 for (index, op) in ops.iter().enumerate() {
@@ -72,7 +72,7 @@ impl SqliteStore {
                         continue;
                     }
                     match protocol.step(found[slot].as_ref(), op) {
-                        Step::Answer(answer) => answers.push(answer.map(Applied::Replayed)),
+                        Step::Answer(answer) => answers.push(answer.map(|replay| Applied::Replayed(replay.outcome))),
                         Step::Run(decision) => {
                             let plan = protocol.plan(found[slot].as_ref(), &decision, &op.scope);
                             let outcome = run_effect(effect_for(index), &mut tx)
@@ -121,7 +121,7 @@ impl SqliteStore {
             .write(move |conn| -> Answered<E> {
                 let protocol = store.protocol();
                 let mut tx = WriteTx::begin(conn)?;
-                let mut found = read_held(&tx, &ops, &batch, &held)?;
+                let mut found = read_held(&tx, &protocol, &ops, &batch, &held)?;
                 // First occurrences are decided against the records found; a
                 // key's later occurrences wait for the record the effect settles.
                 let mut answers: Vec<Option<Result<Applied, Error>>> =
@@ -141,7 +141,7 @@ impl SqliteStore {
                     }
                     match protocol.step(found[slot].as_ref(), op) {
                         Step::Answer(answer) => {
-                            answers.push(Some(answer.map(Applied::Replayed)));
+                            answers.push(Some(answer.map(|replay| Applied::Replayed(replay.outcome))));
                         }
                         Step::Run(decision) => {
                             let plan = protocol.plan(found[slot].as_ref(), &decision, &op.scope);
@@ -171,7 +171,7 @@ impl SqliteStore {
                 for index in later {
                     let slot = batch.slot_of(index);
                     answers[index] = Some(match protocol.step(found[slot].as_ref(), &ops[index]) {
-                        Step::Answer(answer) => answer.map(Applied::Replayed),
+                        Step::Answer(answer) => answer.map(|replay| Applied::Replayed(replay.outcome)),
                         Step::Run(_) => {
                             unreachable!("a key settled in this batch is answered from its record")
                         }
@@ -193,9 +193,11 @@ impl SqliteStore {
 
 /// Reads, in one statement, the records of the batch's keys this caller
 /// holds: one per slot of `batch`, `None` for a key without a record or not
-/// held.
+/// held. With tombstones kept, a held key without a record gets its
+/// tombstone, if it has one inside the grace period, in the record's place.
 fn read_held(
     conn: &Connection,
+    protocol: &Protocol<'_>,
     ops: &[Operation],
     batch: &BatchPlan,
     held: &[bool],
@@ -210,6 +212,14 @@ fn read_held(
     for record in records::select_many(conn, &pairs)? {
         if let Some(slot) = batch.slot_of_key(&record.scope, &record.key) {
             found[slot] = Some(record);
+        }
+    }
+    if let Some(grace) = protocol.settings.tombstones {
+        for (index, op) in ops.iter().enumerate() {
+            let slot = batch.slot_of(index);
+            if held[slot] && found[slot].is_none() {
+                found[slot] = records::select_tombstone(conn, op, protocol.now, grace)?;
+            }
         }
     }
     Ok(found)

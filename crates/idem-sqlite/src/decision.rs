@@ -9,7 +9,7 @@
 //! decides on what that read found.
 
 use idem_core::{
-    Decision, Error, Operation, Outcome, Plan, Record, Scope, Settings, Timestamp, decide, observe,
+    Decision, Error, Operation, Plan, Record, Replay, Scope, Settings, Timestamp, decide, observe,
 };
 use rusqlite::Connection;
 
@@ -19,19 +19,26 @@ use crate::store::SqliteStore;
 
 /// What the writer decided for one key.
 pub(crate) enum Step {
-    Answer(Result<Outcome, Error>),
+    Answer(Result<Replay, Error>),
     Run(Decision),
 }
 
 /// On the writer, inside its transaction: reads the record and decides. `Err`
 /// carries the stored outcome to replay; refusals are errors.
+///
+/// With tombstones kept, a key without a record is looked up among them: a
+/// key swept inside its grace period is refused as late, as its record was.
 pub(crate) fn decide_in(
     conn: &Connection,
     protocol: &Protocol<'_>,
     op: &Operation,
-) -> Result<Result<(Option<Record>, Decision), Outcome>, Error> {
+) -> Result<Result<(Option<Record>, Decision), Replay>, Error> {
     let found = records::select(conn, op.scope.as_str(), op.key.as_str())?;
-    match protocol.step(found.as_ref(), op) {
+    let tombstone = match (&found, protocol.settings.tombstones) {
+        (None, Some(grace)) => records::select_tombstone(conn, op, protocol.now, grace)?,
+        _ => None,
+    };
+    match protocol.step(found.as_ref().or(tombstone.as_ref()), op) {
         Step::Answer(answer) => answer.map(Err),
         Step::Run(decision) => Ok(Ok((found, decision))),
     }
@@ -40,9 +47,9 @@ pub(crate) fn decide_in(
 /// Reports a protocol answer through metrics and logs, and passes it on.
 fn observed(scope: &Scope, answer: Result<Decision, Error>) -> Step {
     match answer {
-        Ok(Decision::Replay(outcome)) => {
+        Ok(Decision::Replay(replay)) => {
             observe::replayed(scope);
-            Step::Answer(Ok(outcome))
+            Step::Answer(Ok(replay))
         }
         Ok(decision) => Step::Run(decision),
         Err(refusal) => {
@@ -94,7 +101,7 @@ impl SqliteStore {
 
     /// Answers from a reader connection when the record settles the matter
     /// (replay, key reuse, a live lease); `None` when the writer must decide.
-    async fn answer_early(&self, op: &Operation) -> Result<Option<Outcome>, Error> {
+    async fn answer_early(&self, op: &Operation) -> Result<Option<Replay>, Error> {
         let (scope, key) = (op.scope.to_string(), op.key.to_string());
         let Some(found) = self
             .connections()
@@ -112,9 +119,9 @@ impl SqliteStore {
     /// Lets a caller on to the writer: the stored outcome when a reader already
     /// settles the matter, otherwise the in-process hold on the key (or
     /// `InFlight` when another caller has it).
-    pub(crate) async fn admit(&self, op: &Operation) -> Result<Result<Hold, Outcome>, Error> {
-        if let Some(outcome) = self.answer_early(op).await? {
-            return Ok(Err(outcome));
+    pub(crate) async fn admit(&self, op: &Operation) -> Result<Result<Hold, Replay>, Error> {
+        if let Some(replay) = self.answer_early(op).await? {
+            return Ok(Err(replay));
         }
         self.hold(op).map(Ok)
     }

@@ -46,8 +46,9 @@ impl RecordStore for SqliteStore {
 
     async fn sweep_batch(&self, limit: usize) -> Result<u64, Error> {
         let now = self.clock().now();
+        let grace = self.settings().tombstones;
         self.connections()
-            .write(move |conn| records::sweep_batch(conn, now, limit))
+            .write(move |conn| records::sweep_batch(conn, now, limit, grace))
             .await?
     }
 

@@ -34,7 +34,7 @@ impl LeaseStore for SqliteStore {
         let op = Operation::new(scope.clone(), key.clone(), fingerprint);
         let _hold = match self.admit(&op).await? {
             Ok(hold) => hold,
-            Err(outcome) => return Ok(Claimed::Replayed(outcome)),
+            Err(replay) => return Ok(Claimed::Replayed(replay)),
         };
         let store = self.clone();
         self.connections()
@@ -42,7 +42,7 @@ impl LeaseStore for SqliteStore {
                 let protocol = store.protocol();
                 let (found, decision) = match decide_in(conn, &protocol, &op)? {
                     Ok(claim) => claim,
-                    Err(outcome) => return Ok(Claimed::Replayed(outcome)),
+                    Err(replay) => return Ok(Claimed::Replayed(replay)),
                 };
                 let plan = protocol.plan(found.as_ref(), &decision, &op.scope);
                 let record = plan.in_flight(&op, protocol.now, protocol.settings);
@@ -53,6 +53,7 @@ impl LeaseStore for SqliteStore {
                     token: record.token,
                     lease_until: record.lease_until.expect("claims carry a lease"),
                     took_over: plan.took_over,
+                    expires_at: record.expires_at,
                 }))
             })
             .await

@@ -1,9 +1,11 @@
 //! Every statement on `idem_records`, and the mapping between its rows and
 //! [`Record`]. Nothing else in the crate writes SQL for this table.
 
+use std::time::Duration;
+
 use idem_core::{
-    Error, FencingToken, Fingerprint, IdempotencyKey, Outcome, OutcomeKind, Record, RecordFilter,
-    RecordGlance, RecordState, Scope, Timestamp,
+    Error, FencingToken, Fingerprint, IdempotencyKey, Operation, Outcome, OutcomeKind, Record,
+    RecordFilter, RecordGlance, RecordState, Scope, Timestamp,
 };
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
@@ -289,16 +291,117 @@ pub(crate) fn glance(conn: &Connection, now: Timestamp) -> Result<RecordGlance, 
     .map_err(|e| map_error("glance at the records", e))
 }
 
-/// Deletes at most `limit` records past retention, oldest first.
-pub(crate) fn sweep_batch(conn: &Connection, now: Timestamp, limit: usize) -> Result<u64, Error> {
+/// The tombstone of `op`'s key, read as the expired record it stands for,
+/// if the key's window ended less than `grace` before `now`.
+pub(crate) fn select_tombstone(
+    conn: &Connection,
+    op: &Operation,
+    now: Timestamp,
+    grace: Duration,
+) -> Result<Option<Record>, Error> {
+    let since = now.0.saturating_sub(millis(grace));
     let mut stmt = conn
         .prepare_cached(
-            "DELETE FROM idem_records WHERE (scope, key) IN \
-             (SELECT scope, key FROM idem_records WHERE expires_at <= ?1 ORDER BY expires_at LIMIT ?2)",
+            "SELECT fingerprint, token, expired_at FROM idem_tombstones \
+             WHERE scope = ?1 AND key = ?2 AND expired_at > ?3",
         )
-        .map_err(|e| map_error("prepare the sweep", e))?;
-    let deleted = stmt
-        .execute(params![now.0, i64::try_from(limit).unwrap_or(i64::MAX)])
-        .map_err(|e| map_error("sweep expired records", e))?;
+        .map_err(|e| map_error("prepare the tombstone lookup", e))?;
+    let found = stmt
+        .query_row(params![op.scope.as_str(), op.key.as_str(), since], |row| {
+            Ok((
+                row.get::<_, Vec<u8>>(0)?,
+                row.get::<_, i64>(1)?,
+                row.get::<_, i64>(2)?,
+            ))
+        })
+        .optional()
+        .map_err(|e| map_error("read a tombstone", e))?;
+    let Some((fingerprint, token, expired_at)) = found else {
+        return Ok(None);
+    };
+    let at = || format!("{}/{}", op.scope, op.key);
+    Ok(Some(Record::tombstone(
+        op.scope.clone(),
+        op.key.clone(),
+        Fingerprint::from_slice(&fingerprint)
+            .ok_or_else(|| corrupt(format!("tombstone {} has a fingerprint of {} bytes", at(), fingerprint.len())))?,
+        FencingToken::new(token)
+            .ok_or_else(|| corrupt(format!("tombstone {} has token {token}", at())))?,
+        Timestamp(expired_at),
+    )))
+}
+
+fn millis(span: Duration) -> i64 {
+    i64::try_from(span.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Deletes at most `limit` records past retention, oldest first, and with
+/// tombstones kept (`grace`) leaves one in place of each record whose window
+/// ended less than `grace` ago, then deletes at most `limit` tombstones whose
+/// grace period is over. Returns how many rows (records and tombstones) it
+/// deleted.
+pub(crate) fn sweep_batch(
+    conn: &Connection,
+    now: Timestamp,
+    limit: usize,
+    grace: Option<Duration>,
+) -> Result<u64, Error> {
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let tx = conn
+        .unchecked_transaction()
+        .map_err(|e| map_error("begin the sweep", e))?;
+    let deleted = match grace {
+        None => tx
+            .prepare_cached(
+                "DELETE FROM idem_records WHERE (scope, key) IN \
+                 (SELECT scope, key FROM idem_records WHERE expires_at <= ?1 ORDER BY expires_at LIMIT ?2)",
+            )
+            .and_then(|mut stmt| stmt.execute(params![now.0, limit]))
+            .map_err(|e| map_error("sweep expired records", e))?,
+        Some(grace) => {
+            let since = now.0.saturating_sub(millis(grace));
+            let records = tx
+                .prepare_cached(
+                    "DELETE FROM idem_records WHERE (scope, key) IN \
+                     (SELECT scope, key FROM idem_records WHERE expires_at <= ?1 ORDER BY expires_at LIMIT ?2) \
+                     RETURNING scope, key, fingerprint, token, expires_at",
+                )
+                .and_then(|mut stmt| {
+                    stmt.query_map(params![now.0, limit], |row| {
+                        Ok((
+                            row.get::<_, String>(0)?,
+                            row.get::<_, String>(1)?,
+                            row.get::<_, Vec<u8>>(2)?,
+                            row.get::<_, i64>(3)?,
+                            row.get::<_, i64>(4)?,
+                        ))
+                    })?
+                    .collect::<rusqlite::Result<Vec<_>>>()
+                })
+                .map_err(|e| map_error("sweep expired records", e))?;
+            let mut bury = tx
+                .prepare_cached(
+                    "INSERT OR REPLACE INTO idem_tombstones (scope, key, fingerprint, token, expired_at) \
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
+                )
+                .map_err(|e| map_error("prepare the tombstones", e))?;
+            for (scope, key, fingerprint, token, expired_at) in &records {
+                if *expired_at > since {
+                    bury.execute(params![scope, key, fingerprint, token, expired_at])
+                        .map_err(|e| map_error("leave a tombstone", e))?;
+                }
+            }
+            drop(bury);
+            let tombstones = tx
+                .prepare_cached(
+                    "DELETE FROM idem_tombstones WHERE (scope, key) IN \
+                     (SELECT scope, key FROM idem_tombstones WHERE expired_at <= ?1 ORDER BY expired_at LIMIT ?2)",
+                )
+                .and_then(|mut stmt| stmt.execute(params![since, limit]))
+                .map_err(|e| map_error("sweep tombstones", e))?;
+            records.len() + tombstones
+        }
+    };
+    tx.commit().map_err(|e| map_error("commit the sweep", e))?;
     Ok(deleted as u64)
 }

@@ -115,6 +115,19 @@ CREATE TABLE idem_audit (
 );
 ALTER TABLE idem_dead_letters ADD COLUMN archived_at INTEGER;
 "#,
+    // 7: tombstones, left by the sweep in place of records whose window
+    // ended, while late retries are still refused (`Settings::tombstones`).
+    r#"
+CREATE TABLE idem_tombstones (
+    scope       TEXT    NOT NULL,
+    key         TEXT    NOT NULL,
+    fingerprint BLOB    NOT NULL,
+    token       INTEGER NOT NULL CHECK (token > 0),
+    expired_at  INTEGER NOT NULL,
+    PRIMARY KEY (scope, key)
+) WITHOUT ROWID;
+CREATE INDEX idem_tombstones_expired_at ON idem_tombstones (expired_at);
+"#,
 ];
 
 /// The schema version this build writes.

@@ -136,7 +136,7 @@ pub async fn scopes_are_separate_leased<H: LeasedHarness>(h: H) {
         .claim(&a.scope, &a.key, op("tenant-a", "k", "x").fingerprint)
         .await
         .unwrap();
-    assert_eq!(again, Claimed::Replayed(Outcome::success("a")));
+    assert_eq!(again.replayed(), Some(&Outcome::success("a")));
 }
 
 /// Same key, different payload: `KeyReuse` whether the record is in flight,
@@ -209,8 +209,10 @@ pub async fn concurrent_duplicate_is_answered_in_flight<H: LeasedHarness>(h: H) 
         h.store()
             .claim(&job.scope, &job.key, job.fingerprint)
             .await
-            .unwrap(),
-        Claimed::Replayed(runs_outcome(1))
+            .unwrap()
+        .replayed()
+        .cloned(),
+        Some(runs_outcome(1))
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
@@ -336,8 +338,10 @@ pub async fn takeover_fences_the_zombie<H: LeasedHarness>(h: H) {
     assert_eq!(
         s.claim(&job.scope, &job.key, job.fingerprint)
             .await
-            .unwrap(),
-        Claimed::Replayed(Outcome::success("b"))
+            .unwrap()
+        .replayed()
+        .cloned(),
+        Some(Outcome::success("b"))
     );
 }
 
@@ -402,8 +406,10 @@ pub async fn retention_is_enforced_by_bounded_sweeps_leased<H: LeasedHarness>(h:
     assert_eq!(
         s.claim(&first.scope, &first.key, first.fingerprint)
             .await
-            .unwrap(),
-        Claimed::Replayed(Outcome::success("ok"))
+            .unwrap()
+        .replayed()
+        .cloned(),
+        Some(Outcome::success("ok"))
     );
     assert_eq!(s.count().await.unwrap().expired, 0);
     assert_eq!(s.sweep(10).await.unwrap(), 0);

@@ -53,7 +53,7 @@ pub use idem_core::{
 // effects the store cannot see.
 pub use idem_core::{
     Applied, AtomicEffect, AtomicStore, BatchApplied, Claim, Claimed, FencingToken, LeaseStore,
-    Operation, SetApplied,
+    Operation, Replay, SetApplied,
 };
 // Records: inspection, retention and their settings; time.
 pub use idem_core::{

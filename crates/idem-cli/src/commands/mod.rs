@@ -44,7 +44,18 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
             keys::release(&open(store).await?, &args).await
         }
         Command::AuditLog(args) => audit_log::run(&open(store).await?, &args).await,
-        Command::Gc(args) => gc::run(&open(store).await?, &args).await,
+        Command::Gc(args) => {
+            let grace = args.tombstones.and_then(|grace| grace.0);
+            let location = location(store)?;
+            let store = AnyStore::open_with(
+                &location,
+                idem::Settings::default().with_tombstones(grace),
+                std::sync::Arc::new(idem::SystemClock),
+            )
+            .await
+            .with_context(|| format!("cannot open the store at {location}"))?;
+            gc::run(&store, &args).await
+        }
         Command::Demo(args) => demo::run(atomic(store, "idem demo")?, &args).await,
         Command::Bench(command) => idem_bench::run(atomic(store, "idem bench")?, &command).await,
         Command::Serve(args) => serve::run(store, &args, key_in_spans).await,

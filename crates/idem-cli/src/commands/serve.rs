@@ -210,6 +210,7 @@ fn resolve(store: Option<&str>, args: &ServeArgs) -> anyhow::Result<GatewaySetti
         max_body: args.max_body.clone(),
         lease: args.lease.clone(),
         retention: args.retention.clone(),
+        tombstones: args.tombstones.clone(),
         admin_listen: args.admin_listen.clone(),
         upstream_timeout: args.upstream_timeout.clone(),
         probe: args.probe.clone(),

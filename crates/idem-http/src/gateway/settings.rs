@@ -76,6 +76,9 @@ pub struct GivenSettings {
     pub lease: Option<String>,
     /// `--retention`: how long answers are kept.
     pub retention: Option<String>,
+    /// `--tombstones`: how long a key is still refused after its window
+    /// (`off` or a duration).
+    pub tombstones: Option<String>,
     /// `--admin-listen`: where `/metrics` and `/healthz` are served.
     pub admin_listen: Option<String>,
     /// `--upstream-timeout`: how long an upstream answer is awaited.
@@ -159,6 +162,7 @@ struct FileSettings {
     max_body: Option<NumberOrText>,
     lease: Option<String>,
     retention: Option<String>,
+    tombstones: Option<String>,
     admin_listen: Option<String>,
     upstream_timeout: Option<String>,
     probe: Option<String>,
@@ -251,6 +255,9 @@ pub struct GatewaySettings {
     pub lease: Duration,
     /// How long answers are kept.
     pub retention: Duration,
+    /// How long a key is still refused (410) after its window ended; `None`:
+    /// new again at once.
+    pub tombstones: Option<Duration>,
     /// Where `/metrics` and `/healthz` are served, if anywhere.
     pub admin_listen: Option<SocketAddr>,
     /// How long an upstream answer is awaited.
@@ -457,6 +464,16 @@ impl GatewaySettings {
             |f| f.upstream_timeout.clone(),
             DEFAULT_UPSTREAM_TIMEOUT,
         )?;
+        let tombstones = match sources.pick(
+            "tombstones",
+            "IDEM_TOMBSTONES",
+            given.tombstones.as_ref(),
+            |f| f.tombstones.clone(),
+        ) {
+            None => None,
+            Some(found) if found.value.trim().eq_ignore_ascii_case("off") => None,
+            Some(found) => Some(parse_duration(&found.value).map_err(|e| e.of(&found.origin))?),
+        };
         if retention <= lease {
             return Err(SettingsError::new(format!(
                 "the retention ({}) must be longer than the lease ({}): answers are kept for the retention, claims are protected for the lease",
@@ -709,6 +726,7 @@ impl GatewaySettings {
             max_body,
             lease,
             retention,
+            tombstones,
             admin_listen,
             upstream_timeout,
             probe,
@@ -730,6 +748,7 @@ impl GatewaySettings {
             .body_limit(self.max_body)
             .lease(self.lease)
             .retention(self.retention)
+            .tombstones(self.tombstones)
             .methods(self.methods.iter().cloned())
             .concurrent(self.concurrent)
             .waiter_caps(self.waiter_caps)
@@ -783,6 +802,14 @@ impl GatewaySettings {
             format!("max_body = {}", self.max_body),
             format!("lease = {}", quoted(&duration_text(self.lease))),
             format!("retention = {}", quoted(&duration_text(self.retention))),
+            format!(
+                "tombstones = {}",
+                quoted(
+                    &self
+                        .tombstones
+                        .map_or_else(|| "off".to_owned(), duration_text)
+                )
+            ),
             format!(
                 "upstream_timeout = {}",
                 quoted(&duration_text(self.upstream_timeout))

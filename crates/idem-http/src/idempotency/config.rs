@@ -176,6 +176,7 @@ pub struct IdempotencyConfig {
     pub(crate) stored: StoredStatuses,
     pub(crate) lease: Duration,
     pub(crate) retention: Duration,
+    pub(crate) tombstones: Option<Duration>,
     pub(crate) key_in_spans: KeyInSpans,
     pub(crate) fingerprint: FingerprintRule,
     pub(crate) concurrent: Concurrent,
@@ -193,6 +194,7 @@ impl Default for IdempotencyConfig {
             stored: StoredStatuses::standard(),
             lease: DEFAULT_LEASE,
             retention: DEFAULT_RETENTION,
+            tombstones: None,
             key_in_spans: KeyInSpans::Raw,
             fingerprint: FingerprintRule::default(),
             concurrent: Concurrent::Reject,
@@ -278,6 +280,16 @@ impl IdempotencyConfig {
     /// the store that [`IdempotencyLayer::open`](crate::IdempotencyLayer::open) opens.
     pub fn retention(mut self, retention: Duration) -> Self {
         self.retention = retention;
+        self
+    }
+
+    /// How long a key is still refused after its window ended (off by
+    /// default): the store's sweep leaves a tombstone in place of each record,
+    /// and a late retry gets 410 Gone with the date its key expired instead
+    /// of running again. Applied to the store that
+    /// [`IdempotencyLayer::open`](crate::IdempotencyLayer::open) opens.
+    pub fn tombstones(mut self, grace: Option<Duration>) -> Self {
+        self.tombstones = grace;
         self
     }
 
@@ -380,6 +392,7 @@ impl IdempotencyConfig {
         Settings::default()
             .with_lease(self.lease)
             .with_retention(self.retention)
+            .with_tombstones(self.tombstones)
     }
 }
 

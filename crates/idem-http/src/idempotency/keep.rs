@@ -66,7 +66,7 @@ pub(super) async fn store_answer<St: WaitableStore + 'static>(
 ) {
     let scope = claim.scope.as_str();
     let error = match judge(&claim, shared.store.complete(&claim, &outcome).await) {
-        Completion::Stored => return announce.stored(&outcome),
+        Completion::Stored => return announce.stored(&outcome, claim.expires_at),
         Completion::TakenOver(error) => return given_up(&claim, &error),
         Completion::Failed(error) => error,
     };
@@ -93,7 +93,7 @@ pub(super) async fn store_answer<St: WaitableStore + 'static>(
             match kept {
                 Ok(()) => {
                     tracing::info!(scope = claim.scope.as_str(), "the response kept while the store was away is stored");
-                    announce.stored(&outcome);
+                    announce.stored(&outcome, claim.expires_at);
                 }
                 Err(error) => given_up(&claim, &error),
             }

@@ -108,7 +108,7 @@ pub use wait::CONCURRENT_WAITS_TOTAL;
 use crate::StoredResponse;
 use crate::body::read_limited;
 use crate::identity::{fingerprint_of, principal_of, route_of, scope_of};
-use crate::key_header::{IDEMPOTENCY_KEY, IDEMPOTENCY_KEY_IGNORED, read_key};
+use crate::key_header::{IDEMPOTENCY_KEY, IDEMPOTENCY_KEY_IGNORED, mark_expiry, read_key};
 use crate::observe::{self, route_label};
 
 /// A response extension an inner service sets to say "I may or may not have
@@ -293,9 +293,13 @@ where
     let mode = shared.config.mode;
     let claim = match shared.store.claim(&scope, &key, fingerprint).await {
         Ok(Claimed::Fresh(claim)) => claim,
-        Ok(Claimed::Replayed(outcome)) => {
-            return Ok(match StoredResponse::from_outcome(outcome) {
-                Ok(stored) => stored.into_replay(),
+        Ok(Claimed::Replayed(replay)) => {
+            return Ok(match StoredResponse::from_outcome(replay.outcome) {
+                Ok(stored) => {
+                    let mut response = stored.into_replay();
+                    mark_expiry(response.headers_mut(), replay.expires_at);
+                    response
+                }
                 Err(damaged) => Refusal::Corrupt(damaged.to_string()).to_response(mode),
             });
         }
@@ -341,9 +345,30 @@ async fn renew_while_running<St: LeaseStore>(shared: Arc<Shared<St>>, mut claim:
 }
 
 /// Calls the inner service for a claimed key, then completes or releases the
-/// claim according to the response. A claim that took over an expired one
-/// asks the [`Reconcile`] hook first, when there is one.
+/// claim according to the response, and says on the answer until when the
+/// key is remembered.
 async fn run_claimed<S, St, ResBody>(
+    shared: Arc<Shared<St>>,
+    inner: S,
+    request: Request<Body>,
+    claim: Claim,
+    announce: wait::Announce<St>,
+) -> Result<Response, S::Error>
+where
+    S: Service<Request<Body>, Response = Response<ResBody>>,
+    St: WaitableStore + 'static,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let expires_at = claim.expires_at;
+    let mut answer = answer_claimed(shared, inner, request, claim, announce).await?;
+    mark_expiry(answer.headers_mut(), expires_at);
+    Ok(answer)
+}
+
+/// What [`run_claimed`] answers. A claim that took over an expired one asks
+/// the [`Reconcile`] hook first, when there is one.
+async fn answer_claimed<S, St, ResBody>(
     shared: Arc<Shared<St>>,
     mut inner: S,
     request: Request<Body>,

@@ -7,6 +7,7 @@
 //! | key malformed, or several keys    | 400    | problem+json        | `idempotency_error`      |
 //! | same key, different payload       | 422 / Stripe 400 | problem+json | `idempotency_error`   |
 //! | same key, original still running  | 409 + `Retry-After` | problem+json | `idempotency_error`  |
+//! | key past its window, tombstone kept (a late retry) | 410 + `Idempotency-Key-Expires` | problem+json with `expired_at` | `idempotency_error` |
 //! | body over the limit               | 413    | problem+json        | `invalid_request_error`  |
 //! | body could not be read            | 400    | problem+json        | `invalid_request_error`  |
 //! | outcome unknown (inner failed)    | 502    | problem+json        | `api_error`              |
@@ -215,6 +216,7 @@ impl Refusal {
                     Mode::Stripe => StatusCode::BAD_REQUEST,
                 },
                 Error::InFlight { .. } => StatusCode::CONFLICT,
+                Error::Expired { .. } => StatusCode::GONE,
                 Error::InvalidKey(_) => StatusCode::BAD_REQUEST,
                 Error::Store(store) if store.kind().is_transient() => {
                     StatusCode::SERVICE_UNAVAILABLE
@@ -250,6 +252,7 @@ impl Refusal {
             Self::Header(_) | Self::Protocol(Error::InvalidKey(_)) => "malformed-idempotency-key",
             Self::Protocol(Error::KeyReuse { .. }) => KEY_REUSED,
             Self::Protocol(Error::InFlight { .. }) => IN_FLIGHT,
+            Self::Protocol(Error::Expired { .. }) => "idempotency-key-expired",
             Self::BodyTooLarge { .. } => "request-too-large",
             Self::BodyUnreadable(_) => "request-unreadable",
             Self::OutcomeUnknown => "outcome-unknown",
@@ -277,6 +280,9 @@ impl Refusal {
             Self::Protocol(Error::InFlight { .. }) => {
                 "A request with this Idempotency-Key is still being processed"
             }
+            Self::Protocol(Error::Expired { .. }) => {
+                "Idempotency-Key expired; a late retry is not run"
+            }
             Self::BodyTooLarge { .. } => "Request body too large",
             Self::BodyUnreadable(_) => "Request body unreadable",
             Self::OutcomeUnknown => "Outcome unknown",
@@ -298,7 +304,10 @@ impl Refusal {
         match self {
             Self::MissingKey | Self::Header(_) => "idempotency_error",
             Self::Protocol(
-                Error::InvalidKey(_) | Error::KeyReuse { .. } | Error::InFlight { .. },
+                Error::InvalidKey(_)
+                | Error::KeyReuse { .. }
+                | Error::InFlight { .. }
+                | Error::Expired { .. },
             ) => "idempotency_error",
             Self::BodyTooLarge { .. } | Self::BodyUnreadable(_) => "invalid_request_error",
             Self::OutcomeUnknown
@@ -344,7 +353,11 @@ impl Refusal {
         } else {
             tracing::debug!(error = %self, "idempotency layer answered {status}");
         }
-        let (content_type, body) = match mode {
+        let expired_at = match self {
+            Self::Protocol(Error::Expired { expired_at, .. }) => Some(*expired_at),
+            _ => None,
+        };
+        let (content_type, mut body) = match mode {
             Mode::Ietf => (
                 "application/problem+json",
                 json!({
@@ -359,6 +372,13 @@ impl Refusal {
                 json!({ "error": { "type": self.stripe_type(), "message": self.to_string() } }),
             ),
         };
+        if let Some(at) = expired_at {
+            let member = match mode {
+                Mode::Ietf => &mut body,
+                Mode::Stripe => &mut body["error"],
+            };
+            member["expired_at"] = json!(at.rfc3339());
+        }
         let mut response = Response::new(Body::from(body.to_string()));
         *response.status_mut() = status;
         response
@@ -368,6 +388,9 @@ impl Refusal {
         headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
         if let Some(seconds) = self.retry_after() {
             headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        if let Some(at) = expired_at {
+            crate::key_header::mark_expiry(headers, at);
         }
         response
     }

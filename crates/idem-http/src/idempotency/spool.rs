@@ -93,6 +93,10 @@ struct Kept {
     token: i64,
     lease_until: i64,
     took_over: bool,
+    /// The end of the key's window; absent from lines written before it was
+    /// kept (0: the epoch, which only the expiry header shows).
+    #[serde(default)]
+    expires_at: i64,
     kind: String,
     meta: BTreeMap<String, String>,
     body: String,
@@ -107,6 +111,7 @@ impl Kept {
             token: entry.claim.token.get(),
             lease_until: entry.claim.lease_until.0,
             took_over: entry.claim.took_over,
+            expires_at: entry.claim.expires_at.0,
             kind: entry.outcome.kind.as_str().to_owned(),
             meta: entry.outcome.meta.clone(),
             body: to_hex(&entry.outcome.body),
@@ -127,6 +132,7 @@ impl Kept {
                 token,
                 lease_until: Timestamp(self.lease_until),
                 took_over: self.took_over,
+                expires_at: Timestamp(self.expires_at),
             },
             outcome: Outcome {
                 kind,
@@ -378,6 +384,7 @@ mod tests {
             token: FencingToken::new(token).unwrap(),
             lease_until: Timestamp(1_000),
             took_over: false,
+            expires_at: Timestamp(9_000),
         }
     }
 

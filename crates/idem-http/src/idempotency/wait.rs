@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use axum::response::Response;
-use idem::{Error, Fingerprint, IdempotencyKey, Outcome, RecordState, Scope};
+use idem::{Error, Fingerprint, IdempotencyKey, Outcome, RecordState, Scope, Timestamp};
 use tokio::sync::{Notify, OnceCell, watch};
 use tokio::task::AbortHandle;
 
@@ -38,6 +38,7 @@ use super::notices::{self, FIRST_REREAD, KeyId, LONGEST_REREAD, Notices, Settled
 use super::problem::Refusal;
 use super::{Concurrent, Shared};
 use crate::StoredResponse;
+use crate::key_header::mark_expiry;
 
 /// Concurrent duplicates that waited, by `result`: `replayed` (answered with
 /// the original's stored answer), `timed_out` (409 when the wait ran out),
@@ -60,7 +61,7 @@ pub(crate) enum Wake {
     /// The original is still running.
     Waiting,
     /// Its answer is stored, with the fingerprint of its request.
-    Stored(Arc<Outcome>, Fingerprint),
+    Stored(Arc<Outcome>, Fingerprint, Timestamp),
     /// It ended without a stored answer (released, unknown outcome, or the
     /// record is gone).
     Ended,
@@ -336,7 +337,7 @@ async fn watch_key<St: WaitableStore + 'static>(
         match shared.store.get(&scope, &key).await {
             Ok(Some(record)) if record.state.is_settled() => {
                 let outcome = record.outcome.map_or(Wake::Ended, |outcome| {
-                    Wake::Stored(Arc::new(outcome), record.fingerprint)
+                    Wake::Stored(Arc::new(outcome), record.fingerprint, record.expires_at)
                 });
                 return finish(&wake, outcome);
             }
@@ -418,11 +419,13 @@ pub(super) async fn for_original<St: WaitableStore + 'static>(
     };
     drop(ticket);
     match wake {
-        Some(Wake::Stored(outcome, stored_for)) if stored_for == fingerprint => {
+        Some(Wake::Stored(outcome, stored_for, expires_at)) if stored_for == fingerprint => {
             match StoredResponse::from_outcome(Outcome::clone(&outcome)) {
                 Ok(stored) => {
                     metrics::counter!(CONCURRENT_WAITS_TOTAL, "result" => "replayed").increment(1);
-                    stored.into_replay()
+                    let mut response = stored.into_replay();
+                    mark_expiry(response.headers_mut(), expires_at);
+                    response
                 }
                 Err(damaged) => Refusal::Corrupt(damaged.to_string()).to_response(mode),
             }
@@ -456,12 +459,12 @@ impl<St: WaitableStore + 'static> Announce<St> {
         }
     }
 
-    /// The answer is stored.
-    pub(super) fn stored(mut self, outcome: &Outcome) {
+    /// The answer is stored, and its key remembered until `expires_at`.
+    pub(super) fn stored(mut self, outcome: &Outcome, expires_at: Timestamp) {
         if let Some(shared) = self.shared.take() {
             shared.waiters.settle(
                 &self.id,
-                Wake::Stored(Arc::new(outcome.clone()), self.fingerprint),
+                Wake::Stored(Arc::new(outcome.clone()), self.fingerprint, expires_at),
             );
             announce_elsewhere(&shared, self.id, Settled::Stored);
         }

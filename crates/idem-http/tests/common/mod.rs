@@ -24,6 +24,8 @@ pub(crate) mod bank;
 #[cfg(feature = "gateway")]
 pub(crate) mod gateway;
 pub(crate) mod pg;
+#[macro_use]
+pub(crate) mod stores;
 
 /// A running server; stopped when dropped.
 pub(crate) struct Server {

@@ -79,13 +79,14 @@ use std::panic::AssertUnwindSafe;
 use futures::FutureExt;
 use idem_core::{
     Applied, ApplyError, AtomicEffect, AtomicStore, BatchApplied, Claim, Error, ErrorKind,
-    Fingerprint, IdempotencyKey, Operation, Outcome, Plan, Record, Scope, SetApplied, TxCall,
+    Fingerprint, IdempotencyKey, Operation, Outcome, Plan, Record, Replay, Scope, SetApplied, TxCall,
     crash,
 };
 use sqlx::pool::PoolConnection;
 use sqlx::{PgConnection, Postgres, Transaction};
 
 use self::locked::NotCommitted;
+use crate::records;
 use crate::decision::Next;
 use crate::lock;
 use crate::store::PgStore;
@@ -198,7 +199,7 @@ pub(crate) trait Locked: Send {
     type Output;
 
     /// The answer for a stored outcome.
-    fn replayed(outcome: Outcome) -> Self::Output;
+    fn replayed(replay: Replay) -> Self::Output;
 
     /// The answer for a refusal or a failure before anything ran.
     fn failed(error: Error) -> Self::Output;
@@ -228,8 +229,8 @@ where
 {
     type Output = Result<Applied, ApplyError<E>>;
 
-    fn replayed(outcome: Outcome) -> Self::Output {
-        Ok(Applied::Replayed(outcome))
+    fn replayed(replay: Replay) -> Self::Output {
+        Ok(Applied::Replayed(replay.outcome))
     }
 
     fn failed(error: Error) -> Self::Output {
@@ -295,7 +296,7 @@ impl PgStore {
                 Err(error) => return W::failed(error),
             };
             match self.peek(&mut *conn, scope, key, &fingerprint).await {
-                Ok(Some(outcome)) => return W::replayed(outcome),
+                Ok(Some(replay)) => return W::replayed(replay),
                 Ok(None) => {}
                 Err(error) => return W::failed(error),
             }
@@ -365,9 +366,23 @@ impl PgStore {
                 return W::failed(self.fail(error));
             }
         };
+        // A key without a record may have been swept inside its tombstone
+        // grace period: the tombstone is decided on in the record's place.
+        let tombstone = match (&opened.found, self.settings().tombstones) {
+            (None, Some(grace)) => {
+                match records::fetch_tombstones(&mut tx, &[(scope, key)], now, grace).await {
+                    Ok(mut found) => found.pop(),
+                    Err(error) => {
+                        self.roll_back(tx).await;
+                        return W::failed(self.fail(error));
+                    }
+                }
+            }
+            _ => None,
+        };
         let decided = self.decide_read(
             opened.granted,
-            opened.found.as_ref(),
+            opened.found.as_ref().or(tombstone.as_ref()),
             scope,
             key,
             &fingerprint,
@@ -376,7 +391,7 @@ impl PgStore {
         let plan =
             match decided.map(|d| Next::after(d, opened.found.as_ref(), now, self.settings())) {
                 Ok(Next::Run(plan)) => plan,
-                Ok(Next::Replay(outcome)) => {
+                Ok(Next::Replay(replay)) => {
                     // Answered without waiting for the rollback: dropping
                     // `tx` queues it, and the pool sends it when it takes the
                     // connection back, at once. The key's lock, if this
@@ -385,7 +400,7 @@ impl PgStore {
                     // answered from the record whether or not it gets the
                     // lock.
                     drop(tx);
-                    return W::replayed(outcome);
+                    return W::replayed(replay);
                 }
                 Err(error) => {
                     // A refusal is rare: roll back before answering, so a

@@ -114,11 +114,11 @@ impl PgStore {
     /// Claims `op` in the next group, after a look-up of its own that
     /// answers replays and refusals without queueing.
     pub(crate) async fn claim_grouped(&self, op: Operation) -> Result<Claimed, Error> {
-        if let Some(outcome) = self
+        if let Some(replay) = self
             .peek(self.pool(), &op.scope, &op.key, &op.fingerprint)
             .await?
         {
-            return Ok(Claimed::Replayed(outcome));
+            return Ok(Claimed::Replayed(replay));
         }
         let (reply, answer) = oneshot::channel();
         let queues = self.groups().queues(|| Queues::start(self.downgrade()));
@@ -197,7 +197,7 @@ impl PgStore {
             answers.push(
                 match decided.map(|d| Next::after(d, current[slot].as_ref(), now, self.settings()))
                 {
-                    Ok(Next::Replay(outcome)) => Ok(Claimed::Replayed(outcome)),
+                    Ok(Next::Replay(replay)) => Ok(Claimed::Replayed(replay)),
                     Ok(Next::Run(plan)) => {
                         let record = plan.in_flight(op, now, self.settings());
                         current[slot] = Some(record.clone());
@@ -208,6 +208,7 @@ impl PgStore {
                             token: plan.token,
                             lease_until: now.plus(self.settings().lease),
                             took_over: plan.took_over,
+                            expires_at: plan.expires_at,
                         }))
                     }
                     Err(error) => Err(error),

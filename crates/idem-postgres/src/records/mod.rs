@@ -6,6 +6,8 @@
 //! return raw sqlx results; callers map failures through
 //! [`store_error`](crate::error::store_error).
 
+use std::time::Duration;
+
 use idem_core::{
     Claim, FencingToken, IdempotencyKey, Outcome, Record, RecordCount, RecordFilter, RecordGlance,
     RecordState, Scope, Timestamp,
@@ -359,6 +361,7 @@ pub(crate) async fn sweep_alone(
     pool: &sqlx::PgPool,
     now: Timestamp,
     limit: usize,
+    grace: Option<Duration>,
 ) -> sqlx::Result<Option<u64>> {
     let mut tx = pool.begin().await?;
     let held: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
@@ -369,7 +372,7 @@ pub(crate) async fn sweep_alone(
         tx.rollback().await?;
         return Ok(None);
     }
-    let deleted = sweep(&mut *tx, now, limit).await?;
+    let deleted = sweep(&mut *tx, now, limit, grace).await?;
     tx.commit().await?;
     Ok(Some(deleted))
 }
@@ -400,7 +403,10 @@ pub(crate) async fn glance(pool: &sqlx::PgPool, now: Timestamp) -> sqlx::Result<
 }
 
 /// Deletes at most `limit` records past retention at `now`, oldest first, and
-/// returns how many.
+/// returns how many rows it deleted. With tombstones kept (`grace`), one is
+/// left in place of each record whose window ended less than `grace` ago, and
+/// at most `limit` tombstones whose grace period is over are deleted too (and
+/// counted), all in one statement.
 ///
 /// Rows another transaction is writing are skipped, not waited for; the
 /// outer `expires_at` test re-checks a row that was renewed after the inner
@@ -409,16 +415,77 @@ pub(crate) async fn sweep<'e>(
     db: impl PgExecutor<'e>,
     now: Timestamp,
     limit: usize,
+    grace: Option<Duration>,
 ) -> sqlx::Result<u64> {
-    let done = sqlx::query(
-        "DELETE FROM idem_records AS r \
-         USING (SELECT scope, key FROM idem_records WHERE expires_at <= $1 \
-                ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED) AS due \
-         WHERE r.scope = due.scope AND r.key = due.key AND r.expires_at <= $1",
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let Some(grace) = grace else {
+        let done = sqlx::query(
+            "DELETE FROM idem_records AS r \
+             USING (SELECT scope, key FROM idem_records WHERE expires_at <= $1 \
+                    ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED) AS due \
+             WHERE r.scope = due.scope AND r.key = due.key AND r.expires_at <= $1",
+        )
+        .bind(now.0)
+        .bind(limit)
+        .execute(db)
+        .await?;
+        return Ok(done.rows_affected());
+    };
+    let deleted: i64 = sqlx::query_scalar(
+        "WITH gone AS ( \
+           DELETE FROM idem_records AS r \
+           USING (SELECT scope, key FROM idem_records WHERE expires_at <= $1 \
+                  ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED) AS due \
+           WHERE r.scope = due.scope AND r.key = due.key AND r.expires_at <= $1 \
+           RETURNING r.scope, r.key, r.fingerprint, r.token, r.expires_at), \
+         buried AS ( \
+           INSERT INTO idem_tombstones (scope, key, fingerprint, token, expired_at) \
+           SELECT scope, key, fingerprint, token, expires_at FROM gone WHERE expires_at > $3 \
+           ON CONFLICT (scope, key) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, \
+             token = EXCLUDED.token, expired_at = EXCLUDED.expired_at \
+           RETURNING 1), \
+         forgotten AS ( \
+           DELETE FROM idem_tombstones AS t \
+           USING (SELECT scope, key FROM idem_tombstones WHERE expired_at <= $3 \
+                  ORDER BY expired_at LIMIT $2 FOR UPDATE SKIP LOCKED) AS due \
+           WHERE t.scope = due.scope AND t.key = due.key \
+           RETURNING 1) \
+         SELECT (SELECT count(*) FROM gone) + (SELECT count(*) FROM forgotten) \
+                + 0 * (SELECT count(*) FROM buried)",
     )
     .bind(now.0)
-    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-    .execute(db)
+    .bind(limit)
+    .bind(now.0.saturating_sub(millis(grace)))
+    .fetch_one(db)
     .await?;
-    Ok(done.rows_affected())
+    Ok(deleted.unsigned_abs())
+}
+
+fn millis(span: Duration) -> i64 {
+    i64::try_from(span.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The tombstones of `keys` whose window ended less than `grace` before
+/// `now`, each read as the expired record it stands for (its end clamped to
+/// `now`, should another node's clock have run ahead), in one statement.
+pub(crate) async fn fetch_tombstones(
+    conn: &mut PgConnection,
+    keys: &[(&Scope, &IdempotencyKey)],
+    now: Timestamp,
+    grace: Duration,
+) -> sqlx::Result<Vec<Record>> {
+    let scopes: Vec<&str> = keys.iter().map(|(s, _)| s.as_str()).collect();
+    let names: Vec<&str> = keys.iter().map(|(_, k)| k.as_str()).collect();
+    sqlx::query(
+        "SELECT scope, key, fingerprint, token, expired_at FROM idem_tombstones \
+         WHERE (scope, key) IN (SELECT * FROM unnest($1::text[], $2::text[])) AND expired_at > $3",
+    )
+    .bind(scopes)
+    .bind(names)
+    .bind(now.0.saturating_sub(millis(grace)))
+    .fetch_all(conn)
+    .await?
+    .iter()
+    .map(|row| row::tombstone(row, now))
+    .collect()
 }

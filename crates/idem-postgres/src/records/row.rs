@@ -34,8 +34,22 @@ pub(crate) fn state(text: &str) -> Result<RecordState, sqlx::Error> {
         .map_err(|e: idem_core::UnknownState| BadRow::into_sqlx(e.to_string()))
 }
 
-/// A full record from a row selected with `record_columns!()`.
-pub(crate) fn record(row: &PgRow) -> Result<Record, sqlx::Error> {
+/// A tombstone's row (`scope, key, fingerprint, token, expired_at`) read as
+/// the expired record it stands for, its end no later than `now`.
+pub(crate) fn tombstone(row: &PgRow, now: Timestamp) -> Result<Record, sqlx::Error> {
+    let (scope, key, fingerprint) = identity(row)?;
+    let expired_at: i64 = row.try_get("expired_at")?;
+    Ok(Record::tombstone(
+        scope,
+        key,
+        fingerprint,
+        token(row.try_get("token")?)?,
+        Timestamp(expired_at).min(now),
+    ))
+}
+
+/// The scope, key and fingerprint columns of a row.
+fn identity(row: &PgRow) -> Result<(Scope, IdempotencyKey, Fingerprint), sqlx::Error> {
     let scope: String = row.try_get("scope")?;
     let key: String = row.try_get("key")?;
     let scope = Scope::new(scope).map_err(|e| BadRow::into_sqlx(e.to_string()))?;
@@ -47,6 +61,12 @@ pub(crate) fn record(row: &PgRow) -> Result<Record, sqlx::Error> {
             fingerprint.len()
         ))
     })?;
+    Ok((scope, key, fingerprint))
+}
+
+/// A full record from a row selected with `record_columns!()`.
+pub(crate) fn record(row: &PgRow) -> Result<Record, sqlx::Error> {
+    let (scope, key, fingerprint) = identity(row)?;
     let kind: Option<String> = row.try_get("outcome_kind")?;
     let outcome = match kind {
         None => None,
