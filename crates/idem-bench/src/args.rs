@@ -21,6 +21,9 @@ pub enum BenchCommand {
     /// slow: duplicates answered 409 and polling (Retry-After) against
     /// duplicates waiting for the original's answer, in one run.
     Wait(BenchWaitArgs),
+    /// The sweep of expired records with tombstones off and on, and the
+    /// space a tombstone takes, in one run.
+    Sweep(BenchSweepArgs),
     /// An effectively-once consumer vs a plain at-least-once one on RabbitMQ,
     /// NATS JetStream or Kafka into PostgreSQL, one message per transaction and batched.
     Consume(BenchConsumeArgs),
@@ -118,6 +121,23 @@ pub struct BenchWaitArgs {
     /// Rounds in which the two modes take turns, each sending keys/rounds
     /// keys per mode.
     #[arg(long, default_value_t = 4)]
+    pub rounds: usize,
+}
+
+/// `idem bench sweep`
+#[derive(Debug, Args)]
+pub struct BenchSweepArgs {
+    /// Expired records swept per mode and round.
+    #[arg(long, default_value_t = 100_000)]
+    pub records: u64,
+    /// Records deleted per sweep transaction.
+    #[arg(long, default_value_t = 1000)]
+    pub batch: usize,
+    /// The tombstone grace period of the mode with tombstones on.
+    #[arg(long, default_value = "30d", value_parser = humantime::parse_duration)]
+    pub grace: Duration,
+    /// Rounds in which the two modes take turns.
+    #[arg(long, default_value_t = 3)]
     pub rounds: usize,
 }
 

@@ -36,6 +36,7 @@ mod consume;
 mod grpc;
 mod http;
 mod phase;
+mod sweep;
 mod wait;
 
 pub use args::BenchCommand;
@@ -50,6 +51,7 @@ pub async fn run(store: Option<StoreLocation>, command: &BenchCommand) -> anyhow
         BenchCommand::Http(args) => http::run(store, args).await,
         BenchCommand::Grpc(args) => grpc::run(store, args).await,
         BenchCommand::Wait(args) => wait::run(store, args).await,
+        BenchCommand::Sweep(args) => sweep::run(store, args).await,
         BenchCommand::Consume(args) => consume::run(store, args).await,
     }
 }

@@ -43,9 +43,14 @@ impl RecordStore for PgStore {
     }
 
     async fn sweep_batch(&self, limit: usize) -> Result<u64, Error> {
-        records::sweep(self.pool(), self.clock().now(), limit, self.settings().tombstones)
-            .await
-            .map_err(|e| self.fail(e))
+        records::sweep(
+            self.pool(),
+            self.clock().now(),
+            limit,
+            self.settings().tombstones,
+        )
+        .await
+        .map_err(|e| self.fail(e))
     }
 
     async fn sweep_batch_alone(&self, limit: usize) -> Result<Option<u64>, Error> {
@@ -55,8 +60,8 @@ impl RecordStore for PgStore {
             limit,
             self.settings().tombstones,
         )
-            .await
-            .map_err(|e| self.fail(e))
+        .await
+        .map_err(|e| self.fail(e))
     }
 
     async fn glance(&self) -> Result<RecordGlance, Error> {

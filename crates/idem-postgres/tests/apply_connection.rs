@@ -728,9 +728,12 @@ async fn a_completion_on_a_session_without_its_statement_prepares_it() {
         // The pool's one connection went back outside any transaction, or
         // the claim below would fail.
         assert_eq!(
-            store.claim(&scope(), &key(name), fp).await.unwrap()
-            .replayed()
-            .cloned(),
+            store
+                .claim(&scope(), &key(name), fp)
+                .await
+                .unwrap()
+                .replayed()
+                .cloned(),
             Some(done)
         );
     }

@@ -56,9 +56,12 @@ async fn claim_complete_then_replay() {
     let sent = Outcome::success("sent").with_meta("provider", "smtp");
     store.complete(&claim, &sent).await.unwrap();
     assert_eq!(
-        store.claim(&scope(), &key("user-7"), fp()).await.unwrap()
-        .replayed()
-        .cloned(),
+        store
+            .claim(&scope(), &key("user-7"), fp())
+            .await
+            .unwrap()
+            .replayed()
+            .cloned(),
         Some(sent.clone())
     );
 
@@ -204,9 +207,12 @@ async fn complete_with_commits_the_effect_only_for_the_current_token() {
     assert_eq!(outcome, Outcome::success("debited"));
     assert_eq!(db.balance(&store, 1).await, 90);
     assert_eq!(
-        store.claim(&scope(), &key("pay-1"), fp()).await.unwrap()
-        .replayed()
-        .cloned(),
+        store
+            .claim(&scope(), &key("pay-1"), fp())
+            .await
+            .unwrap()
+            .replayed()
+            .cloned(),
         Some(outcome)
     );
 }
@@ -275,9 +281,12 @@ async fn concurrent_claims_and_completions_of_many_keys_settle_each_key_once() {
     for i in 0..50 {
         let name = format!("order-{i}");
         assert_eq!(
-            store.claim(&scope(), &key(&name), fp()).await.unwrap()
-            .replayed()
-            .cloned(),
+            store
+                .claim(&scope(), &key(&name), fp())
+                .await
+                .unwrap()
+                .replayed()
+                .cloned(),
             Some(Outcome::success(format!("done {name}")))
         );
     }
@@ -314,15 +323,21 @@ async fn completions_in_one_group_fence_the_zombie_and_settle_the_others() {
     s.unwrap();
     o.unwrap();
     assert_eq!(
-        store.claim(&scope(), &key("a"), fp()).await.unwrap()
-        .replayed()
-        .cloned(),
+        store
+            .claim(&scope(), &key("a"), fp())
+            .await
+            .unwrap()
+            .replayed()
+            .cloned(),
         Some(won)
     );
     assert_eq!(
-        store.claim(&scope(), &key("b"), fp()).await.unwrap()
-        .replayed()
-        .cloned(),
+        store
+            .claim(&scope(), &key("b"), fp())
+            .await
+            .unwrap()
+            .replayed()
+            .cloned(),
         Some(done)
     );
 }

@@ -43,7 +43,7 @@ async fn a_database_an_earlier_broker_made_upgrades_with_its_rows() {
             .fetch_all(&mut conn)
             .await
             .unwrap();
-    assert_eq!(versions, [1, 2, 3, 4, 5, 6, 7, 8]);
+    assert_eq!(versions, [1, 2, 3, 4, 5, 6, 7, 8, 9]);
     let ledger_left: bool =
         sqlx::query_scalar("SELECT to_regclass('idem_broker_schema') IS NOT NULL")
             .fetch_one(&mut conn)

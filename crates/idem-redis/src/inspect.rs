@@ -75,13 +75,11 @@ impl RecordStore for RedisStore {
     async fn sweep_batch(&self, limit: usize) -> Result<u64, Error> {
         // With tombstones kept, a record stays past its window for the
         // grace period (it is its own tombstone).
-        let now = Timestamp(
-            self.clock().now().0.saturating_sub(
-                self.settings()
-                    .tombstones
-                    .map_or(0, |grace| i64::try_from(grace.as_millis()).unwrap_or(i64::MAX)),
-            ),
-        );
+        let now = Timestamp(self.clock().now().0.saturating_sub(
+            self.settings().tombstones.map_or(0, |grace| {
+                i64::try_from(grace.as_millis()).unwrap_or(i64::MAX)
+            }),
+        ));
         let mut expired: Vec<Window> = self
             .windows()
             .await?

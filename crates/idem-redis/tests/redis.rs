@@ -102,9 +102,12 @@ async fn records_expire_by_the_servers_clock_and_tokens_keep_growing() {
             .await
             .unwrap();
         assert!(matches!(
-            store.claim(&scope(), &key("k"), fp()).await.unwrap()
-            .replayed()
-            .cloned(),
+            store
+                .claim(&scope(), &key("k"), fp())
+                .await
+                .unwrap()
+                .replayed()
+                .cloned(),
             Some(_)
         ));
         let deadline = Instant::now() + Duration::from_secs(10);

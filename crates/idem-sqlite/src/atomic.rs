@@ -41,13 +41,17 @@ impl AtomicStore for SqliteStore {
     {
         let op = Operation::new(scope.clone(), key.clone(), fingerprint);
         let applied = self
-            .decide_then(op, |replay| Applied::Replayed(replay.outcome), move |tx, protocol, op, plan| {
-                crash::point(crash::AFTER_CLAIM);
-                let outcome = run_effect(effect, tx).map_err(ApplyError::Effect)?;
-                crash::point(crash::INSIDE_EFFECT);
-                records::write(tx, &plan.settled(op, outcome.clone(), protocol.now))?;
-                Ok(Applied::Fresh(outcome))
-            })
+            .decide_then(
+                op,
+                |replay| Applied::Replayed(replay.outcome),
+                move |tx, protocol, op, plan| {
+                    crash::point(crash::AFTER_CLAIM);
+                    let outcome = run_effect(effect, tx).map_err(ApplyError::Effect)?;
+                    crash::point(crash::INSIDE_EFFECT);
+                    records::write(tx, &plan.settled(op, outcome.clone(), protocol.now))?;
+                    Ok(Applied::Fresh(outcome))
+                },
+            )
             .await;
         if let Ok(Applied::Fresh(_)) = &applied {
             crash::point(crash::AFTER_COMMIT);

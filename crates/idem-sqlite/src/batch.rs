@@ -72,7 +72,9 @@ impl SqliteStore {
                         continue;
                     }
                     match protocol.step(found[slot].as_ref(), op) {
-                        Step::Answer(answer) => answers.push(answer.map(|replay| Applied::Replayed(replay.outcome))),
+                        Step::Answer(answer) => {
+                            answers.push(answer.map(|replay| Applied::Replayed(replay.outcome)))
+                        }
                         Step::Run(decision) => {
                             let plan = protocol.plan(found[slot].as_ref(), &decision, &op.scope);
                             let outcome = run_effect(effect_for(index), &mut tx)
@@ -141,7 +143,8 @@ impl SqliteStore {
                     }
                     match protocol.step(found[slot].as_ref(), op) {
                         Step::Answer(answer) => {
-                            answers.push(Some(answer.map(|replay| Applied::Replayed(replay.outcome))));
+                            answers
+                                .push(Some(answer.map(|replay| Applied::Replayed(replay.outcome))));
                         }
                         Step::Run(decision) => {
                             let plan = protocol.plan(found[slot].as_ref(), &decision, &op.scope);
@@ -171,7 +174,9 @@ impl SqliteStore {
                 for index in later {
                     let slot = batch.slot_of(index);
                     answers[index] = Some(match protocol.step(found[slot].as_ref(), &ops[index]) {
-                        Step::Answer(answer) => answer.map(|replay| Applied::Replayed(replay.outcome)),
+                        Step::Answer(answer) => {
+                            answer.map(|replay| Applied::Replayed(replay.outcome))
+                        }
                         Step::Run(_) => {
                             unreachable!("a key settled in this batch is answered from its record")
                         }

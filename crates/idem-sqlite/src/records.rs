@@ -323,8 +323,13 @@ pub(crate) fn select_tombstone(
     Ok(Some(Record::tombstone(
         op.scope.clone(),
         op.key.clone(),
-        Fingerprint::from_slice(&fingerprint)
-            .ok_or_else(|| corrupt(format!("tombstone {} has a fingerprint of {} bytes", at(), fingerprint.len())))?,
+        Fingerprint::from_slice(&fingerprint).ok_or_else(|| {
+            corrupt(format!(
+                "tombstone {} has a fingerprint of {} bytes",
+                at(),
+                fingerprint.len()
+            ))
+        })?,
         FencingToken::new(token)
             .ok_or_else(|| corrupt(format!("tombstone {} has token {token}", at())))?,
         Timestamp(expired_at),

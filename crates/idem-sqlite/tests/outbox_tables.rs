@@ -19,6 +19,7 @@ async fn a_file_an_earlier_broker_made_upgrades_with_its_rows() {
             conn.execute_batch(
                 "PRAGMA user_version = 2;
                  DROP TABLE idem_audit;
+                 DROP TABLE idem_tombstones;
                  ALTER TABLE idem_dead_letters DROP COLUMN archived_at;
                  CREATE TABLE idem_broker_schema (component TEXT NOT NULL PRIMARY KEY, version INTEGER NOT NULL);
                  INSERT INTO idem_broker_schema VALUES ('outbox', 1), ('dead_letters', 1);

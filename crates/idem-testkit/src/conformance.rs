@@ -225,8 +225,8 @@ pub async fn leased_claim_complete_replay<H: crate::leased::LeasedHarness>(h: H)
         s.claim(&mail.scope, &mail.key, mail.fingerprint)
             .await
             .unwrap()
-        .replayed()
-        .cloned(),
+            .replayed()
+            .cloned(),
         Some(counter_outcome(1))
     );
     assert!(matches!(
@@ -290,8 +290,8 @@ pub async fn zombie_is_fenced<H: Harness>(h: H) {
         s.claim(&job.scope, &job.key, job.fingerprint)
             .await
             .unwrap()
-        .replayed()
-        .cloned(),
+            .replayed()
+            .cloned(),
         Some(counter_outcome(2))
     );
 }

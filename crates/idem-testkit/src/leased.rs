@@ -210,8 +210,8 @@ pub async fn concurrent_duplicate_is_answered_in_flight<H: LeasedHarness>(h: H) 
             .claim(&job.scope, &job.key, job.fingerprint)
             .await
             .unwrap()
-        .replayed()
-        .cloned(),
+            .replayed()
+            .cloned(),
         Some(runs_outcome(1))
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
@@ -339,8 +339,8 @@ pub async fn takeover_fences_the_zombie<H: LeasedHarness>(h: H) {
         s.claim(&job.scope, &job.key, job.fingerprint)
             .await
             .unwrap()
-        .replayed()
-        .cloned(),
+            .replayed()
+            .cloned(),
         Some(Outcome::success("b"))
     );
 }
@@ -407,8 +407,8 @@ pub async fn retention_is_enforced_by_bounded_sweeps_leased<H: LeasedHarness>(h:
         s.claim(&first.scope, &first.key, first.fingerprint)
             .await
             .unwrap()
-        .replayed()
-        .cloned(),
+            .replayed()
+            .cloned(),
         Some(Outcome::success("ok"))
     );
     assert_eq!(s.count().await.unwrap().expired, 0);

@@ -79,16 +79,16 @@ use std::panic::AssertUnwindSafe;
 use futures::FutureExt;
 use idem_core::{
     Applied, ApplyError, AtomicEffect, AtomicStore, BatchApplied, Claim, Error, ErrorKind,
-    Fingerprint, IdempotencyKey, Operation, Outcome, Plan, Record, Replay, Scope, SetApplied, TxCall,
-    crash,
+    Fingerprint, IdempotencyKey, Operation, Outcome, Plan, Record, Replay, Scope, SetApplied,
+    TxCall, crash,
 };
 use sqlx::pool::PoolConnection;
 use sqlx::{PgConnection, Postgres, Transaction};
 
 use self::locked::NotCommitted;
-use crate::records;
 use crate::decision::Next;
 use crate::lock;
+use crate::records;
 use crate::store::PgStore;
 
 /// Atomic mode on PostgreSQL: the effect gets the connection of the store's
