@@ -46,7 +46,8 @@ pub(crate) async fn run(store: Option<StoreLocation>, args: &BenchSweepArgs) -> 
             }
             let started = Instant::now();
             let deleted = store.sweep(args.batch).await.context("the sweep failed")?;
-            swept[mode] += started.elapsed();
+            let took = started.elapsed();
+            swept[mode] += took;
             anyhow::ensure!(
                 deleted >= records.unsigned_abs(),
                 "the sweep deleted {deleted} rows, fewer than the {records} expired records"
@@ -59,7 +60,7 @@ pub(crate) async fn run(store: Option<StoreLocation>, args: &BenchSweepArgs) -> 
                 "round {}: tombstones {}: {:.0} records/s",
                 round + 1,
                 if grace.is_some() { "on" } else { "off" },
-                records as f64 / started.elapsed().as_secs_f64()
+                records as f64 / took.as_secs_f64()
             );
         }
     }

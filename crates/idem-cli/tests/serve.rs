@@ -841,6 +841,76 @@ async fn a_short_retention_under_steady_load_keeps_the_table_bounded() {
     assert!(text.contains("dedupe_retention_seconds 1"), "{text}");
 }
 
+/// `--tombstones`: a retry that arrives after its key's window, once the
+/// sweeper has turned the record into a tombstone, is refused with 410 Gone
+/// and runs nothing; every keyed answer said when its key would expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_late_retry_is_refused_with_410_while_the_tombstone_lasts() {
+    use idem::RecordStore;
+
+    let upstream = Upstream::new();
+    upstream.gate.add_permits(1 << 20);
+    let up = upstream.start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_in(&dir);
+    let upstream_url = format!("http://{up}");
+    let serve = Serve::start(
+        &[
+            "--store",
+            &store,
+            "serve",
+            "--upstream",
+            &upstream_url,
+            "--listen",
+            "127.0.0.1:0",
+            "--lease",
+            "500ms",
+            "--retention",
+            "1s",
+            "--tombstones",
+            "1h",
+            "--sweep-every",
+            "100ms",
+        ],
+        &[],
+    );
+    let first = send(serve.addr, "POST", "/pay", Some("late-1"))
+        .await
+        .unwrap();
+    assert_eq!(first.status, StatusCode::CREATED);
+    let expires = first
+        .headers
+        .get("idempotency-key-expires")
+        .and_then(|v| v.to_str().ok())
+        .map(httpdate::parse_http_date)
+        .expect("an Idempotency-Key-Expires header")
+        .expect("an HTTP-date");
+    let left = expires
+        .duration_since(std::time::SystemTime::now())
+        .unwrap_or_default();
+    assert!(left <= Duration::from_secs(1), "{left:?}");
+
+    let records = idem::SqliteStore::open(dir.path().join("idem.db"))
+        .await
+        .unwrap();
+    let swept = async {
+        while records.count().await.unwrap().total > 0 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), swept)
+        .await
+        .expect("the sweeper removes the expired record");
+    let late = send(serve.addr, "POST", "/pay", Some("late-1"))
+        .await
+        .unwrap();
+    assert_eq!(late.status, StatusCode::GONE, "{:?}", late.body);
+    let problem: serde_json::Value = serde_json::from_slice(&late.body).unwrap();
+    assert_eq!(problem["type"], "urn:idem:problem:idempotency-key-expired");
+    assert!(late.headers.contains_key("idempotency-key-expires"));
+    assert_eq!(upstream.effects(), 1, "a late retry must not run");
+}
+
 /// What `idem serve` wrote on stderr (a pipe here) from start to a SIGTERM,
 /// logging at info with `extra` flags.
 fn logs_until_stopped(extra: &[&str]) -> String {

@@ -101,15 +101,14 @@ async fn records_expire_by_the_servers_clock_and_tokens_keep_growing() {
             .complete(&claim, &Outcome::success("done"))
             .await
             .unwrap();
-        assert!(matches!(
+        assert!(
             store
                 .claim(&scope(), &key("k"), fp())
                 .await
                 .unwrap()
                 .replayed()
-                .cloned(),
-            Some(_)
-        ));
+                .is_some()
+        );
         let deadline = Instant::now() + Duration::from_secs(10);
         while store.get(&scope(), &key("k")).await.unwrap().is_some() {
             assert!(Instant::now() < deadline, "Redis did not expire the record");

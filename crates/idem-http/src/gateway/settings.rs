@@ -1626,6 +1626,35 @@ mod tests {
     }
 
     #[test]
+    fn tombstones_are_off_unless_given_a_duration() {
+        let mut given = upstream();
+        let resolved = |given: &GivenSettings| GatewaySettings::resolve(given, None).unwrap();
+        assert_eq!(resolved(&given).tombstones, None);
+        assert_eq!(
+            resolved(&given).idempotency().store_settings().tombstones,
+            None
+        );
+        given.tombstones = Some("30d".into());
+        let on = resolved(&given);
+        assert_eq!(on.tombstones, Some(Duration::from_secs(30 * 86400)));
+        assert_eq!(
+            on.idempotency().store_settings().tombstones,
+            Some(Duration::from_secs(30 * 86400))
+        );
+        given.tombstones = Some("off".into());
+        assert_eq!(resolved(&given).tombstones, None);
+        given.tombstones = Some("a month".into());
+        let refused = error(&given);
+        assert!(refused.contains("--tombstones"), "{refused}");
+        let filed = from_file(
+            &GivenSettings::default(),
+            "upstream = \"http://127.0.0.1:9000\"\ntombstones = \"12h\"\n",
+        )
+        .unwrap();
+        assert_eq!(filed.tombstones, Some(Duration::from_secs(12 * 3600)));
+    }
+
+    #[test]
     fn bad_input_names_its_source_and_what_to_write() {
         let given = GivenSettings::default();
         let misspelt = from_file(
