@@ -7,8 +7,9 @@
 mod common;
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use idem_core::{Error, Guard, ManualClock};
+use idem_core::{Error, Guard, ManualClock, Settings};
 use idem_postgres::PgStore;
 use idem_testkit::Harness;
 use sqlx::PgConnection;
@@ -26,7 +27,17 @@ struct Postgres<const REPLAY_FIRST: bool> {
 
 impl<const REPLAY_FIRST: bool> Postgres<REPLAY_FIRST> {
     async fn at(url: String, clock: ManualClock, db: Option<Arc<TestDb>>) -> Self {
+        Self::with_settings(url, clock, db, Settings::default()).await
+    }
+
+    async fn with_settings(
+        url: String,
+        clock: ManualClock,
+        db: Option<Arc<TestDb>>,
+        settings: Settings,
+    ) -> Self {
         let store = PgStore::builder(url.clone())
+            .settings(settings)
             .clock(Arc::new(clock.clone()))
             .group_commit(!REPLAY_FIRST)
             .connect()
@@ -71,6 +82,17 @@ impl<const REPLAY_FIRST: bool> Harness for Postgres<REPLAY_FIRST> {
 
     async fn open(location: &str, clock: ManualClock) -> Self {
         Self::at(location.to_owned(), clock, None).await
+    }
+
+    async fn with_tombstones(&self, grace: Duration) -> Self {
+        let settings = Settings::default().with_tombstones(Some(grace));
+        Self::with_settings(
+            self.url.clone(),
+            self.clock.clone(),
+            self._db.clone(),
+            settings,
+        )
+        .await
     }
 
     fn location(&self) -> String {

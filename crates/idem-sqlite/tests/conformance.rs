@@ -3,7 +3,9 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use idem_core::{Error, Guard, ManualClock};
+use std::time::Duration;
+
+use idem_core::{Error, Guard, ManualClock, Settings};
 use idem_sqlite::SqliteStore;
 use idem_sqlite::rusqlite::{Connection, params};
 use idem_testkit::Harness;
@@ -17,7 +19,17 @@ struct Sqlite {
 
 impl Sqlite {
     async fn at(path: PathBuf, clock: ManualClock, dir: Option<Arc<tempfile::TempDir>>) -> Self {
+        Self::with_settings(path, clock, dir, Settings::default()).await
+    }
+
+    async fn with_settings(
+        path: PathBuf,
+        clock: ManualClock,
+        dir: Option<Arc<tempfile::TempDir>>,
+        settings: Settings,
+    ) -> Self {
         let store = SqliteStore::builder(&path)
+            .settings(settings)
             .clock(Arc::new(clock.clone()))
             .open()
             .await
@@ -62,6 +74,17 @@ impl Harness for Sqlite {
 
     async fn open(location: &str, clock: ManualClock) -> Self {
         Self::at(PathBuf::from(location), clock, None).await
+    }
+
+    async fn with_tombstones(&self, grace: Duration) -> Self {
+        let settings = Settings::default().with_tombstones(Some(grace));
+        Self::with_settings(
+            self.path.clone(),
+            self.clock.clone(),
+            self._dir.clone(),
+            settings,
+        )
+        .await
     }
 
     fn location(&self) -> String {

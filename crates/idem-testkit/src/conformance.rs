@@ -687,6 +687,74 @@ pub async fn a_worker_stalled_past_a_swept_window_stays_fenced<H: crate::leased:
     assert_eq!(record.outcome, Some(idem_core::Outcome::success("on time")));
 }
 
+/// With tombstones kept, a late apply — past its window, whether the record
+/// is still there or swept to a tombstone — is refused as `Expired` and its
+/// effect does not run, alone or in a batch; another payload is key reuse;
+/// after the grace period the key is new again with a greater token.
+pub async fn late_applies_meet_the_tombstone_until_the_grace_ends<H: Harness>(h: H) {
+    let retention = idem_core::DEFAULT_RETENTION;
+    let grace = Duration::from_secs(3600);
+    let h = h.with_tombstones(grace).await;
+    let pay = op("payments", "late-1", "debit 1");
+    h.apply_add(&pay, "late", 1, Effect::Succeed).await.unwrap();
+    let first_token = h
+        .store()
+        .get(&pay.scope, &pay.key)
+        .await
+        .unwrap()
+        .unwrap()
+        .token;
+    h.clock().advance(retention);
+    let refused_late = |answer: Result<Applied, ApplyError<String>>| {
+        assert!(
+            matches!(answer, Err(ApplyError::Protocol(Error::Expired { .. }))),
+            "{answer:?}"
+        );
+    };
+    // Not swept yet: the record refuses.
+    refused_late(h.apply_add(&pay, "late", 1, Effect::Succeed).await);
+    // Swept: the tombstone refuses, alone and in a batch.
+    assert_eq!(h.store().sweep(10).await.unwrap(), 1);
+    assert_eq!(h.store().count().await.unwrap().total, 0);
+    refused_late(h.apply_add(&pay, "late", 1, Effect::Succeed).await);
+    let other = op("payments", "late-1", "debit 2");
+    assert!(matches!(
+        h.apply_add(&other, "late", 1, Effect::Succeed).await,
+        Err(ApplyError::Protocol(Error::KeyReuse { .. }))
+    ));
+    let batch = vec![pay.clone(), op("payments", "new-1", "debit 1")];
+    let adds = vec![("late".to_owned(), 1), ("late".to_owned(), 10)];
+    let answers = h.apply_batch_add(&batch, &adds).await.unwrap();
+    assert!(
+        matches!(answers[0], Err(Error::Expired { .. })),
+        "{:?}",
+        answers[0]
+    );
+    assert!(
+        matches!(answers[1], Ok(Applied::Fresh(_))),
+        "{:?}",
+        answers[1]
+    );
+    assert_eq!(h.counter("late").await, 11, "no late apply ran");
+
+    // After the grace period the key is new again, and its tombstone swept.
+    h.clock().advance(grace);
+    assert!(h.store().sweep(10).await.unwrap() >= 1);
+    assert!(matches!(
+        h.apply_add(&pay, "late", 1, Effect::Succeed).await,
+        Ok(Applied::Fresh(_))
+    ));
+    let token = h
+        .store()
+        .get(&pay.scope, &pay.key)
+        .await
+        .unwrap()
+        .unwrap()
+        .token;
+    assert!(token > first_token);
+    assert_eq!(h.counter("late").await, 12);
+}
+
 /// Batch apply: new keys run once, known keys replay, keys repeated inside the
 /// batch replay the first, reused keys are refused; one effect failure rolls
 /// back the whole batch.

@@ -133,6 +133,10 @@ pub trait Harness: Sized + Send + Sync + 'static {
     /// Opens the database at `location` (as given by [`Harness::location`]).
     fn open(location: &str, clock: ManualClock) -> impl Future<Output = Self> + Send;
 
+    /// Another handle on the same database, sharing the clock, whose store
+    /// keeps tombstones for `grace` (`Settings::with_tombstones`).
+    fn with_tombstones(&self, grace: std::time::Duration) -> impl Future<Output = Self> + Send;
+
     /// Where the database is, for a child process.
     fn location(&self) -> String;
 

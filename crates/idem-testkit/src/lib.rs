@@ -109,6 +109,7 @@ macro_rules! conformance_suite {
             a_worker_stalled_past_a_swept_window_stays_fenced,
             the_window_counts_from_the_first_claim,
             batch_apply_dedupes_and_commits_once,
+            late_applies_meet_the_tombstone_until_the_grace_ends,
             set_apply_runs_one_effect_for_the_new_operations,
             batch_answers_a_busy_key_in_flight,
             records_can_be_listed_and_shown,

@@ -36,8 +36,18 @@ impl<const POSTGRES: bool> Any<POSTGRES> {
         dir: Option<Arc<tempfile::TempDir>>,
         db: Option<Arc<TestDatabase>>,
     ) -> Self {
+        Self::with_settings(location, clock, dir, db, Default::default()).await
+    }
+
+    async fn with_settings(
+        location: String,
+        clock: ManualClock,
+        dir: Option<Arc<tempfile::TempDir>>,
+        db: Option<Arc<TestDatabase>>,
+        settings: idem::Settings,
+    ) -> Self {
         let parsed: StoreLocation = location.parse().expect("a store location");
-        let store = AnyStore::open_with(&parsed, Default::default(), Arc::new(clock.clone()))
+        let store = AnyStore::open_with(&parsed, settings, Arc::new(clock.clone()))
             .await
             .expect("open the store");
         store
@@ -101,6 +111,17 @@ impl<const POSTGRES: bool> Harness for Any<POSTGRES> {
 
     async fn open(location: &str, clock: ManualClock) -> Self {
         Self::at(location.to_owned(), clock, None, None).await
+    }
+
+    async fn with_tombstones(&self, grace: std::time::Duration) -> Self {
+        Self::with_settings(
+            self.location.clone(),
+            self.clock.clone(),
+            self._dir.clone(),
+            self._db.clone(),
+            idem::Settings::default().with_tombstones(Some(grace)),
+        )
+        .await
     }
 
     fn location(&self) -> String {
