@@ -283,6 +283,11 @@ pub(crate) struct ServeArgs {
     /// [default: off].
     #[arg(long, env = "IDEM_TOMBSTONES", value_name = "DURATION|off")]
     pub tombstones: Option<String>,
+    /// Settled answers kept in memory so replays skip the store, such as
+    /// 64MiB, or `off`; an answer is served from memory until its record
+    /// expires, and for at most 5 s after it was cached [default: 64MiB].
+    #[arg(long, env = "IDEM_REPLAY_CACHE", value_name = "SIZE|off")]
+    pub replay_cache: Option<String>,
     /// Serve /metrics (Prometheus) and /healthz on this address [default: off].
     #[arg(long, env = "IDEM_ADMIN_LISTEN", value_name = "ADDR")]
     pub admin_listen: Option<String>,
@@ -371,7 +376,8 @@ pub(crate) struct ServeArgs {
     )]
     pub fingerprint_header: Vec<String>,
     /// A TOML file with the same settings: upstream, listen, store, mode,
-    /// require_key, max_body, lease, retention, admin_listen,
+    /// require_key, max_body, lease, retention, tombstones, replay_cache,
+    /// admin_listen,
     /// upstream_timeout, probe, spool, principal_header, methods, sweep_every,
     /// max_in_flight, concurrent, max_waiters, max_waiters_per_key, routes,
     /// grpc_unary, fingerprint, fingerprint_ignore, fingerprint_header,

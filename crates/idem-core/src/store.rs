@@ -277,6 +277,12 @@ pub trait RecordStore: Send + Sync {
     /// records are kept (the dedupe window).
     fn settings(&self) -> &crate::Settings;
 
+    /// The time by the store's clock, which decides when records expire
+    /// (the system clock unless the store was given another).
+    fn now(&self) -> Timestamp {
+        crate::Clock::now(&crate::SystemClock)
+    }
+
     /// Creates or upgrades the schema. Safe to run again and from several
     /// processes at once.
     fn migrate(&self) -> impl Future<Output = Result<(), Error>> + Send;

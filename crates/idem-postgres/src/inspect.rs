@@ -13,6 +13,10 @@ use crate::records;
 use crate::store::PgStore;
 
 impl RecordStore for PgStore {
+    fn now(&self) -> idem_core::Timestamp {
+        self.clock().now()
+    }
+
     fn settings(&self) -> &idem_core::Settings {
         PgStore::settings(self)
     }

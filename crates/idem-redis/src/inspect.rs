@@ -25,6 +25,10 @@ use crate::{names, record, scripts};
 const READ_AHEAD: usize = 64;
 
 impl RecordStore for RedisStore {
+    fn now(&self) -> Timestamp {
+        self.clock().now()
+    }
+
     fn settings(&self) -> &Settings {
         RedisStore::settings(self)
     }

@@ -13,6 +13,10 @@ use crate::store::SqliteStore;
 use crate::{records, schema};
 
 impl RecordStore for SqliteStore {
+    fn now(&self) -> idem_core::Timestamp {
+        self.clock().now()
+    }
+
     fn settings(&self) -> &Settings {
         SqliteStore::settings(self)
     }

@@ -208,6 +208,10 @@ impl LeaseStore for AnyStore {
 }
 
 impl RecordStore for AnyStore {
+    fn now(&self) -> idem_core::Timestamp {
+        each_store!(self, s => s.now())
+    }
+
     fn settings(&self) -> &Settings {
         each_store!(self, s => RecordStore::settings(s))
     }

@@ -211,6 +211,7 @@ fn resolve(store: Option<&str>, args: &ServeArgs) -> anyhow::Result<GatewaySetti
         lease: args.lease.clone(),
         retention: args.retention.clone(),
         tombstones: args.tombstones.clone(),
+        replay_cache: args.replay_cache.clone(),
         admin_listen: args.admin_listen.clone(),
         upstream_timeout: args.upstream_timeout.clone(),
         probe: args.probe.clone(),

@@ -27,7 +27,7 @@ use super::{
 };
 use crate::{
     Concurrent, DEFAULT_BODY_LIMIT, DEFAULT_WAITERS, DEFAULT_WAITERS_PER_KEY, IdempotencyConfig,
-    KeyRequirement, Mode, WaiterCaps,
+    KeyRequirement, Mode, ReplayCache, WaiterCaps,
 };
 
 /// Where the gateway listens by default.
@@ -79,6 +79,9 @@ pub struct GivenSettings {
     /// `--tombstones`: how long a key is still refused after its window
     /// (`off` or a duration).
     pub tombstones: Option<String>,
+    /// `--replay-cache`: the bytes of settled answers kept in memory (`off`
+    /// or a size).
+    pub replay_cache: Option<String>,
     /// `--admin-listen`: where `/metrics` and `/healthz` are served.
     pub admin_listen: Option<String>,
     /// `--upstream-timeout`: how long an upstream answer is awaited.
@@ -163,6 +166,7 @@ struct FileSettings {
     lease: Option<String>,
     retention: Option<String>,
     tombstones: Option<String>,
+    replay_cache: Option<NumberOrText>,
     admin_listen: Option<String>,
     upstream_timeout: Option<String>,
     probe: Option<String>,
@@ -258,6 +262,8 @@ pub struct GatewaySettings {
     /// How long a key is still refused (410) after its window ended; `None`:
     /// new again at once.
     pub tombstones: Option<Duration>,
+    /// The settled answers kept in memory.
+    pub replay_cache: ReplayCache,
     /// Where `/metrics` and `/healthz` are served, if anywhere.
     pub admin_listen: Option<SocketAddr>,
     /// How long an upstream answer is awaited.
@@ -473,6 +479,18 @@ impl GatewaySettings {
             None => None,
             Some(found) if found.value.trim().eq_ignore_ascii_case("off") => None,
             Some(found) => Some(parse_duration(&found.value).map_err(|e| e.of(&found.origin))?),
+        };
+        let replay_cache = match sources.pick(
+            "replay-cache",
+            "IDEM_REPLAY_CACHE",
+            given.replay_cache.as_ref(),
+            |f| f.replay_cache.as_ref().map(NumberOrText::text),
+        ) {
+            None => ReplayCache::default(),
+            Some(found) if found.value.trim().eq_ignore_ascii_case("off") => ReplayCache::off(),
+            Some(found) => {
+                ReplayCache::bytes(parse_size(&found.value).map_err(|e| e.of(&found.origin))? as u64)
+            }
         };
         if retention <= lease {
             return Err(SettingsError::new(format!(
@@ -727,6 +745,7 @@ impl GatewaySettings {
             lease,
             retention,
             tombstones,
+            replay_cache,
             admin_listen,
             upstream_timeout,
             probe,
@@ -749,6 +768,7 @@ impl GatewaySettings {
             .lease(self.lease)
             .retention(self.retention)
             .tombstones(self.tombstones)
+            .replay_cache(self.replay_cache)
             .methods(self.methods.iter().cloned())
             .concurrent(self.concurrent)
             .waiter_caps(self.waiter_caps)

@@ -181,6 +181,7 @@ pub struct IdempotencyConfig {
     pub(crate) fingerprint: FingerprintRule,
     pub(crate) concurrent: Concurrent,
     pub(crate) waiter_caps: WaiterCaps,
+    pub(crate) replay_cache: super::ReplayCache,
 }
 
 impl Default for IdempotencyConfig {
@@ -199,6 +200,7 @@ impl Default for IdempotencyConfig {
             fingerprint: FingerprintRule::default(),
             concurrent: Concurrent::Reject,
             waiter_caps: WaiterCaps::default(),
+            replay_cache: super::ReplayCache::default(),
         }
     }
 }
@@ -290,6 +292,15 @@ impl IdempotencyConfig {
     /// [`IdempotencyLayer::open`](crate::IdempotencyLayer::open) opens.
     pub fn tombstones(mut self, grace: Option<Duration>) -> Self {
         self.tombstones = grace;
+        self
+    }
+
+    /// Settled answers kept in memory, so replays cost no trip to the store
+    /// (on by default: 64 MiB, each answer served for at most 5 s after it
+    /// was cached, never past its record's expiry); `ReplayCache::off()` to
+    /// read the store for every replay.
+    pub fn replay_cache(mut self, cache: super::ReplayCache) -> Self {
+        self.replay_cache = cache;
         self
     }
 

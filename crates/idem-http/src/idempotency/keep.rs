@@ -20,7 +20,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem::{Claim, Error, LeaseStore, Outcome};
+use idem::{Claim, Error, Fingerprint, LeaseStore, Outcome};
 use idem_retry::Backoff;
 use tracing::Instrument;
 
@@ -66,7 +66,10 @@ pub(super) async fn store_answer<St: WaitableStore + 'static>(
 ) {
     let scope = claim.scope.as_str();
     let error = match judge(&claim, shared.store.complete(&claim, &outcome).await) {
-        Completion::Stored => return announce.stored(&outcome, claim.expires_at),
+        Completion::Stored => {
+            remember(shared, &claim, &outcome, announce.fingerprint());
+            return announce.stored(&outcome, claim.expires_at);
+        }
         Completion::TakenOver(error) => return given_up(&claim, &error),
         Completion::Failed(error) => error,
     };
@@ -93,6 +96,7 @@ pub(super) async fn store_answer<St: WaitableStore + 'static>(
             match kept {
                 Ok(()) => {
                     tracing::info!(scope = claim.scope.as_str(), "the response kept while the store was away is stored");
+                    remember(&shared, &claim, &outcome, announce.fingerprint());
                     announce.stored(&outcome, claim.expires_at);
                 }
                 Err(error) => given_up(&claim, &error),
@@ -104,6 +108,17 @@ pub(super) async fn store_answer<St: WaitableStore + 'static>(
             }
         }
         .in_current_span(),
+    );
+}
+
+/// Keeps a stored answer in the layer's cache, for the replays to come.
+fn remember<St>(shared: &Shared<St>, claim: &Claim, outcome: &Outcome, fingerprint: Fingerprint) {
+    shared.cache.put(
+        &claim.scope,
+        &claim.key,
+        fingerprint,
+        Arc::new(outcome.clone()),
+        claim.expires_at,
     );
 }
 

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use idem::{AnyStore, Error, LeaseStore, StoreLocation, SystemClock};
 use tower::Layer;
 
+use super::cache::AnswerCache;
 use super::wait::Waiters;
 use super::{Answers, IdempotencyConfig, IdempotencyService, Reconcile, Shared, Spool, SpoolError};
 
@@ -39,6 +40,7 @@ impl<St: LeaseStore> IdempotencyLayer<St> {
             shared: Arc::new(Shared {
                 store: Arc::new(store),
                 waiters: Arc::new(Waiters::new(config.waiter_caps)),
+                cache: Arc::new(AnswerCache::new(config.replay_cache)),
                 config,
                 answers: Answers::default(),
             }),
@@ -55,6 +57,7 @@ impl<St: LeaseStore> IdempotencyLayer<St> {
                 config: self.shared.config.clone(),
                 answers,
                 waiters: Arc::clone(&self.shared.waiters),
+                cache: Arc::clone(&self.shared.cache),
             }),
         }
     }

@@ -71,6 +71,7 @@
 //! - `problem`: [`Refusal`], the answers the layer gives itself, and the one
 //!   function that maps them (and store errors) to HTTP statuses.
 
+mod cache;
 mod config;
 mod future;
 mod keep;
@@ -89,10 +90,14 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::{HeaderValue, Request};
 use http_body_util::BodyExt;
-use idem::{Claim, Claimed, Error, LeaseStore};
+use idem::{Claim, Claimed, Error, LeaseStore, Outcome};
 use tower::Service;
 use tracing::Instrument;
 
+pub use cache::{
+    DEFAULT_REPLAY_CACHE_BYTES, DEFAULT_REPLAY_CACHE_STALENESS, REPLAY_CACHE_BYTES,
+    REPLAY_CACHE_ENTRIES, REPLAY_CACHE_LOOKUPS_TOTAL, ReplayCache,
+};
 pub use config::{
     Concurrent, DEFAULT_BODY_LIMIT, DEFAULT_WAITERS, DEFAULT_WAITERS_PER_KEY, IdempotencyConfig,
     KeyRequirement, Mode, StoredStatuses, WaiterCaps,
@@ -138,6 +143,7 @@ pub(crate) struct Shared<St> {
     pub(crate) config: IdempotencyConfig,
     pub(crate) answers: Answers,
     pub(crate) waiters: Arc<wait::Waiters>,
+    pub(crate) cache: Arc<cache::AnswerCache>,
 }
 
 /// What the leased layer does about answers beyond the store: where it keeps
@@ -291,9 +297,32 @@ where
     ResBody::Error: Into<BoxError>,
 {
     let mode = shared.config.mode;
+    if let Some(cached) = shared.cache.get(&scope, &key, shared.store.now())
+        && fingerprint.compare(&cached.fingerprint) == idem::FingerprintMatch::Same
+    {
+        // A settled answer this process has seen, inside its window: the
+        // store would replay it too.
+        return Ok(
+            match StoredResponse::from_outcome(Outcome::clone(&cached.outcome)) {
+                Ok(stored) => {
+                    let mut response = stored.into_replay();
+                    mark_expiry(response.headers_mut(), cached.expires_at);
+                    response
+                }
+                Err(damaged) => Refusal::Corrupt(damaged.to_string()).to_response(mode),
+            },
+        );
+    }
     let claim = match shared.store.claim(&scope, &key, fingerprint).await {
         Ok(Claimed::Fresh(claim)) => claim,
         Ok(Claimed::Replayed(replay)) => {
+            shared.cache.put(
+                &scope,
+                &key,
+                fingerprint,
+                Arc::new(replay.outcome.clone()),
+                replay.expires_at,
+            );
             return Ok(match StoredResponse::from_outcome(replay.outcome) {
                 Ok(stored) => {
                     let mut response = stored.into_replay();

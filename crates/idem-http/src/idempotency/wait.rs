@@ -459,6 +459,11 @@ impl<St: WaitableStore + 'static> Announce<St> {
         }
     }
 
+    /// The fingerprint of the request whose answer this announces.
+    pub(super) fn fingerprint(&self) -> Fingerprint {
+        self.fingerprint
+    }
+
     /// The answer is stored, and its key remembered until `expires_at`.
     pub(super) fn stored(mut self, outcome: &Outcome, expires_at: Timestamp) {
         if let Some(shared) = self.shared.take() {
