@@ -110,16 +110,26 @@ async fn open_log(location: &StoreLocation, pages: Pages) -> anyhow::Result<Log>
     })
 }
 
+/// The metrics `idem audit` exposes on `--admin-listen`.
 mod metric {
-    pub const FINDINGS: &str = "audit_findings_total";
-    pub const ROWS_READ: &str = "audit_rows_read_total";
-    pub const RECORDS_READ: &str = "audit_records_read_total";
-    pub const QUERIES: &str = "audit_queries_total";
-    pub const PASSES: &str = "audit_passes_total";
-    pub const ERRORS: &str = "audit_errors_total";
-    pub const CURSOR: &str = "audit_cursor";
-    pub const CAUGHT_UP: &str = "audit_caught_up_timestamp_seconds";
-    pub const REMEMBERED: &str = "audit_remembered_keys";
+    /// Findings, by `kind`: double_effect, missing_effect, effect_without_record.
+    pub(super) const FINDINGS: &str = "audit_findings_total";
+    /// Effect rows read.
+    pub(super) const ROWS_READ: &str = "audit_rows_read_total";
+    /// Records read.
+    pub(super) const RECORDS_READ: &str = "audit_records_read_total";
+    /// Queries run on the database.
+    pub(super) const QUERIES: &str = "audit_queries_total";
+    /// Passes completed.
+    pub(super) const PASSES: &str = "audit_passes_total";
+    /// Passes that failed (the database did not answer, the query failed).
+    pub(super) const ERRORS: &str = "audit_errors_total";
+    /// The last cursor value read.
+    pub(super) const CURSOR: &str = "audit_cursor";
+    /// When a pass last read the effect log to its end (Unix seconds).
+    pub(super) const CAUGHT_UP: &str = "audit_caught_up_timestamp_seconds";
+    /// Keys remembered with their first effect in the window.
+    pub(super) const REMEMBERED: &str = "audit_remembered_keys";
 }
 
 fn settings(args: &AuditArgs) -> anyhow::Result<AuditSettings> {
@@ -191,7 +201,7 @@ async fn once<L: EffectLog, S: idem::RecordScan>(
     args: &AuditArgs,
 ) -> anyhow::Result<()> {
     let report = audit.pass().await.context("the audit pass failed")?;
-    publish(&report, audit, args);
+    publish(&report, audit.auditor().remembered(), args);
     match report.findings.len() {
         0 => Ok(()),
         1 => Err(anyhow!("1 finding")),
@@ -213,7 +223,7 @@ async fn continuously<L: EffectLog, S: idem::RecordScan>(
         tokio::select! {
             _ = &mut stop => break,
             pass = audit.pass() => match pass {
-                Ok(report) => publish(&report, audit, args),
+                Ok(report) => publish(&report, audit.auditor().remembered(), args),
                 Err(error) => {
                     metrics::counter!(metric::ERRORS).increment(1);
                     tracing::warn!(error = %idem::error_chain(&error), "the audit pass failed; trying again at the next one");
@@ -230,9 +240,9 @@ async fn continuously<L: EffectLog, S: idem::RecordScan>(
 }
 
 /// Writes a pass's findings and counts it.
-fn publish<L, S>(report: &PassReport, audit: &Audit<L, S>, args: &AuditArgs) {
+fn publish(report: &PassReport, remembered: usize, args: &AuditArgs) {
     for finding in &report.findings {
-        write(finding, args.json);
+        write(finding, args);
         metrics::counter!(metric::FINDINGS, "kind" => finding.kind.as_str()).increment(1);
     }
     metrics::counter!(metric::ROWS_READ).increment(report.rows_read);
@@ -240,7 +250,7 @@ fn publish<L, S>(report: &PassReport, audit: &Audit<L, S>, args: &AuditArgs) {
     metrics::counter!(metric::QUERIES).increment(report.queries);
     metrics::counter!(metric::PASSES).increment(1);
     metrics::gauge!(metric::CURSOR).set(report.cursor as f64);
-    metrics::gauge!(metric::REMEMBERED).set(audit.auditor().remembered() as f64);
+    metrics::gauge!(metric::REMEMBERED).set(remembered as f64);
     if report.caught_up {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -262,14 +272,17 @@ fn publish<L, S>(report: &PassReport, audit: &Audit<L, S>, args: &AuditArgs) {
     }
 }
 
-fn write(finding: &Finding, json: bool) {
-    if json {
+/// A finding on standard output (JSON with `--json`, a line of text with
+/// `--once`), or as a warning in the log of a running auditor.
+fn write(finding: &Finding, args: &AuditArgs) {
+    if args.json {
         println!(
             "{}",
             serde_json::to_string(finding).expect("a finding always serializes")
         );
-    } else {
+    } else if args.once {
         println!("{finding}");
+    } else {
+        tracing::warn!(kind = finding.kind.as_str(), scope = ?finding.scope, key = %finding.key, "{finding}");
     }
-    tracing::warn!(kind = finding.kind.as_str(), scope = ?finding.scope, key = %finding.key, "{finding}");
 }

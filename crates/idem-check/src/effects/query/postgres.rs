@@ -88,7 +88,7 @@ impl PgPages {
             pages,
             conn: None,
         };
-        let statement = reader.pages.statement("$1", "$2");
+        let statement = reader.pages.statement("$1::bigint", "$2::bigint");
         let conn = reader.connection().await?;
         let described = conn
             .describe(AssertSqlSafe(statement).into_sql_str())
@@ -117,7 +117,7 @@ impl PgPages {
     /// At most `limit` rows past `after`, in cursor order. A failed page
     /// drops the connection, so the next one connects anew.
     pub async fn page(&mut self, after: i64, limit: usize) -> Result<Vec<LoggedEffect>, QueryError> {
-        let statement = self.pages.statement("$1", "$2");
+        let statement = self.pages.statement("$1::bigint", "$2::bigint");
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let conn = self.connection().await?;
         let rows = sqlx::query(AssertSqlSafe(statement))
