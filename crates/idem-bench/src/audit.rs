@@ -151,8 +151,14 @@ async fn measure<L: EffectLog, S: idem::RecordScan>(
     })
 }
 
-pub(crate) async fn run(location: Option<StoreLocation>, args: &BenchAuditArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(args.rows > 0 && args.batch > 0, "--rows and --batch must be positive");
+pub(crate) async fn run(
+    location: Option<StoreLocation>,
+    args: &BenchAuditArgs,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.rows > 0 && args.batch > 0,
+        "--rows and --batch must be positive"
+    );
     let (_temporary, location) = given_or_temporary(location)?;
     let store = AnyStore::open(&location)
         .await

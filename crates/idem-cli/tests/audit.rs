@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem::{
-    AnyConnection, AnyStore, AtomicStore, Fingerprint, IdempotencyKey, ManualClock, Outcome,
-    Scope, Settings, StoreLocation,
+    AnyConnection, AnyStore, AtomicStore, Fingerprint, IdempotencyKey, ManualClock, Outcome, Scope,
+    Settings, StoreLocation,
 };
 use idem_testkit::postgres::TestDatabase;
 use serde_json::Value;
@@ -151,10 +151,12 @@ async fn deliver(store: &AnyStore, key: &str, write: bool) -> bool {
                             )?;
                         }
                         AnyConnection::Postgres(conn) => {
-                            idem::sqlx::query("INSERT INTO ledger (order_id, amount) VALUES ($1, 10)")
-                                .bind(&row)
-                                .execute(conn)
-                                .await?;
+                            idem::sqlx::query(
+                                "INSERT INTO ledger (order_id, amount) VALUES ($1, 10)",
+                            )
+                            .bind(&row)
+                            .execute(conn)
+                            .await?;
                         }
                     }
                 }
@@ -241,7 +243,11 @@ async fn a_handler_that_applies_twice_is_found_within_one_pass() {
             summary(&found),
             [
                 ("double_effect".to_owned(), "order-2".to_owned(), vec![2, 4]),
-                ("effect_without_record".to_owned(), "order-9".to_owned(), vec![5]),
+                (
+                    "effect_without_record".to_owned(),
+                    "order-9".to_owned(),
+                    vec![5]
+                ),
             ],
             "{} {found:#?}",
             backend.url
@@ -317,7 +323,10 @@ async fn a_start_cursor_reads_only_the_rows_past_it() {
 async fn scrape(addr: &str) -> Option<String> {
     let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
     stream
-        .write_all(format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes())
+        .write_all(
+            format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
         .await
         .ok()?;
     let mut body = String::new();
@@ -329,7 +338,13 @@ async fn scrape(addr: &str) -> Option<String> {
 fn sample(metrics: &str, series: &str) -> f64 {
     metrics
         .lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+        .find_map(|line| {
+            line.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
         .unwrap_or(0.0)
 }
 
@@ -342,7 +357,10 @@ async fn until(addr: &str, what: &str, done: impl Fn(&str) -> bool) -> String {
         {
             return metrics;
         }
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -366,7 +384,14 @@ async fn a_running_auditor_reads_each_row_once_and_reports_each_finding_once() {
         let mut auditor = tokio::process::Command::new(env!("CARGO_BIN_EXE_idem"))
             .arg("--store")
             .arg(&backend.url)
-            .args(["audit", "--json", "--scope", "payments", "--effects-query", QUERY])
+            .args([
+                "audit",
+                "--json",
+                "--scope",
+                "payments",
+                "--effects-query",
+                QUERY,
+            ])
             .args(["--batch", "8", "--pause", "0s", "--interval", "100ms"])
             .args(["--admin-listen", &addr])
             .env_remove("IDEM_STORE")
@@ -394,7 +419,10 @@ async fn a_running_auditor_reads_each_row_once_and_reports_each_finding_once() {
         assert_eq!(sample(&metrics, "audit_rows_read_total"), 41.0);
         assert_eq!(sample(&metrics, double), 1.0);
         assert_eq!(
-            sample(&metrics, "audit_findings_total{kind=\"effect_without_record\"}"),
+            sample(
+                &metrics,
+                "audit_findings_total{kind=\"effect_without_record\"}"
+            ),
             0.0
         );
         assert_eq!(sample(&metrics, "audit_cursor"), 41.0);
@@ -407,7 +435,11 @@ async fn a_running_auditor_reads_each_row_once_and_reports_each_finding_once() {
             .collect();
         assert_eq!(
             summary(&found),
-            [("double_effect".to_owned(), "order-35".to_owned(), vec![36, 41])],
+            [(
+                "double_effect".to_owned(),
+                "order-35".to_owned(),
+                vec![36, 41]
+            )],
             "{}",
             backend.url
         );

@@ -67,11 +67,7 @@ impl RecordStore for PgStore {
 impl RecordScan for PgStore {
     async fn records_of(&self, keys: &[(Scope, IdempotencyKey)]) -> Result<Vec<Record>, Error> {
         let pairs: Vec<(&Scope, &IdempotencyKey)> = keys.iter().map(|(s, k)| (s, k)).collect();
-        let mut conn = self
-            .pool()
-            .acquire()
-            .await
-            .map_err(|e| self.fail(e))?;
+        let mut conn = self.pool().acquire().await.map_err(|e| self.fail(e))?;
         records::fetch_all(&mut conn, &pairs)
             .await
             .map_err(|e| self.fail(e))

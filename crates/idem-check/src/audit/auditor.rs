@@ -132,7 +132,8 @@ impl Auditor {
                 .is_some_and(|s| self.settings.scopes.iter().any(|a| a.as_str() == s));
             if in_scope {
                 let record = records.iter().find(|r| {
-                    Some(r.scope.as_str()) == scope.as_deref() && r.key.as_str() == effect.effect.key
+                    Some(r.scope.as_str()) == scope.as_deref()
+                        && r.key.as_str() == effect.effect.key
                 });
                 let may_be_swept = effect.at_ms.is_some_and(|at| at <= now.0 - window);
                 if record.is_none() && !may_be_swept {
@@ -369,7 +370,10 @@ mod tests {
     fn an_effect_without_a_record_is_found_unless_it_is_older_than_the_window() {
         let mut auditor = auditor();
         let now = Timestamp(100 * MINUTE);
-        let page = [effect(1, "old", Some(0)), effect(2, "new", Some(99 * MINUTE))];
+        let page = [
+            effect(1, "old", Some(0)),
+            effect(2, "new", Some(99 * MINUTE)),
+        ];
         let found = auditor.read_effects(&page, &[], now);
         assert_eq!(found.len(), 1, "{found:?}");
         assert_eq!(found[0].kind, FindingKind::EffectWithoutRecord);
@@ -398,7 +402,7 @@ mod tests {
         let keys = auditor.pending();
         assert_eq!(keys.len(), 1);
         let completed = record("k", RecordState::Completed, 0, MINUTE);
-        assert!(auditor.recheck(&keys, &[completed.clone()], now).is_empty());
+        assert!(auditor.recheck(&keys, std::slice::from_ref(&completed), now).is_empty());
         let later = Timestamp(2 * MINUTE);
         let found = auditor.recheck(&auditor.pending(), &[completed], later);
         assert_eq!(found.len(), 1);

@@ -15,8 +15,10 @@ use std::time::Duration;
 use anyhow::{Context, anyhow};
 use clap::Args;
 use idem::{AnyStore, Scope, StoreLocation, SystemClock};
-use idem_check::audit::{Audit, AuditSettings, EffectLog, Finding, FindingKind, PassLimits, PassReport};
 use idem_check::LoggedEffect;
+use idem_check::audit::{
+    Audit, AuditSettings, EffectLog, Finding, FindingKind, PassLimits, PassReport,
+};
 use idem_check::effects::query::{Pages, PgPages, QueryError, SqlitePages};
 use idem_http::admin::{self, AdminToken};
 
@@ -97,8 +99,8 @@ async fn open_log(location: &StoreLocation, pages: Pages) -> anyhow::Result<Log>
     Ok(match location {
         StoreLocation::Sqlite(path) => {
             let path = path.clone();
-            let pages = tokio::task::spawn_blocking(move || SqlitePages::open(&path, pages))
-                .await??;
+            let pages =
+                tokio::task::spawn_blocking(move || SqlitePages::open(&path, pages)).await??;
             Log::Sqlite(pages)
         }
         StoreLocation::Postgres(url) => {
@@ -149,7 +151,11 @@ fn settings(args: &AuditArgs) -> anyhow::Result<AuditSettings> {
     })
 }
 
-pub(crate) async fn run(store: AnyStore, location: &StoreLocation, args: &AuditArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(
+    store: AnyStore,
+    location: &StoreLocation,
+    args: &AuditArgs,
+) -> anyhow::Result<()> {
     let settings = settings(args)?;
     let pages = Pages::new(&args.effects_query, &args.cursor_column).context("--cursor-column")?;
     let log = open_log(location, pages)
@@ -179,7 +185,14 @@ pub(crate) async fn run(store: AnyStore, location: &StoreLocation, args: &AuditA
         pause: args.pause.into(),
     };
     let clock = Arc::new(SystemClock);
-    let mut audit = Audit::new(log, store, clock, settings, limits, args.after.unwrap_or(i64::MIN));
+    let mut audit = Audit::new(
+        log,
+        store,
+        clock,
+        settings,
+        limits,
+        args.after.unwrap_or(i64::MIN),
+    );
     if args.after.is_some() {
         audit
             .skip_records_before(idem::Clock::now(&SystemClock))
@@ -264,7 +277,11 @@ fn publish(report: &PassReport, remembered: usize, args: &AuditArgs) {
         report.queries,
         report.cursor,
         report.findings.len(),
-        if report.caught_up { "" } else { " (not caught up)" }
+        if report.caught_up {
+            ""
+        } else {
+            " (not caught up)"
+        }
     );
     match args.once {
         true => eprintln!("{summary}"),

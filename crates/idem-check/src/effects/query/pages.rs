@@ -110,7 +110,10 @@ mod tests {
         );
         for bad in ["", "1id", "id; DROP TABLE x", "a.b", "\"id\""] {
             assert!(
-                matches!(Pages::new("SELECT 1", bad), Err(QueryError::BadCursorColumn(_))),
+                matches!(
+                    Pages::new("SELECT 1", bad),
+                    Err(QueryError::BadCursorColumn(_))
+                ),
                 "{bad:?}"
             );
         }

@@ -4,9 +4,9 @@ use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, Column, Connection, Executor, PgConnection, Row, SqlSafeStr};
 
 use super::pages::{self, Pages};
-use crate::effects::LoggedEffect;
 use super::{Columns, QueryError};
 use crate::effects::Effect;
+use crate::effects::LoggedEffect;
 
 /// Connects to `url`, runs `sql` and reads its rows as effects. Text
 /// columns may be `text`, `varchar` or an integer; `fence` any integer type.
@@ -102,13 +102,12 @@ impl PgPages {
 
     async fn connection(&mut self) -> Result<&mut PgConnection, QueryError> {
         if self.conn.is_none() {
-            let conn =
-                PgConnection::connect(&self.url)
-                    .await
-                    .map_err(|source| QueryError::Unreachable {
-                        location: self.location.clone(),
-                        source: source.into(),
-                    })?;
+            let conn = PgConnection::connect(&self.url).await.map_err(|source| {
+                QueryError::Unreachable {
+                    location: self.location.clone(),
+                    source: source.into(),
+                }
+            })?;
             self.conn = Some(conn);
         }
         Ok(self.conn.as_mut().expect("connected above"))
@@ -116,7 +115,11 @@ impl PgPages {
 
     /// At most `limit` rows past `after`, in cursor order. A failed page
     /// drops the connection, so the next one connects anew.
-    pub async fn page(&mut self, after: i64, limit: usize) -> Result<Vec<LoggedEffect>, QueryError> {
+    pub async fn page(
+        &mut self,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<LoggedEffect>, QueryError> {
         let statement = self.pages.statement("$1::bigint", "$2::bigint");
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let conn = self.connection().await?;
@@ -145,7 +148,10 @@ impl PgPages {
                     columns,
                     index + 1,
                     |i| text(row, i),
-                    |i| integer(row, i).map_err(|_| "is not an integer; cast it with ::bigint".to_owned()),
+                    |i| {
+                        integer(row, i)
+                            .map_err(|_| "is not an integer; cast it with ::bigint".to_owned())
+                    },
                 )
             })
             .collect()

@@ -8,9 +8,9 @@ use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OpenFlags, Row};
 
 use super::pages::{self, Pages};
-use crate::effects::LoggedEffect;
 use super::{Columns, QueryError};
 use crate::effects::Effect;
+use crate::effects::LoggedEffect;
 
 /// Opens the SQLite database at `path` read-only: a missing file is an
 /// error, not a new database.
@@ -36,11 +36,7 @@ pub fn sqlite(path: &Path, sql: &str) -> Result<Vec<Effect>, QueryError> {
     let mut rows = statement.query([]).map_err(failed)?;
     let mut effects = Vec::new();
     while let Some(row) = rows.next().map_err(failed)? {
-        effects.push(columns.effect(
-            effects.len() + 1,
-            |i| text(row, i),
-            |i| integer(row, i),
-        )?);
+        effects.push(columns.effect(effects.len() + 1, |i| text(row, i), |i| integer(row, i))?);
     }
     Ok(effects)
 }
