@@ -445,3 +445,64 @@ async fn a_running_auditor_reads_each_row_once_and_reports_each_finding_once() {
         );
     }
 }
+
+#[tokio::test]
+async fn record_pages_walk_each_record_of_the_scopes_once_in_window_order() {
+    use idem::{ExpiryPosition, RecordScan};
+    for backend in Backend::all().await {
+        let store = backend.store().await;
+        let other = Scope::new("refunds").unwrap();
+        for n in 0..23 {
+            deliver(&store, &format!("order-{n}"), true).await;
+            store
+                .apply(
+                    &other,
+                    &IdempotencyKey::new(format!("refund-{n}")).unwrap(),
+                    Fingerprint::of_bytes(b"1 EUR"),
+                    async |_| -> Result<Outcome, BoxError> { Ok(Outcome::success("ok")) },
+                )
+                .await
+                .unwrap();
+        }
+        let scopes = [Scope::new("payments").unwrap()];
+        let (mut after, mut walked) = (None::<ExpiryPosition>, Vec::new());
+        loop {
+            let page = store
+                .records_by_expiry(&scopes, after.as_ref(), 4)
+                .await
+                .unwrap();
+            assert!(page.len() <= 4);
+            let Some(last) = page.last() else { break };
+            after = Some(ExpiryPosition::after(last));
+            walked.extend(page);
+        }
+        assert_eq!(walked.len(), 23, "{}", backend.url);
+        assert!(walked.iter().all(|r| r.scope == scopes[0]));
+        let order: Vec<_> = walked
+            .iter()
+            .map(|r| (r.expires_at, r.scope.to_string(), r.key.to_string()))
+            .collect();
+        let mut sorted = order.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(order, sorted, "{}", backend.url);
+
+        let wanted = [
+            (scopes[0].clone(), IdempotencyKey::new("order-3").unwrap()),
+            (other.clone(), IdempotencyKey::new("refund-4").unwrap()),
+            (
+                scopes[0].clone(),
+                IdempotencyKey::new("order-none").unwrap(),
+            ),
+        ];
+        let mut found: Vec<_> = store
+            .records_of(&wanted)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.key.to_string())
+            .collect();
+        found.sort();
+        assert_eq!(found, ["order-3", "refund-4"], "{}", backend.url);
+    }
+}

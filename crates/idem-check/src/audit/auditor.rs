@@ -402,7 +402,11 @@ mod tests {
         let keys = auditor.pending();
         assert_eq!(keys.len(), 1);
         let completed = record("k", RecordState::Completed, 0, MINUTE);
-        assert!(auditor.recheck(&keys, std::slice::from_ref(&completed), now).is_empty());
+        assert!(
+            auditor
+                .recheck(&keys, std::slice::from_ref(&completed), now)
+                .is_empty()
+        );
         let later = Timestamp(2 * MINUTE);
         let found = auditor.recheck(&auditor.pending(), &[completed], later);
         assert_eq!(found.len(), 1);
