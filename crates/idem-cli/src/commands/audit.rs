@@ -177,9 +177,11 @@ pub(crate) async fn run(
         }
         None => None,
     };
+    // Every series from the start, so the first finding is an increase.
     for kind in FindingKind::ALL {
         metrics::counter!(metric::FINDINGS, "kind" => kind.as_str()).increment(0);
     }
+    metrics::counter!(metric::ERRORS).increment(0);
     let limits = PassLimits {
         batch: args.batch.max(1),
         pause: args.pause.into(),
