@@ -122,6 +122,13 @@ impl Auditor {
         now: Timestamp,
     ) -> Vec<Finding> {
         let window = ms(self.settings.window);
+        let records: HashMap<(&str, &str), &Record> = records
+            .iter()
+            .map(|r| ((r.scope.as_str(), r.key.as_str()), r))
+            .collect();
+        let record_of = |scope: Option<&str>, key: &str| {
+            scope.and_then(|scope| records.get(&(scope, key)).copied())
+        };
         let mut findings = Vec::new();
         for effect in page {
             let scope = self.scope_of(effect);
@@ -131,10 +138,7 @@ impl Auditor {
                 .as_deref()
                 .is_some_and(|s| self.settings.scopes.iter().any(|a| a.as_str() == s));
             if in_scope {
-                let record = records.iter().find(|r| {
-                    Some(r.scope.as_str()) == scope.as_deref()
-                        && r.key.as_str() == effect.effect.key
-                });
+                let record = record_of(scope.as_deref(), &effect.effect.key);
                 let may_be_swept = effect.at_ms.is_some_and(|at| at <= now.0 - window);
                 if record.is_none() && !may_be_swept {
                     findings.push(Finding {
@@ -151,10 +155,7 @@ impl Auditor {
             match self.seen.get_mut(&id) {
                 Some(seen) if at - seen.at < window => {
                     seen.count = seen.count.saturating_add(1);
-                    let record = records.iter().find(|r| {
-                        Some(r.scope.as_str()) == scope.as_deref()
-                            && r.key.as_str() == effect.effect.key
-                    });
+                    let record = record_of(scope.as_deref(), &effect.effect.key);
                     findings.push(Finding {
                         kind: FindingKind::DoubleEffect,
                         scope,
