@@ -27,6 +27,28 @@ pub enum BenchCommand {
     /// An effectively-once consumer vs a plain at-least-once one on RabbitMQ,
     /// NATS JetStream or Kafka into PostgreSQL, one message per transaction and batched.
     Consume(BenchConsumeArgs),
+    /// The effect auditor's cost on the database (`idem audit`): a full
+    /// pass over an effect log and its records, an idle pass and a pass over
+    /// new rows, against reading the effects query whole, in one run.
+    Audit(BenchAuditArgs),
+}
+
+/// `idem bench audit`
+#[derive(Debug, Args)]
+pub struct BenchAuditArgs {
+    /// Effect rows (each with its completed record) in the log, such as
+    /// 100000 or 100k.
+    #[arg(long, default_value = "100k", value_parser = parse_count)]
+    pub rows: u64,
+    /// Rows per query.
+    #[arg(long, default_value_t = 1000)]
+    pub batch: usize,
+    /// The wait between two queries of a pass in the paced phase.
+    #[arg(long, default_value = "10ms", value_parser = humantime::parse_duration)]
+    pub pause: Duration,
+    /// Rows (and records) added before the last pass.
+    #[arg(long, default_value_t = 1000)]
+    pub new_rows: u64,
 }
 
 /// `idem bench apply`

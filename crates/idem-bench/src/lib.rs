@@ -4,7 +4,7 @@
 //! because ratios — not absolute numbers — are what carry between machines.
 //!
 //! Modules:
-//! - [`args`]: the flags of `idem bench apply|http|grpc|wait|consume`;
+//! - [`args`]: the flags of `idem bench apply|http|grpc|wait|consume|audit`;
 //! - [`workload`]: the payment workload (accounts, a ledger, one debit) run
 //!   bare or through atomic apply, written once against the atomic contract;
 //!   `idem demo` runs it too;
@@ -19,6 +19,8 @@
 //! - `phase`: a measured phase of requests and the table of phases;
 //! - `consume`: `idem bench consume`, the effectively-once consumer against a
 //!   plain at-least-once one;
+//! - `audit`: `idem bench audit`, the effect auditor's passes against
+//!   reading the effects query whole;
 //! - [`stores`]: the store a run uses when none is given (a temporary SQLite
 //!   file, a fresh PostgreSQL database), and the way to it through the relay;
 //! - [`latency`]: a relay that delays every byte to and from PostgreSQL, so
@@ -32,6 +34,7 @@ pub mod stores;
 pub mod workload;
 
 mod apply;
+mod audit;
 mod consume;
 mod grpc;
 mod http;
@@ -53,5 +56,6 @@ pub async fn run(store: Option<StoreLocation>, command: &BenchCommand) -> anyhow
         BenchCommand::Wait(args) => wait::run(store, args).await,
         BenchCommand::Sweep(args) => sweep::run(store, args).await,
         BenchCommand::Consume(args) => consume::run(store, args).await,
+        BenchCommand::Audit(args) => audit::run(store, args).await,
     }
 }

@@ -34,6 +34,20 @@ pub struct Effect {
     pub fence: Option<i64>,
 }
 
+/// One row of the effect log as the auditor reads it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct LoggedEffect {
+    /// The row's cursor value.
+    pub cursor: i64,
+    /// When the effect was written, in milliseconds since the Unix epoch,
+    /// if the query returns `at_ms`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub at_ms: Option<i64>,
+    /// The effect.
+    #[serde(flatten)]
+    pub effect: Effect,
+}
+
 /// A line of an effect log that is not an [`Effect`].
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {

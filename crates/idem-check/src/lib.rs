@@ -13,7 +13,9 @@
 //!   resource and its fencing token or version; with the `sqlite` or
 //!   `postgres` feature, the same read from a query on the user's database;
 //! - [`check()`]: the rules, the history against the effect log;
-//! - [`report`]: what a check found, for people and for scripts.
+//! - [`report`]: what a check found, for people and for scripts;
+//! - [`audit`]: the live auditor, which reads the effect log incrementally
+//!   beside a running service and compares it with the store's records.
 //!
 //! ```
 //! use idem_check::history::{Answer, Event};
@@ -38,12 +40,13 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod audit;
 mod check;
 pub mod effects;
 pub mod history;
 pub mod report;
 
 pub use check::check;
-pub use effects::Effect;
+pub use effects::{Effect, LoggedEffect};
 pub use history::Event;
 pub use report::{Counts, Report, Violation, ViolationKind};

@@ -62,6 +62,10 @@ pub(crate) enum Command {
     /// Test any HTTP endpoint that claims Idempotency-Key semantics, rule by
     /// rule: exit 0 when every required rule passes, 1 otherwise.
     Conformance(crate::commands::conformance::ConformanceArgs),
+    /// Audit a running service: read its effect log incrementally beside it
+    /// and report double effects, missing effects and effects without a
+    /// record, with a counter per kind on /metrics.
+    Audit(crate::commands::audit::AuditArgs),
     /// Check a history of requests and answers against the effects they
     /// caused: exit 0 when clean, 1 on a violation, 2 on unreadable input.
     Check(crate::commands::check::CheckArgs),

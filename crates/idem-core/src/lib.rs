@@ -16,6 +16,7 @@
 //! - [`batch`](crate::decide_batch): in-batch dedupe, which operations of a batch share a key;
 //! - [`atomic`](crate::AtomicStore): the atomic contract, effect and record in one transaction;
 //! - [`store`](crate::LeaseStore): the leased contract, and inspection and retention of records;
+//! - [`scan`](crate::RecordScan): bounded pages of records for a process that walks them all;
 //! - [`clock`](crate::Clock): injectable time;
 //! - [`settings`](crate::Settings): lease and retention, with defaults;
 //! - [`fence`](crate::FenceStore): fencing tokens on named resources and guarded (versioned) writes;
@@ -52,6 +53,7 @@ mod outbox;
 mod outcome;
 pub mod protocol;
 mod record;
+mod scan;
 mod settings;
 mod store;
 
@@ -80,6 +82,7 @@ pub use outbox::{AtomicOutbox, OutboxMessage, OutboxStats, OutboxStore, Pending,
 pub use outcome::{Outcome, OutcomeKind, UnknownOutcomeKind};
 pub use protocol::{Decision, Plan, decide};
 pub use record::{FencingToken, Record, RecordSeed, RecordState, UnknownState};
+pub use scan::{ExpiryPosition, RecordScan};
 pub use settings::{DEFAULT_LEASE, DEFAULT_RETENTION, Settings};
 pub use store::{
     Applied, Claim, Claimed, LeaseStore, Operation, RecordCount, RecordFilter, RecordGlance,

@@ -1,12 +1,14 @@
 //! Schema, inspection and retention for operators and the `idem` command:
-//! [`RecordStore`] over the same table.
+//! [`RecordStore`] over the same table, and [`RecordScan`]'s bounded pages
+//! for the effect auditor.
 //!
 //! Retention is enforced by deleting expired records in bounded batches; each
 //! batch skips rows a running transaction holds (`FOR UPDATE SKIP LOCKED`), so a
 //! sweep never waits for, nor blocks, the protocol.
 
 use idem_core::{
-    Error, IdempotencyKey, Record, RecordCount, RecordFilter, RecordGlance, RecordStore, Scope,
+    Error, ExpiryPosition, IdempotencyKey, Record, RecordCount, RecordFilter, RecordGlance,
+    RecordScan, RecordStore, Scope,
 };
 
 use crate::records;
@@ -71,6 +73,29 @@ impl RecordStore for PgStore {
     async fn glance(&self) -> Result<RecordGlance, Error> {
         let now = self.clock().now();
         records::glance(self.pool(), now)
+            .await
+            .map_err(|e| self.fail(e))
+    }
+}
+
+impl RecordScan for PgStore {
+    async fn records_of(&self, keys: &[(Scope, IdempotencyKey)]) -> Result<Vec<Record>, Error> {
+        let pairs: Vec<(&Scope, &IdempotencyKey)> = keys.iter().map(|(s, k)| (s, k)).collect();
+        let mut conn = self.pool().acquire().await.map_err(|e| self.fail(e))?;
+        records::fetch_all(&mut conn, &pairs)
+            .await
+            .map_err(|e| self.fail(e))
+    }
+
+    async fn records_by_expiry(
+        &self,
+        scopes: &[Scope],
+        after: Option<&ExpiryPosition>,
+        limit: usize,
+    ) -> Result<Vec<Record>, Error> {
+        let scopes: Vec<&str> = scopes.iter().map(Scope::as_str).collect();
+        let after = after.map(|p| (p.expires_at, p.scope.as_str(), p.key.as_str()));
+        records::by_expiry(self.pool(), &scopes, after, limit)
             .await
             .map_err(|e| self.fail(e))
     }

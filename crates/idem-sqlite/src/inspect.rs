@@ -1,12 +1,13 @@
 //! Schema, inspection and retention for operators and the `idem` command:
-//! [`RecordStore`] over the same table.
+//! [`RecordStore`] over the same table, and [`RecordScan`]'s bounded pages
+//! for the effect auditor.
 //!
 //! Reads go to a reader connection; migrations and the bounded sweeps of
 //! expired records go to the writer.
 
 use idem_core::{
-    Error, IdempotencyKey, Record, RecordCount, RecordFilter, RecordGlance, RecordStore, Scope,
-    Settings,
+    Error, ExpiryPosition, IdempotencyKey, Record, RecordCount, RecordFilter, RecordGlance,
+    RecordScan, RecordStore, Scope, Settings,
 };
 
 use crate::store::SqliteStore;
@@ -60,6 +61,41 @@ impl RecordStore for SqliteStore {
         let now = self.clock().now();
         self.connections()
             .read(move |conn| records::glance(conn, now))
+            .await
+    }
+}
+
+impl RecordScan for SqliteStore {
+    async fn records_of(&self, keys: &[(Scope, IdempotencyKey)]) -> Result<Vec<Record>, Error> {
+        let keys: Vec<(String, String)> = keys
+            .iter()
+            .map(|(scope, key)| (scope.to_string(), key.to_string()))
+            .collect();
+        self.connections()
+            .read(move |conn| {
+                let pairs: Vec<(&str, &str)> =
+                    keys.iter().map(|(s, k)| (s.as_str(), k.as_str())).collect();
+                records::select_many(conn, &pairs)
+            })
+            .await
+    }
+
+    async fn records_by_expiry(
+        &self,
+        scopes: &[Scope],
+        after: Option<&ExpiryPosition>,
+        limit: usize,
+    ) -> Result<Vec<Record>, Error> {
+        let scopes: Vec<String> = scopes.iter().map(Scope::to_string).collect();
+        let after = after.map(|p| (p.expires_at.0, p.scope.to_string(), p.key.to_string()));
+        self.connections()
+            .read(move |conn| {
+                let scopes: Vec<&str> = scopes.iter().map(String::as_str).collect();
+                let after = after
+                    .as_ref()
+                    .map(|(at, scope, key)| (*at, scope.as_str(), key.as_str()));
+                records::by_expiry(conn, &scopes, after, limit)
+            })
             .await
     }
 }

@@ -230,6 +230,37 @@ pub(crate) fn end_claim(
     Ok(changed == 1)
 }
 
+/// At most `limit` records of `scopes` after `after`, by window end, then
+/// scope, then key: one range of the `expires_at` index. (`+scope` keeps
+/// the planner off the primary key, which would read every record of the
+/// scope and sort them for each page.)
+pub(crate) fn by_expiry(
+    conn: &Connection,
+    scopes: &[&str],
+    after: Option<(i64, &str, &str)>,
+    limit: usize,
+) -> Result<Vec<Record>, Error> {
+    let scopes = serde_json::to_string(scopes).expect("strings always serialize");
+    let (expires_at, scope, key) = after.unwrap_or((i64::MIN, "", ""));
+    let mut stmt = conn
+        .prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM idem_records \
+             WHERE +scope IN (SELECT value FROM json_each(?1)) \
+               AND expires_at >= ?2 AND (expires_at, scope, key) > (?2, ?3, ?4) \
+             ORDER BY expires_at, scope, key LIMIT ?5"
+        ))
+        .map_err(|e| map_error("prepare the page of records", e))?;
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let rows = stmt
+        .query_map(params![scopes, expires_at, scope, key, limit], raw)
+        .map_err(|e| map_error("read a page of records", e))?;
+    rows.map(|row| {
+        row.map_err(|e| map_error("read a page of records", e))
+            .and_then(RawRow::into_record)
+    })
+    .collect()
+}
+
 /// Records matching `filter`, newest first.
 pub(crate) fn list(conn: &Connection, filter: &RecordFilter) -> Result<Vec<Record>, Error> {
     let mut stmt = conn

@@ -466,6 +466,21 @@ impl idem_core::DeadLetterStore for AnyStore {
     }
 }
 
+impl idem_core::RecordScan for AnyStore {
+    async fn records_of(&self, keys: &[(Scope, IdempotencyKey)]) -> Result<Vec<Record>, Error> {
+        sql_store!(self, "the effect auditor", s => s.records_of(keys).await)
+    }
+
+    async fn records_by_expiry(
+        &self,
+        scopes: &[Scope],
+        after: Option<&idem_core::ExpiryPosition>,
+        limit: usize,
+    ) -> Result<Vec<Record>, Error> {
+        sql_store!(self, "the effect auditor", s => s.records_by_expiry(scopes, after, limit).await)
+    }
+}
+
 impl idem_core::AdminStore for AnyStore {
     async fn evict(&self, seen: &Record, actor: &str) -> Result<idem_core::RecordAction, Error> {
         each_store!(self, s => s.evict(seen, actor).await)

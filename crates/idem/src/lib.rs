@@ -60,6 +60,8 @@ pub use idem_core::{
     Clock, DEFAULT_LEASE, DEFAULT_RETENTION, ManualClock, Record, RecordCount, RecordFilter,
     RecordGlance, RecordState, RecordStore, Settings, SharedClock, SystemClock, Timestamp,
 };
+// Bounded pages of records, for a process that walks them all (the effect auditor).
+pub use idem_core::{ExpiryPosition, RecordScan};
 // Errors.
 pub use idem_core::{ApplyError, Error, ErrorKind, StoreError, error_chain};
 // The outbox, dead letters and failed attempts per message.

@@ -7,16 +7,24 @@
 //! columns are ignored. Rows come in the order the query gives them, which
 //! must be the commit order: the query says `ORDER BY`. A `NULL` in an
 //! optional column is the same as the column being absent.
+//!
+//! The effect auditor reads the same query in pages instead ([`Pages`]):
+//! the query also returns an integer cursor column that grows with every
+//! row (an id), and optionally `at_ms`, when the effect was written
+//! (milliseconds since the Unix epoch); each page is the rows past the last
+//! cursor read, in cursor order, at most a batch of them.
 
+mod pages;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
+pub use pages::Pages;
 #[cfg(feature = "postgres")]
-pub use postgres::postgres;
+pub use postgres::{PgPages, postgres};
 #[cfg(feature = "sqlite")]
-pub use sqlite::sqlite;
+pub use sqlite::{SqlitePages, sqlite};
 
 use super::Effect;
 
@@ -39,6 +47,21 @@ pub enum QueryError {
     /// The database refused or failed the query.
     #[error("the effects query failed")]
     Failed(#[source] Source),
+    /// The cursor column is not a plain column name.
+    #[error(
+        "the cursor column {0:?} is not a column name; give the name (letters, digits and _) of the integer column the query returns that grows with every row, such as id"
+    )]
+    BadCursorColumn(String),
+    /// The query returns no cursor column.
+    #[error(
+        "the effects query returns no column {cursor:?} (it returns: {found}); return the integer that grows with every row under that name, or name it with --cursor-column"
+    )]
+    NoCursorColumn {
+        /// The cursor column asked for.
+        cursor: String,
+        /// The columns it returns, comma-separated.
+        found: String,
+    },
     /// The query returns no `key` column.
     #[error(
         "the effects query returns no column \"key\" (it returns: {found}); name the key column with AS key"
@@ -66,6 +89,7 @@ struct Columns {
     scope: Option<usize>,
     resource: Option<usize>,
     fence: Option<usize>,
+    at_ms: Option<usize>,
 }
 
 impl Columns {
@@ -85,6 +109,7 @@ impl Columns {
             scope: position("scope"),
             resource: position("resource"),
             fence: position("fence"),
+            at_ms: position("at_ms"),
         })
     }
 

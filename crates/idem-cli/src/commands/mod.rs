@@ -3,6 +3,7 @@
 //! lab (`idem dup-proxy`, `idem torture`, `idem conformance`) the `idem-proof` crate's, apart
 //! from the product.
 
+pub(crate) mod audit;
 mod audit_log;
 pub(crate) mod check;
 mod confirm;
@@ -75,6 +76,13 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::DupProxy(args) => dup_proxy::run(&args).await,
         Command::Conformance(args) => conformance::run(&args).await,
         Command::Check(args) => check::run(store, &args).await,
+        Command::Audit(args) => {
+            atomic(
+                store,
+                "idem audit (it reads the effects a service writes in the store's database)",
+            )?;
+            audit::run(open(store).await?, &location(store)?, &args).await
+        }
         Command::Torture(args) => torture::run(&args).await,
     }
 }

@@ -306,6 +306,36 @@ pub(crate) async fn end_claim(
     Ok(())
 }
 
+/// At most `limit` records of `scopes` after `after`, by window end, then
+/// scope, then key: one range of the `expires_at` index.
+pub(crate) async fn by_expiry<'e>(
+    db: impl PgExecutor<'e>,
+    scopes: &[&str],
+    after: Option<(Timestamp, &str, &str)>,
+    limit: usize,
+) -> sqlx::Result<Vec<Record>> {
+    let (expires_at, scope, key) = after.unwrap_or((Timestamp(i64::MIN), "", ""));
+    sqlx::query(concat!(
+        "SELECT ",
+        record_columns!(),
+        " FROM idem_records \
+          WHERE scope = ANY($1) AND expires_at >= $2 \
+            AND (expires_at, scope, key) > ($2, $3::text, $4::text) \
+          ORDER BY expires_at, scope, key \
+          LIMIT $5"
+    ))
+    .bind(scopes)
+    .bind(expires_at.0)
+    .bind(scope)
+    .bind(key)
+    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+    .fetch_all(db)
+    .await?
+    .iter()
+    .map(row::record)
+    .collect()
+}
+
 /// Records matching `filter`, newest first.
 pub(crate) async fn list<'e>(
     db: impl PgExecutor<'e>,
