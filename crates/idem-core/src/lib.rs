@@ -82,6 +82,6 @@ pub use protocol::{Decision, Plan, decide};
 pub use record::{FencingToken, Record, RecordSeed, RecordState, UnknownState};
 pub use settings::{DEFAULT_LEASE, DEFAULT_RETENTION, Settings};
 pub use store::{
-    Applied, Claim, Claimed, LeaseStore, Operation, RecordCount, RecordFilter, RecordGlance,
-    RecordStore,
+    Applied, Claim, Claimed, LeaseStore, Operation, RecordCount, RecordCursor, RecordFilter,
+    RecordGlance, RecordStore,
 };

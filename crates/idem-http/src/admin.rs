@@ -167,16 +167,18 @@ impl AdminToken {
 
     /// Whether `header` (an `Authorization` value) is `Bearer <this token>`,
     /// compared in constant time.
-    fn admits(&self, header: Option<&http::HeaderValue>) -> bool {
-        let Some(given) = header
+    pub fn admits(&self, header: Option<&http::HeaderValue>) -> bool {
+        header
             .and_then(|value| value.to_str().ok())
             .and_then(|value| {
                 let (scheme, token) = value.trim().split_once(' ')?;
                 scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
             })
-        else {
-            return false;
-        };
+            .is_some_and(|given| self.is(given))
+    }
+
+    /// Whether `given` is this token, compared in constant time.
+    pub fn is(&self, given: &str) -> bool {
         // blake3's Hash compares in constant time, and hashing first hides
         // the length too.
         blake3::hash(given.as_bytes()) == blake3::hash(self.0.as_bytes())

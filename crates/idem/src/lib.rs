@@ -57,8 +57,9 @@ pub use idem_core::{
 };
 // Records: inspection, retention and their settings; time.
 pub use idem_core::{
-    Clock, DEFAULT_LEASE, DEFAULT_RETENTION, ManualClock, Record, RecordCount, RecordFilter,
-    RecordGlance, RecordState, RecordStore, Settings, SharedClock, SystemClock, Timestamp,
+    Clock, DEFAULT_LEASE, DEFAULT_RETENTION, ManualClock, Record, RecordCount, RecordCursor,
+    RecordFilter, RecordGlance, RecordState, RecordStore, Settings, SharedClock, SystemClock,
+    Timestamp,
 };
 // Errors.
 pub use idem_core::{ApplyError, Error, ErrorKind, StoreError, error_chain};

@@ -7,6 +7,7 @@ mod audit_log;
 pub(crate) mod check;
 mod confirm;
 pub(crate) mod conformance;
+mod console;
 mod demo;
 pub(crate) mod dlq;
 pub(crate) mod dup_proxy;
@@ -44,6 +45,7 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
             keys::release(&open(store).await?, &args).await
         }
         Command::AuditLog(args) => audit_log::run(&open(store).await?, &args).await,
+        Command::Console(args) => console::run(open(store).await?, &args).await,
         Command::Gc(args) => gc::run(&open(store).await?, &args).await,
         Command::Demo(args) => demo::run(atomic(store, "idem demo")?, &args).await,
         Command::Bench(command) => idem_bench::run(atomic(store, "idem bench")?, &command).await,
