@@ -141,10 +141,15 @@ pub(crate) fn done(caller: &Caller, title: &str, what: Markup) -> Response {
     )
 }
 
-/// 404 for pages.
-pub(crate) async fn not_found() -> impl IntoResponse {
+/// 404: a problem document under `/api/`, a page elsewhere.
+pub(crate) async fn not_found(uri: axum::http::Uri) -> Response {
+    if uri.path().starts_with("/api/") {
+        return Problem::not_found("no such API path; /api/v1/openapi.json lists them")
+            .into_response();
+    }
     PageError(Problem::new(
         StatusCode::NOT_FOUND,
         "no such page; the navigation above lists them",
     ))
+    .into_response()
 }
