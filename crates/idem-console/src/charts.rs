@@ -51,8 +51,10 @@ pub struct Series {
     pub unit: String,
     /// Where the figures come from.
     pub source: String,
-    /// The points, oldest first; empty when the source is not there.
+    /// The points, oldest first.
     pub points: Vec<Point>,
+    /// Why there are no points, when there are none.
+    pub missing: Option<String>,
 }
 
 fn now_ms() -> i64 {
@@ -170,32 +172,55 @@ impl Charts {
         };
         let process = "counted by this process";
         let store = "read from the store";
-        vec![
+        let series = vec![
             Series {
                 name: "duplicates suppressed".into(),
                 unit: "per sample".into(),
                 source: process.into(),
                 points: increases(|s| s.duplicates),
+                missing: None,
             },
             Series {
                 name: "key conflicts".into(),
                 unit: "per sample".into(),
                 source: process.into(),
                 points: increases(|s| s.conflicts),
+                missing: None,
             },
             Series {
                 name: "dead letters waiting".into(),
                 unit: "letters".into(),
                 source: store.into(),
                 points: read(|s| s.dead_letters),
+                missing: None,
             },
             Series {
                 name: "outbox lag".into(),
                 unit: "seconds".into(),
                 source: store.into(),
                 points: read(|s| s.outbox_lag_s),
+                missing: None,
             },
-        ]
+        ];
+        let counted = samples.iter().any(|s| s.duplicates.is_some());
+        let kept = samples.iter().any(|s| s.dead_letters.is_some());
+        series
+            .into_iter()
+            .map(|mut series| {
+                let from_process = series.source == process;
+                series.missing = series.points.is_empty().then(|| {
+                    if from_process && !samples.is_empty() && !counted {
+                        "this process counts no requests (idem console alone); the console of idem serve --admin-listen shows them"
+                    } else if !from_process && !samples.is_empty() && !kept {
+                        "this store keeps none"
+                    } else {
+                        "no samples yet: the first come within a minute of the start"
+                    }
+                    .to_owned()
+                });
+                series
+            })
+            .collect()
     }
 }
 
@@ -243,18 +268,10 @@ pub fn chart(series: &Series) -> Markup {
             p.muted {
                 @match last {
                     Some(value) => { "now " (format_value(value)) " · " (series.points.len()) " samples" },
-                    None => { "no figures: " (no_figures(series)) },
+                    None => { (series.missing.as_deref().unwrap_or("no figures")) },
                 }
             }
         }
-    }
-}
-
-fn no_figures(series: &Series) -> &'static str {
-    if series.source.contains("process") {
-        "this process counts no requests (idem console alone); idem serve --admin-listen shows them"
-    } else {
-        "the store keeps none"
     }
 }
 

@@ -125,9 +125,12 @@ impl Served {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let console = Console::new(store.clone(), access);
+        // Samples often enough for the charts to show a line in a test.
+        let charts = console.start_charts(None, Duration::from_millis(250));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(idem_console::serve(listener, console, async move {
             let _ = stopped.await;
+            charts.abort();
         }));
         Self {
             addr,
