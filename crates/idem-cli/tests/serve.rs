@@ -428,7 +428,9 @@ async fn the_admin_listener_serves_the_operator_console() {
     let serve = Serve::start(&args, &[]);
     let admin = serve.admin.expect("an admin address");
     for _ in 0..2 {
-        let paid = send(serve.addr, "POST", "/pay", Some("order-7")).await.unwrap();
+        let paid = send(serve.addr, "POST", "/pay", Some("order-7"))
+            .await
+            .unwrap();
         assert_eq!(paid.status, StatusCode::CREATED);
     }
     let listed = send(admin, "GET", "/api/v1/records?key_prefix=order-", None)

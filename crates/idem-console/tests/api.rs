@@ -177,7 +177,7 @@ async fn in_flight_claims_are_split_by_their_lease(t: TestStore) {
     assert_eq!(claims["expired"][0]["lease"], "expired");
     let page = client.get(&served.url("/in-flight"), &[]).await;
     assert!(page.body.contains("awaiting a takeover"));
-    assert!(page.body.contains("data-lease-until"));
+    assert!(page.body.contains("data-lease-left-ms=\"29000\""));
     let overview = client
         .get(&served.url("/api/v1/overview"), &[])
         .await

@@ -108,6 +108,31 @@ async fn shot(browser: &Client, dir: &std::path::Path, name: &str) {
     std::fs::write(dir.join(format!("{name}.png")), png).unwrap();
 }
 
+/// Clicks what `locator` finds, then waits until the page that click
+/// opens has replaced this one and loaded.
+async fn click_to(browser: &Client, locator: Locator<'_>) {
+    let old = browser.find(Locator::Css("html")).await.unwrap();
+    browser
+        .find(locator)
+        .await
+        .unwrap_or_else(|e| panic!("nothing to click: {e}"))
+        .click()
+        .await
+        .unwrap();
+    for _ in 0..200 {
+        let replaced = old.attr("lang").await.is_err();
+        let ready = browser
+            .execute("return document.readyState", vec![])
+            .await
+            .is_ok_and(|state| state == "complete");
+        if replaced && ready {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the click did not lead to a new page within 10 s");
+}
+
 async fn text(browser: &Client, css: &str) -> String {
     browser
         .find(Locator::Css(css))
@@ -190,32 +215,32 @@ async fn operator_walk(t: TestStore, name: &str) {
         .send_keys("pay-00")
         .await
         .unwrap();
-    browser
-        .find(Locator::Css("form.filters button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click_to(&browser, Locator::Css("form.filters button")).await;
     let listed = browser
         .find_all(Locator::Css("table.records tbody tr"))
         .await
         .unwrap();
     assert_eq!(listed.len(), 6, "the six pay-00x records");
     shot(&browser, &dir, "records").await;
-    browser
-        .find(Locator::LinkText("pay-004"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click_to(&browser, Locator::LinkText("pay-004")).await;
     assert!(text(&browser, "#body").await.contains("\"amount\":4800"));
     shot(&browser, &dir, "record").await;
 
     browser.goto(&served.url("/in-flight")).await.unwrap();
     let expired = text(&browser, "body").await;
     assert!(expired.contains("pay-stuck") && expired.contains("awaiting a takeover"));
+    let leases = browser
+        .find_all(Locator::Css("[data-lease-left-ms]"))
+        .await
+        .unwrap();
+    assert!(
+        leases[0].text().await.unwrap().ends_with("s left"),
+        "pay-running counts down"
+    );
+    assert!(
+        leases[1].text().await.unwrap().starts_with("ended"),
+        "pay-stuck ended"
+    );
     shot(&browser, &dir, "in-flight").await;
 
     // See a dead letter, redrive it, and see the consumer apply it once.
@@ -227,35 +252,17 @@ async fn operator_walk(t: TestStore, name: &str) {
     );
     shot(&browser, &dir, "dead-letters").await;
     let letter_link = letter.to_string();
-    browser
-        .find(Locator::LinkText(&letter_link))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click_to(&browser, Locator::LinkText(&letter_link)).await;
     assert!(text(&browser, "#payload").await.contains("refund-17"));
     shot(&browser, &dir, "dead-letter").await;
-    browser
-        .find(Locator::Id("redrive"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click_to(&browser, Locator::Id("redrive")).await;
     assert!(
         text(&browser, "#consequence")
             .await
             .contains("original idempotency key")
     );
     shot(&browser, &dir, "redrive-confirm").await;
-    browser
-        .find(Locator::Id("confirm"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click_to(&browser, Locator::Id("confirm")).await;
     assert_eq!(text(&browser, "#redriven").await, "1 redriven, 0 failed.");
     assert_eq!(consumer.counts(), (1, 1), "delivered and applied once");
     assert!(
@@ -273,13 +280,7 @@ async fn operator_walk(t: TestStore, name: &str) {
         .goto(&served.url("/records/show?scope=POST:/v1/payments&key=pay-002"))
         .await
         .unwrap();
-    browser
-        .find(Locator::Id("evict"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click_to(&browser, Locator::Id("evict")).await;
     browser
         .find(Locator::Id("actor"))
         .await
@@ -288,13 +289,7 @@ async fn operator_walk(t: TestStore, name: &str) {
         .await
         .unwrap();
     shot(&browser, &dir, "evict-confirm").await;
-    browser
-        .find(Locator::Id("confirm"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click_to(&browser, Locator::Id("confirm")).await;
     assert!(text(&browser, ".notice").await.contains("Audit entry"));
     let scope = Scope::new("POST:/v1/payments").unwrap();
     let key = IdempotencyKey::new("pay-002").unwrap();
@@ -331,13 +326,7 @@ async fn operator_walk(t: TestStore, name: &str) {
         .await
         .unwrap();
     shot(&browser, &dir, "login").await;
-    browser
-        .find(Locator::Css("form button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click_to(&browser, Locator::Css("main form button")).await;
     browser
         .goto(&guarded.url("/records/show?scope=POST:/v1/payments&key=pay-003"))
         .await

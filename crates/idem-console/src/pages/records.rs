@@ -28,8 +28,8 @@ pub(crate) fn record_href(scope: &str, key: &str) -> String {
 /// The lease of a record, counting down in the browser while it runs.
 pub(crate) fn lease(record: &RecordView) -> Markup {
     match (record.lease, record.lease_until_ms) {
-        (LeaseState::Alive | LeaseState::Expired, Some(until)) => html! {
-            span data-lease-until=(until) class=[(record.lease == LeaseState::Expired).then_some("lease-expired")] {
+        (LeaseState::Alive | LeaseState::Expired, Some(_)) => html! {
+            span data-lease-left-ms=[record.lease_remaining_ms] class=[(record.lease == LeaseState::Expired).then_some("lease-expired")] {
                 @match record.lease_remaining_ms {
                     Some(left) if left > 0 => { (crate::view::span(left)) " left" }
                     Some(left) => { "ended " (crate::view::span(-left)) " ago: a retry takes it over" }
