@@ -33,6 +33,23 @@ if ! command -v promtool >/dev/null 2>&1; then
     exit 1
   fi
 fi
+# The console's browser tests drive headless Chromium through chromedriver:
+# Debian's chromium and chromium-driver, installed (as root, or with sudo)
+# when missing.
+if ! command -v chromedriver >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1; then
+  echo "[test] chromium or chromedriver not found; installing Debian's chromium and chromium-driver" >&2
+  as_root=()
+  if [ "$(id -u)" != 0 ]; then
+    as_root=(sudo)
+  fi
+  if ! { "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2 \
+    && "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >&2 \
+    && command -v chromedriver >/dev/null && command -v chromium >/dev/null; }; then
+    echo "[test] could not install chromium and chromium-driver (Debian's packages); install them and run again" >&2
+    exit 1
+  fi
+fi
+
 promtool check rules ops/prometheus/idem-alerts.yml
 promtool test rules ops/prometheus/idem-alerts.test.yml
 
@@ -53,5 +70,9 @@ bash scripts/fuzz-smoke.sh
 
 # Every publishable crate packaged as crates.io would get it (no build: tens of seconds).
 bash scripts/package.sh
+
+# The console's API against its own OpenAPI document, with schemathesis
+# (from PyPI, into a venv in the cache): no 5xx, every error a problem body.
+bash scripts/console-api-check.sh
 
 cargo nextest run --workspace --all-targets --no-fail-fast

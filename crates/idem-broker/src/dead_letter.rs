@@ -80,6 +80,59 @@ pub fn observe_stats(stats: &DeadLetterStats, now: Timestamp) {
     metrics::gauge!("dead_letter_oldest_age_seconds").set(age);
 }
 
+/// What a letter died of: the first line of its last error, which names the
+/// failure without the details that differ from one letter to the next.
+pub fn cause(letter: &DeadLetter) -> &str {
+    match letter.last_error.lines().next().map(str::trim) {
+        Some(line) if !line.is_empty() => line,
+        _ => "(no error text)",
+    }
+}
+
+/// The letters of one [`cause`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CauseGroup {
+    /// The cause.
+    pub cause: String,
+    /// How many letters.
+    pub letters: u64,
+    /// How many of them still wait (neither redriven nor archived).
+    pub waiting: u64,
+    /// Who gave up on them.
+    pub origins: std::collections::BTreeSet<String>,
+    /// When the oldest was recorded.
+    pub oldest: Timestamp,
+    /// When the newest was recorded.
+    pub newest: Timestamp,
+}
+
+/// `letters` by [`cause`], the largest group first (then by cause).
+pub fn group_by_cause(letters: &[DeadLetter]) -> Vec<CauseGroup> {
+    let mut groups: std::collections::BTreeMap<&str, CauseGroup> = Default::default();
+    for letter in letters {
+        let group = groups.entry(cause(letter)).or_insert_with(|| CauseGroup {
+            cause: cause(letter).to_owned(),
+            letters: 0,
+            waiting: 0,
+            origins: Default::default(),
+            oldest: letter.dead_at,
+            newest: letter.dead_at,
+        });
+        group.letters += 1;
+        group.waiting += u64::from(letter.is_waiting());
+        group.origins.insert(letter.origin.clone());
+        group.oldest = group.oldest.min(letter.dead_at);
+        group.newest = group.newest.max(letter.dead_at);
+    }
+    let mut groups: Vec<CauseGroup> = groups.into_values().collect();
+    groups.sort_by(|a, b| {
+        b.letters
+            .cmp(&a.letters)
+            .then_with(|| a.cause.cmp(&b.cause))
+    });
+    groups
+}
+
 /// Why a redrive failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

@@ -56,6 +56,10 @@ pub(crate) enum Command {
     /// discard and archive): who, when, what, and the record or letter as
     /// it was. Newest first.
     AuditLog(AuditLogArgs),
+    /// The operator console: web pages and a JSON API over the store's
+    /// records, in-flight claims, dead letters, outbox and audit log, with
+    /// eviction and redrive. Loopback only unless given a token file.
+    Console(ConsoleArgs),
     /// For staging: a reverse proxy that sends a share of the requests twice
     /// and reports the routes that answer the copy as a new request.
     DupProxy(crate::commands::dup_proxy::DupProxyArgs),
@@ -113,6 +117,26 @@ pub(crate) struct ChangeArgs {
     pub key: String,
     #[command(flatten)]
     pub confirm: ConfirmArgs,
+}
+
+/// `idem console`
+#[derive(Debug, Args)]
+pub(crate) struct ConsoleArgs {
+    /// Where to serve the console. Any address but a loopback one needs
+    /// --token-file.
+    #[arg(long, default_value = "127.0.0.1:9300", value_name = "ADDR")]
+    pub listen: std::net::SocketAddr,
+    /// A file holding the operator token (read and act); callers send it as
+    /// `Authorization: Bearer <token>`, browsers sign in with it once.
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<std::path::PathBuf>,
+    /// A file holding a read-only token: its pages show no actions, and
+    /// its actions are refused.
+    #[arg(long, value_name = "FILE")]
+    pub read_only_token_file: Option<std::path::PathBuf>,
+    /// How often the last hour's charts take a sample.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub sample_every: std::time::Duration,
 }
 
 /// `idem audit-log`

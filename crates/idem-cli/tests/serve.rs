@@ -406,6 +406,50 @@ async fn sigterm_lets_the_request_in_flight_finish_and_its_answer_is_kept() {
     assert!(text.contains("dedupe_records 1"), "{text}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_admin_listener_serves_the_operator_console() {
+    let upstream = Upstream::new();
+    upstream.gate.add_permits(10);
+    let up = upstream.start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_in(&dir);
+    let upstream_url = format!("http://{up}");
+    let args = [
+        "--store",
+        &store,
+        "serve",
+        "--upstream",
+        &upstream_url,
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+    ];
+    let serve = Serve::start(&args, &[]);
+    let admin = serve.admin.expect("an admin address");
+    for _ in 0..2 {
+        let paid = send(serve.addr, "POST", "/pay", Some("order-7"))
+            .await
+            .unwrap();
+        assert_eq!(paid.status, StatusCode::CREATED);
+    }
+    let listed = send(admin, "GET", "/api/v1/records?key_prefix=order-", None)
+        .await
+        .unwrap();
+    assert_eq!(listed.status, StatusCode::OK);
+    let listed: serde_json::Value = serde_json::from_slice(&listed.body).unwrap();
+    let records = listed["records"].as_array().unwrap();
+    assert_eq!(records.len(), 1, "{listed}");
+    assert_eq!(records[0]["key"], "order-7");
+    assert_eq!(records[0]["state"], "completed");
+    let page = send(admin, "GET", "/records", None).await.unwrap();
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(String::from_utf8_lossy(&page.body).contains("order-7"));
+    let metrics = send(admin, "GET", "/metrics", None).await.unwrap();
+    assert_eq!(metrics.status, StatusCode::OK);
+    assert_eq!(upstream.calls(), 1);
+}
+
 #[test]
 fn settings_come_from_flags_then_environment_then_file() {
     let dir = tempfile::tempdir().unwrap();

@@ -85,6 +85,6 @@ pub use record::{FencingToken, Record, RecordSeed, RecordState, UnknownState};
 pub use scan::{ExpiryPosition, RecordScan};
 pub use settings::{DEFAULT_LEASE, DEFAULT_RETENTION, Settings};
 pub use store::{
-    Applied, Claim, Claimed, LeaseStore, Operation, RecordCount, RecordFilter, RecordGlance,
-    RecordStore, Replay,
+    Applied, Claim, Claimed, LeaseStore, Operation, RecordCount, RecordCursor, RecordFilter,
+    RecordGlance, RecordStore, Replay,
 };

@@ -267,8 +267,59 @@ pub struct RecordFilter {
     pub scope: Option<Scope>,
     /// Only this state.
     pub state: Option<RecordState>,
+    /// Only keys that start with this text.
+    pub key_prefix: Option<String>,
+    /// Only records listed after this one, newest first: the next page of a
+    /// listing that ended with it.
+    pub after: Option<RecordCursor>,
     /// At most this many (newest first); `None` for all.
     pub limit: Option<usize>,
+}
+
+/// Where a page of records ended: the last record's creation time, scope and
+/// key. Listings are ordered newest first, then by scope and key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordCursor {
+    /// The last record's creation time.
+    pub created_at: Timestamp,
+    /// Its scope.
+    pub scope: Scope,
+    /// Its key.
+    pub key: IdempotencyKey,
+}
+
+impl RecordCursor {
+    /// The cursor after `record`.
+    pub fn after(record: &Record) -> Self {
+        Self {
+            created_at: record.created_at,
+            scope: record.scope.clone(),
+            key: record.key.clone(),
+        }
+    }
+
+    /// Whether `record` comes after this cursor in the listing order (newest
+    /// first, then scope, then key).
+    pub fn precedes(&self, record: &Record) -> bool {
+        record.created_at < self.created_at
+            || (record.created_at == self.created_at
+                && (record.scope.as_str(), record.key.as_str())
+                    > (self.scope.as_str(), self.key.as_str()))
+    }
+}
+
+impl RecordFilter {
+    /// Whether `record` passes the filter's conditions (scope, state, key
+    /// prefix, cursor); the limit is the listing's.
+    pub fn admits(&self, record: &Record) -> bool {
+        self.scope.as_ref().is_none_or(|s| *s == record.scope)
+            && self.state.is_none_or(|s| s == record.state)
+            && self
+                .key_prefix
+                .as_deref()
+                .is_none_or(|p| record.key.as_str().starts_with(p))
+            && self.after.as_ref().is_none_or(|c| c.precedes(record))
+    }
 }
 
 /// Inspection, schema and retention, for operators and the `idem` command.

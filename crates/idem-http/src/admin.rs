@@ -167,16 +167,18 @@ impl AdminToken {
 
     /// Whether `header` (an `Authorization` value) is `Bearer <this token>`,
     /// compared in constant time.
-    fn admits(&self, header: Option<&http::HeaderValue>) -> bool {
-        let Some(given) = header
+    pub fn admits(&self, header: Option<&http::HeaderValue>) -> bool {
+        header
             .and_then(|value| value.to_str().ok())
             .and_then(|value| {
                 let (scheme, token) = value.trim().split_once(' ')?;
                 scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
             })
-        else {
-            return false;
-        };
+            .is_some_and(|given| self.is(given))
+    }
+
+    /// Whether `given` is this token, compared in constant time.
+    pub fn is(&self, given: &str) -> bool {
         // blake3's Hash compares in constant time, and hashing first hides
         // the length too.
         blake3::hash(given.as_bytes()) == blake3::hash(self.0.as_bytes())
@@ -204,10 +206,26 @@ pub async fn start_admin_with_token<St>(
 where
     St: RecordStore + 'static,
 {
+    start_admin_with_routes(addr, store, token, Router::new()).await
+}
+
+/// [`start_admin_with_token`], serving `routes` beside `/metrics` and
+/// `/healthz` (the operator console of `idem serve`). The token guards the
+/// admin's own paths; `routes` check their callers themselves, and are told
+/// each caller's address (`ConnectInfo<SocketAddr>`).
+pub async fn start_admin_with_routes<St>(
+    addr: SocketAddr,
+    store: St,
+    token: Option<AdminToken>,
+    routes: Router,
+) -> Result<AdminServer, AdminError>
+where
+    St: RecordStore + 'static,
+{
     check_access(addr, token.as_ref())?;
     let metrics = metrics_recorder()?;
     spawn(addr, move |listener, shutdown| {
-        serve_admin_with_token(listener, store, metrics, token, shutdown)
+        serve_admin_with_routes(listener, store, metrics, token, routes, shutdown)
     })
     .await
 }
@@ -344,6 +362,20 @@ pub async fn serve_admin_with_token<St>(
 where
     St: RecordStore + 'static,
 {
+    serve_admin_with_routes(listener, store, metrics, token, Router::new(), shutdown).await
+}
+
+async fn serve_admin_with_routes<St>(
+    listener: TcpListener,
+    store: St,
+    metrics: PrometheusHandle,
+    token: Option<AdminToken>,
+    routes: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()>
+where
+    St: RecordStore + 'static,
+{
     let admin = Arc::new(Admin {
         store,
         metrics,
@@ -353,10 +385,13 @@ where
         .route("/metrics", get(scrape::<St>))
         .route("/healthz", get(health::<St>))
         .with_state(admin);
-    let app = guarded(app, token);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
+    let app = guarded(app, token).merge(routes);
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await
 }
 
 async fn scrape<St: RecordStore>(State(admin): State<Arc<Admin<St>>>) -> impl IntoResponse {

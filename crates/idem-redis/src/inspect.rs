@@ -52,8 +52,7 @@ impl RecordStore for RedisStore {
             .all()
             .await?
             .into_iter()
-            .filter(|r| filter.scope.as_ref().is_none_or(|s| *s == r.scope))
-            .filter(|r| filter.state.is_none_or(|s| s == r.state))
+            .filter(|r| filter.admits(r))
             .collect();
         records.sort_by(|a, b| {
             b.created_at

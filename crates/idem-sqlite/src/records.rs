@@ -267,6 +267,9 @@ pub(crate) fn list(conn: &Connection, filter: &RecordFilter) -> Result<Vec<Recor
         .prepare_cached(&format!(
             "SELECT {COLUMNS} FROM idem_records \
              WHERE (?1 IS NULL OR scope = ?1) AND (?2 IS NULL OR state = ?2) \
+               AND (?4 IS NULL OR substr(key, 1, length(?4)) = ?4) \
+               AND (?5 IS NULL OR created_at < ?5 \
+                    OR (created_at = ?5 AND (scope > ?6 OR (scope = ?6 AND key > ?7)))) \
              ORDER BY created_at DESC, scope, key LIMIT ?3"
         ))
         .map_err(|e| map_error("prepare the listing", e))?;
@@ -278,7 +281,11 @@ pub(crate) fn list(conn: &Connection, filter: &RecordFilter) -> Result<Vec<Recor
             params![
                 filter.scope.as_ref().map(Scope::as_str),
                 filter.state.map(RecordState::as_str),
-                limit
+                limit,
+                filter.key_prefix.as_deref(),
+                filter.after.as_ref().map(|c| c.created_at.0),
+                filter.after.as_ref().map(|c| c.scope.as_str()),
+                filter.after.as_ref().map(|c| c.key.as_str()),
             ],
             raw,
         )

@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use idem_core::{
     Applied, ApplyError, Claimed, Clock, DEFAULT_LEASE, DEFAULT_RETENTION, Error, FencingToken,
-    IdempotencyKey, LeaseStore, ManualClock, Outcome, RecordFilter, RecordState, RecordStore,
-    Scope,
+    IdempotencyKey, LeaseStore, ManualClock, Outcome, RecordCursor, RecordFilter, RecordState,
+    RecordStore, Scope,
 };
 
 use crate::harness::{Gate, op, terminal_outcome};
@@ -480,6 +480,71 @@ pub async fn records_can_be_listed_and_shown_leased<H: LeasedHarness>(h: H) {
     let glance = s.glance().await.unwrap();
     assert_eq!(glance.records, 3);
     assert_eq!(glance.oldest_age, Some(Duration::from_millis(10)));
+}
+
+/// Inspection: a key prefix narrows the listing, and pages that each start
+/// after the last record of the one before list every record once, in the
+/// listing's order, records created at the same instant included.
+pub async fn records_can_be_filtered_by_prefix_and_paged_leased<H: LeasedHarness>(h: H) {
+    let s = h.store();
+    for (scope, key) in [
+        ("s1", "order-1"),
+        ("s2", "order-2"),
+        ("s1", "refund-1"),
+        ("s1", "order-3"),
+    ] {
+        let claim = claimed(&h, &op(scope, key, "x")).await;
+        s.complete(&claim, &Outcome::success(key)).await.unwrap();
+    }
+    h.clock().advance(Duration::from_millis(5));
+    claimed(&h, &op("s1", "order-4", "x")).await;
+
+    let orders = s
+        .list(&RecordFilter {
+            key_prefix: Some("order-".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let keys: Vec<&str> = orders.iter().map(|r| r.key.as_str()).collect();
+    assert_eq!(keys, ["order-4", "order-1", "order-3", "order-2"]);
+    let in_flight_orders = s
+        .list(&RecordFilter {
+            key_prefix: Some("order-".into()),
+            state: Some(RecordState::InFlight),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(in_flight_orders.len(), 1);
+    let none = s
+        .list(&RecordFilter {
+            key_prefix: Some("order-1x".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(none.is_empty());
+
+    let all = s.list(&RecordFilter::default()).await.unwrap();
+    assert_eq!(all.len(), 5);
+    let mut paged = Vec::new();
+    let mut after = None;
+    loop {
+        let page = s
+            .list(&RecordFilter {
+                after: after.clone(),
+                limit: Some(2),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert!(page.len() <= 2);
+        let Some(last) = page.last() else { break };
+        after = Some(RecordCursor::after(last));
+        paged.extend(page);
+    }
+    assert_eq!(paged, all, "the pages, joined, are the whole listing");
 }
 
 /// Many keys claimed over and over across several windows, each window

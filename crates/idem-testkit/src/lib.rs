@@ -65,6 +65,7 @@ macro_rules! leased_conformance_suite {
             the_window_counts_from_the_first_claim_leased,
             retention_is_enforced_by_bounded_sweeps_leased,
             records_can_be_listed_and_shown_leased,
+            records_can_be_filtered_by_prefix_and_paged_leased,
             tokens_never_go_back_across_sweeps,
         );
         $crate::leased_conformance_suite!(@cases $harness; conformance;

@@ -57,8 +57,9 @@ pub use idem_core::{
 };
 // Records: inspection, retention and their settings; time.
 pub use idem_core::{
-    Clock, DEFAULT_LEASE, DEFAULT_RETENTION, ManualClock, Record, RecordCount, RecordFilter,
-    RecordGlance, RecordState, RecordStore, Settings, SharedClock, SystemClock, Timestamp,
+    Clock, DEFAULT_LEASE, DEFAULT_RETENTION, ManualClock, Record, RecordCount, RecordCursor,
+    RecordFilter, RecordGlance, RecordState, RecordStore, Settings, SharedClock, SystemClock,
+    Timestamp,
 };
 // Bounded pages of records, for a process that walks them all (the effect auditor).
 pub use idem_core::{ExpiryPosition, RecordScan};

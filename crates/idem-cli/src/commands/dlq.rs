@@ -10,13 +10,15 @@
 //! waiting); both ask first and log each letter, as it was, in the store's
 //! audit log.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 use idem::{AdminStore, AnyStore, LetterAction, Timestamp};
-use idem_broker::dead_letter::{self, DeadLetter, DeadLetterStore, RedriveError};
+use idem_broker::dead_letter::{
+    self, CauseGroup, DeadLetter, DeadLetterStore, RedriveError, cause, group_by_cause,
+};
 use idem_broker::publish::{self, Publisher};
 use serde_json::{Value, json};
 
@@ -281,48 +283,6 @@ async fn redrive_one(store: &AnyStore, id: i64) -> anyhow::Result<()> {
     }
 }
 
-/// What a letter died of: the first line of its last error.
-fn cause(letter: &DeadLetter) -> &str {
-    match letter.last_error.lines().next().map(str::trim) {
-        Some(line) if !line.is_empty() => line,
-        _ => "(no error text)",
-    }
-}
-
-/// The letters of one cause.
-#[derive(Debug, Default)]
-struct Group {
-    letters: u64,
-    waiting: u64,
-    origins: BTreeSet<String>,
-    oldest: Option<Timestamp>,
-    newest: Option<Timestamp>,
-}
-
-/// The letters by cause, the largest group first.
-fn group_by_cause(letters: &[DeadLetter]) -> Vec<(String, Group)> {
-    let mut groups: BTreeMap<String, Group> = BTreeMap::new();
-    for letter in letters {
-        let group = groups.entry(cause(letter).to_owned()).or_default();
-        group.letters += 1;
-        group.waiting += u64::from(letter.is_waiting());
-        group.origins.insert(letter.origin.clone());
-        group.oldest = Some(
-            group
-                .oldest
-                .map_or(letter.dead_at, |t| t.min(letter.dead_at)),
-        );
-        group.newest = Some(
-            group
-                .newest
-                .map_or(letter.dead_at, |t| t.max(letter.dead_at)),
-        );
-    }
-    let mut groups: Vec<_> = groups.into_iter().collect();
-    groups.sort_by(|a, b| b.1.letters.cmp(&a.1.letters).then_with(|| a.0.cmp(&b.0)));
-    groups
-}
-
 async fn groups(store: &AnyStore, args: &GroupsArgs) -> anyhow::Result<()> {
     let letters = store
         .list_dead_letters(args.limit, args.all)
@@ -332,14 +292,14 @@ async fn groups(store: &AnyStore, args: &GroupsArgs) -> anyhow::Result<()> {
     if args.json {
         let all: Vec<Value> = groups
             .iter()
-            .map(|(cause, group)| {
+            .map(|group| {
                 json!({
-                    "cause": cause,
+                    "cause": group.cause,
                     "letters": group.letters,
                     "waiting": group.waiting,
                     "origins": group.origins,
-                    "oldest_dead_at_ms": group.oldest.map(|t| t.0),
-                    "newest_dead_at_ms": group.newest.map(|t| t.0),
+                    "oldest_dead_at_ms": group.oldest.0,
+                    "newest_dead_at_ms": group.newest.0,
                 })
             })
             .collect();
@@ -354,14 +314,14 @@ async fn groups(store: &AnyStore, args: &GroupsArgs) -> anyhow::Result<()> {
     table
         .load_preset(UTF8_FULL_CONDENSED)
         .set_header(["cause", "letters", "waiting", "origins", "oldest", "newest"]);
-    for (cause, group) in &groups {
+    for group in &groups {
         table.add_row([
-            shorten(cause, 80),
+            shorten(&group.cause, 80),
             group.letters.to_string(),
             group.waiting.to_string(),
             group.origins.iter().cloned().collect::<Vec<_>>().join(", "),
-            group.oldest.map_or_else(String::new, time),
-            group.newest.map_or_else(String::new, time),
+            time(group.oldest),
+            time(group.newest),
         ]);
     }
     println!("{table}");
@@ -414,12 +374,12 @@ async fn redrive_group(store: &AnyStore, given: &str, yes: bool) -> anyhow::Resu
 /// or the start of exactly one; `verb` says what the operator is about to do.
 fn choose_group(letters: &[DeadLetter], given: &str, verb: &str) -> anyhow::Result<String> {
     let groups = group_by_cause(letters);
-    Ok(match groups.iter().find(|(cause, _)| cause == given) {
-        Some((cause, _)) => cause.clone(),
+    Ok(match groups.iter().find(|group| group.cause == given) {
+        Some(group) => group.cause.clone(),
         None => {
             let starting: Vec<&String> = groups
                 .iter()
-                .map(|(cause, _)| cause)
+                .map(|group: &CauseGroup| &group.cause)
                 .filter(|cause| cause.starts_with(given))
                 .collect();
             match starting.as_slice() {

@@ -85,6 +85,7 @@ pub(super) async fn list(store: &AnyStore, args: &LsArgs) -> anyhow::Result<()> 
         scope: args.scope.as_deref().map(Scope::new).transpose()?,
         state: args.state.map(state),
         limit: Some(args.limit),
+        ..RecordFilter::default()
     };
     let records = store.list(&filter).await.context("cannot list records")?;
     if args.output.json {

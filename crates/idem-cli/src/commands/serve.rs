@@ -67,7 +67,7 @@ pub(super) async fn run(
     let listener = TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("cannot listen on {} (--listen)", settings.listen))?;
-    let upkeep = Upkeep::start_with_token(
+    let upkeep = Upkeep::start_with_console(
         layer.store(),
         settings.admin_listen,
         admin_token,
@@ -108,7 +108,7 @@ pub(super) async fn run(
     if let Some(addr) = upkeep.admin_addr() {
         writeln!(
             out,
-            "idem serve: admin on http://{addr} (/metrics, /healthz)"
+            "idem serve: admin on http://{addr} (/metrics, /healthz, the operator console at /)"
         )?;
     }
     writeln!(out, "idem serve: {settings}")?;

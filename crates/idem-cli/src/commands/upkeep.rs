@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use idem::{AnyStore, AttemptStore, DeadLetterStore, Sweeper, SweeperTask};
+use idem_console::{Access, Console};
 use idem_http::admin::{self, AdminServer, AdminToken};
 
 /// The flags `idem relay` and `idem forward` share (`idem serve` has the same
@@ -62,6 +63,7 @@ const DEAD_LETTER_GAUGES_EVERY: Duration = Duration::from_secs(30);
 /// stopped together.
 pub(super) struct Upkeep {
     admin: Option<AdminServer>,
+    charts: Option<tokio::task::JoinHandle<()>>,
     sweeper: Option<SweeperTask>,
     gauges: Option<tokio::task::JoinHandle<()>>,
 }
@@ -85,19 +87,52 @@ impl Upkeep {
         token: Option<AdminToken>,
         sweep_every: Option<Duration>,
     ) -> anyhow::Result<Self> {
-        let admin = match admin_listen {
+        Self::start_admin(store, admin_listen, token, sweep_every, false).await
+    }
+
+    /// [`start_with_token`](Self::start_with_token), with the operator
+    /// console on the admin listener beside `/metrics`: its pages and API
+    /// take the admin token as the operator token (none on loopback).
+    pub(super) async fn start_with_console(
+        store: &AnyStore,
+        admin_listen: Option<SocketAddr>,
+        token: Option<AdminToken>,
+        sweep_every: Option<Duration>,
+    ) -> anyhow::Result<Self> {
+        Self::start_admin(store, admin_listen, token, sweep_every, true).await
+    }
+
+    async fn start_admin(
+        store: &AnyStore,
+        admin_listen: Option<SocketAddr>,
+        token: Option<AdminToken>,
+        sweep_every: Option<Duration>,
+        with_console: bool,
+    ) -> anyhow::Result<Self> {
+        let (admin, charts) = match admin_listen {
+            Some(addr) if with_console => {
+                let console = Console::new(store.clone(), Access::with_tokens(token.clone(), None));
+                let charts = console
+                    .start_charts(Some(admin::metrics_recorder()?), idem_console::SAMPLE_EVERY);
+                let server =
+                    admin::start_admin_with_routes(addr, store.clone(), token, console.router())
+                        .await
+                        .context("--admin-listen")?;
+                (Some(server), Some(charts))
+            }
             Some(addr) => {
                 let server = admin::start_admin_with_token(addr, store.clone(), token)
                     .await
                     .context("--admin-listen")?;
-                Some(server)
+                (Some(server), None)
             }
-            None => None,
+            None => (None, None),
         };
         idem::sweeper::publish_retention(idem::RecordStore::settings(store).retention);
         let sweeper = sweep_every.map(|every| Sweeper::new(store.clone()).interval(every).spawn());
         Ok(Self {
             admin,
+            charts,
             sweeper,
             gauges: None,
         })
@@ -139,6 +174,9 @@ impl Upkeep {
 
     /// Stops the sweeper between two batches and the admin listener.
     pub(super) async fn stop(self) {
+        if let Some(charts) = self.charts {
+            charts.abort();
+        }
         if let Some(gauges) = self.gauges {
             gauges.abort();
         }

@@ -346,12 +346,19 @@ pub(crate) async fn list<'e>(
         record_columns!(),
         " FROM idem_records \
           WHERE ($1::text IS NULL OR scope = $1) AND ($2::text IS NULL OR state = $2) \
+            AND ($4::text IS NULL OR starts_with(key, $4)) \
+            AND ($5::bigint IS NULL OR created_at < $5 \
+                 OR (created_at = $5 AND (scope > $6 OR (scope = $6 AND key > $7)))) \
           ORDER BY created_at DESC, scope, key \
           LIMIT $3"
     ))
     .bind(filter.scope.as_ref().map(Scope::as_str))
     .bind(filter.state.map(RecordState::as_str))
     .bind(filter.limit.map(|n| i64::try_from(n).unwrap_or(i64::MAX)))
+    .bind(filter.key_prefix.as_deref())
+    .bind(filter.after.as_ref().map(|c| c.created_at.0))
+    .bind(filter.after.as_ref().map(|c| c.scope.as_str()))
+    .bind(filter.after.as_ref().map(|c| c.key.as_str()))
     .fetch_all(db)
     .await?
     .iter()

@@ -1,0 +1,173 @@
+//! The operator console of Idem: web pages and a JSON API over a store, for
+//! the questions of an incident. Was this payment applied? Which claims are
+//! stuck in flight, and when do their leases end? What is in the dead
+//! letters, and can these be redriven safely? Is the outbox keeping up?
+//!
+//! `idem console --listen 127.0.0.1:9300` serves it over any store; `idem
+//! serve --admin-listen` serves the same pages beside `/metrics`. An
+//! application mounts it with [`Console::router`]:
+//!
+//! ```no_run
+//! # async fn demo(store: idem::AnyStore) -> Result<(), Box<dyn std::error::Error>> {
+//! use idem_console::{Access, Console};
+//! let console = Console::new(store, Access::open());
+//! let addr: std::net::SocketAddr = "127.0.0.1:9300".parse()?;
+//! Access::open().check_listen(addr)?;
+//! let listener = tokio::net::TcpListener::bind(addr).await?;
+//! idem_console::serve(listener, console, std::future::pending()).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! Modules:
+//!
+//! - [`access`]: loopback or tokens, the read-only token, sign-in, CSRF.
+//! - [`api`]: the JSON API and its OpenAPI document.
+//! - `pages`: the server-rendered pages (maud), one module per subject.
+//! - [`read`] and [`actions`]: what pages and API read and do, written once.
+//! - [`view`]: records, letters, groups and audit lines as shown.
+//! - [`charts`]: the last hour's samples and their SVG.
+//! - [`problem`]: errors as `application/problem+json`.
+//!
+//! The stylesheet and the one small script (the lease countdown) are built
+//! into the binary: the console works without a network.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod access;
+pub mod actions;
+pub mod api;
+pub mod charts;
+mod pages;
+pub mod problem;
+pub mod read;
+pub mod view;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::http::header;
+use axum::middleware;
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use idem::AnyStore;
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::net::TcpListener;
+
+pub use access::{Access, Role, TokenRequired};
+
+use charts::Charts;
+
+/// What every handler shares.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) store: AnyStore,
+    pub(crate) access: Access,
+    pub(crate) charts: Arc<Charts>,
+}
+
+/// The console over one store.
+#[derive(Debug, Clone)]
+pub struct Console {
+    shared: Arc<Shared>,
+}
+
+/// How often the charts take a sample.
+pub const SAMPLE_EVERY: Duration = Duration::from_secs(60);
+
+impl Console {
+    /// The console over `store`, admitting callers as `access` says.
+    pub fn new(store: AnyStore, access: Access) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                store,
+                access,
+                charts: Arc::new(Charts::default()),
+            }),
+        }
+    }
+
+    /// Starts sampling the charts every `every`: this process's counters
+    /// from `metrics` (when it records them) and the store's figures. The
+    /// task ends when the returned handle is aborted.
+    pub fn start_charts(
+        &self,
+        metrics: Option<PrometheusHandle>,
+        every: Duration,
+    ) -> tokio::task::JoinHandle<()> {
+        self.shared
+            .charts
+            .start(self.shared.store.clone(), metrics, every)
+    }
+
+    /// The pages, the API and the assets, at the root of a router.
+    pub fn router(&self) -> Router {
+        use pages::{letters, login, overview, records};
+        Router::new()
+            .route("/", get(overview::overview))
+            .route("/records", get(records::list))
+            .route("/records/show", get(records::show))
+            .route(
+                "/records/{verb}",
+                get(records::confirm).post(records::change),
+            )
+            .route("/in-flight", get(records::in_flight))
+            .route("/dead-letters", get(letters::list))
+            .route(
+                "/dead-letters/redrive",
+                get(letters::confirm_set).post(letters::redrive_set),
+            )
+            .route("/dead-letters/{id}", get(letters::show))
+            .route(
+                "/dead-letters/{id}/redrive",
+                get(letters::confirm_one).post(letters::redrive_one),
+            )
+            .route("/outbox", get(overview::outbox))
+            .route("/audit", get(overview::audit))
+            .route("/login", get(login::show).post(login::sign_in))
+            .route("/logout", post(login::sign_out))
+            .route("/assets/console.css", get(stylesheet))
+            .route("/assets/console.js", get(script))
+            .merge(api::routes())
+            .fallback(pages::not_found)
+            .layer(middleware::from_fn_with_state(
+                Arc::clone(&self.shared),
+                access::check,
+            ))
+            .with_state(Arc::clone(&self.shared))
+    }
+}
+
+async fn stylesheet() -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/css; charset=utf-8")],
+        include_str!("../assets/console.css"),
+    )
+}
+
+async fn script() -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        include_str!("../assets/console.js"),
+    )
+}
+
+/// Serves `console` on `listener` until `shutdown` completes, with each
+/// caller's address known (the audit log names it).
+pub async fn serve(
+    listener: TcpListener,
+    console: Console,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(
+        listener,
+        console
+            .router()
+            .into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await
+}
