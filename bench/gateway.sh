@@ -5,7 +5,8 @@
 #
 #   bench/gateway.sh [--quick] [--rounds R] [--seconds S] [--nodes "1 2 4"]
 #                    [--node-stores "pg rcluster"] [--phases LIST]
-#                    [--check-keys N] [--perf] [SERVER_URL]
+#                    [--check-keys N] [--perf] [--perf-phase PHASE]
+#                    [--flame FILE.svg] [SERVER_URL]
 #
 # Part 1. One echo upstream (a private nginx answering `return 200` with a
 # short fixed body) is called by wrk (32 connections, 2 threads, --latency):
@@ -57,7 +58,12 @@
 #                    pgalone-unique pgbench-16" (default: all of them)
 #   --check-keys N   keys of the correctness check (default 3000)
 #   --perf           record a profile (perf record -a -g) during the last
-#                    unique-keys-on-PostgreSQL phase and print its top entries
+#                    round of one phase (pg-unique unless --perf-phase says
+#                    another) and print its top entries
+#   --perf-phase P   the phase --perf profiles (implies --perf), e.g.
+#                    sqlite-pass
+#   --flame FILE     with --perf, also draw the gateway's samples as a flame
+#                    graph (SVG) with inferno (cargo install inferno)
 #   SERVER_URL       PostgreSQL server (default
 #                    postgres://postgres@127.0.0.1:5432/postgres); a database
 #                    idem_gwbench_<pid> is made on it and dropped afterwards
@@ -86,6 +92,8 @@ peer=1
 conns=32
 threads=2
 perf=0
+perf_phase=pg-unique
+flame=
 only_phases=
 server=postgres://postgres@127.0.0.1:5432/postgres
 while (($#)); do
@@ -99,6 +107,8 @@ while (($#)); do
     --phases) only_phases=$2; shift 2 ;;
     --check-keys) check_keys=$2; shift 2 ;;
     --perf) perf=1; shift ;;
+    --perf-phase) perf=1; perf_phase=$2; shift 2 ;;
+    --flame) flame=$2; shift 2 ;;
     -h | --help) sed -n '2,76p' "$0"; exit 0 ;;
     -*) echo "unknown option $1 (try --help)" >&2; exit 2 ;;
     *) server=$1; shift ;;
@@ -136,6 +146,10 @@ for tool in psql curl wrk awk; do
 done
 if ((perf)); then
     command -v perf >/dev/null || die "--perf needs perf (apt-get install linux-perf)"
+    if [[ -n $flame ]]; then
+        command -v inferno-collapse-perf >/dev/null && command -v inferno-flamegraph >/dev/null ||
+            die "--flame needs inferno (cargo install inferno)"
+    fi
 fi
 psql -qAt "$server" -c 'SELECT 1' >/dev/null 2>&1 || die "PostgreSQL does not answer at $server"
 
@@ -344,7 +358,11 @@ prime() {
 
 # --- measuring ---------------------------------------------------------------
 
-declare -A rps p50 p99 bad count commits_per
+declare -A rps p50 p99 bad count commits_per cpu_of fsyncs_per
+can_count_fsyncs=0
+if command -v perf >/dev/null && perf stat -a -e syscalls:sys_enter_fsync -- true >/dev/null 2>&1; then
+    can_count_fsyncs=1
+fi
 run_id=$$-$RANDOM
 
 # to_ms VALUE: wrk's 312.00us / 1.20ms / 1.05s in milliseconds.
@@ -370,10 +388,14 @@ wrk_phase() {
     fi
     wrk -t "$threads" -c "$conns" -d "${warmup}s" -s "$work/$script" "$url" "${warm[@]}" >/dev/null 2>&1 || true
     say "  $name (${seconds}s)"
-    local before after
+    local before after fsyncs
     before=$(commits)
+    cpu_sample >"$work/cpu-before"
+    fsync_count_start "$work/fsyncs-$name"
     wrk -t "$threads" -c "$conns" -d "${seconds}s" --latency -s "$work/$script" "$url" "${args[@]}" >"$out" 2>&1 ||
         { cat "$out" >&2; die "wrk failed in phase $name"; }
+    fsyncs=$(fsync_count_stop "$work/fsyncs-$name")
+    cpu_sample >"$work/cpu-after"
     after=$(commits)
     rps[$name]=$(awk '/^Requests\/sec:/ { printf "%.0f", $2 }' "$out")
     count[$name]=$(awk '/requests in/ { print $1 }' "$out")
@@ -383,6 +405,62 @@ wrk_phase() {
     [[ -n ${rps[$name]} ]] || { cat "$out" >&2; die "no result from wrk in phase $name"; }
     # transactions committed in the benchmark database, per request
     commits_per[$name]=$(awk -v a="$before" -v b="$after" -v n="${count[$name]}" 'BEGIN { printf "%.2f", (b - a) / n }')
+    cpu_of[$name]=$(cpu_per_request "$work/cpu-before" "$work/cpu-after" "${count[$name]}")
+    fsyncs_per[$name]=$(awk -v f="$fsyncs" -v n="${count[$name]}" 'BEGIN { if (f == "") print "n/a"; else printf "%.2f", f / n }')
+}
+
+# cpu_sample: the CPU time each command has used so far, in clock ticks
+# (user + system, all threads of a process; "COMMAND<TAB>TICKS" lines), then
+# the machine's busy and idle ticks over all cores ("@busy", "@idle").
+cpu_sample() {
+    cat /proc/[0-9]*/stat 2>/dev/null | awk '{
+        q = 0
+        for (i = length($0); i > 0; i--) if (substr($0, i, 1) == ")") { q = i; break }
+        p = index($0, "(")
+        n = split(substr($0, q + 2), f, " ")
+        t[substr($0, p + 1, q - p - 1)] += f[12] + f[13]
+    } END { for (c in t) printf "%s\t%d\n", c, t[c] }'
+    awk '/^cpu / { printf "@busy\t%d\n@idle\t%d\n", $2 + $3 + $4 + $7 + $8 + $9, $5 + $6 }' /proc/stat
+}
+
+# cpu_per_request BEFORE AFTER REQUESTS: microseconds of CPU per request
+# between two cpu_samples, by who spent them: "gateway database nginx wrk
+# other idle" (the gateway is idem or the peer; the database PostgreSQL or
+# Redis; nginx the upstream and the proxies; idle counts every core).
+cpu_per_request() {
+    awk -F'\t' -v n="$3" -v hz="$(getconf CLK_TCK)" '
+        FNR == NR { before[$1] = $2; next }
+        {
+            d = $2 - before[$1]
+            if ($1 == "@idle") idle += d
+            else if ($1 == "@busy") busy += d
+            else if ($1 == "idem" || $1 ~ /^idempotent-pro/) g += d
+            else if ($1 == "postgres" || $1 == "redis-server") db += d
+            else if ($1 == "nginx") ng += d
+            else if ($1 == "wrk") w += d
+        }
+        END {
+            other = busy - g - db - ng - w
+            if (other < 0) other = 0
+            us = 1e6 / hz / (n > 0 ? n : 1)
+            printf "%d %d %d %d %d %d", g * us, db * us, ng * us, w * us, other * us, idle * us
+        }' "$1" "$2"
+}
+
+# fsync_count_start FILE: counts the fsync and fdatasync calls of the whole
+# machine into FILE until fsync_count_stop (when perf can count them).
+fsync_count_start() {
+    fsync_job=
+    ((can_count_fsyncs)) || return 0
+    perf stat -a -x, -e syscalls:sys_enter_fsync,syscalls:sys_enter_fdatasync -o "$1" -- sleep 3600 >/dev/null 2>&1 &
+    fsync_job=$!
+}
+# fsync_count_stop FILE: stops the count and prints the calls counted.
+fsync_count_stop() {
+    [[ -n $fsync_job ]] || { echo ""; return 0; }
+    kill -INT "$fsync_job" 2>/dev/null || true
+    wait "$fsync_job" 2>/dev/null || true
+    awk -F, '$3 ~ /sys_enter_f(data)?sync/ { n += $1 } END { print n + 0 }' "$1"
 }
 
 # commits: transactions committed in the benchmark database so far.
@@ -396,6 +474,20 @@ outcomes() {
     curl -s "http://127.0.0.1:$1/metrics" |
         awk -F'[{}"]' '/^gateway_requests_total\{/ { n = split($0, f, " "); count[$3] += f[n] }
             END { for (o in count) if (count[o] > 0) printf "%s=%d ", o, count[o] }'
+}
+
+# group_stats ADMIN_PORT: how the gateway's PostgreSQL store committed its
+# leased calls (the store_group_* metrics), one line.
+group_stats() {
+    curl -s "http://127.0.0.1:$1/metrics" | awk '
+        /^store_group_calls_total\{/ { k = $0; sub(/.*kind="/, "", k); sub(/".*/, "", k)
+            w = $0; sub(/.*way="/, "", w); sub(/".*/, "", w); calls[k " " w] += $NF }
+        /^store_group_size_count\{/ { k = $0; sub(/.*kind="/, "", k); sub(/".*/, "", k); groups[k] += $NF }
+        /^store_group_queue_wait_seconds_sum\{/ { k = $0; sub(/.*kind="/, "", k); sub(/".*/, "", k); wait[k] += $NF }
+        END { for (k in groups) {
+                g = calls[k " grouped"]; a = calls[k " alone"]
+                printf "%s: %d grouped, %d alone, %.1f per group, %.2f ms mean wait for a runner; ", k, g, a,
+                    groups[k] > 0 ? g / groups[k] : 0, g > 0 ? 1000 * wait[k] / g : 0 } }'
 }
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
@@ -613,26 +705,23 @@ pgbench_phase() {
 # run_phase NAME ROUND: one measured phase of part 1, its figures kept per round.
 run_phase() {
     local ph=$1 r=$2 store=${1%-*} perf_job=
+    if ((perf && r == rounds)) && [[ $ph == "$perf_phase" ]]; then
+        # system-wide (the share of each process), after the warm-up
+        (sleep "$((warmup + 1))" && exec perf record -a -g -o "$work/perf.data" -- sleep "$((seconds > 6 ? 5 : seconds - 1))") >"$work/perf.log" 2>&1 &
+        perf_job=$!
+    fi
     case $ph in
     direct) wrk_phase direct "http://127.0.0.1:$echo_port/" plain.lua ;;
     nginx) wrk_phase nginx "$proxy" plain.lua ;;
     nginx-keyed) wrk_phase nginx-keyed "$proxy" unique.lua "n-$run_id-$r" ;;
     *-pass) wrk_phase "$ph" "${gw_url[$store]}" plain.lua ;;
     *-replay) wrk_phase "$ph" "${gw_url[$store]}" replay.lua "r-$store-$run_id" "$replay_keys" ;;
-    pg-unique)
-        if ((perf && r == rounds)); then
-            # system-wide (the share of each process), after the warm-up
-            (sleep "$((warmup + 1))" && exec perf record -a -g -o "$work/perf.data" -- sleep "$((seconds > 6 ? 5 : seconds - 1))") >"$work/perf.log" 2>&1 &
-            perf_job=$!
-        fi
-        wrk_phase "$ph" "${gw_url[$store]}" unique.lua "u-$store-$run_id-$r"
-        if [[ -n $perf_job ]]; then
-            wait "$perf_job" || say "warning: perf record failed: $(tail -3 "$work/perf.log")"
-        fi
-        ;;
     *-unique) wrk_phase "$ph" "${gw_url[$store]}" unique.lua "u-$store-$run_id-$r" ;;
     pgbench-*) pgbench_phase "${ph#pgbench-}" ;;
     esac
+    if [[ -n $perf_job ]]; then
+        wait "$perf_job" || say "warning: perf record failed: $(tail -3 "$work/perf.log")"
+    fi
     all_rps[$ph]+="${rps[$ph]} "
     all_p50[$ph]+="${p50[$ph]} "
     all_p99[$ph]+="${p99[$ph]} "
@@ -702,10 +791,22 @@ done
 echo "(errors: non-2xx answers and socket errors; for pgbench, failed transactions, and p50 is its average latency)"
 for store in "${stores[@]}"; do
     [[ -z ${gw_admin_port[$store]:-} ]] || echo "gateway outcomes, $store: $(outcomes "${gw_admin_port[$store]}")"
+    [[ $store != pg ]] || echo "group commit, pg (whole run): $(group_stats "${gw_admin_port[$store]}")"
     stop_proc "${gw_pid_of[$store]}"
 done
 [[ -z ${commits_per[pg-unique]:-}${commits_per[pgalone-unique]:-} ]] ||
     echo "PostgreSQL transactions per request (xact_commit, last round): unique keys ${commits_per[pg-unique]:-}, replays ${commits_per[pg-replay]:-}; ungrouped: unique keys ${commits_per[pgalone-unique]:-}, replays ${commits_per[pgalone-replay]:-}"
+echo
+echo "Where the time goes, per request (last round): CPU microseconds by process, the cores' idle time, and fsync calls"
+echo
+printf '%-44s %8s %8s %8s %8s %8s %8s %8s\n' "path" "gateway" "database" "nginx" "wrk" "other" "idle" "fsyncs"
+for ph in "${phases[@]}"; do
+    [[ -n ${cpu_of[$ph]:-} ]] || continue
+    read -r c_gw c_db c_ng c_wrk c_other c_idle <<<"${cpu_of[$ph]}"
+    printf '%-44s %8s %8s %8s %8s %8s %8s %8s\n' "${label[$ph]}" "$c_gw" "$c_db" "$c_ng" "$c_wrk" "$c_other" "$c_idle" "${fsyncs_per[$ph]}"
+done
+echo "(gateway: idem serve or idempotent-proxy; database: PostgreSQL's or Redis's processes; nginx: the echo upstream and the proxies;"
+echo " idle: the cores' idle and I/O-wait time divided by the requests; fsyncs: fsync and fdatasync calls on the machine, by perf)"
 echo
 
 target_row() {
@@ -746,13 +847,21 @@ info_row "nginx, keyed / nginx, no key" nginx-keyed nginx
 
 if ((perf)) && [[ -s $work/perf.data ]]; then
     echo
-    echo "perf, unique keys on PostgreSQL (last round): CPU samples by command (perf record -a -g)"
+    echo "perf, ${label[$perf_phase]:-$perf_phase} (last round): CPU samples by command (perf record -a -g)"
     { perf report -i "$work/perf.data" --stdio --no-children --sort comm -g none 2>/dev/null || true; } |
         awk '/^ *[0-9.]+%/ && n++ < 12'
     echo
     echo "perf, the same: top symbols of idem serve (self time, share of its own samples)"
-    { perf report -i "$work/perf.data" --stdio --no-children --pid "${gw_pid_of[pg]}" --percentage relative \
-        --sort dso,sym -g none 2>/dev/null || true; } | awk '/^ *[0-9.]+%/ && n++ < 25'
+    profiled=${gw_pid_of[${perf_phase%-*}]:-}
+    if [[ -n $profiled ]]; then
+        { perf report -i "$work/perf.data" --stdio --no-children --pid "$profiled" --percentage relative \
+            --sort dso,sym -g none 2>/dev/null || true; } | awk '/^ *[0-9.]+%/ && n++ < 25'
+        if [[ -n $flame ]]; then
+            perf script -i "$work/perf.data" --pid "$profiled" 2>/dev/null | inferno-collapse-perf |
+                inferno-flamegraph --title "${label[$perf_phase]:-$perf_phase}" >"$flame" &&
+                echo "flame graph of the gateway's samples: $flame"
+        fi
+    fi
 fi
 
 # --- part 2: several nodes on one store ---------------------------------------

@@ -44,7 +44,7 @@ impl LeaseStore for PgStore {
     ) -> Result<Claimed, Error> {
         if self.group_commit() {
             let op = Operation::new(scope.clone(), key.clone(), fingerprint);
-            return self.claim_grouped(op).await;
+            return self.claim_either_way(op).await;
         }
         self.claim_alone(scope, key, fingerprint).await
     }
@@ -62,7 +62,7 @@ impl LeaseStore for PgStore {
     /// In a group with the completions of concurrent callers, as `claim`.
     async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
         if self.group_commit() {
-            return self.settle_grouped(claim, outcome).await;
+            return self.settle_either_way(claim, outcome).await;
         }
         self.settle_alone(claim, outcome).await
     }

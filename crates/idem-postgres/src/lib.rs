@@ -117,7 +117,7 @@ mod store;
 mod testing;
 
 pub use error::map_error;
-pub use group::MAX_GROUP;
+pub use group::{GROUP_QUEUE_WAIT_SECONDS, GROUP_SIZE, GROUPED_CALLS_TOTAL, MAX_GROUP};
 pub use outbox::OutboxListener;
 pub use records::SWEEP_LOCK;
 pub use sqlx;

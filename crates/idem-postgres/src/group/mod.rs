@@ -27,10 +27,16 @@
 //! the single-call path, done for many keys per statement. A claim whose caller
 //! gave up while it was queued is released at once, so its key does not stay
 //! held until the lease ends.
+//!
+//! Grouping is not always the faster way: see `choice`, which sends each call
+//! the way that has lately been quicker. Metrics show what happens:
+//! [`GROUPED_CALLS_TOTAL`] by kind and way, and the histograms
+//! [`GROUP_SIZE`] and [`GROUP_QUEUE_WAIT_SECONDS`].
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Weak};
+use std::time::Instant;
 
 use idem_core::{
     Claim, Claimed, Error, ErrorKind, Operation, Outcome, Record, StoreError, Timestamp,
@@ -38,6 +44,7 @@ use idem_core::{
 };
 use tokio::sync::{mpsc, oneshot};
 
+use self::choice::Way;
 use self::queues::{ClaimJob, Queues, SettleJob};
 
 use crate::batch::Held;
@@ -46,7 +53,20 @@ use crate::lock;
 use crate::records::{self, Fence};
 use crate::store::{Inner, PgStore};
 
+mod choice;
 pub(crate) mod queues;
+
+/// Leased claims and completions by `kind` (`claim`, `complete`) and by the
+/// `way` they went (`grouped`, `alone`) while group commit is on.
+pub const GROUPED_CALLS_TOTAL: &str = "store_group_calls_total";
+
+/// The calls in each group committed (or tried), by `kind` (a histogram:
+/// its count is the groups, its sum the grouped calls).
+pub const GROUP_SIZE: &str = "store_group_size";
+
+/// How long each grouped call waited in its queue for a runner, by `kind`
+/// (a histogram, in seconds).
+pub const GROUP_QUEUE_WAIT_SECONDS: &str = "store_group_queue_wait_seconds";
 
 /// The most claims (or completions) one transaction carries.
 pub const MAX_GROUP: usize = 64;
@@ -110,10 +130,57 @@ fn runner_stopped() -> Error {
     .into()
 }
 
+/// Counts a group of `kind` taken from its queue, and the time its calls
+/// waited there.
+fn counted_group(kind: &'static str, queued: impl ExactSizeIterator<Item = Instant>) {
+    let now = Instant::now();
+    metrics::histogram!(GROUP_SIZE, "kind" => kind).record(queued.len() as f64);
+    let waits = metrics::histogram!(GROUP_QUEUE_WAIT_SECONDS, "kind" => kind);
+    for at in queued {
+        waits.record(now.saturating_duration_since(at));
+    }
+}
+
 impl PgStore {
+    /// Claims `op` the way that has lately been faster: in the next group,
+    /// or alone.
+    pub(crate) async fn claim_either_way(&self, op: Operation) -> Result<Claimed, Error> {
+        let choice = &self.groups().claims;
+        let way = choice.next();
+        metrics::counter!(GROUPED_CALLS_TOTAL, "kind" => "claim", "way" => way.as_str())
+            .increment(1);
+        let started = Instant::now();
+        let claimed = match way {
+            Way::Grouped => self.claim_grouped(op).await,
+            Way::Alone => self.claim_alone(&op.scope, &op.key, op.fingerprint).await,
+        };
+        choice.took(way, started.elapsed());
+        claimed
+    }
+
+    /// Settles `claim` the way that has lately been faster, as
+    /// [`claim_either_way`](Self::claim_either_way).
+    pub(crate) async fn settle_either_way(
+        &self,
+        claim: &Claim,
+        outcome: &Outcome,
+    ) -> Result<(), Error> {
+        let choice = &self.groups().completions;
+        let way = choice.next();
+        metrics::counter!(GROUPED_CALLS_TOTAL, "kind" => "complete", "way" => way.as_str())
+            .increment(1);
+        let started = Instant::now();
+        let settled = match way {
+            Way::Grouped => self.settle_grouped(claim, outcome).await,
+            Way::Alone => self.settle_alone(claim, outcome).await,
+        };
+        choice.took(way, started.elapsed());
+        settled
+    }
+
     /// Claims `op` in the next group, after a look-up of its own that
     /// answers replays and refusals without queueing.
-    pub(crate) async fn claim_grouped(&self, op: Operation) -> Result<Claimed, Error> {
+    async fn claim_grouped(&self, op: Operation) -> Result<Claimed, Error> {
         if let Some(replay) = self
             .peek(self.pool(), &op.scope, &op.key, &op.fingerprint)
             .await?
@@ -122,7 +189,12 @@ impl PgStore {
         }
         let (reply, answer) = oneshot::channel();
         let queues = self.groups().queues(|| Queues::start(self.downgrade()));
-        if let Err(refused) = queues.claims.send(ClaimJob { op, reply }) {
+        let job = ClaimJob {
+            op,
+            reply,
+            queued_at: Instant::now(),
+        };
+        if let Err(refused) = queues.claims.send(job) {
             // The runner stopped between the check and the send.
             let op = refused.0.op;
             return self.claim_alone(&op.scope, &op.key, op.fingerprint).await;
@@ -131,17 +203,14 @@ impl PgStore {
     }
 
     /// Settles `claim` with `outcome` in the next group.
-    pub(crate) async fn settle_grouped(
-        &self,
-        claim: &Claim,
-        outcome: &Outcome,
-    ) -> Result<(), Error> {
+    async fn settle_grouped(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
         let (reply, answer) = oneshot::channel();
         let queues = self.groups().queues(|| Queues::start(self.downgrade()));
         let job = SettleJob {
             claim: claim.clone(),
             outcome: outcome.clone(),
             reply,
+            queued_at: Instant::now(),
         };
         if queues.settles.send(job).is_err() {
             return self.settle_alone(claim, outcome).await;
@@ -151,6 +220,7 @@ impl PgStore {
 
     /// Decides a group of claims and answers each caller.
     async fn claim_group(self, jobs: Vec<ClaimJob>) {
+        counted_group("claim", jobs.iter().map(|job| job.queued_at));
         let ops: Vec<Operation> = jobs.iter().map(|job| job.op.clone()).collect();
         let answers = match self.claim_all(&ops).await {
             Ok(answers) => answers,
@@ -232,6 +302,7 @@ impl PgStore {
     /// occurs twice goes in a later round, so each fenced update sees one
     /// claim per record.
     async fn settle_group(self, jobs: Vec<SettleJob>) {
+        counted_group("complete", jobs.iter().map(|job| job.queued_at));
         let mut rest = jobs;
         while !rest.is_empty() {
             let mut seen = HashMap::new();
