@@ -826,17 +826,15 @@ async fn the_outbox_shows_its_recent_sends_newest_first(t: TestStore) {
     assert!(sends[0]["destination"].is_null(), "the relay's default");
     let destination = sends[1]["destination"].as_str().unwrap();
     assert!(!destination.contains("s3cret"), "{destination}");
-    assert!(destination.contains("exchange=payments"), "{destination}");
+    assert!(destination.contains("127.0.0.1:5672"), "{destination}");
     assert_eq!(sends[1]["attempts"], 1);
     assert_eq!(sends[3]["waited_ms"], 1000);
     assert!(sends[0]["sent_at_ms"].as_i64() > sends[1]["sent_at_ms"].as_i64());
 
     let page = client.get(&served.url("/outbox"), &[]).await;
     assert!(page.body.contains("Recent sends"), "{}", page.body);
-    assert!(
-        page.body.contains("msg-2") && page.body.contains("the relay&#39;s default")
-            || page.body.contains("the relay's default")
-    );
+    assert!(page.body.contains("msg-2"), "{}", page.body);
+    assert!(page.body.contains("default)"), "{}", page.body);
     assert!(!page.body.contains("s3cret"));
     assert!(
         !page.body.contains("msg-waiting</td>"),

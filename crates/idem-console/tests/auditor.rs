@@ -164,7 +164,7 @@ async fn a_key_with_two_effects_is_shown_after_one_pass(t: TestStore) {
     let page = Client::new().get(&served.url("/auditor"), &[]).await;
     assert_eq!(page.status, StatusCode::OK);
     assert!(
-        page.body.contains("double effect: key \"pay-1\""),
+        page.body.contains("double effect: key &quot;pay-1&quot;"),
         "{}",
         page.body
     );
