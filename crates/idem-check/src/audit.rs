@@ -26,4 +26,4 @@ mod pass;
 pub use auditor::{AuditSettings, Auditor, Judged};
 pub use finding::{Finding, FindingKind, RecordSeen};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub use pass::{Audit, AuditError, EffectLog, PassLimits, PassReport};
+pub use pass::{Audit, AuditError, EffectLog, PassLimits, PassReport, SqlLog};

@@ -137,6 +137,45 @@ pub(crate) struct ConsoleArgs {
     /// How often the last hour's charts take a sample.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration, value_name = "DURATION")]
     pub sample_every: std::time::Duration,
+    #[command(flatten)]
+    pub auditor: ConsoleAuditorArgs,
+}
+
+/// The live auditor the console runs, shown on its Auditor page: the options
+/// of `idem audit`, prefixed `--audit-`.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Auditor (the Auditor page)")]
+pub(crate) struct ConsoleAuditorArgs {
+    /// Run the auditor in the console over this effect log: a SQL query on
+    /// the store's database, as `idem audit --effects-query` takes [default:
+    /// no auditor].
+    #[arg(long, value_name = "SQL", requires = "audit_scopes")]
+    pub audit_effects_query: Option<String>,
+    /// The integer column of the query that grows with every row.
+    #[arg(long, value_name = "COLUMN", default_value = "id")]
+    pub audit_cursor_column: String,
+    /// A scope whose records are compared with the effects (repeat for several).
+    #[arg(long = "audit-scope", value_name = "SCOPE")]
+    pub audit_scopes: Vec<String>,
+    /// Start after this cursor value instead of at the beginning of the log.
+    #[arg(long, value_name = "CURSOR", allow_hyphen_values = true)]
+    pub audit_after: Option<i64>,
+    /// Rows per query (effects or records).
+    #[arg(long, default_value_t = 1000)]
+    pub audit_batch: usize,
+    /// The wait between two queries of a pass.
+    #[arg(long, value_name = "DURATION", default_value = "100ms")]
+    pub audit_pause: humantime::Duration,
+    /// The wait between two passes.
+    #[arg(long, value_name = "DURATION", default_value = "10s")]
+    pub audit_interval: humantime::Duration,
+    /// How long after a record completed its effect may still be missing.
+    #[arg(long, value_name = "DURATION", default_value = "30s")]
+    pub audit_grace: humantime::Duration,
+    /// The dedupe window: two effects of one key less than this apart are a
+    /// double effect.
+    #[arg(long, value_name = "DURATION", default_value = "7d")]
+    pub audit_window: humantime::Duration,
 }
 
 /// `idem audit-log`

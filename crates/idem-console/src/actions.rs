@@ -1,14 +1,14 @@
 //! What the console does to the store, for the pages and the API alike:
-//! evict a record, end a claim, redrive dead letters. Each action takes the
+//! evict a record, end a claim, redrive, discard or archive dead letters. Each action takes the
 //! record as the operator was shown it (token and last change), so a record
 //! that moved on in between is refused with what it is now, and the store
-//! logs each eviction and release in its audit log.
+//! logs each eviction, release, discard and archive in its audit log.
 
 use std::collections::{BTreeSet, HashMap};
 
 use idem::{
-    AdminStore, AnyStore, AuditEntry, DeadLetterStore, IdempotencyKey, Record, RecordAction,
-    RecordState, RecordStore, Scope, Timestamp,
+    AdminStore, AnyStore, AuditEntry, DeadLetterStore, IdempotencyKey, LetterAction, Record,
+    RecordAction, RecordState, RecordStore, Scope, Timestamp,
 };
 use idem_broker::dead_letter::{self, DeadLetter, RedriveError};
 use idem_broker::publish::{self, Publisher};
@@ -268,4 +268,162 @@ pub async fn redrive_one(store: &AnyStore, id: i64) -> Result<RedriveReport, Pro
         .await?
         .ok_or_else(|| Problem::not_found(format!("no dead letter with id {id}")))?;
     Ok(redrive(store, std::slice::from_ref(&letter)).await)
+}
+
+/// Which of the two ways to set a dead letter aside.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SetAside {
+    /// Delete the letter for good.
+    Discard,
+    /// Keep the letter, no longer waiting.
+    Archive,
+}
+
+impl SetAside {
+    /// The verb, as paths and the audit log name it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Discard => "discard",
+            Self::Archive => "archive",
+        }
+    }
+
+    /// The past participle, for reports.
+    pub fn done(self) -> &'static str {
+        match self {
+            Self::Discard => "discarded",
+            Self::Archive => "archived",
+        }
+    }
+
+    /// What it does to each letter, in words.
+    pub fn effect(self) -> &'static str {
+        match self {
+            Self::Discard => {
+                "each letter is deleted for good and can never be redriven; the letter as it was is kept in the audit log"
+            }
+            Self::Archive => {
+                "each letter is kept but no longer waits: it is not redriven, counted or listed as waiting (the filter's \"redriven and archived too\" shows it); the letter as it was is kept in the audit log"
+            }
+        }
+    }
+}
+
+/// What discarding or archiving a set would do.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct SetAsidePlan {
+    /// `discard` or `archive`.
+    pub action: SetAside,
+    /// How many letters.
+    pub letters: usize,
+    /// Their ids.
+    pub ids: Vec<i64>,
+    /// What it does, in words.
+    pub effect: String,
+}
+
+impl SetAsidePlan {
+    /// The plan for the waiting ones among `letters`.
+    pub fn of(action: SetAside, letters: &[DeadLetter]) -> Self {
+        let ids: Vec<i64> = letters
+            .iter()
+            .filter(|l| l.is_waiting())
+            .map(|l| l.id)
+            .collect();
+        Self {
+            action,
+            letters: ids.len(),
+            ids,
+            effect: action.effect().to_owned(),
+        }
+    }
+}
+
+/// A letter a discard or archive left as it was.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct SetAsideSkip {
+    /// The letter.
+    pub id: i64,
+    /// Why it was left.
+    pub reason: String,
+}
+
+/// What a discard or archive of several letters did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct SetAsideReport {
+    /// `discard` or `archive`.
+    pub action: SetAside,
+    /// The audit entries written, one per letter set aside.
+    pub done: Vec<crate::view::AuditView>,
+    /// The letters left as they were, and why.
+    pub skipped: Vec<SetAsideSkip>,
+}
+
+/// Discards or archives dead letter `id`; `actor` is who, as the audit log
+/// keeps it. A letter that is gone is 404, one archived already 409.
+pub async fn set_aside_one(
+    store: &AnyStore,
+    action: SetAside,
+    id: i64,
+    actor: &str,
+) -> Result<AuditEntry, Problem> {
+    let answer = match action {
+        SetAside::Discard => store.discard_dead_letter(id, actor).await?,
+        SetAside::Archive => store.archive_dead_letter(id, actor).await?,
+    };
+    match answer {
+        LetterAction::Done(entry) => Ok(entry),
+        LetterAction::Missing => Err(Problem::not_found(format!(
+            "no dead letter with id {id} (discarded already, or never recorded); nothing changed"
+        ))),
+        LetterAction::AlreadyArchived(at) => Err(Problem::conflict(format!(
+            "dead letter {id} was archived already, at {}; nothing changed",
+            crate::view::time(at.0)
+        ))),
+    }
+}
+
+/// Discards or archives each of `ids` that still waits; the others are
+/// left as they are, with the reason.
+pub async fn set_aside(
+    store: &AnyStore,
+    action: SetAside,
+    ids: &[i64],
+    actor: &str,
+) -> Result<SetAsideReport, Problem> {
+    if ids.len() > LETTERS_READ {
+        return Err(Problem::bad_request(format!(
+            "at most {LETTERS_READ} letters at a time"
+        )));
+    }
+    let mut report = SetAsideReport {
+        action,
+        done: Vec::new(),
+        skipped: Vec::new(),
+    };
+    for &id in ids {
+        let waiting = store
+            .get_dead_letter(id)
+            .await?
+            .is_some_and(|letter| letter.is_waiting());
+        if !waiting {
+            report.skipped.push(SetAsideSkip {
+                id,
+                reason: "no longer waiting (redriven, archived or discarded since)".to_owned(),
+            });
+            continue;
+        }
+        match set_aside_one(store, action, id, actor).await {
+            Ok(entry) => report.done.push(crate::view::AuditView::from(&entry)),
+            Err(problem) if problem.status().is_client_error() => {
+                report.skipped.push(SetAsideSkip {
+                    id,
+                    reason: problem.detail,
+                });
+            }
+            Err(problem) => return Err(problem),
+        }
+    }
+    Ok(report)
 }

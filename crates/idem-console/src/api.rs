@@ -20,12 +20,15 @@ use crate::Shared;
 use crate::access::Caller;
 use crate::actions::{
     self, LetterFilter, RecordChange, RecordVerb, RedriveFailure, RedrivePlan, RedriveReport,
+    SetAside, SetAsidePlan, SetAsideReport, SetAsideSkip,
 };
+use crate::auditor::{AuditorConfig, AuditorView, EffectRowView, FindingView, RecordSeenView};
 use crate::charts::{Point, Series};
 use crate::problem::{self, Problem};
 use crate::read::{self, InFlight, NextPage, OutboxView, Overview, RecordPage, RecordQuery};
 use crate::view::{
     AuditView, DETAIL_BODY, GroupView, LIST_TEXT, LeaseState, LetterView, OutcomeView, RecordView,
+    SentView,
 };
 
 /// The API's routes, under `/api/v1`.
@@ -44,9 +47,15 @@ pub(crate) fn routes() -> Router<Arc<Shared>> {
         .route("/api/v1/dead-letters/redrive", post(redrive_set))
         .route("/api/v1/dead-letters/{id}", get(letter))
         .route("/api/v1/dead-letters/{id}/redrive", post(redrive_one))
+        .route("/api/v1/dead-letters/set-aside-plan", get(set_aside_plan))
+        .route("/api/v1/dead-letters/discard", post(discard_set))
+        .route("/api/v1/dead-letters/archive", post(archive_set))
+        .route("/api/v1/dead-letters/{id}/discard", post(discard_one))
+        .route("/api/v1/dead-letters/{id}/archive", post(archive_one))
         .route("/api/v1/outbox", get(outbox))
         .route("/api/v1/charts", get(charts))
         .route("/api/v1/audit", get(audit))
+        .route("/api/v1/auditor", get(auditor))
         .fallback(|| async {
             Problem::not_found("no such API path; /api/v1/openapi.json lists them")
         })
@@ -80,12 +89,15 @@ fn now(store: &AnyStore) -> idem::Timestamp {
     ),
     paths(
         overview, records, record, evict, release, in_flight, letters, groups, letter,
-        redrive_plan, redrive_set, redrive_one, outbox, charts, audit
+        redrive_plan, redrive_set, redrive_one, set_aside_plan, discard_set, archive_set,
+        discard_one, archive_one, outbox, charts, audit, auditor
     ),
     components(schemas(
         Problem, RecordView, OutcomeView, LeaseState, RecordPage, NextPage, InFlight, LetterView,
-        GroupView, AuditView, OutboxView, Overview, RecordChange, AuditDone, RedrivePlan,
-        RedriveReport, RedriveFailure, RedriveSet, Series, Point, LetterPage
+        GroupView, AuditView, OutboxView, SentView, Overview, RecordChange, AuditDone, RedrivePlan,
+        RedriveReport, RedriveFailure, RedriveSet, Series, Point, LetterPage, SetAside,
+        SetAsidePlan, SetAsideReport, SetAsideSkip, SetAsideSet, Actor, AuditorView,
+        AuditorConfig, FindingView, EffectRowView, RecordSeenView
     )),
     modifiers(&Bearer),
     security(("bearer" = [])),
@@ -424,7 +436,160 @@ async fn redrive_one(
     Ok(Json(actions::redrive_one(&shared.store, id).await?))
 }
 
-/// The outbox: pending, lag, sent, the relay's latest failures.
+/// Which way to set letters aside.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+struct SetAsideQuery {
+    /// `discard` or `archive`.
+    action: SetAside,
+}
+
+/// What discarding or archiving the waiting letters matching the filter would do.
+#[utoipa::path(get, path = "/api/v1/dead-letters/set-aside-plan", tag = "dead letters",
+    params(SetAsideQuery, LetterFilter),
+    responses(
+        (status = 200, body = SetAsidePlan),
+        (status = 400, body = Problem, content_type = "application/problem+json"),
+        (status = 401, body = Problem, content_type = "application/problem+json"),
+    ))]
+async fn set_aside_plan(
+    State(shared): State<Arc<Shared>>,
+    action: Result<Query<SetAsideQuery>, axum::extract::rejection::QueryRejection>,
+    filter: Result<Query<LetterFilter>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<SetAsidePlan>, Problem> {
+    let action = letter_query(action)?.action;
+    let filter = letter_query(filter)?;
+    let found = actions::letters(&shared.store, &filter, now(&shared.store)).await?;
+    Ok(Json(SetAsidePlan::of(action, &found)))
+}
+
+/// The letters to discard or archive (as a plan listed them), and who acts.
+#[derive(Debug, Deserialize, ToSchema)]
+struct SetAsideSet {
+    /// The letters (those no longer waiting are left alone).
+    ids: Vec<i64>,
+    /// Who acts, for the audit log.
+    actor: String,
+}
+
+/// Who acts on one letter, for the audit log.
+#[derive(Debug, Deserialize, ToSchema)]
+struct Actor {
+    /// Who acts.
+    actor: String,
+}
+
+async fn set_aside_set(
+    shared: &Shared,
+    caller: &Caller,
+    action: SetAside,
+    set: &SetAsideSet,
+) -> Result<Json<SetAsideReport>, Problem> {
+    let actor = caller.actor(&set.actor)?;
+    Ok(Json(
+        actions::set_aside(&shared.store, action, &set.ids, &actor).await?,
+    ))
+}
+
+async fn set_aside_one(
+    shared: &Shared,
+    caller: &Caller,
+    action: SetAside,
+    id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
+    who: &Actor,
+) -> Result<Json<AuditDone>, Problem> {
+    let Path(id) = id.map_err(|e| Problem::bad_request(e.body_text()))?;
+    let actor = caller.actor(&who.actor)?;
+    let entry = actions::set_aside_one(&shared.store, action, id, &actor).await?;
+    Ok(Json(AuditDone {
+        audit: AuditView::from(&entry),
+    }))
+}
+
+/// Deletes the waiting letters among `ids` for good; each deletion is
+/// logged in the audit log with the letter as it was.
+#[utoipa::path(post, path = "/api/v1/dead-letters/discard", tag = "dead letters", request_body = SetAsideSet,
+    responses(
+        (status = 200, body = SetAsideReport),
+        (status = 400, body = Problem, content_type = "application/problem+json"),
+        (status = 401, body = Problem, content_type = "application/problem+json"),
+        (status = 403, body = Problem, content_type = "application/problem+json"),
+        (status = 415, body = Problem, content_type = "application/problem+json"),
+        (status = 422, body = Problem, content_type = "application/problem+json"),
+    ))]
+async fn discard_set(
+    State(shared): State<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+    Body(set): Body<SetAsideSet>,
+) -> Result<Json<SetAsideReport>, Problem> {
+    set_aside_set(&shared, &caller, SetAside::Discard, &set).await
+}
+
+/// Archives the waiting letters among `ids`: kept, no longer waiting; each
+/// is logged in the audit log.
+#[utoipa::path(post, path = "/api/v1/dead-letters/archive", tag = "dead letters", request_body = SetAsideSet,
+    responses(
+        (status = 200, body = SetAsideReport),
+        (status = 400, body = Problem, content_type = "application/problem+json"),
+        (status = 401, body = Problem, content_type = "application/problem+json"),
+        (status = 403, body = Problem, content_type = "application/problem+json"),
+        (status = 415, body = Problem, content_type = "application/problem+json"),
+        (status = 422, body = Problem, content_type = "application/problem+json"),
+    ))]
+async fn archive_set(
+    State(shared): State<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+    Body(set): Body<SetAsideSet>,
+) -> Result<Json<SetAsideReport>, Problem> {
+    set_aside_set(&shared, &caller, SetAside::Archive, &set).await
+}
+
+/// Deletes one letter for good (waiting or not), logged in the audit log
+/// with the letter as it was.
+#[utoipa::path(post, path = "/api/v1/dead-letters/{id}/discard", tag = "dead letters", request_body = Actor,
+    params(("id" = i64, Path, description = "The letter's id")),
+    responses(
+        (status = 200, body = AuditDone),
+        (status = 400, body = Problem, content_type = "application/problem+json"),
+        (status = 401, body = Problem, content_type = "application/problem+json"),
+        (status = 403, body = Problem, content_type = "application/problem+json"),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+        (status = 415, body = Problem, content_type = "application/problem+json"),
+        (status = 422, body = Problem, content_type = "application/problem+json"),
+    ))]
+async fn discard_one(
+    State(shared): State<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+    id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
+    Body(who): Body<Actor>,
+) -> Result<Json<AuditDone>, Problem> {
+    set_aside_one(&shared, &caller, SetAside::Discard, id, &who).await
+}
+
+/// Archives one letter: kept, no longer waiting; logged in the audit log.
+/// A letter archived already is 409.
+#[utoipa::path(post, path = "/api/v1/dead-letters/{id}/archive", tag = "dead letters", request_body = Actor,
+    params(("id" = i64, Path, description = "The letter's id")),
+    responses(
+        (status = 200, body = AuditDone),
+        (status = 400, body = Problem, content_type = "application/problem+json"),
+        (status = 401, body = Problem, content_type = "application/problem+json"),
+        (status = 403, body = Problem, content_type = "application/problem+json"),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+        (status = 409, body = Problem, content_type = "application/problem+json"),
+        (status = 415, body = Problem, content_type = "application/problem+json"),
+        (status = 422, body = Problem, content_type = "application/problem+json"),
+    ))]
+async fn archive_one(
+    State(shared): State<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+    id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
+    Body(who): Body<Actor>,
+) -> Result<Json<AuditDone>, Problem> {
+    set_aside_one(&shared, &caller, SetAside::Archive, id, &who).await
+}
+
+/// The outbox: pending, lag, sent, the latest sends and the relay's latest failures.
 #[utoipa::path(get, path = "/api/v1/outbox", tag = "outbox",
     responses(
         (status = 200, body = OutboxView),
@@ -473,4 +638,16 @@ async fn audit(
     }
     let entries = shared.store.audit_log(limit).await?;
     Ok(Json(entries.iter().map(AuditView::from).collect()))
+}
+
+/// The live auditor this console runs: findings by kind, the cursor, the
+/// last pass, and the latest findings, newest first. `configured` is false
+/// when the console runs none.
+#[utoipa::path(get, path = "/api/v1/auditor", tag = "audit",
+    responses(
+        (status = 200, body = AuditorView),
+        (status = 401, body = Problem, content_type = "application/problem+json"),
+    ))]
+async fn auditor(State(shared): State<Arc<Shared>>) -> Json<AuditorView> {
+    Json(shared.auditor.view(&shared.store))
 }

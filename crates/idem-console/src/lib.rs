@@ -26,6 +26,7 @@
 //! - [`read`] and [`actions`]: what pages and API read and do, written once.
 //! - [`view`]: records, letters, groups and audit lines as shown.
 //! - [`charts`]: the last hour's samples and their SVG.
+//! - [`auditor`]: the live auditor run by the console, and its panel.
 //! - [`problem`]: errors as `application/problem+json`.
 //!
 //! The stylesheet and the one small script (the lease countdown) are built
@@ -37,6 +38,7 @@
 pub mod access;
 pub mod actions;
 pub mod api;
+pub mod auditor;
 pub mod charts;
 mod pages;
 pub mod problem;
@@ -67,6 +69,7 @@ pub(crate) struct Shared {
     pub(crate) store: AnyStore,
     pub(crate) access: Access,
     pub(crate) charts: Arc<Charts>,
+    pub(crate) auditor: Arc<auditor::Panel>,
 }
 
 /// The console over one store.
@@ -86,6 +89,7 @@ impl Console {
                 store,
                 access,
                 charts: Arc::new(Charts::default()),
+                auditor: Arc::new(auditor::Panel::default()),
             }),
         }
     }
@@ -103,9 +107,26 @@ impl Console {
             .start(self.shared.store.clone(), metrics, every)
     }
 
+    /// Starts the live auditor in this process: passes over `log` (the
+    /// service's effect log) and the store's records as `options` say, their
+    /// findings shown on the Auditor page and at `/api/v1/auditor`. The task
+    /// ends when the returned handle is aborted.
+    pub fn start_auditor<L: idem_check::audit::EffectLog + 'static>(
+        &self,
+        log: L,
+        options: auditor::AuditorOptions,
+    ) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(auditor::run(
+            Arc::clone(&self.shared.auditor),
+            self.shared.store.clone(),
+            log,
+            options,
+        ))
+    }
+
     /// The pages, the API and the assets, at the root of a router.
     pub fn router(&self) -> Router {
-        use pages::{letters, login, overview, records};
+        use pages::{letters, login, overview, records, set_aside};
         Router::new()
             .route("/", get(overview::overview))
             .route("/records", get(records::list))
@@ -120,13 +141,26 @@ impl Console {
                 "/dead-letters/redrive",
                 get(letters::confirm_set).post(letters::redrive_set),
             )
+            .route(
+                "/dead-letters/discard",
+                get(set_aside::confirm_discard_set).post(set_aside::discard_set),
+            )
+            .route(
+                "/dead-letters/archive",
+                get(set_aside::confirm_archive_set).post(set_aside::archive_set),
+            )
             .route("/dead-letters/{id}", get(letters::show))
             .route(
                 "/dead-letters/{id}/redrive",
                 get(letters::confirm_one).post(letters::redrive_one),
             )
+            .route(
+                "/dead-letters/{id}/{verb}",
+                get(set_aside::confirm_one).post(set_aside::set_aside_one),
+            )
             .route("/outbox", get(overview::outbox))
             .route("/audit", get(overview::audit))
+            .route("/auditor", get(overview::auditor))
             .route("/login", get(login::show).post(login::sign_in))
             .route("/logout", post(login::sign_out))
             .route("/assets/console.css", get(stylesheet))

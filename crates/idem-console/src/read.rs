@@ -11,7 +11,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use crate::actions::{self, LetterFilter, scope_and_key};
 use crate::problem::Problem;
-use crate::view::{LIST_TEXT, LeaseState, LetterView, RecordView};
+use crate::view::{LIST_TEXT, LeaseState, LetterView, RecordView, SentView};
 
 /// The most records one page lists.
 pub const MAX_PAGE: usize = 500;
@@ -205,9 +205,14 @@ pub struct OutboxView {
     pub lag_ms: i64,
     /// When the oldest waiting message was enqueued.
     pub oldest_pending_ms: Option<i64>,
+    /// The messages sent last (kept until the retention ends), newest first.
+    pub recent_sends: Vec<SentView>,
     /// The relay's latest failures: messages it gave up on, newest first.
     pub recent_failures: Vec<LetterView>,
 }
+
+/// How many recent sends and failures the outbox view shows.
+pub const OUTBOX_RECENT: usize = 20;
 
 /// Whether `store` keeps an outbox: the SQL stores do, Redis (records only) does not.
 fn has_outbox(store: &AnyStore) -> bool {
@@ -221,13 +226,13 @@ fn from_relay(origin: &str) -> bool {
 
 /// The outbox at `now`.
 pub async fn outbox(store: &AnyStore, now: Timestamp) -> Result<OutboxView, Problem> {
-    let stats = match store.outbox_stats().await {
-        Ok(stats) => Some(stats),
-        Err(idem::Error::Store(error)) if !has_outbox(store) => {
-            tracing::debug!(%error, "no outbox on this store");
-            None
-        }
-        Err(error) => return Err(error.into()),
+    let (stats, sends) = if has_outbox(store) {
+        (
+            store.outbox_stats().await?,
+            store.recent_sends(OUTBOX_RECENT).await?,
+        )
+    } else {
+        Default::default()
     };
     let mut failures = actions::letters(
         store,
@@ -240,8 +245,7 @@ pub async fn outbox(store: &AnyStore, now: Timestamp) -> Result<OutboxView, Prob
     .await?;
     failures.retain(|letter| from_relay(&letter.origin));
     failures.reverse();
-    failures.truncate(20);
-    let stats = stats.unwrap_or_default();
+    failures.truncate(OUTBOX_RECENT);
     Ok(OutboxView {
         available: has_outbox(store),
         pending: stats.pending,
@@ -250,6 +254,7 @@ pub async fn outbox(store: &AnyStore, now: Timestamp) -> Result<OutboxView, Prob
             i64::try_from(oldest.until(now).as_millis()).unwrap_or(i64::MAX)
         }),
         oldest_pending_ms: stats.oldest_pending.map(|t| t.0),
+        recent_sends: sends.iter().map(SentView::from).collect(),
         recent_failures: failures
             .iter()
             .map(|l| LetterView::of(l, LIST_TEXT))

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use idem::{AuditEntry, DeadLetter, Outcome, Record, RecordState, Timestamp};
+use idem::{AuditEntry, DeadLetter, Outcome, Record, RecordState, SentMessage, Timestamp};
 use idem_broker::dead_letter::{self, CauseGroup};
 use idem_broker::publish;
 use serde::Serialize;
@@ -287,6 +287,40 @@ impl From<&AuditEntry> for AuditView {
             key: key.to_owned(),
             dead_letter,
             before: redact_before(&entry.before),
+        }
+    }
+}
+
+/// A message the outbox relay published.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct SentView {
+    /// The outbox row's id.
+    pub id: i64,
+    /// Where it went (passwords removed); absent for the relay's default
+    /// destination.
+    pub destination: Option<String>,
+    /// The message's own key.
+    pub key: String,
+    /// Attempts it took, the successful one included.
+    pub attempts: u32,
+    /// When it was enqueued.
+    pub created_at_ms: i64,
+    /// When it was sent.
+    pub sent_at_ms: i64,
+    /// How long it waited in the outbox, in milliseconds.
+    pub waited_ms: i64,
+}
+
+impl From<&SentMessage> for SentView {
+    fn from(sent: &SentMessage) -> Self {
+        Self {
+            id: sent.id,
+            destination: sent.destination.as_deref().map(publish::redact),
+            key: sent.key.as_str().to_owned(),
+            attempts: sent.attempts,
+            created_at_ms: sent.created_at.0,
+            sent_at_ms: sent.sent_at.0,
+            waited_ms: sent.sent_at.0.saturating_sub(sent.created_at.0),
         }
     }
 }

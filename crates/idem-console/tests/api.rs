@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use axum::http::{Method, StatusCode};
 use common::{Client, Consumer, Served, TestStore, token};
-use idem::{DeadLetterStore, IdempotencyKey, RecordStore, Scope};
+use idem::{DeadLetterStore, IdempotencyKey, OutboxMessage, OutboxStore, RecordStore, Scope};
 use idem_console::Access;
 use serde_json::json;
 
@@ -41,6 +41,9 @@ on_every_store!(
     dead_letters_are_grouped_and_a_redrive_is_applied_once,
     a_read_only_token_reads_but_cannot_act,
     forms_need_the_csrf_token_and_the_same_origin,
+    letters_are_discarded_and_archived_with_an_audit_line,
+    a_read_only_token_cannot_set_letters_aside,
+    the_outbox_shows_its_recent_sends_newest_first,
 );
 
 async fn records_are_filtered_paged_and_shown(t: TestStore) {
@@ -555,4 +558,286 @@ async fn forms_need_the_csrf_token_and_the_same_origin(t: TestStore) {
     assert!(t.store.get(&scope, &key).await.unwrap().is_none());
     let audit = client.get(&served.url("/audit"), &[]).await;
     assert!(audit.body.contains("pay-1") && audit.body.contains("alice"));
+}
+
+async fn letters_are_discarded_and_archived_with_an_audit_line(t: TestStore) {
+    let to = "http://127.0.0.1:9/payments";
+    let gone = t
+        .dead_letter("pay-a", to, "payload invalid: amount missing")
+        .await;
+    let kept = t
+        .dead_letter("pay-b", to, "payload invalid: amount missing")
+        .await;
+    let other = t.dead_letter("pay-c", to, "upstream refused: 503").await;
+    let third = t.dead_letter("pay-d", to, "upstream refused: 503").await;
+    let served = Served::start(&t.store, Access::open()).await;
+    let client = Client::new();
+
+    // One letter: discarded, gone from the store, one audit line.
+    let confirm = client
+        .get(&served.url(&format!("/dead-letters/{gone}/discard")), &[])
+        .await;
+    assert_eq!(confirm.status, StatusCode::OK, "{}", confirm.body);
+    assert!(
+        confirm.body.contains("deleted for good"),
+        "says what will happen: {}",
+        confirm.body
+    );
+    let done = client
+        .post_json(
+            &served.url(&format!("/api/v1/dead-letters/{gone}/discard")),
+            &[],
+            &json!({ "actor": "alice" }),
+        )
+        .await;
+    assert_eq!(done.status, StatusCode::OK, "{}", done.body);
+    let audit = done.json()["audit"].clone();
+    assert_eq!(audit["action"], "discard");
+    assert_eq!(audit["dead_letter"], gone);
+    assert_eq!(audit["key"], "pay-a");
+    assert!(
+        audit["actor"]
+            .as_str()
+            .unwrap()
+            .starts_with("alice (console")
+    );
+    let before: serde_json::Value =
+        serde_json::from_str(audit["before"].as_str().unwrap()).unwrap();
+    assert_eq!(before["last_error"], "payload invalid: amount missing");
+    assert!(t.store.get_dead_letter(gone).await.unwrap().is_none());
+    client
+        .post_json(
+            &served.url(&format!("/api/v1/dead-letters/{gone}/discard")),
+            &[],
+            &json!({ "actor": "alice" }),
+        )
+        .await
+        .problem(StatusCode::NOT_FOUND);
+
+    // One letter archived: kept, no longer waiting; a second archive is 409.
+    let done = client
+        .post_json(
+            &served.url(&format!("/api/v1/dead-letters/{kept}/archive")),
+            &[],
+            &json!({ "actor": "bob" }),
+        )
+        .await;
+    assert_eq!(done.status, StatusCode::OK, "{}", done.body);
+    assert_eq!(done.json()["audit"]["action"], "archive");
+    let letter = t.store.get_dead_letter(kept).await.unwrap().unwrap();
+    assert!(letter.archived_at.is_some() && !letter.is_waiting());
+    let again = client
+        .post_json(
+            &served.url(&format!("/api/v1/dead-letters/{kept}/archive")),
+            &[],
+            &json!({ "actor": "bob" }),
+        )
+        .await
+        .problem(StatusCode::CONFLICT);
+    assert!(again.contains("archived already"), "{again}");
+    client
+        .post_json(
+            &served.url(&format!("/api/v1/dead-letters/{kept}/archive")),
+            &[],
+            &json!({ "actor": "" }),
+        )
+        .await
+        .problem(StatusCode::BAD_REQUEST);
+
+    // A group: the plan names the waiting letters of the cause; archiving
+    // them logs one line each.
+    let plan = client
+        .get(
+            &served.url("/api/v1/dead-letters/set-aside-plan?action=archive&cause=upstream%20refused:%20503"),
+            &[],
+        )
+        .await;
+    assert_eq!(plan.status, StatusCode::OK, "{}", plan.body);
+    let plan = plan.json();
+    assert_eq!(plan["letters"], 2);
+    assert_eq!(plan["ids"], json!([other, third]));
+    client
+        .get(
+            &served.url("/api/v1/dead-letters/set-aside-plan?action=burn"),
+            &[],
+        )
+        .await
+        .problem(StatusCode::BAD_REQUEST);
+    let report = client
+        .post_json(
+            &served.url("/api/v1/dead-letters/archive"),
+            &[],
+            &json!({ "ids": [other, third, gone], "actor": "carol" }),
+        )
+        .await;
+    assert_eq!(report.status, StatusCode::OK, "{}", report.body);
+    let report = report.json();
+    assert_eq!(report["done"].as_array().unwrap().len(), 2);
+    assert_eq!(report["skipped"][0]["id"], gone);
+    let stats = t.store.dead_letter_stats().await.unwrap();
+    assert_eq!((stats.waiting, stats.archived), (0, 3));
+    let log = client.get(&served.url("/api/v1/audit"), &[]).await.json();
+    let actions: Vec<&str> = log
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(actions, ["archive", "archive", "archive", "discard"]);
+
+    // The set's confirmation page, then its form with the CSRF token.
+    let fresh = t.dead_letter("pay-e", to, "schema mismatch").await;
+    let confirm = client
+        .get(
+            &served.url("/dead-letters/discard?cause=schema%20mismatch"),
+            &[],
+        )
+        .await;
+    assert!(
+        confirm.body.contains("1 letter will be discarded"),
+        "{}",
+        confirm.body
+    );
+    let csrf = confirm.cookie("idem_console_csrf").unwrap();
+    let fresh_id = fresh.to_string();
+    let done = client
+        .post_form(
+            &served.url("/dead-letters/discard"),
+            &[("cookie", &format!("idem_console_csrf={csrf}"))],
+            &[("csrf", &csrf), ("id", &fresh_id), ("actor", "dave")],
+        )
+        .await;
+    assert_eq!(done.status, StatusCode::OK, "{}", done.body);
+    assert!(done.body.contains("1 discarded"), "{}", done.body);
+    assert!(t.store.get_dead_letter(fresh).await.unwrap().is_none());
+    let audit = client.get(&served.url("/audit"), &[]).await;
+    assert!(audit.body.contains("dave"), "{}", audit.body);
+}
+
+async fn a_read_only_token_cannot_set_letters_aside(t: TestStore) {
+    let id = t
+        .dead_letter("pay-a", "http://127.0.0.1:9/payments", "boom")
+        .await;
+    let access = Access::with_tokens(Some(token("op-token")), Some(token("ro-token")));
+    let served = Served::start(&t.store, access).await;
+    let client = Client::new();
+    let viewer = [("authorization", "Bearer ro-token")];
+    for path in [
+        format!("/api/v1/dead-letters/{id}/discard"),
+        format!("/api/v1/dead-letters/{id}/archive"),
+    ] {
+        client
+            .post_json(&served.url(&path), &viewer, &json!({ "actor": "mallory" }))
+            .await
+            .problem(StatusCode::FORBIDDEN);
+        client
+            .post_json(&served.url(&path), &[], &json!({ "actor": "mallory" }))
+            .await
+            .problem(StatusCode::UNAUTHORIZED);
+    }
+    for path in [
+        "/api/v1/dead-letters/discard",
+        "/api/v1/dead-letters/archive",
+    ] {
+        client
+            .post_json(
+                &served.url(path),
+                &viewer,
+                &json!({ "ids": [id], "actor": "mallory" }),
+            )
+            .await
+            .problem(StatusCode::FORBIDDEN);
+    }
+    let page = client
+        .get(&served.url(&format!("/dead-letters/{id}")), &viewer)
+        .await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(!page.body.contains("discard…") && !page.body.contains("archive…"));
+    let list = client.get(&served.url("/dead-letters"), &viewer).await;
+    assert!(!list.body.contains("discard them"), "no action buttons");
+    let confirm = client
+        .get(&served.url(&format!("/dead-letters/{id}/discard")), &viewer)
+        .await;
+    assert!(confirm.body.contains("A read-only token cannot do this."));
+    let letter = t.store.get_dead_letter(id).await.unwrap().unwrap();
+    assert!(letter.is_waiting(), "nothing changed");
+    assert!(
+        client
+            .get(&served.url("/api/v1/audit"), &viewer)
+            .await
+            .json()
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+}
+
+async fn the_outbox_shows_its_recent_sends_newest_first(t: TestStore) {
+    let message = |key: &str, destination: Option<&str>| OutboxMessage {
+        destination: destination.map(str::to_owned),
+        key: IdempotencyKey::new(key).unwrap(),
+        payload: b"{}".to_vec(),
+        headers: Default::default(),
+    };
+    let now = || idem::Clock::now(&t.clock);
+    for i in 0..3 {
+        t.store
+            .enqueue_now(&message(
+                &format!("msg-{i}"),
+                Some("amqp://relay:s3cret@127.0.0.1:5672/%2f?exchange=payments"),
+            ))
+            .await
+            .unwrap();
+    }
+    t.store
+        .enqueue_now(&message("msg-default", None))
+        .await
+        .unwrap();
+    t.store
+        .enqueue_now(&message("msg-waiting", Some("http://127.0.0.1:9/x")))
+        .await
+        .unwrap();
+    // Sent one at a time, a second apart; the last one stays pending.
+    for _ in 0..4 {
+        let claimed = t
+            .store
+            .claim_outbox("relay-1", now(), Duration::from_secs(30), 1, true)
+            .await
+            .unwrap();
+        t.clock.advance(Duration::from_secs(1));
+        t.store.mark_sent(&[claimed[0].id], now()).await.unwrap();
+    }
+    let served = Served::start(&t.store, Access::open()).await;
+    let client = Client::new();
+    let outbox = client.get(&served.url("/api/v1/outbox"), &[]).await;
+    assert_eq!(outbox.status, StatusCode::OK, "{}", outbox.body);
+    let outbox = outbox.json();
+    assert_eq!(
+        (outbox["pending"].as_u64(), outbox["sent"].as_u64()),
+        (Some(1), Some(4))
+    );
+    let sends = outbox["recent_sends"].as_array().unwrap();
+    let keys: Vec<&str> = sends.iter().map(|m| m["key"].as_str().unwrap()).collect();
+    assert_eq!(
+        keys,
+        ["msg-default", "msg-2", "msg-1", "msg-0"],
+        "newest first"
+    );
+    assert!(sends[0]["destination"].is_null(), "the relay's default");
+    let destination = sends[1]["destination"].as_str().unwrap();
+    assert!(!destination.contains("s3cret"), "{destination}");
+    assert!(destination.contains("127.0.0.1:5672"), "{destination}");
+    assert_eq!(sends[1]["attempts"], 1);
+    assert_eq!(sends[3]["waited_ms"], 1000);
+    assert!(sends[0]["sent_at_ms"].as_i64() > sends[1]["sent_at_ms"].as_i64());
+
+    let page = client.get(&served.url("/outbox"), &[]).await;
+    assert!(page.body.contains("Recent sends"), "{}", page.body);
+    assert!(page.body.contains("msg-2"), "{}", page.body);
+    assert!(page.body.contains("default)"), "{}", page.body);
+    assert!(!page.body.contains("s3cret"));
+    assert!(
+        !page.body.contains("msg-waiting</td>"),
+        "pending is not sent"
+    );
 }

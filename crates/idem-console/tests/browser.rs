@@ -1,8 +1,10 @@
 //! The console in a real browser: headless Chromium, driven through
 //! chromedriver (Debian's `chromium` and `chromium-driver`), against a real
-//! store. Finds a record by key and opens it, sees a dead letter and
-//! redrives it (a real consumer applies it once), evicts a key and sees the
-//! audit line, and checks that a read-only sign-in shows no action button.
+//! store (SQLite, PostgreSQL, Redis). Finds a record by key and opens it,
+//! sees a dead letter and redrives it (a real consumer applies it once),
+//! evicts a key and sees the audit line, sees the pages a store cannot serve
+//! say so (Redis keeps no outbox and cannot be audited), and checks that a
+//! read-only sign-in shows no action button.
 //! Each page's screenshot is kept in `target/console-screenshots/STORE/`.
 
 mod common;
@@ -157,6 +159,13 @@ async fn postgres_in_a_browser() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_in_a_browser() {
+    if let Some(store) = TestStore::fresh(Kind::Redis).await {
+        operator_walk(store, "redis").await;
+    }
+}
+
 async fn operator_walk(t: TestStore, name: &str) {
     let Some(driver) = Driver::start().await else {
         return;
@@ -306,7 +315,32 @@ async fn operator_walk(t: TestStore, name: &str) {
     shot(&browser, &dir, "audit").await;
 
     browser.goto(&served.url("/outbox")).await.unwrap();
+    if matches!(t.store, idem::AnyStore::Redis(_)) {
+        assert!(
+            text(&browser, "#no-outbox")
+                .await
+                .contains("not available on this store")
+        );
+    } else {
+        assert!(text(&browser, "main").await.contains("Recent sends"));
+    }
     shot(&browser, &dir, "outbox").await;
+
+    browser.goto(&served.url("/auditor")).await.unwrap();
+    if matches!(t.store, idem::AnyStore::Redis(_)) {
+        assert!(
+            text(&browser, "#not-available")
+                .await
+                .contains("not available on this store")
+        );
+    } else {
+        assert!(
+            text(&browser, "#not-configured")
+                .await
+                .contains("No auditor runs")
+        );
+    }
+    shot(&browser, &dir, "auditor").await;
     browser.close().await.unwrap();
 
     // A read-only sign-in: the same record page, without the button.

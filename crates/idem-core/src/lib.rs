@@ -78,7 +78,9 @@ pub use fingerprint_rule::{
     FingerprintMatch, FingerprintRule, FingerprintRuleError, RULE_MARK, RuleId,
 };
 pub use key::{IDEMPOTENCY_KEY_HEADER, IdempotencyKey, KeyError, MAX_KEY_LEN, Scope};
-pub use outbox::{AtomicOutbox, OutboxMessage, OutboxStats, OutboxStore, Pending, WakeUps};
+pub use outbox::{
+    AtomicOutbox, OutboxMessage, OutboxStats, OutboxStore, Pending, SentMessage, WakeUps,
+};
 pub use outcome::{Outcome, OutcomeKind, UnknownOutcomeKind};
 pub use protocol::{Decision, Plan, decide};
 pub use record::{FencingToken, Record, RecordSeed, RecordState, UnknownState};

@@ -67,6 +67,24 @@ pub struct OutboxStats {
     pub oldest_pending: Option<Timestamp>,
 }
 
+/// A message the relay published, as the outbox keeps it until the sweep
+/// removes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SentMessage {
+    /// The row's id.
+    pub id: i64,
+    /// Where it was published; `None` for the relay's default destination.
+    pub destination: Option<String>,
+    /// The message's own key.
+    pub key: IdempotencyKey,
+    /// Attempts it took, the one that succeeded included.
+    pub attempts: u32,
+    /// When it was enqueued.
+    pub created_at: Timestamp,
+    /// When it was marked sent.
+    pub sent_at: Timestamp,
+}
+
 /// "Something was enqueued" signals, from a database that sends them
 /// (PostgreSQL's LISTEN/NOTIFY). A hint, not a queue: the relay polls too.
 pub trait WakeUps: Send {
@@ -139,6 +157,12 @@ pub trait OutboxStore: Send + Sync {
 
     /// Counts for metrics.
     fn outbox_stats(&self) -> impl Future<Output = Result<OutboxStats, Error>> + Send;
+
+    /// The `limit` messages sent last (and not swept yet), the newest first.
+    fn recent_sends(
+        &self,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<SentMessage>, Error>> + Send;
 
     /// A source of "something was enqueued" signals, where the database has
     /// one; `None` means poll.

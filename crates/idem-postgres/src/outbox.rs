@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use idem_core::{
     AtomicOutbox, Clock, Error, IdempotencyKey, NewDeadLetter, OutboxMessage, OutboxStats,
-    OutboxStore, Pending, SharedClock, SystemClock, Timestamp, WakeUps,
+    OutboxStore, Pending, SentMessage, SharedClock, SystemClock, Timestamp, WakeUps,
 };
 use sqlx::Row;
 use sqlx::postgres::{PgConnection, PgListener, PgRow};
@@ -72,6 +72,9 @@ const DELETE_HELD: &str =
 const SWEEP_SENT: &str = "DELETE FROM idem_outbox WHERE id IN
     (SELECT id FROM idem_outbox WHERE state = 'sent' AND sent_at < $1 ORDER BY sent_at LIMIT $2)";
 
+const RECENT_SENDS: &str = "SELECT id, destination, key, attempts, created_at, sent_at
+    FROM idem_outbox WHERE state = 'sent' ORDER BY sent_at DESC, id DESC LIMIT $1";
+
 const STATS: &str = "SELECT
     COUNT(*) FILTER (WHERE state = 'pending'),
     COUNT(*) FILTER (WHERE state = 'sent'),
@@ -109,6 +112,20 @@ fn pending(row: &PgRow) -> sqlx::Result<Pending> {
         },
         attempts: u32::try_from(row.try_get::<i32, _>(5)?).unwrap_or(u32::MAX),
         created_at: Timestamp(row.try_get(6)?),
+    })
+}
+
+fn sent(row: &PgRow) -> sqlx::Result<SentMessage> {
+    let id: i64 = row.try_get(0)?;
+    let key = IdempotencyKey::new(row.try_get::<String, _>(2)?)
+        .map_err(|e| BadRow::into_sqlx(format!("outbox row {id} has an invalid key: {e}")))?;
+    Ok(SentMessage {
+        id,
+        destination: row.try_get(1)?,
+        key,
+        attempts: u32::try_from(row.try_get::<i32, _>(3)?).unwrap_or(u32::MAX),
+        created_at: Timestamp(row.try_get(4)?),
+        sent_at: Timestamp(row.try_get(5)?),
     })
 }
 
@@ -254,6 +271,15 @@ impl OutboxStore for PgStore {
             sent: sent.unsigned_abs(),
             oldest_pending: oldest.map(Timestamp),
         })
+    }
+
+    async fn recent_sends(&self, limit_to: usize) -> Result<Vec<SentMessage>, Error> {
+        sqlx::query(RECENT_SENDS)
+            .bind(limit(limit_to))
+            .fetch_all(self.pool())
+            .await
+            .and_then(|rows| rows.iter().map(sent).collect())
+            .map_err(|e| self.fail(e))
     }
 
     async fn wake_ups(&self) -> Result<Option<Box<dyn WakeUps>>, Error> {

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use idem_core::{
     AtomicOutbox, Clock, Error, IdempotencyKey, NewDeadLetter, OutboxMessage, OutboxStats,
-    OutboxStore, Pending, SharedClock, SystemClock, Timestamp, WakeUps,
+    OutboxStore, Pending, SentMessage, SharedClock, SystemClock, Timestamp, WakeUps,
 };
 use rusqlite::{Connection, Row, params};
 
@@ -50,6 +50,9 @@ const DELETE_HELD: &str =
 
 const SWEEP_SENT: &str = "DELETE FROM idem_outbox WHERE id IN
     (SELECT id FROM idem_outbox WHERE state = 'sent' AND sent_at < ?1 ORDER BY sent_at LIMIT ?2)";
+
+const RECENT_SENDS: &str = "SELECT id, destination, key, attempts, created_at, sent_at
+    FROM idem_outbox WHERE state = 'sent' ORDER BY sent_at DESC, id DESC LIMIT ?1";
 
 const STATS: &str = "SELECT
     COUNT(*) FILTER (WHERE state = 'pending'),
@@ -261,6 +264,44 @@ impl OutboxStore for SqliteStore {
             .map_err(|e| map_error("count outbox rows", e))
         })
         .await?
+    }
+
+    async fn recent_sends(&self, limit_to: usize) -> Result<Vec<SentMessage>, Error> {
+        let rows = self
+            .with_connection(move |conn| {
+                let mut statement = conn
+                    .prepare_cached(RECENT_SENDS)
+                    .map_err(|e| map_error("read recent outbox sends", e))?;
+                let rows = statement
+                    .query_map(params![limit(limit_to)], |row| {
+                        Ok((
+                            row.get::<_, i64>(0)?,
+                            row.get::<_, Option<String>>(1)?,
+                            row.get::<_, String>(2)?,
+                            row.get::<_, i64>(3)?,
+                            row.get::<_, i64>(4)?,
+                            row.get::<_, i64>(5)?,
+                        ))
+                    })
+                    .map_err(|e| map_error("read recent outbox sends", e))?
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| map_error("read recent outbox sends", e))?;
+                Ok::<_, Error>(rows)
+            })
+            .await??;
+        rows.into_iter()
+            .map(|(id, destination, key, attempts, created_at, sent_at)| {
+                Ok(SentMessage {
+                    id,
+                    destination,
+                    key: IdempotencyKey::new(key)
+                        .map_err(|e| corrupt(format!("outbox row {id} has an invalid key: {e}")))?,
+                    attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
+                    created_at: Timestamp(created_at),
+                    sent_at: Timestamp(sent_at),
+                })
+            })
+            .collect()
     }
 
     /// SQLite sends no signals: the relay polls.

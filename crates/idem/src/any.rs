@@ -431,6 +431,10 @@ impl idem_core::OutboxStore for AnyStore {
         sql_store!(self, "the transactional outbox", s => s.outbox_stats().await)
     }
 
+    async fn recent_sends(&self, limit: usize) -> Result<Vec<idem_core::SentMessage>, Error> {
+        sql_store!(self, "the transactional outbox", s => s.recent_sends(limit).await)
+    }
+
     async fn wake_ups(&self) -> Result<Option<Box<dyn idem_core::WakeUps>>, Error> {
         sql_store!(self, "the transactional outbox", s => s.wake_ups().await)
     }

@@ -68,7 +68,7 @@ pub use idem_core::{ApplyError, Error, ErrorKind, StoreError, error_chain};
 // The outbox, dead letters and failed attempts per message.
 pub use idem_core::{
     AtomicOutbox, AttemptStore, DeadLetter, DeadLetterStats, DeadLetterStore, Failures,
-    NewDeadLetter, OutboxMessage, OutboxStats, OutboxStore, Pending, WakeUps,
+    NewDeadLetter, OutboxMessage, OutboxStats, OutboxStore, Pending, SentMessage, WakeUps,
 };
 // What operators change by hand, and the audit log that keeps it.
 pub use idem_core::{

@@ -38,6 +38,29 @@ impl EffectLog for crate::effects::query::PgPages {
     }
 }
 
+/// The effect log as a query on the store's own database, SQLite or
+/// PostgreSQL.
+#[derive(Debug)]
+pub enum SqlLog {
+    /// Pages of a query on a SQLite file.
+    #[cfg(feature = "sqlite")]
+    Sqlite(crate::effects::query::SqlitePages),
+    /// Pages of a query on a PostgreSQL database.
+    #[cfg(feature = "postgres")]
+    Postgres(crate::effects::query::PgPages),
+}
+
+impl EffectLog for SqlLog {
+    async fn page(&mut self, after: i64, limit: usize) -> Result<Vec<LoggedEffect>, QueryError> {
+        match self {
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(pages) => pages.page(after, limit).await,
+            #[cfg(feature = "postgres")]
+            Self::Postgres(pages) => pages.page(after, limit).await,
+        }
+    }
+}
+
 /// How much one pass may ask of the database at a time.
 #[derive(Debug, Clone, Copy)]
 pub struct PassLimits {
@@ -188,6 +211,29 @@ impl<L: EffectLog, S: RecordScan> Audit<L, S> {
         self.judge_records(&mut report).await?;
         self.auditor.forget_old(self.clock.now());
         Ok(report)
+    }
+
+    /// Runs a pass every `interval` until `stop` completes, handing each
+    /// pass's outcome and the auditor to `on_pass`. A failed pass is handed
+    /// over too; the next one tries again from where the last good one
+    /// stopped.
+    pub async fn run_every(
+        &mut self,
+        interval: Duration,
+        stop: impl Future<Output = ()>,
+        mut on_pass: impl FnMut(Result<PassReport, AuditError>, &Auditor),
+    ) {
+        tokio::pin!(stop);
+        loop {
+            tokio::select! {
+                _ = &mut stop => return,
+                pass = self.pass() => on_pass(pass, &self.auditor),
+            }
+            tokio::select! {
+                _ = &mut stop => return,
+                _ = tokio::time::sleep(interval) => {}
+            }
+        }
     }
 
     /// The records set aside, then the walk from where it stopped.

@@ -15,11 +15,10 @@ use std::time::Duration;
 use anyhow::{Context, anyhow};
 use clap::Args;
 use idem::{AnyStore, Scope, StoreLocation, SystemClock};
-use idem_check::LoggedEffect;
 use idem_check::audit::{
-    Audit, AuditSettings, EffectLog, Finding, FindingKind, PassLimits, PassReport,
+    Audit, AuditSettings, EffectLog, Finding, FindingKind, PassLimits, PassReport, SqlLog,
 };
-use idem_check::effects::query::{Pages, PgPages, QueryError, SqlitePages};
+use idem_check::effects::query::{Pages, PgPages, SqlitePages};
 use idem_http::admin::{self, AdminToken};
 
 /// `idem audit`
@@ -80,34 +79,26 @@ pub(crate) struct AuditArgs {
     pub admin_token_file: Option<std::path::PathBuf>,
 }
 
-/// The effect log on the store's own database.
-enum Log {
-    Sqlite(SqlitePages),
-    Postgres(PgPages),
-}
-
-impl EffectLog for Log {
-    async fn page(&mut self, after: i64, limit: usize) -> Result<Vec<LoggedEffect>, QueryError> {
-        match self {
-            Self::Sqlite(pages) => pages.page(after, limit).await,
-            Self::Postgres(pages) => pages.page(after, limit).await,
-        }
-    }
-}
-
-async fn open_log(location: &StoreLocation, pages: Pages) -> anyhow::Result<Log> {
+/// The effect log on the store's own database: `query` read in pages by
+/// `cursor_column`.
+pub(super) async fn open_log(
+    location: &StoreLocation,
+    query: &str,
+    cursor_column: &str,
+) -> anyhow::Result<SqlLog> {
+    let pages = Pages::new(query, cursor_column).context("the cursor column")?;
     Ok(match location {
         StoreLocation::Sqlite(path) => {
             let path = path.clone();
             let pages =
                 tokio::task::spawn_blocking(move || SqlitePages::open(&path, pages)).await??;
-            Log::Sqlite(pages)
+            SqlLog::Sqlite(pages)
         }
         StoreLocation::Postgres(url) => {
-            Log::Postgres(PgPages::connect(url, &location.to_string(), pages).await?)
+            SqlLog::Postgres(PgPages::connect(url, &location.to_string(), pages).await?)
         }
         StoreLocation::Redis(_) => anyhow::bail!(
-            "idem audit reads the effects with SQL on the store's database, and {location} is a Redis store, which holds records only: point --store at the SQLite or PostgreSQL database the service writes its effects and records to"
+            "the auditor reads the effects with SQL on the store's database, and {location} is a Redis store, which holds records only: point --store at the SQLite or PostgreSQL database the service writes its effects and records to"
         ),
     })
 }
@@ -134,20 +125,26 @@ mod metric {
     pub(super) const REMEMBERED: &str = "audit_remembered_keys";
 }
 
-fn settings(args: &AuditArgs) -> anyhow::Result<AuditSettings> {
-    let scopes = args
-        .scopes
+/// The auditor's settings from its options; `flag` is how the options are
+/// spelt (`--` for `idem audit`, `--audit-` for `idem console`).
+pub(super) fn settings(
+    flag: &str,
+    scopes: &[String],
+    window: Duration,
+    grace: Duration,
+) -> anyhow::Result<AuditSettings> {
+    let scopes = scopes
         .iter()
-        .map(|s| Scope::new(s.clone()).with_context(|| format!("--scope {s:?}")))
+        .map(|s| Scope::new(s.clone()).with_context(|| format!("{flag}scope {s:?}")))
         .collect::<anyhow::Result<Vec<_>>>()?;
     anyhow::ensure!(
-        !args.window.is_zero(),
-        "--window 0 would never see two effects of one key as a double effect; give the dedupe window, such as 7d"
+        !window.is_zero(),
+        "{flag}window 0 would never see two effects of one key as a double effect; give the dedupe window, such as 7d"
     );
     Ok(AuditSettings {
         scopes,
-        window: args.window.into(),
-        grace: args.grace.into(),
+        window,
+        grace,
     })
 }
 
@@ -156,11 +153,10 @@ pub(crate) async fn run(
     location: &StoreLocation,
     args: &AuditArgs,
 ) -> anyhow::Result<()> {
-    let settings = settings(args)?;
-    let pages = Pages::new(&args.effects_query, &args.cursor_column).context("--cursor-column")?;
-    let log = open_log(location, pages)
+    let settings = settings("--", &args.scopes, args.window.into(), args.grace.into())?;
+    let log = open_log(location, &args.effects_query, &args.cursor_column)
         .await
-        .context("cannot read the effect log (--effects-query)")?;
+        .context("cannot read the effect log (--effects-query, --cursor-column)")?;
     let admin = match args.admin_listen {
         Some(addr) => {
             let token = args
@@ -228,28 +224,23 @@ async fn continuously<L: EffectLog, S: idem::RecordScan>(
     audit: &mut Audit<L, S>,
     args: &AuditArgs,
 ) -> anyhow::Result<()> {
-    let stop = super::signals::terminated();
-    tokio::pin!(stop);
     eprintln!(
         "auditing the effect log every {} in batches of {} ({} apart); Ctrl-C stops",
         args.interval, args.batch, args.pause
     );
-    loop {
-        tokio::select! {
-            _ = &mut stop => break,
-            pass = audit.pass() => match pass {
-                Ok(report) => publish(&report, audit.auditor().remembered(), args),
+    audit
+        .run_every(
+            args.interval.into(),
+            super::signals::terminated(),
+            |pass, auditor| match pass {
+                Ok(report) => publish(&report, auditor.remembered(), args),
                 Err(error) => {
                     metrics::counter!(metric::ERRORS).increment(1);
                     tracing::warn!(error = %idem::error_chain(&error), "the audit pass failed; trying again at the next one");
                 }
             },
-        }
-        tokio::select! {
-            _ = &mut stop => break,
-            _ = tokio::time::sleep(Duration::from(args.interval)) => {}
-        }
-    }
+        )
+        .await;
     eprintln!("audit stopped");
     Ok(())
 }

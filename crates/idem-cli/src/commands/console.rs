@@ -1,19 +1,58 @@
 //! `idem console`: the operator console over the store, until SIGTERM or
 //! Ctrl-C. Refuses to start on an address other hosts can reach without a
-//! token file.
+//! token file. With `--audit-effects-query` it runs the live auditor too,
+//! shown on its Auditor page.
 
 use std::io::Write;
 
 use anyhow::Context;
-use idem::AnyStore;
+use idem::{AnyStore, StoreLocation};
+use idem_check::audit::PassLimits;
+use idem_console::auditor::AuditorOptions;
 use idem_console::{Access, Console};
 use idem_http::admin::AdminToken;
 use tokio::net::TcpListener;
 
 use super::signals::terminated;
-use crate::cli::ConsoleArgs;
+use crate::cli::{ConsoleArgs, ConsoleAuditorArgs};
 
-pub(super) async fn run(store: AnyStore, args: &ConsoleArgs) -> anyhow::Result<()> {
+/// Starts the auditor `args` ask for, if any.
+async fn start_auditor(
+    console: &Console,
+    location: &StoreLocation,
+    args: &ConsoleAuditorArgs,
+) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
+    let Some(query) = &args.audit_effects_query else {
+        return Ok(None);
+    };
+    let settings = super::audit::settings(
+        "--audit-",
+        &args.audit_scopes,
+        args.audit_window.into(),
+        args.audit_grace.into(),
+    )?;
+    let log = super::audit::open_log(location, query, &args.audit_cursor_column)
+        .await
+        .context("cannot read the effect log (--audit-effects-query, --audit-cursor-column)")?;
+    let options = AuditorOptions {
+        effects_query: query.clone(),
+        cursor_column: args.audit_cursor_column.clone(),
+        settings,
+        limits: PassLimits {
+            batch: args.audit_batch.max(1),
+            pause: args.audit_pause.into(),
+        },
+        interval: args.audit_interval.into(),
+        after: args.audit_after,
+    };
+    Ok(Some(console.start_auditor(log, options)))
+}
+
+pub(super) async fn run(
+    store: AnyStore,
+    location: &StoreLocation,
+    args: &ConsoleArgs,
+) -> anyhow::Result<()> {
     let token = |path: &Option<std::path::PathBuf>, flag: &str| {
         path.as_deref()
             .map(AdminToken::read)
@@ -30,6 +69,7 @@ pub(super) async fn run(store: AnyStore, args: &ConsoleArgs) -> anyhow::Result<(
         .with_context(|| format!("cannot listen on {} (--listen)", args.listen))?;
     let console = Console::new(store, access.clone());
     let charts = console.start_charts(None, args.sample_every);
+    let auditor = start_auditor(&console, location, &args.auditor).await?;
     let terminate = terminated();
     let mut out = std::io::stdout().lock();
     writeln!(
@@ -46,6 +86,9 @@ pub(super) async fn run(store: AnyStore, args: &ConsoleArgs) -> anyhow::Result<(
     drop(out);
     let served = idem_console::serve(listener, console, terminate).await;
     charts.abort();
+    if let Some(auditor) = auditor {
+        auditor.abort();
+    }
     served.context("the console stopped")?;
     eprintln!("idem console: stopped");
     Ok(())

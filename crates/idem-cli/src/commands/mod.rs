@@ -46,7 +46,7 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
             keys::release(&open(store).await?, &args).await
         }
         Command::AuditLog(args) => audit_log::run(&open(store).await?, &args).await,
-        Command::Console(args) => console::run(open(store).await?, &args).await,
+        Command::Console(args) => console::run(open(store).await?, &location(store)?, &args).await,
         Command::Gc(args) => {
             let grace = args.tombstones.and_then(|grace| grace.0);
             let location = location(store)?;

@@ -1,6 +1,7 @@
 //! Dead letters: the filtered listing with its groups by cause, one letter
 //! in full, and the redrive of one letter or of a filtered set, each asked
-//! first on a page that says how many letters go where.
+//! first on a page that says how many letters go where. Discard and archive
+//! are in [`super::set_aside`].
 
 use std::sync::Arc;
 
@@ -16,7 +17,7 @@ use crate::actions::{self, LetterFilter, RedrivePlan, RedriveReport};
 use crate::problem::Problem;
 use crate::view::{DETAIL_BODY, GroupView, LIST_TEXT, LetterView, shorten};
 
-fn now(store: &AnyStore) -> idem::Timestamp {
+pub(crate) fn now(store: &AnyStore) -> idem::Timestamp {
     store.outbox_clock().now()
 }
 
@@ -111,7 +112,10 @@ pub(crate) async fn list(
                             td { (time(g.oldest_dead_at_ms)) }
                             td { (time(g.newest_dead_at_ms)) }
                             td { @if caller.may_act() && g.waiting > 0 {
-                                a.button href=(format!("/dead-letters/redrive?{}", with_cause(&filter, &g.cause))) { "redrive " (g.waiting) "…" }
+                                @let chosen = with_cause(&filter, &g.cause);
+                                a.button href=(format!("/dead-letters/redrive?{chosen}")) { "redrive " (g.waiting) "…" }
+                                " " a.button href=(format!("/dead-letters/archive?{chosen}")) { "archive…" }
+                                " " a.button.danger href=(format!("/dead-letters/discard?{chosen}")) { "discard…" }
                             } }
                         }
                     }
@@ -120,7 +124,11 @@ pub(crate) async fn list(
         }
         h2 { "Letters (" (letters.len()) ", oldest first)" }
         @if caller.may_act() && waiting > 0 {
-            p { a.button href=(format!("/dead-letters/redrive?{}", filter.query())) id="redrive-set" { "redrive these " (waiting) " waiting letters…" } }
+            p {
+                a.button href=(format!("/dead-letters/redrive?{}", filter.query())) id="redrive-set" { "redrive these " (waiting) " waiting letters…" }
+                " " a.button href=(format!("/dead-letters/archive?{}", filter.query())) id="archive-set" { "archive them…" }
+                " " a.button.danger href=(format!("/dead-letters/discard?{}", filter.query())) id="discard-set" { "discard them…" }
+            }
         }
         @if !shown.is_empty() { (table(&shown)) }
         @if letters.len() > SHOWN { p.muted { "The first " (SHOWN) " are shown; narrow the filter for the rest." } }
@@ -157,7 +165,13 @@ pub(crate) async fn show(
         pre #payload { (view.payload) }
         @if caller.may_act() {
             h2 { "Actions" }
-            p { a.button href=(format!("/dead-letters/{id}/redrive")) id="redrive" { "redrive…" } }
+            p {
+                a.button href=(format!("/dead-letters/{id}/redrive")) id="redrive" { "redrive…" }
+                @if letter.archived_at.is_none() {
+                    " " a.button href=(format!("/dead-letters/{id}/archive")) id="archive" { "archive…" }
+                }
+                " " a.button.danger href=(format!("/dead-letters/{id}/discard")) id="discard" { "discard…" }
+            }
         }
     };
     Ok(page(

@@ -8,6 +8,7 @@ pub(crate) mod letters;
 pub(crate) mod login;
 pub(crate) mod overview;
 pub(crate) mod records;
+pub(crate) mod set_aside;
 
 use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Response};
@@ -17,13 +18,14 @@ use crate::access::{Caller, Credential, Role};
 use crate::problem::Problem;
 
 /// The navigation: path and label.
-const NAV: [(&str, &str); 6] = [
+const NAV: [(&str, &str); 7] = [
     ("/", "Overview"),
     ("/records", "Records"),
     ("/in-flight", "In flight"),
     ("/dead-letters", "Dead letters"),
     ("/outbox", "Outbox"),
     ("/audit", "Audit log"),
+    ("/auditor", "Auditor"),
 ];
 
 /// A whole page: header, navigation (`here` marked), `content`.

@@ -27,6 +27,8 @@ use idem_testkit::postgres::TestDatabase;
 pub struct TestStore {
     pub store: AnyStore,
     pub clock: ManualClock,
+    /// Where the store is.
+    pub location: StoreLocation,
     _dir: Option<tempfile::TempDir>,
     _database: Option<TestDatabase>,
 }
@@ -36,13 +38,34 @@ pub struct TestStore {
 pub enum Kind {
     Sqlite,
     Postgres,
+    /// The machine's Redis, under a key prefix of the test's own.
+    Redis,
 }
 
 impl TestStore {
-    /// A fresh store of `kind`, its clock at now; `None` when PostgreSQL is
-    /// not there and services are not required.
+    /// A fresh store of `kind`, its clock at now; `None` when PostgreSQL or
+    /// Redis is not there and services are not required.
     pub async fn fresh(kind: Kind) -> Option<Self> {
         let clock = ManualClock::starting_now();
+        if let Kind::Redis = kind {
+            if !idem_testkit::redis::machine_redis_answers() {
+                return None;
+            }
+            let url = idem_testkit::redis::redis_url();
+            let store = idem::RedisStore::builder(url.clone())
+                .prefix(idem_testkit::redis::test_prefix("idem-console"))
+                .clock(Arc::new(clock.clone()))
+                .connect()
+                .await
+                .unwrap();
+            return Some(Self {
+                store: AnyStore::Redis(store),
+                clock,
+                location: StoreLocation::Redis(url),
+                _dir: None,
+                _database: None,
+            });
+        }
         let (location, dir, database) = match kind {
             Kind::Sqlite => {
                 let dir = tempfile::tempdir().unwrap();
@@ -56,6 +79,7 @@ impl TestStore {
                 let location: StoreLocation = database.url().parse().unwrap();
                 (location, None, Some(database))
             }
+            Kind::Redis => unreachable!("opened above"),
         };
         let store = AnyStore::open_with(&location, Settings::default(), Arc::new(clock.clone()))
             .await
@@ -63,6 +87,7 @@ impl TestStore {
         Some(Self {
             store,
             clock,
+            location,
             _dir: dir,
             _database: database,
         })
@@ -122,9 +147,13 @@ pub struct Served {
 
 impl Served {
     pub async fn start(store: &AnyStore, access: Access) -> Self {
+        Self::console(Console::new(store.clone(), access)).await
+    }
+
+    /// Serves `console`.
+    pub async fn console(console: Console) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let console = Console::new(store.clone(), access);
         // Samples often enough for the charts to show a line in a test.
         let charts = console.start_charts(None, Duration::from_millis(250));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
