@@ -394,7 +394,7 @@ wrk_phase() {
     fsync_count_start "$work/fsyncs-$name"
     wrk -t "$threads" -c "$conns" -d "${seconds}s" --latency -s "$work/$script" "$url" "${args[@]}" >"$out" 2>&1 ||
         { cat "$out" >&2; die "wrk failed in phase $name"; }
-    fsyncs=$(fsync_count_stop "$work/fsyncs-$name")
+    fsync_count_stop "$work/fsyncs-$name"
     cpu_sample >"$work/cpu-after"
     after=$(commits)
     rps[$name]=$(awk '/^Requests\/sec:/ { printf "%.0f", $2 }' "$out")
@@ -413,7 +413,8 @@ wrk_phase() {
 # (user + system, all threads of a process; "COMMAND<TAB>TICKS" lines), then
 # the machine's busy and idle ticks over all cores ("@busy", "@idle").
 cpu_sample() {
-    cat /proc/[0-9]*/stat 2>/dev/null | awk '{
+    # (a process that ends while it is read makes cat fail; what it read counts)
+    { cat /proc/[0-9]*/stat 2>/dev/null || true; } | awk '{
         q = 0
         for (i = length($0); i > 0; i--) if (substr($0, i, 1) == ")") { q = i; break }
         p = index($0, "(")
@@ -448,19 +449,22 @@ cpu_per_request() {
 }
 
 # fsync_count_start FILE: counts the fsync and fdatasync calls of the whole
-# machine into FILE until fsync_count_stop (when perf can count them).
+# machine into FILE for the next $seconds (the measured run beside it), when
+# perf can count them.
 fsync_count_start() {
     fsync_job=
     ((can_count_fsyncs)) || return 0
-    perf stat -a -x, -e syscalls:sys_enter_fsync,syscalls:sys_enter_fdatasync -o "$1" -- sleep 3600 >/dev/null 2>&1 &
+    perf stat -a -x, -e syscalls:sys_enter_fsync,syscalls:sys_enter_fdatasync -o "$1" -- sleep "$seconds" >/dev/null 2>&1 &
     fsync_job=$!
 }
-# fsync_count_stop FILE: stops the count and prints the calls counted.
+# fsync_count_stop FILE: waits for the count and sets $fsyncs to the calls
+# counted ("" when nothing was counted).
 fsync_count_stop() {
-    [[ -n $fsync_job ]] || { echo ""; return 0; }
-    kill -INT "$fsync_job" 2>/dev/null || true
+    fsyncs=
+    [[ -n $fsync_job ]] || return 0
     wait "$fsync_job" 2>/dev/null || true
-    awk -F, '$3 ~ /sys_enter_f(data)?sync/ { n += $1 } END { print n + 0 }' "$1"
+    [[ -s $1 ]] || return 0
+    fsyncs=$(awk -F, '$3 ~ /sys_enter_f(data)?sync/ { n += $1 } END { print n + 0 }' "$1")
 }
 
 # commits: transactions committed in the benchmark database so far.
@@ -487,7 +491,7 @@ group_stats() {
         END { for (k in groups) {
                 g = calls[k " grouped"]; a = calls[k " alone"]
                 printf "%s: %d grouped, %d alone, %.1f per group, %.2f ms mean wait for a runner; ", k, g, a,
-                    groups[k] > 0 ? g / groups[k] : 0, g > 0 ? 1000 * wait[k] / g : 0 } }'
+                    (groups[k] > 0 ? g / groups[k] : 0), (g > 0 ? 1000 * wait[k] / g : 0) } }'
 }
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
@@ -799,14 +803,15 @@ done
 echo
 echo "Where the time goes, per request (last round): CPU microseconds by process, the cores' idle time, and fsync calls"
 echo
-printf '%-44s %8s %8s %8s %8s %8s %8s %8s\n' "path" "gateway" "database" "nginx" "wrk" "other" "idle" "fsyncs"
+printf '%-44s %8s %8s %8s %8s %8s %8s\n' "path" "gateway" "database" "nginx" "other" "idle" "fsyncs"
 for ph in "${phases[@]}"; do
     [[ -n ${cpu_of[$ph]:-} ]] || continue
-    read -r c_gw c_db c_ng c_wrk c_other c_idle <<<"${cpu_of[$ph]}"
-    printf '%-44s %8s %8s %8s %8s %8s %8s %8s\n' "${label[$ph]}" "$c_gw" "$c_db" "$c_ng" "$c_wrk" "$c_other" "$c_idle" "${fsyncs_per[$ph]}"
+    read -r c_gw c_db c_ng _ c_other c_idle <<<"${cpu_of[$ph]}"
+    printf '%-44s %8s %8s %8s %8s %8s %8s\n' "${label[$ph]}" "$c_gw" "$c_db" "$c_ng" "$c_other" "$c_idle" "${fsyncs_per[$ph]}"
 done
 echo "(gateway: idem serve or idempotent-proxy; database: PostgreSQL's or Redis's processes; nginx: the echo upstream and the proxies;"
-echo " idle: the cores' idle and I/O-wait time divided by the requests; fsyncs: fsync and fdatasync calls on the machine, by perf)"
+echo " other: wrk, the kernel's work for them all, and anything else running; idle: the cores' idle and I/O-wait time;"
+echo " fsyncs: fsync and fdatasync calls on the machine, counted by perf)"
 echo
 
 target_row() {
