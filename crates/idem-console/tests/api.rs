@@ -3,6 +3,7 @@
 //! line, dead letters grouped and redriven (applied once by a real
 //! consumer), and who may do what (tokens, the read-only token, CSRF).
 
+#[macro_use]
 mod common;
 
 use std::time::Duration;
@@ -12,27 +13,6 @@ use common::{Client, Consumer, Served, TestStore, token};
 use idem::{DeadLetterStore, IdempotencyKey, OutboxMessage, OutboxStore, RecordStore, Scope};
 use idem_console::Access;
 use serde_json::json;
-
-macro_rules! on_every_store {
-    ($($case:ident),* $(,)?) => {
-        mod sqlite { $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $case() {
-                if let Some(store) = super::TestStore::fresh(super::common::Kind::Sqlite).await {
-                    super::$case(store).await;
-                }
-            }
-        )* }
-        mod postgres { $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $case() {
-                if let Some(store) = super::TestStore::fresh(super::common::Kind::Postgres).await {
-                    super::$case(store).await;
-                }
-            }
-        )* }
-    };
-}
 
 on_every_store!(
     records_are_filtered_paged_and_shown,

@@ -3,6 +3,7 @@
 //! effects shows the double effect after the first pass; a correct log
 //! shows nothing; a console without an auditor says how to run one.
 
+#[macro_use]
 mod common;
 
 use std::time::Duration;
@@ -14,27 +15,6 @@ use idem_check::audit::{AuditSettings, PassLimits, SqlLog};
 use idem_check::effects::query::{Pages, PgPages, SqlitePages};
 use idem_console::auditor::AuditorOptions;
 use idem_console::{Access, Console};
-
-macro_rules! on_every_store {
-    ($($case:ident),* $(,)?) => {
-        mod sqlite { $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $case() {
-                if let Some(store) = super::TestStore::fresh(super::common::Kind::Sqlite).await {
-                    super::$case(store).await;
-                }
-            }
-        )* }
-        mod postgres { $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $case() {
-                if let Some(store) = super::TestStore::fresh(super::common::Kind::Postgres).await {
-                    super::$case(store).await;
-                }
-            }
-        )* }
-    };
-}
 
 on_every_store!(
     a_key_with_two_effects_is_shown_after_one_pass,

@@ -368,3 +368,27 @@ pub fn token(text: &str) -> idem_http::admin::AdminToken {
 pub async fn settle() {
     tokio::time::sleep(Duration::from_millis(20)).await;
 }
+
+/// Runs each named case (an `async fn(TestStore)` of the calling file) on a
+/// fresh SQLite store and on a fresh PostgreSQL database.
+#[allow(unused_macros)]
+macro_rules! on_every_store {
+    ($($case:ident),* $(,)?) => {
+        mod sqlite { $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                if let Some(store) = super::TestStore::fresh(super::common::Kind::Sqlite).await {
+                    super::$case(store).await;
+                }
+            }
+        )* }
+        mod postgres { $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                if let Some(store) = super::TestStore::fresh(super::common::Kind::Postgres).await {
+                    super::$case(store).await;
+                }
+            }
+        )* }
+    };
+}
