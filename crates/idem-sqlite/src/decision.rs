@@ -1,10 +1,11 @@
 //! Reading a record and deciding what to do with it: the step every claim path
 //! (`apply`, `apply_batch`, `claim`) shares.
 //!
-//! Two ways in. [`SqliteStore::admit`] is the fast path: a read on a reader
-//! connection answers most duplicates (a replay, a reused key, a live claim)
-//! without touching the writer, and the in-process hold answers a concurrent
-//! duplicate `InFlight` at once. Anything that would *write* goes to the
+//! Two ways in. [`SqliteStore::admit`] is the fast path of `apply`: a read on
+//! a reader connection answers most duplicates (a replay, a reused key, a live
+//! claim) without touching the writer, and the in-process hold answers a
+//! concurrent duplicate `InFlight` at once. A leased `claim` takes the hold
+//! and goes to the writer directly. Anything that would *write* goes to the
 //! writer, where `decide_in` reads the record again inside the transaction and
 //! decides on what that read found.
 
@@ -101,7 +102,7 @@ impl SqliteStore {
 
     /// Answers from a reader connection when the record settles the matter
     /// (replay, key reuse, a live lease); `None` when the writer must decide.
-    async fn answer_early(&self, op: &Operation) -> Result<Option<Replay>, Error> {
+    pub(crate) async fn answer_early(&self, op: &Operation) -> Result<Option<Replay>, Error> {
         let (scope, key) = (op.scope.to_string(), op.key.to_string());
         let Some(found) = self
             .connections()

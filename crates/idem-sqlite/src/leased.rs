@@ -32,9 +32,18 @@ impl LeaseStore for SqliteStore {
         fingerprint: Fingerprint,
     ) -> Result<Claimed, Error> {
         let op = Operation::new(scope.clone(), key.clone(), fingerprint);
-        let _hold = match self.admit(&op).await? {
-            Ok(hold) => hold,
-            Err(replay) => return Ok(Claimed::Replayed(replay)),
+        // Straight to the writer, which reads the record in its transaction
+        // anyway: a leased claim is mostly a new key (the HTTP layer answers
+        // the replays it has seen from memory), and a peek on a reader first
+        // would cost two thread hand-offs for nothing. Only a key held here
+        // already is looked up first: a duplicate of a settled key, read
+        // while another duplicate holds it, is a replay, not a conflict.
+        let held = self.holds().try_hold(op.scope.as_str(), op.key.as_str());
+        let Some(_hold) = held else {
+            return match self.answer_early(&op).await? {
+                Some(replay) => Ok(Claimed::Replayed(replay)),
+                None => Err(self.busy(&op)),
+            };
         };
         let store = self.clone();
         self.connections()

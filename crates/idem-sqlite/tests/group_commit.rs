@@ -169,3 +169,40 @@ async fn failing_atomic_applies_in_a_group_undo_only_themselves() {
         assert_eq!(effects.contains(&format!("k{i}")), kept, "{i}");
     }
 }
+
+/// Duplicates of a settled key arriving together are all replays: the one
+/// that finds another duplicate holding the key reads the stored answer
+/// instead of being told the key is in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_duplicates_of_a_settled_key_are_all_replayed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::builder(dir.path().join("idem.db"))
+        .open()
+        .await
+        .unwrap();
+    let scope = Scope::new("replays").unwrap();
+    let key = IdempotencyKey::new("settled").unwrap();
+    let fingerprint = Fingerprint::of_bytes(b"x");
+    let Claimed::Fresh(claim) = store.claim(&scope, &key, fingerprint).await.unwrap() else {
+        panic!("a fresh key");
+    };
+    store
+        .complete(&claim, &Outcome::success(b"paid".to_vec()))
+        .await
+        .unwrap();
+
+    for _round in 0..20 {
+        let duplicates: Vec<_> = (0..32)
+            .map(|_| {
+                let (store, scope, key) = (store.clone(), scope.clone(), key.clone());
+                tokio::spawn(async move { store.claim(&scope, &key, fingerprint).await })
+            })
+            .collect();
+        for duplicate in duplicates {
+            match duplicate.await.unwrap() {
+                Ok(Claimed::Replayed(replay)) => assert_eq!(replay.outcome.body, b"paid"),
+                other => panic!("a duplicate of a settled key must be replayed: {other:?}"),
+            }
+        }
+    }
+}

@@ -262,6 +262,7 @@ where
             .tls_subject_principal
             .then(|| HeaderName::from_static(TLS_SUBJECT_HEADER)),
         grpc,
+        answered: observe::Answered::default(),
     });
     let per_request = move |request: Request<Incoming>, peer: Arc<Peer>| {
         answer(service.clone(), Arc::clone(&admission), peer, request)
@@ -287,6 +288,8 @@ struct Admission {
     tls_subject: Option<HeaderName>,
     /// Where gRPC calls go: the gRPC guard over the proxy, or the proxy.
     grpc: Forward,
+    /// Requests counted by outcome and route.
+    answered: observe::Answered,
 }
 
 /// One request through the limit, the layer and the proxy, counted by
@@ -313,7 +316,9 @@ where
             Some(permit) => Some(permit),
             None => {
                 let shed = limit.shed();
-                observe::answered(observe::outcome(idempotency, keyed, &shed), &route);
+                admission
+                    .answered
+                    .count(observe::outcome(idempotency, keyed, &shed), &route);
                 if is_grpc(request.headers()) {
                     // The same refusal in gRPC's terms, with its retry hint.
                     let mut refused = proxy::grpc_status(
@@ -361,6 +366,8 @@ where
     } else {
         service.oneshot(request).instrument(span).await?
     };
-    observe::answered(observe::outcome(idempotency, keyed, &response), &route);
+    admission
+        .answered
+        .count(observe::outcome(idempotency, keyed, &response), &route);
     Ok(response)
 }

@@ -9,10 +9,12 @@
 //! layer's refusals carry their problem type, upstream answers carry a marker,
 //! and replays carry `Idempotent-Replayed`.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, PoisonError, RwLock};
 
 use axum::response::Response;
 use http::Request;
+use metrics::Counter;
 
 use super::proxy::FromUpstream;
 use crate::IdempotencyConfig;
@@ -63,8 +65,35 @@ pub(crate) fn outcome(
     "other"
 }
 
-/// Counts one answered request.
-pub(crate) fn answered(outcome: &'static str, route: &Arc<str>) {
-    metrics::counter!(REQUESTS_TOTAL, "outcome" => outcome, "route" => route.to_string())
-        .increment(1);
+/// The gateway's request counters, one handle per outcome and route, made
+/// on first use: counting a request costs a look-up, not the labels'
+/// allocation and the registry's hashing.
+#[derive(Default)]
+pub(crate) struct Answered {
+    by_outcome: RwLock<HashMap<&'static str, HashMap<Arc<str>, Counter>>>,
+}
+
+impl Answered {
+    /// Counts one answered request.
+    pub(crate) fn count(&self, outcome: &'static str, route: &Arc<str>) {
+        let known = self
+            .by_outcome
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(outcome)
+            .and_then(|routes| routes.get(&**route))
+            .cloned();
+        let counter = known.unwrap_or_else(|| {
+            let counter =
+                metrics::counter!(REQUESTS_TOTAL, "outcome" => outcome, "route" => route.to_string());
+            self.by_outcome
+                .write()
+                .unwrap_or_else(PoisonError::into_inner)
+                .entry(outcome)
+                .or_default()
+                .insert(Arc::clone(route), counter.clone());
+            counter
+        });
+        counter.increment(1);
+    }
 }

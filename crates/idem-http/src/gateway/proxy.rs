@@ -35,6 +35,7 @@
 //! | connection broke after the request was sent  | 502    | kept until its lease ends |
 
 use std::convert::Infallible;
+use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -239,16 +240,16 @@ pub fn rewrite_for<B>(upstream: &Upstream, request: Request<B>) -> Result<Reques
         .remove(HOST)
         .or_else(|| parts.uri.authority().and_then(|a| a.as_str().parse().ok()));
     if let Some(ClientAddr(peer)) = parts.extensions.get::<ClientAddr>() {
-        let mut forwarded_for = headers
+        let mut forwarded_for = String::with_capacity(48);
+        for earlier in headers
             .get_all(&X_FORWARDED_FOR)
             .iter()
             .filter_map(|v| v.to_str().ok())
-            .collect::<Vec<_>>()
-            .join(", ");
-        if !forwarded_for.is_empty() {
+        {
+            forwarded_for.push_str(earlier);
             forwarded_for.push_str(", ");
         }
-        forwarded_for.push_str(&peer.ip().to_string());
+        write!(forwarded_for, "{}", peer.ip()).expect("writing to a String does not fail");
         headers.insert(X_FORWARDED_FOR, HeaderValue::try_from(forwarded_for)?);
     }
     if let Some(host) = host {

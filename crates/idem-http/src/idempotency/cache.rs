@@ -9,14 +9,19 @@
 //! key reuse; both are answered without the store. In-flight and released
 //! keys are never cached.
 //!
-//! Bounds: the entries' bytes (bodies, metadata and keys) stay under the
-//! configured capacity (`quick_cache`, weighted by size; the least useful
-//! entries go first); an entry is served only before its record's expiry by
-//! the store's clock, and only for [`ReplayCache::staleness`] after it was
-//! cached — the longest another process's eviction of the key (`idem keys
-//! rm`) can go unseen here.
+//! Bounds: the memory the entries hold (bodies, metadata, keys, each heap
+//! block with the allocator's overhead, and the cache's slots) stays under
+//! the configured capacity (`quick_cache`, weighted by that memory; the
+//! least useful entries go first); an entry is served only before its
+//! record's expiry by the store's clock, and only for
+//! [`ReplayCache::staleness`] after it was cached — the longest another
+//! process's eviction of the key (`idem keys rm`) can go unseen here.
+//! Entries past that bound are swept out every half bound, so a cache under
+//! a steady stream of new keys holds about a bound's worth of answers, not
+//! its capacity.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use idem::{Fingerprint, IdempotencyKey, Outcome, Scope, Timestamp};
@@ -102,29 +107,77 @@ pub(crate) struct Cached {
 
 type CacheKey = (Scope, IdempotencyKey);
 
-/// Entries weigh what they hold: body, metadata, key, plus a fixed overhead.
+/// A look-up key borrowing the request's scope and key: hashed and compared
+/// as the owned [`CacheKey`], so a look-up allocates nothing.
+#[derive(Hash)]
+struct Borrowed<'a>(&'a Scope, &'a IdempotencyKey);
+
+impl quick_cache::Equivalent<CacheKey> for Borrowed<'_> {
+    fn equivalent(&self, key: &CacheKey) -> bool {
+        *self.0 == key.0 && *self.1 == key.1
+    }
+}
+
+/// Entries weigh the memory they hold: each heap block as the allocator
+/// hands it out (its header and rounding included), the `Arc`'d outcome, the
+/// metadata map's nodes, and the cache's own slot.
 #[derive(Clone)]
-struct BySize;
+struct ByMemory;
 
-const ENTRY_OVERHEAD: u64 = 160;
+/// A heap block of `bytes` as the allocator hands it out: an 8-byte header,
+/// rounded up to 16, at least 32 (glibc's malloc; others are close).
+fn heap_block(bytes: usize) -> usize {
+    if bytes == 0 {
+        0
+    } else {
+        ((bytes + 8).div_ceil(16) * 16).max(32)
+    }
+}
 
-impl Weighter<CacheKey, Cached> for BySize {
+/// What the cache keeps per entry besides the heap blocks: the slot holding
+/// key and value, and the table's bookkeeping around it.
+const SLOT: usize = std::mem::size_of::<(CacheKey, Cached)>() + 32;
+
+/// A `BTreeMap<String, String>` node holds up to 11 entries.
+const META_NODE: usize = 11 * 2 * std::mem::size_of::<String>() + 16;
+
+/// The memory one cached answer holds.
+fn entry_memory(key: &CacheKey, cached: &Cached) -> usize {
+    let outcome = &cached.outcome;
+    let meta_strings: usize = outcome
+        .meta
+        .iter()
+        .map(|(name, value)| heap_block(name.capacity()) + heap_block(value.capacity()))
+        .sum();
+    // Nodes are at least half full; a map this small is one node.
+    let meta_nodes = match outcome.meta.len() {
+        0 => 0,
+        n if n <= 11 => 1,
+        n => n.div_ceil(6),
+    };
+    SLOT + heap_block(key.0.as_str().len())
+        + heap_block(key.1.as_str().len())
+        + heap_block(std::mem::size_of::<Outcome>() + 16)
+        + heap_block(outcome.body.capacity())
+        + heap_block(META_NODE) * meta_nodes
+        + meta_strings
+}
+
+impl Weighter<CacheKey, Cached> for ByMemory {
     fn weight(&self, key: &CacheKey, cached: &Cached) -> u64 {
-        let meta: usize = cached
-            .outcome
-            .meta
-            .iter()
-            .map(|(name, value)| name.len() + value.len())
-            .sum();
-        (key.0.as_str().len() + key.1.as_str().len() + cached.outcome.body.len() + meta) as u64
-            + ENTRY_OVERHEAD
+        entry_memory(key, cached) as u64
     }
 }
 
 /// The cache of one layer.
 pub(crate) struct AnswerCache {
-    cache: Option<Cache<CacheKey, Cached, BySize>>,
+    cache: Option<Cache<CacheKey, Cached, ByMemory>>,
     staleness: Duration,
+    /// When the cache was made; sweeps are timed from it.
+    born: Instant,
+    /// Milliseconds after `born` when the next sweep of entries past the
+    /// staleness bound is due.
+    next_sweep: AtomicU64,
 }
 
 impl AnswerCache {
@@ -135,11 +188,13 @@ impl AnswerCache {
             let estimated = usize::try_from(config.bytes / 1024)
                 .unwrap_or(usize::MAX)
                 .max(16);
-            Cache::with_weighter(estimated, config.bytes, BySize)
+            Cache::with_weighter(estimated, config.bytes, ByMemory)
         });
         Self {
             cache,
             staleness: config.staleness,
+            born: Instant::now(),
+            next_sweep: AtomicU64::new(0),
         }
     }
 
@@ -152,7 +207,7 @@ impl AnswerCache {
         now: Timestamp,
     ) -> Option<Cached> {
         let cache = self.cache.as_ref()?;
-        let id = (scope.clone(), key.clone());
+        let id = Borrowed(scope, key);
         let found = cache.get(&id).filter(|cached| {
             now < cached.expires_at && cached.cached_at.elapsed() < self.staleness
         });
@@ -185,8 +240,36 @@ impl AnswerCache {
                 cached_at: Instant::now(),
             },
         );
+        self.sweep_when_due(cache);
         metrics::gauge!(REPLAY_CACHE_BYTES).set(cache.weight() as f64);
         metrics::gauge!(REPLAY_CACHE_ENTRIES).set(cache.len() as f64);
+    }
+
+    /// Every half staleness bound, drops the entries past it: they would
+    /// never be served again, and would otherwise stay until pushed out by
+    /// weight.
+    fn sweep_when_due(&self, cache: &Cache<CacheKey, Cached, ByMemory>) {
+        let now = millis(self.born.elapsed());
+        let due = self.next_sweep.load(Ordering::Relaxed);
+        if now < due {
+            return;
+        }
+        let next = now + millis(self.staleness / 2).max(1);
+        if self
+            .next_sweep
+            .compare_exchange(due, next, Ordering::Relaxed, Ordering::Relaxed)
+            .is_err()
+        {
+            return; // another request sweeps
+        }
+        let staleness = self.staleness;
+        cache.retain(|_, cached| cached.cached_at.elapsed() < staleness);
+    }
+
+    /// Answers in the cache.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.cache.as_ref().map_or(0, Cache::len)
     }
 
     /// Bytes the cached answers take.
@@ -194,6 +277,10 @@ impl AnswerCache {
     fn weight(&self) -> u64 {
         self.cache.as_ref().map_or(0, Cache::weight)
     }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]
@@ -238,6 +325,57 @@ mod tests {
         answers.put(&scope, &key, fp, answer(10), Timestamp(1_000));
         std::thread::sleep(Duration::from_millis(60));
         assert!(answers.get(&scope, &key, Timestamp(0)).is_none(), "stale");
+    }
+
+    #[test]
+    fn a_small_answer_weighs_its_heap_blocks_not_just_its_bytes() {
+        let key = (
+            Scope::new("http:anon:POST:/pay").unwrap(),
+            IdempotencyKey::new("k-1").unwrap(),
+        );
+        let outcome = Outcome::success(vec![7u8; 40])
+            .with_meta("http.status", "201")
+            .with_meta("http.header.content-type", "application/json");
+        let bytes = key.0.as_str().len() + key.1.as_str().len() + 40 + 11 + 3 + 24 + 16;
+        let cached = Cached {
+            fingerprint: Fingerprint::of_bytes(b"x"),
+            outcome: Arc::new(outcome),
+            expires_at: Timestamp(i64::MAX),
+            cached_at: Instant::now(),
+        };
+        let weight = entry_memory(&key, &cached);
+        // A map node, the Arc'd outcome, seven blocks with headers, the slot.
+        assert!(weight > 4 * bytes, "{weight} vs {bytes} bytes of content");
+        assert!(weight < 2048, "{weight}");
+    }
+
+    #[test]
+    fn entries_past_the_staleness_bound_are_swept_out() {
+        let answers =
+            AnswerCache::new(ReplayCache::bytes(1 << 20).staleness(Duration::from_millis(40)));
+        let scope = Scope::new("s").unwrap();
+        for i in 0..100 {
+            let key = IdempotencyKey::new(format!("old-{i}")).unwrap();
+            answers.put(
+                &scope,
+                &key,
+                Fingerprint::of_bytes(b"x"),
+                answer(10),
+                Timestamp(i64::MAX),
+            );
+        }
+        assert_eq!(answers.len(), 100);
+        std::thread::sleep(Duration::from_millis(50));
+        let key = IdempotencyKey::new("new").unwrap();
+        answers.put(
+            &scope,
+            &key,
+            Fingerprint::of_bytes(b"x"),
+            answer(10),
+            Timestamp(i64::MAX),
+        );
+        assert_eq!(answers.len(), 1, "only the fresh answer is left");
+        assert!(answers.get(&scope, &key, Timestamp(0)).is_some());
     }
 
     #[test]

@@ -82,6 +82,8 @@ mod reconcile;
 mod spool;
 mod wait;
 
+use std::convert::Infallible;
+use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -239,16 +241,19 @@ where
         }
         return Ok(response);
     }
-    let route = route_of(request.uri(), request.extensions());
-    let label = route_label(request.method(), request.uri(), request.extensions());
     let key = match read_key(request.headers()) {
         Ok(Some(key)) => key,
-        Ok(None) if config.requires_key(request.method(), &route) => {
-            return Ok(Refusal::MissingKey.to_response(mode));
+        Ok(None) => {
+            let route = route_of(request.uri(), request.extensions());
+            if config.requires_key(request.method(), &route) {
+                return Ok(Refusal::MissingKey.to_response(mode));
+            }
+            return pass_through(inner, request).await;
         }
-        Ok(None) => return pass_through(inner, request).await,
         Err(malformed) => return Ok(Refusal::Header(malformed).to_response(mode)),
     };
+    let route = route_of(request.uri(), request.extensions());
+    let label = route_label(request.method(), request.uri(), request.extensions());
 
     let (parts, body) = request.into_parts();
     let body = match read_limited(&parts.headers, body, config.body_limit).await {
@@ -356,18 +361,34 @@ where
     }
 }
 
-/// Renews the claim every third of the lease while the service works, so a
-/// slow request is not taken over by its own retry. If this process dies the
+/// Runs `work` while renewing the claim every third of the lease, in the
+/// same task (no task of its own to spawn and abort per request), so a slow
+/// request is not taken over by its own retry. If this process dies the
 /// renewals stop, and the lease runs out as usual.
-async fn renew_while_running<St: LeaseStore>(shared: Arc<Shared<St>>, mut claim: Claim) {
+async fn renewing<St: LeaseStore, T>(
+    shared: &Shared<St>,
+    claim: &Claim,
+    work: impl Future<Output = T>,
+) -> T {
+    tokio::select! {
+        done = work => done,
+        never = renew_while_running(shared, claim) => match never {},
+    }
+}
+
+/// Renews `first` every third of the lease, for ever; after a failed renewal
+/// it only waits.
+async fn renew_while_running<St: LeaseStore>(shared: &Shared<St>, first: &Claim) -> Infallible {
     let every = (shared.config.lease / 3).max(std::time::Duration::from_millis(10));
+    let mut renewed: Option<Claim> = None;
     loop {
         tokio::time::sleep(every).await;
-        match shared.store.renew(&claim).await {
-            Ok(renewed) => claim = renewed,
+        let claim = renewed.as_ref().unwrap_or(first);
+        match shared.store.renew(claim).await {
+            Ok(next) => renewed = Some(next),
             Err(error) => {
-                tracing::warn!(scope = claim.scope.as_str(), %error, "could not renew the claim; a retry may take it over when its lease ends");
-                return;
+                tracing::warn!(scope = first.scope.as_str(), %error, "could not renew the claim; a retry may take it over when its lease ends");
+                return std::future::pending().await;
             }
         }
     }
@@ -412,11 +433,16 @@ where
 {
     let config = &shared.config;
     let scope = claim.scope.as_str();
-    let heartbeat = tokio::spawn(renew_while_running(Arc::clone(&shared), claim.clone()));
     let request = match (&shared.answers.reconcile, claim.took_over) {
         (Some(reconcile), true) => {
             let (parts, body) = request.into_parts();
-            match reconcile.reconcile(&claim.scope, &claim.key, &parts).await {
+            let reconciled = renewing(
+                &shared,
+                &claim,
+                reconcile.reconcile(&claim.scope, &claim.key, &parts),
+            )
+            .await;
+            match reconciled {
                 Reconciled::NotApplied => {
                     tracing::info!(
                         scope,
@@ -425,7 +451,6 @@ where
                     Request::from_parts(parts, body)
                 }
                 Reconciled::Applied(stored) => {
-                    heartbeat.abort();
                     tracing::info!(
                         scope,
                         "the earlier attempt was applied; storing and replaying its answer"
@@ -438,7 +463,6 @@ where
                     return Ok(stored.into_replay());
                 }
                 Reconciled::Unknown(cause) => {
-                    heartbeat.abort();
                     // The claim is kept: the retry after its lease takes it
                     // over and asks again. Released, the next claim would not
                     // be a takeover, and would run without asking.
@@ -452,8 +476,7 @@ where
         }
         _ => request,
     };
-    let called = inner.call(request).await;
-    heartbeat.abort();
+    let called = renewing(&shared, &claim, inner.call(request)).await;
     let response = match called {
         Ok(response) => response,
         Err(error) => {
