@@ -9,13 +9,20 @@
 //! average of how long a call took each way, sends its calls the faster way,
 //! and sends one call in [`EXPLORE_EVERY`] the other way, so the slower one's
 //! average stays current as the load changes.
+//!
+//! The grouped way has to be faster by a quarter to be taken: what a group
+//! costs the database (its look-up, its larger statements) is paid by every
+//! caller, not in the grouped call's own time, so on a server with CPU to
+//! spare the two averages sit close and going alone is the cheaper bet. When
+//! commits are slow (a busy disk, a long queue at the server) a call alone
+//! takes several times a grouped one, far past that margin.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// One call in this many takes the way that was slower, to keep measuring
 /// it.
-pub(crate) const EXPLORE_EVERY: u64 = 16;
+pub(crate) const EXPLORE_EVERY: u64 = 32;
 
 /// A new measure's weight in the moving average: 1/2^`SHIFT`.
 const SHIFT: u32 = 3;
@@ -57,7 +64,8 @@ pub(crate) struct Choice {
 
 impl Choice {
     /// The way the next call goes: one not measured yet first, then the
-    /// faster, and the slower once in [`EXPLORE_EVERY`] calls.
+    /// faster (grouped by a quarter, or else alone), and the other once in
+    /// [`EXPLORE_EVERY`] calls.
     pub(crate) fn next(&self) -> Way {
         let n = self.calls.fetch_add(1, Ordering::Relaxed);
         let grouped = self.grouped.load(Ordering::Relaxed);
@@ -68,10 +76,10 @@ impl Choice {
         if alone == 0 {
             return Way::Alone;
         }
-        let faster = if alone < grouped {
-            Way::Alone
-        } else {
+        let faster = if grouped.saturating_add(grouped / 4) < alone {
             Way::Grouped
+        } else {
+            Way::Alone
         };
         if n % EXPLORE_EVERY == EXPLORE_EVERY - 1 {
             faster.other()
@@ -112,6 +120,22 @@ mod tests {
         let ways: Vec<Way> = (0..EXPLORE_EVERY * 4).map(|_| choice.next()).collect();
         let alone = ways.iter().filter(|w| **w == Way::Alone).count() as u64;
         assert_eq!(alone, EXPLORE_EVERY * 4 - 4, "{ways:?}");
+    }
+
+    #[test]
+    fn grouped_is_taken_only_when_clearly_faster() {
+        let choice = Choice::default();
+        choice.took(Way::Grouped, Duration::from_micros(900));
+        choice.took(Way::Alone, Duration::from_micros(1000));
+        assert_eq!(
+            choice.next(),
+            Way::Alone,
+            "a tenth faster is within the margin"
+        );
+        let choice = Choice::default();
+        choice.took(Way::Grouped, Duration::from_micros(700));
+        choice.took(Way::Alone, Duration::from_micros(1000));
+        assert_eq!(choice.next(), Way::Grouped);
     }
 
     #[test]
