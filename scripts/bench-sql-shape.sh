@@ -5,12 +5,12 @@
 # by `idem migrate`, and prints each shape's transactions per second and its
 # ratio to the plain debit, as medians over rounds taken in turns.
 #
-#   scripts/bench-sql-shape.sh [--rounds N] [--seconds S] [--clients C] [SERVER_URL]
+#   scripts/bench-sql-shape.sh [--gateway] [--rounds N] [--seconds S] [--clients C] [SERVER_URL]
 #
 # SERVER_URL defaults to postgres://postgres@127.0.0.1:5432/postgres; a
 # database idem_sql_shape_<pid> is made on it and dropped afterwards. Needs
 # pgbench and psql (the PostgreSQL client packages) and a release build of
-# `idem` (cargo build --release -p idem-cli).
+# `idem` (cargo build --release -p idem-cli; IDEM_BIN names another binary).
 #
 # The shapes, one line per round trip, as the Rust paths send them (the pool's
 # pings, which the plain consumer pays and the claim-first checkout skips, are
@@ -20,25 +20,42 @@
 #   record          BEGIN | debit | ledger row | insert the record and COMMIT
 #   effectively-once  BEGIN | try the key's lock and read its record |
 #                   debit | ledger row | insert the record and COMMIT
+#
+# --gateway measures instead what a new key costs `idem serve` on PostgreSQL
+# (a leased claim, then its completion, each a transaction of its own; group
+# commit's grouped way is not shown), against the single-row INSERT of
+# `bench/gateway.sh`'s pgbench phase (16 clients by default there):
+#   insert          the single-row INSERT
+#   two-inserts     two single-row INSERTs, each its own transaction: two
+#                   durable commits, the least a claim and a completion cost
+#   claim-complete  BEGIN, try the key's lock and read its record |
+#                   insert the in-flight record, COMMIT | (the closed
+#                   transaction's ROLLBACK) BEGIN, wait for the key's lock,
+#                   the fenced completion, COMMIT
+# The store sends the record's statements as prepared ones; here they are
+# written out and parsed on every call, so claim-complete is a little slower
+# than the store's own SQL.
 set -euo pipefail
 
 rounds=3
 seconds=8
 clients=8
 server=postgres://postgres@127.0.0.1:5432/postgres
+gateway=false
 while (($#)); do
     case "$1" in
+    --gateway) gateway=true; shift ;;
     --rounds) rounds=$2; shift 2 ;;
     --seconds) seconds=$2; shift 2 ;;
     --clients) clients=$2; shift 2 ;;
-    -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,36p' "$0"; exit 0 ;;
     -*) echo "unknown option $1 (try --help)" >&2; exit 2 ;;
     *) server=$1; shift ;;
     esac
 done
 
 root=$(cd "$(dirname "$0")/.." && pwd)
-idem=$root/target/release/idem
+idem=${IDEM_BIN:-$root/target/release/idem}
 [[ -x $idem ]] || { echo "no $idem: run cargo build --release -p idem-cli first" >&2; exit 1; }
 pgbench=$(command -v pgbench || ls /usr/lib/postgresql/*/bin/pgbench 2>/dev/null | sort -V | tail -1 || true)
 [[ -n $pgbench && -x $pgbench ]] || { echo "pgbench not found: install postgresql-client (apt-get install postgresql-client)" >&2; exit 1; }
@@ -77,6 +94,24 @@ printf "%s\n%s;\nSELECT pg_try_advisory_xact_lock(:key) \\\\; SELECT state, toke
     "$head" "$begin" "$debit" "$record" >"$work/effectively-once.sql"
 
 shapes=(plain lock record effectively-once)
+
+# The gateway's shapes. The key is a random number (unique in practice);
+# the lock number stands in for the key's hash.
+psql -q "$url" -c 'CREATE TABLE idem_gateway_insert (id TEXT PRIMARY KEY, body BYTEA NOT NULL, n INT NOT NULL)' >/dev/null
+insert="INSERT INTO idem_gateway_insert VALUES (gen_random_uuid()::text, '\\x7b226f6b223a747275657d0a'::bytea, 1);"
+printf '%s\n' "$insert" >"$work/insert.sql"
+printf '%s\n%s\n' "$insert" "$insert" >"$work/two-inserts.sql"
+zeros=$(printf '%064d' 0)
+gw_key="CAST(:key AS TEXT)"
+cat >"$work/claim-complete.sql" <<SQL
+\set key random(1, 999999999999)
+BEGIN ISOLATION LEVEL READ COMMITTED \\; SET LOCAL bytea_output = hex \\; SELECT pg_try_advisory_xact_lock(:key) AS granted \\; SELECT scope, key, fingerprint, state, token, lease_until, outcome_kind, outcome_body, outcome_meta, created_at, updated_at, expires_at FROM idem_records WHERE scope = 'gateway' AND key = $gw_key;
+INSERT INTO idem_records (scope, key, fingerprint, state, token, lease_until, outcome_kind, outcome_body, outcome_meta, created_at, updated_at, expires_at) VALUES ('gateway', $gw_key, '\\x$zeros'::bytea, 'in_flight', 7, 1030001, NULL, NULL, NULL, 1000001, 1000001, 87400001) \\; COMMIT \\; BEGIN;
+ROLLBACK \\; BEGIN ISOLATION LEVEL READ COMMITTED \\; SELECT pg_advisory_xact_lock(:key) \\; WITH current AS (SELECT token FROM idem_records WHERE scope = 'gateway' AND key = $gw_key), changed AS (UPDATE idem_records SET state = 'completed', outcome_kind = 'success', outcome_body = '\\x7b226f6b223a747275657d0a'::bytea, outcome_meta = '{"status":"200","content-type":"application/json"}', lease_until = NULL, updated_at = 1000002 WHERE scope = 'gateway' AND key = $gw_key AND token = 7 AND state = 'in_flight' RETURNING 1) SELECT EXISTS (SELECT 1 FROM changed) AS held, (SELECT token FROM current) AS current \\; COMMIT;
+SQL
+if $gateway; then
+    shapes=(insert two-inserts claim-complete)
+fi
 tps() {
     "$pgbench" -n -M simple -c "$clients" -j 2 -T "$seconds" -f "$work/$1.sql" "$url" 2>&1 |
         awk '/^tps/ { print $3; found = 1 } END { if (!found) exit 1 }'
@@ -91,15 +126,15 @@ for ((round = 1; round <= rounds; round++)); do
         echo "$rate" >>"$work/$shape.tps"
         line+=" $shape $(printf '%.0f' "$rate")"
     done
-    plain=$(sed -n "${round}p" "$work/plain.tps")
+    base=$(sed -n "${round}p" "$work/${shapes[0]}.tps")
     for shape in "${shapes[@]:1}"; do
-        awk -v a="$(sed -n "${round}p" "$work/$shape.tps")" -v b="$plain" 'BEGIN { printf "%.3f\n", a / b }' >>"$work/$shape.ratio"
+        awk -v a="$(sed -n "${round}p" "$work/$shape.tps")" -v b="$base" 'BEGIN { printf "%.3f\n", a / b }' >>"$work/$shape.ratio"
     done
     echo "$line"
 done
 
-printf '%-18s %10s %12s\n' shape "tx/s" "÷ plain"
-printf '%-18s %10.0f %12s\n' plain "$(median <"$work/plain.tps")" 1.00
+printf '%-18s %10s %12s\n' shape "tx/s" "÷ ${shapes[0]}"
+printf '%-18s %10.0f %12s\n' "${shapes[0]}" "$(median <"$work/${shapes[0]}.tps")" 1.00
 for shape in "${shapes[@]:1}"; do
     printf '%-18s %10.0f %11.2f×\n' "$shape" "$(median <"$work/$shape.tps")" "$(median <"$work/$shape.ratio")"
 done

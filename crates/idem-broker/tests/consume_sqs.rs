@@ -10,6 +10,7 @@
 mod consumer_support;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -42,6 +43,24 @@ fn slow<K: Bank>(bank: &K, pause: Duration) -> impl ApplyBatch<Store = K::Store>
             K::debit(tx, message.key.as_str(), 1).await?;
             pause_here(pause).await;
             Ok(Outcome::success("slow"))
+        }
+    })
+}
+
+/// An effect that writes its ledger row, then holds its transaction until
+/// `released` is set (at most 30 s).
+fn held<K: Bank>(bank: &K, released: Arc<AtomicBool>) -> impl ApplyBatch<Store = K::Store> {
+    AtomicApply::new(bank.store(), move |message: Arc<KeyedMessage>| {
+        let released = Arc::clone(&released);
+        async move |tx: &mut Tx<K>| -> Result<Outcome, String> {
+            K::debit(tx, message.key.as_str(), 1).await?;
+            for _ in 0..1500 {
+                if released.load(Ordering::Acquire) {
+                    break;
+                }
+                pause_here(Duration::from_millis(20)).await;
+            }
+            Ok(Outcome::success("held"))
         }
     })
 }
@@ -257,10 +276,10 @@ async fn a_retention_longer_than_the_window_stops_the_start() {
 }
 
 /// A consumer that cannot extend a message's visibility stops: here the
-/// queue is deleted under a slow effect, the extension is refused, and the
-/// consumer ends with the transport's error instead of working on while SQS
-/// could hand the message to someone else. The effect in hand still commits
-/// once.
+/// queue is deleted under an effect in hand, the extension is refused, and
+/// the consumer ends with the transport's error instead of working on while
+/// SQS could hand the message to someone else. The effect in hand still
+/// commits once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_that_cannot_extend_the_visibility_stops() {
     let Some(queue) = Sqs::start().await else {
@@ -270,9 +289,10 @@ async fn a_consumer_that_cannot_extend_the_visibility_stops() {
         return;
     };
     queue.publish(Some("slow-1"), br#"{"amount": 1}"#).await;
+    let released = Arc::new(AtomicBool::new(false));
     let consumer = Consumer::new(
         queue.transport().await,
-        slow(&bank, Duration::from_secs(3)),
+        held(&bank, Arc::clone(&released)),
         config(queue.key_rule()).concurrency(1),
     );
     let stats = consumer.stats();
@@ -287,6 +307,12 @@ async fn a_consumer_that_cannot_extend_the_visibility_stops() {
         .send()
         .await
         .expect("delete the queue");
+    // The effect is held until the queue has been gone for three extension
+    // periods (one per second with the tests' 2 s visibility), so at least
+    // one extension is refused while the message is in hand however slowly
+    // the server answers.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    released.store(true, Ordering::Release);
     let ended = tokio::time::timeout(Duration::from_secs(30), run)
         .await
         .expect("the consumer stops within 30 s")
