@@ -218,8 +218,12 @@ mod rebalance {
         };
         let broker = Kafka::from_env().await;
         let bank = PgBank::at(&location).await;
+        // One batch at a time: when the checkpoint below holds the first
+        // batch, no other batch's transaction is open (and holding its rows)
+        // in the process that is about to be frozen.
         let settings = config(broker.key_rule())
             .batch(BATCH, Duration::from_millis(200))
+            .batches_at_once(1)
             .checkpoint(|at| {
                 if at == Checkpoint::AfterCommit {
                     println!("{MARKER}");

@@ -65,10 +65,10 @@ fn held<K: Bank>(bank: &K, released: Arc<AtomicBool>) -> impl ApplyBatch<Store =
     })
 }
 
-/// An effect slower than the visibility timeout (2 s against 5 s): with the
-/// extension on, a second consumer on the queue never receives the message;
-/// with it off, the second consumer gets a copy while the first still works,
-/// and that copy is answered from the record. One effect either way.
+/// An effect held longer than the visibility timeout: with the extension on,
+/// a second consumer on the queue never receives the message; with it off,
+/// the second consumer gets a copy while the first still works, and that copy
+/// is answered from the record. One effect either way.
 async fn a_slow_effect_and_the_visibility<K: Bank>(extend: bool) {
     let Some(queue) = Sqs::start().await else {
         return;
@@ -77,15 +77,20 @@ async fn a_slow_effect_and_the_visibility<K: Bank>(extend: bool) {
         return;
     };
     queue.publish(Some("slow-1"), br#"{"amount": 1}"#).await;
+    // Extended every 2 s: a late extension still has 2 s of slack on a busy
+    // machine.
+    let visibility = Duration::from_secs(4);
     let options = SqsOptions {
         extend,
+        visibility,
         ..queue.options
     };
+    let released = Arc::new(AtomicBool::new(false));
     // One message at a time: the first consumer does not receive again
     // while its effect runs, so a copy can only reach the second.
     let first = Consumer::new(
         queue.transport_with(options).await,
-        slow(&bank, Duration::from_secs(5)),
+        held(&bank, Arc::clone(&released)),
         config(queue.key_rule()).concurrency(1),
     );
     let first = Running::start(first.stats(), |stop| first.run(stop));
@@ -96,6 +101,16 @@ async fn a_slow_effect_and_the_visibility<K: Bank>(extend: bool) {
         config(queue.key_rule()),
     );
     let second = Running::start(second.stats(), |stop| second.run(stop));
+    if extend {
+        // Twice the visibility timeout and more: without the extensions the
+        // message would have been visible again by now.
+        tokio::time::sleep(visibility * 2 + Duration::from_secs(1)).await;
+    } else {
+        second
+            .until("a copy while the first still works", |s| s.received >= 1)
+            .await;
+    }
+    released.store(true, Ordering::Release);
     first.until("applied", |s| s.applied >= 1).await;
     if extend {
         // Past the commit and the delete: nothing is left for the second.

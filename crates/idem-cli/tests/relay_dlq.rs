@@ -116,7 +116,7 @@ async fn a_relay_killed_mid_publish_is_republished_and_the_receiver_keeps_one_ef
 
     let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
         .args([
-            "--store", &store, "relay", "--lease", "1s", "--poll", "100ms",
+            "--store", &store, "relay", "--lease", "4s", "--poll", "100ms",
         ])
         .env_remove("IDEM_STORE")
         .stdout(Stdio::null())
@@ -124,7 +124,8 @@ async fn a_relay_killed_mid_publish_is_republished_and_the_receiver_keeps_one_ef
         .spawn()
         .expect("start idem relay");
     // Wait until the webhook has the request (and applied it): the relay is
-    // now inside the publish, waiting for the answer.
+    // now inside the publish, waiting for the answer (for at most half the
+    // lease, 2 s, before it would give up and try again).
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while hook.lock().unwrap().effects == 0 {
         assert!(
@@ -138,7 +139,7 @@ async fn a_relay_killed_mid_publish_is_republished_and_the_receiver_keeps_one_ef
 
     // The lease runs out; the next relay publishes the row again.
     hook.lock().unwrap().hang = false;
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    tokio::time::sleep(Duration::from_millis(4100)).await;
     let out = idem_async(&store, &["relay", "--once"]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(

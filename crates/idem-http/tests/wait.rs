@@ -313,8 +313,9 @@ async fn a_waiter_is_answered_409_when_the_original_ends_without_an_answer(kind:
     };
     // The upstream never answers within the gateway's timeout: the outcome
     // is unknown, and the waiter hears so instead of waiting out its 30 s.
+    // The timeout leaves the waiter time to join on a busy machine.
     let options = Options {
-        upstream_timeout: Duration::from_millis(800),
+        upstream_timeout: Duration::from_secs(5),
         ..with(waiting(Duration::from_secs(30)))
     };
     let gateway = f.gateway(options).await;
@@ -326,6 +327,7 @@ async fn a_waiter_is_answered_409_when_the_original_ends_without_an_answer(kind:
     })
     .await;
     let waiter = send(&client, "/slow", &key);
+    until("the duplicate waits", || gateway.layer.waiting() == 1).await;
     let (original, _) = original.await.unwrap();
     assert_eq!(original.status, StatusCode::GATEWAY_TIMEOUT);
     let (reply, took) = waiter.await.unwrap();

@@ -320,12 +320,16 @@ pub(crate) async fn batches<B: Broker, K: Bank>() {
     let running = Running::start(consumer.stats(), |stop| consumer.run_batched(stop));
     let stats = running
         .until("every message settled", |s| {
-            s.applied + s.replayed >= 250 && s.dead_lettered >= 2
+            s.applied >= 200 && s.replayed >= 50 && s.dead_lettered >= 2
         })
         .await;
     let stats_after = running.stop().await;
-    assert_eq!(stats.applied, 200, "{stats:?}");
-    assert_eq!(stats.replayed, 50, "{stats:?}");
+    assert_eq!(stats_after.applied, 200, "{stats_after:?}");
+    // Each of the 50 copies is answered from the record. A message held in
+    // hand past the broker's redelivery time (the tests' is 2 s) on a busy
+    // machine comes again and is answered the same way, so more replays
+    // than copies are possible; more effects are not.
+    assert!(stats.replayed >= 50, "{stats:?}");
     assert_eq!(stats_after.dead_lettered, 2, "{stats_after:?}");
     let ledger = bank.ledger().await;
     assert_eq!(ledger.len(), 200);
