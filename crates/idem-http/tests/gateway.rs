@@ -359,7 +359,7 @@ async fn an_upstream_timeout_is_504_outcome_unknown_then_forwarded_again_after_t
         kind,
         Options {
             idempotency: IdempotencyConfig::default().lease(lease),
-            upstream_timeout: Duration::from_millis(300),
+            upstream_timeout: Duration::from_secs(1),
             ..Options::default()
         },
     )
@@ -402,9 +402,10 @@ async fn an_upstream_timeout_is_504_outcome_unknown_then_forwarded_again_after_t
 
 on_each_store!(a_short_real_lease_ends_and_the_retry_is_forwarded_again);
 async fn a_short_real_lease_ends_and_the_retry_is_forwarded_again(kind: StoreKind) {
-    // The same boundary on the wall clock, with a 300 ms lease.
+    // The same boundary on the wall clock, with a 1.5 s lease (the forward
+    // after it has a second to be answered, on a busy machine too).
     let dir = tempfile::tempdir().unwrap();
-    let idempotency = IdempotencyConfig::default().lease(Duration::from_millis(300));
+    let idempotency = IdempotencyConfig::default().lease(Duration::from_millis(1500));
     let Some(store) = kind
         .open(dir.path(), &idempotency, Arc::new(SystemClock))
         .await
@@ -415,7 +416,7 @@ async fn a_short_real_lease_ends_and_the_retry_is_forwarded_again(kind: StoreKin
     let server = upstream.start().await;
     let options = Options {
         idempotency,
-        upstream_timeout: Duration::from_millis(200),
+        upstream_timeout: Duration::from_secs(1),
         ..Options::default()
     };
     let gateway = Gateway::start(server.addr, store, options).await;

@@ -109,7 +109,7 @@ impl Fixture {
         let layer = IdempotencyLayer::new(store, config);
         let gateway_config =
             GatewayConfig::new(format!("http://{}", upstream.addr).parse().unwrap())
-                .upstream_timeout(Duration::from_millis(300))
+                .upstream_timeout(Duration::from_secs(1))
                 .probe("GET /pay/by-key/{key}".parse().unwrap());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let client = Client::to(listener.local_addr().unwrap());

@@ -312,7 +312,7 @@ mod tests {
     #[test]
     fn an_expired_or_stale_entry_is_not_served() {
         let answers =
-            AnswerCache::new(ReplayCache::bytes(1 << 20).staleness(Duration::from_millis(50)));
+            AnswerCache::new(ReplayCache::bytes(1 << 20).staleness(Duration::from_secs(2)));
         let scope = Scope::new("s").unwrap();
         let key = IdempotencyKey::new("k").unwrap();
         let fp = Fingerprint::of_bytes(b"x");
@@ -323,7 +323,7 @@ mod tests {
             "expired at its window's end"
         );
         answers.put(&scope, &key, fp, answer(10), Timestamp(1_000));
-        std::thread::sleep(Duration::from_millis(60));
+        std::thread::sleep(Duration::from_millis(2100));
         assert!(answers.get(&scope, &key, Timestamp(0)).is_none(), "stale");
     }
 
@@ -352,7 +352,7 @@ mod tests {
     #[test]
     fn entries_past_the_staleness_bound_are_swept_out() {
         let answers =
-            AnswerCache::new(ReplayCache::bytes(1 << 20).staleness(Duration::from_millis(40)));
+            AnswerCache::new(ReplayCache::bytes(1 << 20).staleness(Duration::from_secs(1)));
         let scope = Scope::new("s").unwrap();
         for i in 0..100 {
             let key = IdempotencyKey::new(format!("old-{i}")).unwrap();
@@ -365,7 +365,7 @@ mod tests {
             );
         }
         assert_eq!(answers.len(), 100);
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(1200));
         let key = IdempotencyKey::new("new").unwrap();
         answers.put(
             &scope,
