@@ -30,9 +30,18 @@ const KEPT: usize = 16;
 pub(crate) struct Reasons(Mutex<Vec<String>>);
 
 impl Reasons {
-    /// Keeps `reason`.
+    /// Keeps `reason`. A reason given again moves to the newest place
+    /// instead of taking another: librdkafka repeats "1/1 brokers are down"
+    /// many times a second, and the repeats would push out the one reason
+    /// that says why (a certificate that did not verify, refused
+    /// credentials).
     pub(crate) fn record(&self, reason: &str) {
         let mut reasons = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(at) = reasons.iter().position(|kept| kept == reason) {
+            let again = reasons.remove(at);
+            reasons.push(again);
+            return;
+        }
         if reasons.len() == KEPT {
             reasons.remove(0);
         }
@@ -220,8 +229,16 @@ mod tests {
             reasons.refusal().map(|r| r.kind),
             Some(RefusalKind::Authentication)
         );
-        for _ in 0..KEPT {
-            reasons.record("later");
+        for _ in 0..10 * KEPT {
+            reasons.record("1/1 brokers are down");
+        }
+        assert_eq!(
+            reasons.refusal().map(|r| r.kind),
+            Some(RefusalKind::Authentication),
+            "a repeated reason does not push out the telling one"
+        );
+        for i in 0..KEPT {
+            reasons.record(&format!("later {i}"));
         }
         assert_eq!(reasons.refusal(), None, "only the latest are kept");
     }
