@@ -95,21 +95,21 @@ printf "%s\n%s;\nSELECT pg_try_advisory_xact_lock(:key) \\\\; SELECT state, toke
 
 shapes=(plain lock record effectively-once)
 
-# The gateway's shapes. The key is a random number (unique in practice);
-# the lock number stands in for the key's hash.
-psql -q "$url" -c 'CREATE TABLE idem_gateway_insert (id TEXT PRIMARY KEY, body BYTEA NOT NULL, n INT NOT NULL)' >/dev/null
-insert="INSERT INTO idem_gateway_insert VALUES (gen_random_uuid()::text, '\\x7b226f6b223a747275657d0a'::bytea, 1);"
-printf '%s\n' "$insert" >"$work/insert.sql"
-printf '%s\n%s\n' "$insert" "$insert" >"$work/two-inserts.sql"
-zeros=$(printf '%064d' 0)
-gw_key="CAST(:key AS TEXT)"
-cat >"$work/claim-complete.sql" <<SQL
+if $gateway; then
+    # The gateway's shapes. The key is a random number (unique in practice);
+    # the lock number stands in for the key's hash.
+    psql -q "$url" -c 'CREATE TABLE idem_gateway_insert (id TEXT PRIMARY KEY, body BYTEA NOT NULL, n INT NOT NULL)' >/dev/null
+    insert="INSERT INTO idem_gateway_insert VALUES (gen_random_uuid()::text, '\\x7b226f6b223a747275657d0a'::bytea, 1);"
+    printf '%s\n' "$insert" >"$work/insert.sql"
+    printf '%s\n%s\n' "$insert" "$insert" >"$work/two-inserts.sql"
+    zeros=$(printf '%064d' 0)
+    gw_key="CAST(:key AS TEXT)"
+    cat >"$work/claim-complete.sql" <<SQL
 \set key random(1, 999999999999)
 BEGIN ISOLATION LEVEL READ COMMITTED \\; SET LOCAL bytea_output = hex \\; SELECT pg_try_advisory_xact_lock(:key) AS granted \\; SELECT scope, key, fingerprint, state, token, lease_until, outcome_kind, outcome_body, outcome_meta, created_at, updated_at, expires_at FROM idem_records WHERE scope = 'gateway' AND key = $gw_key;
 INSERT INTO idem_records (scope, key, fingerprint, state, token, lease_until, outcome_kind, outcome_body, outcome_meta, created_at, updated_at, expires_at) VALUES ('gateway', $gw_key, '\\x$zeros'::bytea, 'in_flight', 7, 1030001, NULL, NULL, NULL, 1000001, 1000001, 87400001) \\; COMMIT \\; BEGIN;
 ROLLBACK \\; BEGIN ISOLATION LEVEL READ COMMITTED \\; SELECT pg_advisory_xact_lock(:key) \\; WITH current AS (SELECT token FROM idem_records WHERE scope = 'gateway' AND key = $gw_key), changed AS (UPDATE idem_records SET state = 'completed', outcome_kind = 'success', outcome_body = '\\x7b226f6b223a747275657d0a'::bytea, outcome_meta = '{"status":"200","content-type":"application/json"}', lease_until = NULL, updated_at = 1000002 WHERE scope = 'gateway' AND key = $gw_key AND token = 7 AND state = 'in_flight' RETURNING 1) SELECT EXISTS (SELECT 1 FROM changed) AS held, (SELECT token FROM current) AS current \\; COMMIT;
 SQL
-if $gateway; then
     shapes=(insert two-inserts claim-complete)
 fi
 tps() {

@@ -35,18 +35,6 @@ async fn pause_here(pause: Duration) {
     }
 }
 
-/// An effect that writes its ledger row, then takes `pause` inside its
-/// transaction: longer than the visibility timeout.
-fn slow<K: Bank>(bank: &K, pause: Duration) -> impl ApplyBatch<Store = K::Store> {
-    AtomicApply::new(bank.store(), move |message: Arc<KeyedMessage>| {
-        async move |tx: &mut Tx<K>| -> Result<Outcome, String> {
-            K::debit(tx, message.key.as_str(), 1).await?;
-            pause_here(pause).await;
-            Ok(Outcome::success("slow"))
-        }
-    })
-}
-
 /// An effect that writes its ledger row, then holds its transaction until
 /// `released` is set (at most 30 s).
 fn held<K: Bank>(bank: &K, released: Arc<AtomicBool>) -> impl ApplyBatch<Store = K::Store> {
@@ -97,7 +85,7 @@ async fn a_slow_effect_and_the_visibility<K: Bank>(extend: bool) {
     first.until("received", |s| s.received >= 1).await;
     let second = Consumer::new(
         queue.transport_with(options).await,
-        slow(&bank, Duration::from_millis(1)),
+        held(&bank, Arc::new(AtomicBool::new(true))),
         config(queue.key_rule()),
     );
     let second = Running::start(second.stats(), |stop| second.run(stop));

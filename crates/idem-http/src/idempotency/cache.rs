@@ -291,6 +291,17 @@ mod tests {
         Arc::new(Outcome::success(vec![7u8; body]).with_meta("http.status", "201"))
     }
 
+    /// Puts a small answer whose record never expires.
+    fn put_small(answers: &AnswerCache, scope: &Scope, key: &IdempotencyKey) {
+        answers.put(
+            scope,
+            key,
+            Fingerprint::of_bytes(b"x"),
+            answer(10),
+            Timestamp(i64::MAX),
+        );
+    }
+
     #[test]
     fn stays_within_its_byte_cap_under_many_large_answers() {
         let cap = 1 << 20;
@@ -356,24 +367,12 @@ mod tests {
         let scope = Scope::new("s").unwrap();
         for i in 0..100 {
             let key = IdempotencyKey::new(format!("old-{i}")).unwrap();
-            answers.put(
-                &scope,
-                &key,
-                Fingerprint::of_bytes(b"x"),
-                answer(10),
-                Timestamp(i64::MAX),
-            );
+            put_small(&answers, &scope, &key);
         }
         assert_eq!(answers.len(), 100);
         std::thread::sleep(Duration::from_millis(1200));
         let key = IdempotencyKey::new("new").unwrap();
-        answers.put(
-            &scope,
-            &key,
-            Fingerprint::of_bytes(b"x"),
-            answer(10),
-            Timestamp(i64::MAX),
-        );
+        put_small(&answers, &scope, &key);
         assert_eq!(answers.len(), 1, "only the fresh answer is left");
         assert!(answers.get(&scope, &key, Timestamp(0)).is_some());
     }
@@ -383,13 +382,7 @@ mod tests {
         let answers = AnswerCache::new(ReplayCache::off());
         let scope = Scope::new("s").unwrap();
         let key = IdempotencyKey::new("k").unwrap();
-        answers.put(
-            &scope,
-            &key,
-            Fingerprint::of_bytes(b"x"),
-            answer(10),
-            Timestamp(i64::MAX),
-        );
+        put_small(&answers, &scope, &key);
         assert!(answers.get(&scope, &key, Timestamp(0)).is_none());
     }
 }
