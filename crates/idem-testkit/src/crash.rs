@@ -1,4 +1,4 @@
-//! Crash tests with real processes, killed at Idem's own crash points.
+//! Crash tests with real processes that abort at Idem's own crash points.
 //!
 //! The test binary runs itself again as a child (an ignored test that does
 //! nothing unless started by [`crash_and_recover`]), with one of
