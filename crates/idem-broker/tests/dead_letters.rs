@@ -1,7 +1,8 @@
 //! Dead letters: a poison message ends there after 5 attempts with its key,
 //! a rejection at once; a redrive publishes it with the same key; the table
 //! works the same on PostgreSQL; the retry budget postpones retries instead of
-//! spending attempts.
+//! spending attempts; the relay's upkeep reports the oldest waiting letter's
+//! age.
 
 mod outbox_support;
 
@@ -240,5 +241,89 @@ async fn a_message_that_keeps_crashing_relays_ends_in_the_dead_letters() {
             .contains("stopped before it was marked sent"),
         "{}",
         letter.last_error
+    );
+}
+
+/// Records letters at known times of the store's clock (the oldest is then
+/// redriven), moves the clock on, runs the relay's upkeep under a recorder
+/// and answers the gauges it set: (`dead_letters`,
+/// `dead_letter_oldest_age_seconds`).
+async fn gauges_after_upkeep(any: AnyStore, clock: &ManualClock) -> (f64, f64) {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    let letter = |key: &str| NewDeadLetter {
+        origin: "relay".into(),
+        destination: "http://127.0.0.1:9/hook".into(),
+        key: IdempotencyKey::new(key).unwrap(),
+        payload: b"{}".to_vec(),
+        headers: Default::default(),
+        attempts: 5,
+        last_error: "HTTP 500".into(),
+        first_seen_at: clock.now(),
+    };
+    let redriven = any
+        .record_dead_letter(&letter("old-redriven"))
+        .await
+        .unwrap();
+    clock.advance(Duration::from_secs(10));
+    any.record_dead_letter(&letter("oldest-waiting"))
+        .await
+        .unwrap();
+    clock.advance(Duration::from_secs(60));
+    any.record_dead_letter(&letter("newer")).await.unwrap();
+    any.mark_redriven(redriven).await.unwrap();
+    // The oldest waiting letter is 2 h 3 min 4.25 s old from here.
+    clock.advance(Duration::from_millis(7_384_250 - 60_000));
+
+    let relay = Relay::new(any, RelayConfig::default());
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        futures::executor::block_on(relay.upkeep()).unwrap();
+    });
+    let gauges: Vec<(String, f64)> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter_map(|(key, _, _, value)| match value {
+            DebugValue::Gauge(v) => Some((key.key().name().to_owned(), v.into_inner())),
+            _ => None,
+        })
+        .collect();
+    let gauge = |name: &str| {
+        gauges
+            .iter()
+            .find(|(n, _)| n == name)
+            .unwrap_or_else(|| panic!("no gauge {name}: {gauges:?}"))
+            .1
+    };
+    (
+        gauge("dead_letters"),
+        gauge("dead_letter_oldest_age_seconds"),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_upkeep_reports_the_oldest_waiting_letter_s_age_on_sqlite() {
+    let clock = ManualClock::starting_now();
+    let (_dir, store) = sqlite(&clock).await;
+    let (waiting, age) = gauges_after_upkeep(AnyStore::Sqlite(store), &clock).await;
+    assert_eq!(waiting, 2.0);
+    assert_eq!(
+        age, 7_384.25,
+        "the redriven letter is older and not counted"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_upkeep_reports_the_oldest_waiting_letter_s_age_on_postgres() {
+    let Some(db) = PgDb::new().await else { return };
+    let clock = ManualClock::starting_now();
+    let store = db.store(&clock).await;
+    let (waiting, age) = gauges_after_upkeep(AnyStore::Postgres(store), &clock).await;
+    assert_eq!(waiting, 2.0);
+    assert_eq!(
+        age, 7_384.25,
+        "the redriven letter is older and not counted"
     );
 }
