@@ -24,6 +24,13 @@
 //! `Authorization: Bearer <token>`. The token is compared in constant time
 //! and never logged.
 //!
+//! A loopback listener without a token answers only to loopback `Host`
+//! names (`localhost`, `127.0.0.1`, `[::1]`, with any port) and those
+//! [`AllowedHosts`] adds (`--allow-host`), so a web page cannot reach it by
+//! pointing a name of its own at `127.0.0.1` (DNS rebinding): any other
+//! `Host` is answered `421` before the request reaches a route. A listener
+//! with a token checks `Host` too when names were added.
+//!
 //! Metrics go through the `metrics` facade; [`metrics_recorder`] installs the
 //! Prometheus recorder once per process and hands out its handle. The record
 //! gauges (`dedupe_records`, `dedupe_oldest_record_age_seconds`) are read from
@@ -46,6 +53,10 @@ use idem::{IdempotencyKey, RecordStore, Scope, sweeper};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
+
+mod hosts;
+
+pub use hosts::{AllowedHosts, BadHostName, check_host};
 
 /// How stale the record gauges may get between two scrapes.
 pub const GLANCE_EVERY: Duration = Duration::from_secs(5);
@@ -212,7 +223,8 @@ where
 /// [`start_admin_with_token`], serving `routes` beside `/metrics` and
 /// `/healthz` (the operator console of `idem serve`). The token guards the
 /// admin's own paths; `routes` check their callers themselves, and are told
-/// each caller's address (`ConnectInfo<SocketAddr>`).
+/// each caller's address (`ConnectInfo<SocketAddr>`). Answers to loopback
+/// `Host` names only when there is no token.
 pub async fn start_admin_with_routes<St>(
     addr: SocketAddr,
     store: St,
@@ -222,10 +234,26 @@ pub async fn start_admin_with_routes<St>(
 where
     St: RecordStore + 'static,
 {
+    start_admin_with_hosts(addr, store, token, routes, AllowedHosts::loopback()).await
+}
+
+/// [`start_admin_with_routes`], answering to the `Host` names of `hosts`
+/// too: every request is checked against them, before the token and the
+/// routes, when there is no token or when `hosts` adds names.
+pub async fn start_admin_with_hosts<St>(
+    addr: SocketAddr,
+    store: St,
+    token: Option<AdminToken>,
+    routes: Router,
+    hosts: AllowedHosts,
+) -> Result<AdminServer, AdminError>
+where
+    St: RecordStore + 'static,
+{
     check_access(addr, token.as_ref())?;
     let metrics = metrics_recorder()?;
     spawn(addr, move |listener, shutdown| {
-        serve_admin_with_routes(listener, store, metrics, token, routes, shutdown)
+        serve_admin_with_routes(listener, store, metrics, token, routes, hosts, shutdown)
     })
     .await
 }
@@ -236,6 +264,20 @@ fn check_access(addr: SocketAddr, token: Option<&AdminToken>) -> Result<(), Admi
         return Err(AdminError::TokenRequired { addr });
     }
     Ok(())
+}
+
+/// Refuses every request whose `Host` is not one of `hosts`, before
+/// anything else runs, when the listener has no token (`tokenless`) or
+/// `hosts` adds names to the loopback ones.
+fn host_checked(app: Router, hosts: AllowedHosts, tokenless: bool) -> Router {
+    if !tokenless && !hosts.is_extended() {
+        return app;
+    }
+    app.layer(axum::middleware::from_fn(
+        move |request: axum::extract::Request, next: axum::middleware::Next| {
+            check_host(hosts.clone(), request, next)
+        },
+    ))
 }
 
 /// Requires `Authorization: Bearer <token>` on everything but `/healthz`.
@@ -294,7 +336,8 @@ pub async fn start_admin_without_store(
                 }
             }),
         );
-    let app = guarded(app, token);
+    let tokenless = token.is_none();
+    let app = host_checked(guarded(app, token), AllowedHosts::loopback(), tokenless);
     spawn(addr, move |listener, shutdown| async move {
         axum::serve(listener, app)
             .with_graceful_shutdown(shutdown)
@@ -362,7 +405,16 @@ pub async fn serve_admin_with_token<St>(
 where
     St: RecordStore + 'static,
 {
-    serve_admin_with_routes(listener, store, metrics, token, Router::new(), shutdown).await
+    serve_admin_with_routes(
+        listener,
+        store,
+        metrics,
+        token,
+        Router::new(),
+        AllowedHosts::loopback(),
+        shutdown,
+    )
+    .await
 }
 
 async fn serve_admin_with_routes<St>(
@@ -371,11 +423,16 @@ async fn serve_admin_with_routes<St>(
     metrics: PrometheusHandle,
     token: Option<AdminToken>,
     routes: Router,
+    hosts: AllowedHosts,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()>
 where
     St: RecordStore + 'static,
 {
+    // A listener open to other hosts (only a caller of `serve_admin` can
+    // make one without a token) is reached by names this process cannot
+    // know: its `Host` is checked only when names were added.
+    let tokenless = token.is_none() && listener.local_addr()?.ip().is_loopback();
     let admin = Arc::new(Admin {
         store,
         metrics,
@@ -385,7 +442,7 @@ where
         .route("/metrics", get(scrape::<St>))
         .route("/healthz", get(health::<St>))
         .with_state(admin);
-    let app = guarded(app, token).merge(routes);
+    let app = host_checked(guarded(app, token).merge(routes), hosts, tokenless);
     axum::serve(
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),
@@ -458,4 +515,111 @@ fn reconnecting() -> Option<String> {
         text.push_str(&format!("{connection}\n"));
     }
     Some(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::{AdminToken, AllowedHosts, start_admin_with_hosts};
+
+    /// Sends `GET path` with `Host: host` on a connection of its own; the
+    /// status and the body.
+    async fn get(addr: SocketAddr, path: &str, host: &str) -> (u16, String) {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).await.unwrap();
+        let status = answer
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let body = answer
+            .split_once("\r\n\r\n")
+            .map(|(_, body)| body.to_owned())
+            .unwrap_or_default();
+        (status, body)
+    }
+
+    async fn store() -> (tempfile::TempDir, idem::AnyStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let location = idem::StoreLocation::Sqlite(dir.path().join("idem.db"));
+        let store = idem::AnyStore::open(&location).await.unwrap();
+        (dir, store)
+    }
+
+    #[tokio::test]
+    async fn a_loopback_admin_listener_answers_to_its_own_names_only() {
+        let (_dir, store) = store().await;
+        let hosts = AllowedHosts::parse(["metrics.internal"]).unwrap();
+        let admin = start_admin_with_hosts(
+            "127.0.0.1:0".parse().unwrap(),
+            store,
+            None,
+            axum::Router::new(),
+            hosts,
+        )
+        .await
+        .unwrap();
+        let addr = admin.local_addr();
+        let port = addr.port();
+        for path in ["/metrics", "/healthz", "/nowhere"] {
+            let (status, body) = get(addr, path, &format!("evil.example:{port}")).await;
+            assert_eq!(status, 421, "{path}: {body}");
+            let problem: serde_json::Value = serde_json::from_str(&body).unwrap();
+            assert_eq!(problem["host"], format!("evil.example:{port}"));
+            let detail = problem["detail"].as_str().unwrap();
+            assert!(
+                detail.contains("--allow-host evil.example") && detail.contains("IDEM_ALLOW_HOSTS"),
+                "{detail}"
+            );
+        }
+        for host in [
+            format!("127.0.0.1:{port}"),
+            format!("localhost:{port}"),
+            format!("[::1]:{port}"),
+            "metrics.internal".to_owned(),
+        ] {
+            let (status, body) = get(addr, "/metrics", &host).await;
+            assert_eq!(status, 200, "{host}: {body}");
+        }
+        admin.stop().await;
+    }
+
+    #[tokio::test]
+    async fn a_listener_with_a_token_checks_host_only_when_names_were_added() {
+        let (_dir, store) = store().await;
+        let token = AdminToken::new("s3cret").unwrap();
+        let open = start_admin_with_hosts(
+            "127.0.0.1:0".parse().unwrap(),
+            store.clone(),
+            Some(token.clone()),
+            axum::Router::new(),
+            AllowedHosts::loopback(),
+        )
+        .await
+        .unwrap();
+        let (status, _) = get(open.local_addr(), "/healthz", "admin.example").await;
+        assert_eq!(status, 200);
+        open.stop().await;
+
+        let named = start_admin_with_hosts(
+            "127.0.0.1:0".parse().unwrap(),
+            store,
+            Some(token),
+            axum::Router::new(),
+            AllowedHosts::parse(["admin.example"]).unwrap(),
+        )
+        .await
+        .unwrap();
+        let (status, _) = get(named.local_addr(), "/healthz", "admin.example").await;
+        assert_eq!(status, 200);
+        let (status, _) = get(named.local_addr(), "/healthz", "evil.example").await;
+        assert_eq!(status, 421);
+        named.stop().await;
+    }
 }
