@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use idem_core::{
     Applied, ApplyError, AtomicEffect, AtomicStore, Error, Operation, Outcome, RecordStore,
+    Timestamp,
 };
 
 use super::{ConsumerStore, KeyedMessage};
@@ -53,6 +54,18 @@ pub trait Apply: Send + Sync + 'static {
     fn retry_hint(&self, error: &Self::Error) -> Option<Duration> {
         let _ = error;
         None
+    }
+
+    /// When the record that answered a duplicate of `message` was made (its
+    /// key's first claim, by the store's clock), for the duplicate's log
+    /// line. `None` where the dedupe happens elsewhere (the sidecar's
+    /// endpoint) or the record cannot be read; the default knows none.
+    fn recorded_at(
+        &self,
+        message: &KeyedMessage,
+    ) -> impl Future<Output = Option<Timestamp>> + Send {
+        let _ = message;
+        std::future::ready(None)
     }
 
     /// How long to wait before trying again a message whose key is held
@@ -143,6 +156,10 @@ where
 
     fn dedupe_window(&self) -> Option<Duration> {
         Some(self.store.settings().retention)
+    }
+
+    async fn recorded_at(&self, message: &KeyedMessage) -> Option<Timestamp> {
+        created_at(&self.store, message).await
     }
 
     /// A first delivery (the broker counts one) is most likely new, so its
@@ -260,6 +277,10 @@ where
         Some(self.store.settings().retention)
     }
 
+    async fn recorded_at(&self, message: &KeyedMessage) -> Option<Timestamp> {
+        created_at(&self.store, message).await
+    }
+
     async fn apply(&self, message: Arc<KeyedMessage>) -> Result<Applied, ApplyError<E>> {
         let ops = [message.operation()];
         let effect = Arc::clone(&self.effect);
@@ -293,5 +314,16 @@ where
                 ApplyError::Effect(error) => ApplyError::Effect((0, error)),
                 ApplyError::Protocol(error) => ApplyError::Protocol(error),
             })
+    }
+}
+
+/// When the record of `message`'s key was made, read from `store`.
+async fn created_at<S: RecordStore>(store: &S, message: &KeyedMessage) -> Option<Timestamp> {
+    match store.get(&message.scope, &message.key).await {
+        Ok(record) => record.map(|r| r.created_at),
+        Err(error) => {
+            tracing::debug!(%error, "could not read the record that answered a duplicate");
+            None
+        }
     }
 }

@@ -199,6 +199,12 @@ impl Route {
         }
     }
 
+    /// Whether the messages are Kafka records (positions are
+    /// `TOPIC/PARTITION/OFFSET`).
+    pub(crate) fn is_kafka(&self) -> bool {
+        matches!(self.back, Back::Topic { .. })
+    }
+
     /// Where a redrive of `message` publishes it.
     pub fn destination(&self, message: &Message) -> Destination {
         match &self.back {
