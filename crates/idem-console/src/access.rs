@@ -4,22 +4,35 @@
 //!   is open to the host's own users, who could reach the store anyway. Any
 //!   other address needs a token: [`Access::check_listen`] refuses to start
 //!   without one.
+//! - **Which names it answers to.** Without tokens, a request whose `Host`
+//!   is not a loopback name (`localhost`, `127.0.0.1`, `[::1]`) or one the
+//!   operator allowed ([`Console::allow_hosts`](crate::Console::allow_hosts),
+//!   `--allow-host`) is refused with `421` before anything else runs: a web
+//!   page that points a name of its own at `127.0.0.1` (DNS rebinding)
+//!   reaches nothing. With tokens, `Host` is checked when names were added.
 //! - **Tokens.** An operator token may read and act; a read-only token may
 //!   read: its pages show no action buttons and its actions are refused
 //!   (403). A client sends `Authorization: Bearer <token>`; a browser signs
-//!   in once at `/login`, which keeps the token in an `HttpOnly`,
-//!   `SameSite=Strict` cookie.
+//!   in once at `/login`, and gets a session: a random id in an `HttpOnly`,
+//!   `SameSite=Strict` cookie (`Secure` over TLS), mapped in the console's
+//!   memory to the token's role ([`crate::sessions`]). The token is never
+//!   stored in the browser.
+//! - **Guessing.** A wrong token, at `/login` or in a header, counts as a
+//!   failure; past a few, further attempts must wait longer and longer and
+//!   are answered `429` with `Retry-After` until then ([`crate::throttle`]).
 //! - **Actions** are POSTs, and a POST must come from the console's own
-//!   pages: a form carries the value of the `idem_console_csrf` cookie in its
-//!   `csrf` field (a page of another site can neither read that cookie nor
-//!   set it), the API's POSTs take JSON only (which another site's page
-//!   cannot send without the CORS consent this server never gives), and a
-//!   request whose `Origin` names another host is refused. A request that
-//!   carries its token in the `Authorization` header is not a browser's
-//!   ambient credential and needs no CSRF token.
+//!   pages: a form (the sign-in form included) carries the value of the
+//!   `idem_console_csrf` cookie in its `csrf` field (a page of another site
+//!   can neither read that cookie nor set it), the API's POSTs take JSON
+//!   only (which another site's page cannot send without the CORS consent
+//!   this server never gives), and a request whose `Origin` names another
+//!   host is refused. A request that carries its token in the
+//!   `Authorization` header is not a browser's ambient credential and needs
+//!   no CSRF token.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
@@ -31,8 +44,8 @@ use idem_http::admin::AdminToken;
 use crate::Shared;
 use crate::problem::Problem;
 
-/// The cookie a browser keeps its token in after `/login`.
-pub const TOKEN_COOKIE: &str = "idem_console_token";
+/// The cookie a browser keeps its session id in after `/login`.
+pub const SESSION_COOKIE: &str = "idem_console_session";
 /// The cookie whose value each form sends back in its `csrf` field.
 pub const CSRF_COOKIE: &str = "idem_console_csrf";
 
@@ -88,7 +101,7 @@ impl Access {
         }
     }
 
-    fn role_of(&self, token: &str) -> Option<Role> {
+    pub(crate) fn role_of(&self, token: &str) -> Option<Role> {
         if self.operator.as_ref().is_some_and(|t| t.is(token)) {
             Some(Role::Operator)
         } else if self.viewer.as_ref().is_some_and(|t| t.is(token)) {
@@ -96,11 +109,6 @@ impl Access {
         } else {
             None
         }
-    }
-
-    /// Whether `token` is one of the console's tokens.
-    pub(crate) fn knows(&self, token: &str) -> bool {
-        self.role_of(token).is_some()
     }
 }
 
@@ -111,7 +119,7 @@ pub enum Credential {
     None,
     /// `Authorization: Bearer`.
     Header,
-    /// The cookie `/login` set.
+    /// The session cookie `/login` set.
     Cookie,
 }
 
@@ -172,6 +180,70 @@ pub(crate) fn cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> 
         .map(|(_, value)| value.trim())
 }
 
+/// A `Set-Cookie` value for cookie `name`: `HttpOnly`, `SameSite=Strict`,
+/// the whole console's path, `Secure` when the console is served over TLS,
+/// and `Max-Age` when given (0 removes it).
+pub(crate) fn set_cookie(
+    shared: &Shared,
+    name: &str,
+    value: &str,
+    max_age: Option<u64>,
+) -> Option<HeaderValue> {
+    let mut text = format!("{name}={value}; Path=/; HttpOnly; SameSite=Strict");
+    if shared.secure_cookies {
+        text.push_str("; Secure");
+    }
+    if let Some(seconds) = max_age {
+        text.push_str(&format!("; Max-Age={seconds}"));
+    }
+    HeaderValue::from_str(&text).ok()
+}
+
+/// This browser's CSRF token: the `idem_console_csrf` cookie's value, or a
+/// fresh one, with the `Set-Cookie` that gives it to the browser.
+pub(crate) fn csrf_of(shared: &Shared, headers: &HeaderMap) -> (String, Option<HeaderValue>) {
+    match cookie(headers, CSRF_COOKIE).filter(|v| !v.is_empty()) {
+        Some(given) => (given.to_owned(), None),
+        None => {
+            let fresh = new_csrf();
+            let header = set_cookie(shared, CSRF_COOKIE, &fresh, None);
+            (fresh, header)
+        }
+    }
+}
+
+/// Whether a form's `csrf` field is the value of the browser's CSRF cookie,
+/// compared in constant time.
+pub(crate) fn csrf_matches(headers: &HeaderMap, sent: Option<&str>) -> bool {
+    match (cookie(headers, CSRF_COOKIE).filter(|v| !v.is_empty()), sent) {
+        (Some(cookie), Some(sent)) => {
+            blake3::hash(cookie.as_bytes()) == blake3::hash(sent.as_bytes())
+        }
+        _ => false,
+    }
+}
+
+/// Where a request came from, when the server knows.
+pub(crate) fn peer_of(request: &Request) -> Option<IpAddr> {
+    request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|info| info.0.ip())
+}
+
+/// `429 Too Many Requests` with `Retry-After`: wrong tokens came too fast.
+pub(crate) fn too_many(api: bool, wait: Duration) -> Response {
+    let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    let detail = format!(
+        "refused: too many wrong tokens came from this address or from everyone lately; the token was not checked. Try again in {seconds} s"
+    );
+    let mut response = refuse(api, StatusCode::TOO_MANY_REQUESTS, &detail);
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(seconds.max(1)));
+    response
+}
+
 /// Paths open to everyone: the sign-in page, the stylesheet and script, and
 /// the API's description.
 fn is_public(path: &str) -> bool {
@@ -193,7 +265,7 @@ fn refuse(api: bool, status: StatusCode, detail: &str) -> Response {
 
 /// Whether the `Origin` of `headers`, if any, is the host the request was
 /// sent to.
-fn same_origin(headers: &HeaderMap) -> bool {
+pub(crate) fn same_origin(headers: &HeaderMap) -> bool {
     let Some(origin) = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) else {
         return true;
     };
@@ -214,7 +286,28 @@ fn new_csrf() -> String {
 }
 
 /// The largest form an action takes.
-const FORM_LIMIT: usize = 64 * 1024;
+pub(crate) const FORM_LIMIT: usize = 64 * 1024;
+
+/// Middleware, outermost: refuses a request whose `Host` is not one the
+/// console answers to, when it has no token or names were added.
+pub(crate) async fn check_host(
+    State(shared): State<Arc<Shared>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if (!shared.access.needs_token() || shared.hosts.is_extended())
+        && let Some(refused) = shared.hosts.refusal(&request)
+    {
+        return refused;
+    }
+    next.run(request).await
+}
+
+/// The token of an `Authorization: Bearer` value.
+fn bearer(value: &HeaderValue) -> Option<&str> {
+    let (scheme, token) = value.to_str().ok()?.trim().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
 
 /// Middleware: finds the [`Caller`], refuses those without a token where
 /// one is needed, refuses actions of read-only callers and POSTs that do
@@ -229,24 +322,24 @@ pub(crate) async fn check(
     if is_public(&path) {
         return next.run(request).await;
     }
+    let peer = peer_of(&request);
+    let now = shared.clock.now();
     let headers = request.headers();
     let access = &shared.access;
     let found = if !access.needs_token() {
         Some((Role::Operator, Credential::None))
-    } else if let Some(value) = headers.get(header::AUTHORIZATION) {
-        value
-            .to_str()
-            .ok()
-            .and_then(|value| {
-                let (scheme, token) = value.trim().split_once(' ')?;
-                scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
-            })
-            .and_then(|token| access.role_of(token))
-            .map(|role| (role, Credential::Header))
+    } else if let Some(token) = headers.get(header::AUTHORIZATION).and_then(bearer) {
+        if let Some(wait) = shared.throttle.wait(peer, now) {
+            return too_many(api, wait);
+        }
+        let role = access.role_of(token);
+        if role.is_none() {
+            shared.throttle.failed(peer, now);
+        }
+        role.map(|role| (role, Credential::Header))
     } else {
-        cookie(headers, TOKEN_COOKIE)
-            .and_then(decode)
-            .and_then(|token| access.role_of(&token))
+        cookie(headers, SESSION_COOKIE)
+            .and_then(|id| shared.sessions.find(id, now))
             .map(|role| (role, Credential::Cookie))
     };
     let Some((role, credential)) = found else {
@@ -259,23 +352,16 @@ pub(crate) async fn check(
         }
         return Redirect::to(&format!("/login?next={}", encode(&path))).into_response();
     };
-    let given_csrf = cookie(headers, CSRF_COOKIE)
-        .filter(|v| !v.is_empty())
-        .map(str::to_owned);
-    let csrf = given_csrf.clone().unwrap_or_else(new_csrf);
-    let peer = request
-        .extensions()
-        .get::<ConnectInfo<SocketAddr>>()
-        .map(|info| info.0.ip());
+    let (csrf, set_csrf) = csrf_of(&shared, headers);
     let caller = Caller {
         role,
         credential,
-        csrf: csrf.clone(),
+        csrf,
         peer,
     };
 
     // Every action is a POST; other methods reach no handler that changes anything.
-    if request.method() == Method::POST && path != "/login" {
+    if request.method() == Method::POST {
         if !same_origin(request.headers()) {
             return refuse(
                 api,
@@ -316,21 +402,12 @@ pub(crate) async fn check(
                         "the API's actions take Content-Type: application/json",
                     );
                 }
-            } else {
-                let sent = form_field(&bytes, "csrf");
-                let matches = match (&given_csrf, &sent) {
-                    (Some(cookie), Some(sent)) => {
-                        blake3::hash(cookie.as_bytes()) == blake3::hash(sent.as_bytes())
-                    }
-                    _ => false,
-                };
-                if !matches {
-                    return refuse(
-                        false,
-                        StatusCode::FORBIDDEN,
-                        "refused: the form did not carry this browser's CSRF token; open the page again and submit it from there",
-                    );
-                }
+            } else if !csrf_matches(&parts.headers, form_field(&bytes, "csrf").as_deref()) {
+                return refuse(
+                    false,
+                    StatusCode::FORBIDDEN,
+                    "refused: the form did not carry this browser's CSRF token; open the page again and submit it from there",
+                );
             }
             request = Request::from_parts(parts, Body::from(bytes));
         }
@@ -338,18 +415,14 @@ pub(crate) async fn check(
 
     request.extensions_mut().insert(caller);
     let mut response = next.run(request).await;
-    if given_csrf.is_none()
-        && let Ok(value) = HeaderValue::from_str(&format!(
-            "{CSRF_COOKIE}={csrf}; Path=/; HttpOnly; SameSite=Strict"
-        ))
-    {
+    if let Some(value) = set_csrf {
         response.headers_mut().append(header::SET_COOKIE, value);
     }
     response
 }
 
 /// The first value of field `name` in a URL-encoded form.
-fn form_field(body: &[u8], name: &str) -> Option<String> {
+pub(crate) fn form_field(body: &[u8], name: &str) -> Option<String> {
     serde_urlencoded::from_bytes::<Vec<(String, String)>>(body)
         .ok()?
         .into_iter()
@@ -370,35 +443,16 @@ pub(crate) fn encode(text: &str) -> String {
     out
 }
 
-/// `text` with its percent-escapes decoded; `None` when they are not UTF-8.
-fn decode(text: &str) -> Option<String> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%'
-            && let Some(byte) = text
-                .get(i + 1..i + 3)
-                .and_then(|hex| u8::from_str_radix(hex, 16).ok())
-        {
-            out.push(byte);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{decode, encode};
+    use super::encode;
 
     #[test]
-    fn a_token_survives_the_cookie() {
-        let token = "a;b=c,d%e\\f\"g~/";
-        assert_eq!(decode(&encode(token)).as_deref(), Some(token));
-        assert!(!encode(token).contains(';'));
+    fn a_path_survives_the_query() {
+        let path = "/records/show?scope=a;b&key=c d%e\\f\"g~/";
+        let query = format!("next={}", encode(path));
+        let back: Vec<(String, String)> = serde_urlencoded::from_str(&query).unwrap();
+        assert_eq!(back, [("next".to_owned(), path.to_owned())]);
+        assert!(!encode(path).contains(['&', ';', '#', ' ']));
     }
 }

@@ -20,7 +20,10 @@
 //!
 //! Modules:
 //!
-//! - [`access`]: loopback or tokens, the read-only token, sign-in, CSRF.
+//! - [`access`]: loopback or tokens, the read-only token, the `Host`
+//!   allow-list, sign-in, CSRF.
+//! - [`sessions`]: signed-in browsers, by random ids that expire.
+//! - [`throttle`]: wrong tokens slowed down, per address and overall.
 //! - [`api`]: the JSON API and its OpenAPI document.
 //! - `pages`: the server-rendered pages (maud), one module per subject.
 //! - [`read`] and [`actions`]: what pages and API read and do, written once.
@@ -43,6 +46,8 @@ pub mod charts;
 mod pages;
 pub mod problem;
 pub mod read;
+pub mod sessions;
+pub mod throttle;
 pub mod view;
 
 use std::future::Future;
@@ -51,17 +56,23 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use axum::extract::ConnectInfo;
 use axum::http::header;
 use axum::middleware;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
-use idem::AnyStore;
+use idem::{AnyStore, SharedClock, SystemClock};
+use idem_http::admin::AllowedHosts;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
+use tower::ServiceExt;
 
 pub use access::{Access, Role, TokenRequired};
+pub use sessions::SessionLimits;
 
 use charts::Charts;
+use sessions::Sessions;
+use throttle::Throttle;
 
 /// What every handler shares.
 #[derive(Debug)]
@@ -70,6 +81,33 @@ pub(crate) struct Shared {
     pub(crate) access: Access,
     pub(crate) charts: Arc<Charts>,
     pub(crate) auditor: Arc<auditor::Panel>,
+    /// The `Host` names answered to (checked when there is no token, or
+    /// when names were added).
+    pub(crate) hosts: AllowedHosts,
+    /// Sessions and failed sign-ins are timed by it.
+    pub(crate) clock: SharedClock,
+    /// Whether cookies are marked `Secure` (served over TLS).
+    pub(crate) secure_cookies: bool,
+    pub(crate) sessions: Sessions,
+    pub(crate) throttle: Throttle,
+}
+
+impl Shared {
+    /// The same settings, charts and auditor, with sessions and failures of
+    /// its own.
+    fn copy(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            access: self.access.clone(),
+            charts: Arc::clone(&self.charts),
+            auditor: Arc::clone(&self.auditor),
+            hosts: self.hosts.clone(),
+            clock: Arc::clone(&self.clock),
+            secure_cookies: self.secure_cookies,
+            sessions: Sessions::new(self.sessions.limits()),
+            throttle: Throttle::default(),
+        }
+    }
 }
 
 /// The console over one store.
@@ -82,7 +120,8 @@ pub struct Console {
 pub const SAMPLE_EVERY: Duration = Duration::from_secs(60);
 
 impl Console {
-    /// The console over `store`, admitting callers as `access` says.
+    /// The console over `store`, admitting callers as `access` says, to
+    /// loopback `Host` names only when it has no token.
     pub fn new(store: AnyStore, access: Access) -> Self {
         Self {
             shared: Arc::new(Shared {
@@ -90,8 +129,51 @@ impl Console {
                 access,
                 charts: Arc::new(Charts::default()),
                 auditor: Arc::new(auditor::Panel::default()),
+                hosts: AllowedHosts::loopback(),
+                clock: Arc::new(SystemClock),
+                secure_cookies: false,
+                sessions: Sessions::new(SessionLimits::default()),
+                throttle: Throttle::default(),
             }),
         }
+    }
+
+    fn with(mut self, change: impl FnOnce(&mut Shared)) -> Self {
+        match Arc::get_mut(&mut self.shared) {
+            Some(shared) => change(shared),
+            None => {
+                let mut shared = self.shared.copy();
+                change(&mut shared);
+                self.shared = Arc::new(shared);
+            }
+        }
+        self
+    }
+
+    /// Answers to the `Host` names of `hosts` (the loopback ones and those
+    /// it adds). Every request is checked, before anything else, when the
+    /// console has no token or `hosts` adds names; any other `Host` is
+    /// answered `421`.
+    pub fn allow_hosts(self, hosts: AllowedHosts) -> Self {
+        self.with(|shared| shared.hosts = hosts)
+    }
+
+    /// Marks its cookies `Secure`, so a browser sends them over HTTPS only:
+    /// for a console behind a proxy that terminates TLS. [`serve_tls`] does
+    /// it itself.
+    pub fn secure_cookies(self) -> Self {
+        self.with(|shared| shared.secure_cookies = true)
+    }
+
+    /// How long a browser's sign-in lasts [default: 2 h idle, 12 h in all].
+    pub fn session_limits(self, limits: SessionLimits) -> Self {
+        self.with(|shared| shared.sessions = Sessions::new(limits))
+    }
+
+    /// Times sessions and failed sign-ins by `clock` instead of the
+    /// system's (a test's manual clock).
+    pub fn clock(self, clock: SharedClock) -> Self {
+        self.with(|shared| shared.clock = clock)
     }
 
     /// Starts sampling the charts every `every`: this process's counters
@@ -171,6 +253,10 @@ impl Console {
                 Arc::clone(&self.shared),
                 access::check,
             ))
+            .layer(middleware::from_fn_with_state(
+                Arc::clone(&self.shared),
+                access::check_host,
+            ))
             .with_state(Arc::clone(&self.shared))
     }
 }
@@ -204,4 +290,43 @@ pub async fn serve(
     )
     .with_graceful_shutdown(shutdown)
     .await
+}
+
+/// How long the requests in flight may take to finish once [`serve_tls`]
+/// is told to stop.
+const GRACE: Duration = Duration::from_secs(10);
+
+/// [`serve`] over TLS with `tls` (such as
+/// [`ListenerTls::load`](idem_http::gateway::ListenerTls::load) makes), HTTP/1.1
+/// and HTTP/2; the console's cookies are marked `Secure`.
+pub async fn serve_tls(
+    listener: TcpListener,
+    console: Console,
+    tls: Arc<rustls::ServerConfig>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let router = console.secure_cookies().router();
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let finished = idem_http::gateway::serve_connections_over(
+        listener,
+        Some(acceptor),
+        shutdown,
+        GRACE,
+        move |request, peer: Arc<idem_http::gateway::Peer>| {
+            let router = router.clone();
+            async move {
+                let mut request = request.map(axum::body::Body::new);
+                request.extensions_mut().insert(ConnectInfo(peer.addr));
+                router.oneshot(request).await
+            }
+        },
+    )
+    .await;
+    if !finished {
+        tracing::warn!(
+            ?GRACE,
+            "requests to the console were still running when it stopped"
+        );
+    }
+    Ok(())
 }

@@ -412,16 +412,18 @@ async fn a_read_only_token_reads_but_cannot_act(t: TestStore) {
     assert!(t.store.get(&scope, &key).await.unwrap().is_some());
 
     // A browser signs in with the operator token and acts with its cookie.
+    let form = client.get(&served.url("/login"), &[]).await;
+    let csrf = form.cookie("idem_console_csrf").unwrap();
     let signed = client
         .post_form(
             &served.url("/login"),
-            &[],
-            &[("token", "op-token"), ("next", "/records")],
+            &[("cookie", &format!("idem_console_csrf={csrf}"))],
+            &[("token", "op-token"), ("next", "/records"), ("csrf", &csrf)],
         )
         .await;
     assert_eq!(signed.status, StatusCode::SEE_OTHER);
-    let session = signed.cookie("idem_console_token").unwrap();
-    let cookie = format!("idem_console_token={session}");
+    let session = signed.cookie("idem_console_session").unwrap();
+    let cookie = format!("idem_console_session={session}");
     let page = client
         .get(
             &served.url("/records/show?scope=payments&key=pay-1"),
