@@ -12,7 +12,7 @@ pub(crate) struct Cli {
     /// or for leased mode only (serve, forward, keys, gc, dlq, audit-log)
     /// redis://HOST:PORT/DB or redis+cluster://HOST:PORT,HOST:PORT
     /// [default: sqlite://idem.db; `demo` and `bench` default to a temporary file].
-    #[arg(long, env = "IDEM_STORE", global = true)]
+    #[arg(long, env = "IDEM_STORE", global = true, hide_env_values = true)]
     pub store: Option<String>,
 
     #[command(flatten)]
@@ -286,36 +286,76 @@ pub(crate) struct ServeArgs {
     /// The service to forward to: http://HOST:PORT or https://HOST:PORT
     /// (HTTP/1.1), or h2c://HOST:PORT (HTTP/2 without TLS, for gRPC),
     /// optionally with a base path.
-    #[arg(long, env = "IDEM_UPSTREAM", value_name = "URL")]
+    #[arg(
+        long,
+        env = "IDEM_UPSTREAM",
+        value_name = "URL",
+        hide_env_values = true
+    )]
     pub upstream: Option<String>,
     /// For an https:// upstream: a PEM file of the CA certificates its
     /// certificate is checked against [default: the bundled webpki roots].
-    #[arg(long, env = "IDEM_UPSTREAM_CA", value_name = "FILE")]
+    #[arg(
+        long,
+        env = "IDEM_UPSTREAM_CA",
+        value_name = "FILE",
+        hide_env_values = true
+    )]
     pub upstream_ca: Option<String>,
     /// For an https:// upstream: a PEM client certificate to present (with
     /// --upstream-key) [default: none].
-    #[arg(long, env = "IDEM_UPSTREAM_CERT", value_name = "FILE")]
+    #[arg(
+        long,
+        env = "IDEM_UPSTREAM_CERT",
+        value_name = "FILE",
+        hide_env_values = true
+    )]
     pub upstream_cert: Option<String>,
     /// The PEM private key of --upstream-cert.
-    #[arg(long, env = "IDEM_UPSTREAM_KEY", value_name = "FILE")]
+    #[arg(
+        long,
+        env = "IDEM_UPSTREAM_KEY",
+        value_name = "FILE",
+        hide_env_values = true
+    )]
     pub upstream_key: Option<String>,
     /// Serve HTTPS with this PEM certificate chain (with --tls-key); reloaded
     /// on SIGHUP and when the file changes, without dropping connections
     /// [default: plain HTTP].
-    #[arg(long, env = "IDEM_TLS_CERT", value_name = "FILE")]
+    #[arg(
+        long,
+        env = "IDEM_TLS_CERT",
+        value_name = "FILE",
+        hide_env_values = true
+    )]
     pub tls_cert: Option<String>,
     /// The PEM private key of --tls-cert.
-    #[arg(long, env = "IDEM_TLS_KEY", value_name = "FILE")]
+    #[arg(
+        long,
+        env = "IDEM_TLS_KEY",
+        value_name = "FILE",
+        hide_env_values = true
+    )]
     pub tls_key: Option<String>,
     /// Require client certificates signed by a CA in this PEM file (mTLS);
     /// with --principal-header tls-subject their CN scopes the keys
     /// [default: none].
-    #[arg(long, env = "IDEM_TLS_CLIENT_CA", value_name = "FILE")]
+    #[arg(
+        long,
+        env = "IDEM_TLS_CLIENT_CA",
+        value_name = "FILE",
+        hide_env_values = true
+    )]
     pub tls_client_ca: Option<String>,
     /// A file holding the bearer token the admin listener requires
     /// (Authorization: Bearer TOKEN) on /metrics; needed when --admin-listen
     /// is not a loopback address [default: none].
-    #[arg(long, env = "IDEM_ADMIN_TOKEN_FILE", value_name = "FILE")]
+    #[arg(
+        long,
+        env = "IDEM_ADMIN_TOKEN_FILE",
+        value_name = "FILE",
+        hide_env_values = true
+    )]
     pub admin_token_file: Option<String>,
     /// Where the gateway listens [default: 127.0.0.1:8080].
     #[arg(long, env = "IDEM_LISTEN", value_name = "ADDR")]
@@ -338,17 +378,33 @@ pub(crate) struct ServeArgs {
     /// ones get 413 [default: 1MiB].
     #[arg(long, env = "IDEM_MAX_BODY", value_name = "SIZE")]
     pub max_body: Option<String>,
-    /// How long an in-flight claim is protected, such as 60s or 2m [default: 60s].
-    #[arg(long, env = "IDEM_LEASE", value_name = "DURATION")]
+    /// How long an in-flight claim is protected, such as 60s or 2m; at least
+    /// 1s [default: 60s].
+    #[arg(
+        long,
+        env = "IDEM_LEASE",
+        value_name = "DURATION",
+        allow_hyphen_values = true
+    )]
     pub lease: Option<String>,
     /// How long answers are kept for replay: the dedupe window, such as 24h or
     /// 7d [default: 7d].
-    #[arg(long, env = "IDEM_RETENTION", value_name = "DURATION")]
+    #[arg(
+        long,
+        env = "IDEM_RETENTION",
+        value_name = "DURATION",
+        allow_hyphen_values = true
+    )]
     pub retention: Option<String>,
     /// Keep a tombstone of each swept key this much longer, such as 30d, so a
     /// late retry is refused with 410 Gone instead of running again
     /// [default: off].
-    #[arg(long, env = "IDEM_TOMBSTONES", value_name = "DURATION|off")]
+    #[arg(
+        long,
+        env = "IDEM_TOMBSTONES",
+        value_name = "DURATION|off",
+        allow_hyphen_values = true
+    )]
     pub tombstones: Option<String>,
     /// Settled answers kept in memory so replays skip the store, such as
     /// 64MiB, or `off`; an answer is served from memory until its record
@@ -360,14 +416,39 @@ pub(crate) struct ServeArgs {
     pub admin_listen: Option<String>,
     /// How long to wait for the upstream's answer; past it the outcome is
     /// unknown and the client gets 504 [default: 30s].
-    #[arg(long, env = "IDEM_UPSTREAM_TIMEOUT", value_name = "DURATION")]
+    #[arg(
+        long,
+        env = "IDEM_UPSTREAM_TIMEOUT",
+        value_name = "DURATION",
+        allow_hyphen_values = true
+    )]
     pub upstream_timeout: Option<String>,
+    /// How long a client may take to send a keyed request's whole body;
+    /// past it the request gets 408 and its key stays free. Also how long an
+    /// HTTP/1.1 client may take to send a request's head, or leave its
+    /// connection idle [default: 30s].
+    #[arg(
+        long,
+        env = "IDEM_BODY_TIMEOUT",
+        value_name = "DURATION",
+        allow_hyphen_values = true
+    )]
+    pub body_timeout: Option<String>,
     /// Ask the upstream before forwarding a retry whose earlier attempt ended
     /// unknown, such as 'GET /payments/by-key/{key}': 2xx = applied (its
     /// answer is stored and replayed), 404 = not applied (forwarded), anything
     /// else = 503 [default: off].
     #[arg(long, env = "IDEM_PROBE", value_name = "TEMPLATE")]
     pub probe: Option<String>,
+    /// What an upstream answer means for its key, per status or class:
+    /// store (kept and replayed), release (nothing happened: the retry is
+    /// forwarded) or unknown (the key is kept; with --probe the retry asks
+    /// it, else the key stays reserved for the lease), as in
+    /// '500=store,502=unknown,5xx=release' [default: 2xx and 4xx store;
+    /// 408, 409, 425, 429, 503 release; 502, 504 unknown; 500 unknown with a
+    /// probe, else release].
+    #[arg(long, env = "IDEM_ON_STATUS", value_name = "STATUS=VERDICT,...")]
+    pub on_status: Option<String>,
     /// The local file where answers the store could not take yet are kept
     /// (synced) until stored, also across a restart; `off` for none
     /// [default: next to an SQLite store, STORE.spool; else idem.spool].
@@ -386,11 +467,16 @@ pub(crate) struct ServeArgs {
     pub methods: Option<String>,
     /// How often expired records are swept, ±50 % jitter, such as 60s or
     /// 10m; `off` when a cron job runs `idem gc` instead [default: 60s].
-    #[arg(long, env = "IDEM_SWEEP_EVERY", value_name = "DURATION")]
+    #[arg(
+        long,
+        env = "IDEM_SWEEP_EVERY",
+        value_name = "DURATION",
+        allow_hyphen_values = true
+    )]
     pub sweep_every: Option<String>,
     /// The most requests answered at once; past it a request is answered 503
     /// with Retry-After at once instead of waiting in a queue, such as 256,
-    /// or `off` [default: off].
+    /// or `off` [default: 1024].
     #[arg(long, env = "IDEM_MAX_IN_FLIGHT", value_name = "N")]
     pub max_in_flight: Option<String>,
     /// What a duplicate gets while its original is still running: `reject`
@@ -420,6 +506,14 @@ pub(crate) struct ServeArgs {
     /// among them, is forwarded untouched [default: none].
     #[arg(long, env = "IDEM_GRPC_UNARY", value_name = "LIST")]
     pub grpc_unary: Option<String>,
+    /// Ask the upstream's lookup method before running a --grpc-unary call
+    /// again whose earlier attempt ended unknown, such as
+    /// '/payments.v1.Payments/Lookup' (sent the retry's metadata and
+    /// message): OK = applied (its reply is stored and replayed), NOT_FOUND
+    /// = not applied (forwarded), anything else = UNAVAILABLE; or
+    /// METHOD=LOOKUP pairs, comma-separated [default: off].
+    #[arg(long, env = "IDEM_GRPC_PROBE", value_name = "METHOD")]
+    pub grpc_probe: Option<String>,
     /// Fingerprint only these fields of a keyed JSON body (with the method,
     /// route and target), as JSON Pointers (RFC 6901) after json:, such as
     /// 'json:/amount,/currency,/account': a retry that differs elsewhere is
@@ -445,9 +539,9 @@ pub(crate) struct ServeArgs {
     /// A TOML file with the same settings: upstream, listen, store, mode,
     /// require_key, max_body, lease, retention, tombstones, replay_cache,
     /// admin_listen,
-    /// upstream_timeout, probe, spool, principal_header, methods, sweep_every,
+    /// upstream_timeout, body_timeout, probe, on_status, spool, principal_header, methods, sweep_every,
     /// max_in_flight, concurrent, max_waiters, max_waiters_per_key, routes,
-    /// grpc_unary, fingerprint, fingerprint_ignore, fingerprint_header,
+    /// grpc_unary, grpc_probe, fingerprint, fingerprint_ignore, fingerprint_header,
     /// upstream_ca, upstream_cert, upstream_key, tls_cert, tls_key,
     /// tls_client_ca, admin_token_file.
     #[arg(long, env = "IDEM_CONFIG", value_name = "FILE")]
@@ -505,9 +599,72 @@ where
 
 #[cfg(test)]
 mod tests {
-    use clap::Parser;
+    use clap::{CommandFactory, Parser};
 
-    use super::Cli;
+    use super::{Cli, Command};
+
+    /// The variables whose values may hold a password, a token or where
+    /// one is kept.
+    const SECRET_BEARING: [&str; 9] = [
+        "IDEM_STORE",
+        "IDEM_UPSTREAM",
+        "IDEM_UPSTREAM_CA",
+        "IDEM_UPSTREAM_CERT",
+        "IDEM_UPSTREAM_KEY",
+        "IDEM_TLS_CERT",
+        "IDEM_TLS_KEY",
+        "IDEM_TLS_CLIENT_CA",
+        "IDEM_ADMIN_TOKEN_FILE",
+    ];
+
+    #[test]
+    fn help_never_shows_the_value_of_a_secret_bearing_variable() {
+        fn check(command: &clap::Command, checked: &mut usize) {
+            for arg in command.get_arguments() {
+                let Some(env) = arg.get_env().and_then(|env| env.to_str()) else {
+                    continue;
+                };
+                if SECRET_BEARING.contains(&env) {
+                    *checked += 1;
+                    assert!(
+                        arg.is_hide_env_values_set(),
+                        "{} --{}: {env} would be shown in --help",
+                        command.get_name(),
+                        arg.get_id()
+                    );
+                }
+            }
+            for sub in command.get_subcommands() {
+                check(sub, checked);
+            }
+        }
+        let mut command = Cli::command();
+        command.build();
+        let mut checked = 0;
+        check(&command, &mut checked);
+        assert!(checked >= SECRET_BEARING.len(), "{checked}");
+    }
+
+    #[test]
+    fn duration_flags_take_a_leading_hyphen_so_the_settings_can_say_what_is_wrong() {
+        let cli = Cli::try_parse_from([
+            "idem",
+            "serve",
+            "--lease",
+            "-5s",
+            "--upstream-timeout",
+            "-1m",
+            "--body-timeout",
+            "-2s",
+        ])
+        .unwrap();
+        let Command::Serve(args) = cli.command else {
+            panic!("not serve");
+        };
+        assert_eq!(args.lease.as_deref(), Some("-5s"));
+        assert_eq!(args.upstream_timeout.as_deref(), Some("-1m"));
+        assert_eq!(args.body_timeout.as_deref(), Some("-2s"));
+    }
 
     #[test]
     fn a_broker_url_that_does_not_parse_is_not_repeated() {

@@ -172,6 +172,15 @@ pub trait LeaseStore: Send + Sync {
     /// once. The record keeps its token (ended lease), so tokens never repeat.
     fn release(&self, claim: &Claim) -> impl Future<Output = Result<(), Error>> + Send;
 
+    /// Ends the lease of a held claim now, without settling the record or
+    /// freeing the key: the record stays in flight, and the next claim takes
+    /// it over (with the next token, `took_over` set), as it would after the
+    /// holder died. For an attempt whose outcome is unknown when the next
+    /// attempt should find out what happened at once instead of after the
+    /// lease (the HTTP layer asks its reconcile hook on a takeover).
+    /// `Fenced` if the claim was taken over already.
+    fn end_lease(&self, claim: &Claim) -> impl Future<Output = Result<(), Error>> + Send;
+
     /// Runs an effect outside the database under the leased protocol: claim,
     /// run, then complete (success or terminal failure) or release (retryable
     /// failure). Called like [`AtomicStore::apply`](crate::AtomicStore::apply).

@@ -210,23 +210,41 @@ async fn a_failing_probe_is_503_and_nothing_is_forwarded_until_it_answers() {
     let refused = f.client.post("/pay").key("p-3").send().await;
     let detail = refused.problem(StatusCode::SERVICE_UNAVAILABLE);
     assert!(detail.contains("500"), "{detail}");
-    assert_eq!(refused.retry_after(), LEASE.as_secs());
+    assert_eq!(refused.retry_after(), 1, "asked again at the next retry");
     assert_eq!(
         refused.json()["type"],
         "urn:idem:problem:reconcile-outcome-unknown"
     );
     assert_eq!((f.effects(), f.calls(), f.probes()), (1, 1, 1));
 
-    // The claim is kept: within the lease a copy is 409, not probed.
-    let early = f.client.post("/pay").key("p-3").send().await;
-    early.problem(StatusCode::CONFLICT);
-    assert_eq!(f.probes(), 1);
+    // The key stays reserved and nothing is forwarded: the next copy asks
+    // the probe again, at once.
+    let again = f.client.post("/pay").key("p-3").send().await;
+    again.problem(StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!((f.effects(), f.calls(), f.probes()), (1, 1, 2));
 
-    // After the lease the next takeover asks again.
+    // Once the probe answers, the applied attempt's answer is replayed.
     f.up.probe_broken.store(false, Ordering::SeqCst);
-    f.clock.advance(LEASE + Duration::from_secs(1));
     let answered = f.client.post("/pay").key("p-3").send().await;
     assert_eq!(answered.status, StatusCode::CREATED);
     assert!(answered.replayed());
-    assert_eq!((f.effects(), f.calls(), f.probes()), (1, 1, 2));
+    assert_eq!((f.effects(), f.calls(), f.probes()), (1, 1, 3));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_timed_out_attempt_is_reconciled_by_the_next_retry_not_a_lease_later() {
+    let f = Fixture::start().await;
+    let first = f
+        .client
+        .post("/pay")
+        .key("p-4")
+        .header("x-stall", "after")
+        .send()
+        .await;
+    assert_eq!(first.status, StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(first.retry_after(), 1, "the next retry is reconciled");
+    let retried = f.client.post("/pay").key("p-4").send().await;
+    assert_eq!(retried.status, StatusCode::CREATED);
+    assert!(retried.replayed());
+    assert_eq!((f.effects(), f.calls(), f.probes()), (1, 1, 1));
 }

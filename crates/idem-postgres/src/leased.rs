@@ -70,6 +70,11 @@ impl LeaseStore for PgStore {
     async fn release(&self, claim: &Claim) -> Result<(), Error> {
         self.release_alone(claim).await
     }
+
+    async fn end_lease(&self, claim: &Claim) -> Result<(), Error> {
+        let now = self.clock().now();
+        self.set_lease(claim, Some(now), now).await
+    }
 }
 
 impl PgStore {

@@ -103,6 +103,12 @@ impl LeaseStore for RedisStore {
         self.change_held(claim, HeldChange::Lease(None), "release")
             .await
     }
+
+    async fn end_lease(&self, claim: &Claim) -> Result<(), Error> {
+        let now = self.clock().now();
+        self.change_held(claim, HeldChange::Lease(Some(now)), "end of the lease")
+            .await
+    }
 }
 
 impl RedisStore {

@@ -96,6 +96,12 @@ impl LeaseStore for SqliteStore {
             .await
             .map(drop)
     }
+
+    async fn end_lease(&self, claim: &Claim) -> Result<(), Error> {
+        self.change_held(claim, |now, _| HeldChange::Lease(Some(now)))
+            .await
+            .map(drop)
+    }
 }
 
 impl SqliteStore {

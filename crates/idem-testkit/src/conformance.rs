@@ -357,6 +357,53 @@ pub async fn renewal_extends_the_lease<H: crate::leased::LeasedHarness>(h: H) {
     assert_eq!(next.token, claim.token.next());
 }
 
+/// An ended lease keeps the key reserved but lets the next claim take it
+/// over at once (`took_over`, the next token), and fences the old holder.
+pub async fn an_ended_lease_is_taken_over_at_once<H: crate::leased::LeasedHarness>(h: H) {
+    let job = op("jobs", "ambiguous", "charge");
+    let s = h.store();
+    let Claimed::Fresh(first) = s
+        .claim(&job.scope, &job.key, job.fingerprint)
+        .await
+        .unwrap()
+    else {
+        panic!("claimed")
+    };
+    assert!(!first.took_over);
+    s.end_lease(&first).await.unwrap();
+    let record = s.get(&job.scope, &job.key).await.unwrap().unwrap();
+    assert_eq!(record.state, RecordState::InFlight);
+    let Claimed::Fresh(next) = s
+        .claim(&job.scope, &job.key, job.fingerprint)
+        .await
+        .unwrap()
+    else {
+        panic!("taken over at once")
+    };
+    assert!(next.took_over, "the next claim is a takeover");
+    assert_eq!(next.token, first.token.next());
+    assert!(matches!(
+        s.complete(&first, &idem_core::Outcome::success("late"))
+            .await,
+        Err(Error::Fenced { .. })
+    ));
+    assert!(matches!(
+        s.end_lease(&first).await,
+        Err(Error::Fenced { .. })
+    ));
+    s.complete(&next, &idem_core::Outcome::success("done"))
+        .await
+        .unwrap();
+    let Claimed::Replayed(replay) = s
+        .claim(&job.scope, &job.key, job.fingerprint)
+        .await
+        .unwrap()
+    else {
+        panic!("replayed")
+    };
+    assert_eq!(replay.outcome.body, b"done");
+}
+
 /// Release gives the key back at once; the next claim has a greater token, so
 /// the released token can never complete.
 pub async fn release_lets_the_next_retry_run_at_once<H: crate::leased::LeasedHarness>(h: H) {

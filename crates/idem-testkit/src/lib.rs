@@ -72,6 +72,7 @@ macro_rules! leased_conformance_suite {
             leased_claim_complete_replay,
             renewal_extends_the_lease,
             release_lets_the_next_retry_run_at_once,
+            an_ended_lease_is_taken_over_at_once,
             a_worker_stalled_past_a_swept_window_stays_fenced,
         );
     };
@@ -104,6 +105,7 @@ macro_rules! conformance_suite {
             atomic_apply_takes_over_an_expired_claim,
             renewal_extends_the_lease,
             release_lets_the_next_retry_run_at_once,
+            an_ended_lease_is_taken_over_at_once,
             retention_is_enforced_by_bounded_sweeps,
             the_sweeper_keeps_the_table_bounded_under_steady_load,
             expired_records_are_replaced_with_a_greater_token,

@@ -205,6 +205,10 @@ impl LeaseStore for AnyStore {
     async fn release(&self, claim: &Claim) -> Result<(), Error> {
         each_store!(self, s => LeaseStore::release(s, claim).await)
     }
+
+    async fn end_lease(&self, claim: &Claim) -> Result<(), Error> {
+        each_store!(self, s => s.end_lease(claim).await)
+    }
 }
 
 impl RecordStore for AnyStore {

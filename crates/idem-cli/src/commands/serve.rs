@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use idem::AnyStore;
-use idem_grpc::{GrpcIdempotencyConfig, GrpcIdempotencyLayer};
+use idem_grpc::{GrpcIdempotencyConfig, GrpcIdempotencyLayer, GrpcProbe};
 use idem_http::admin::AdminToken;
 use idem_http::gateway::{self, CertReloader, Gateway, GrpcGuard};
 use idem_http::{IdempotencyLayer, Spool};
@@ -27,6 +27,13 @@ pub(super) async fn run(
     key_in_spans: KeyInSpans,
 ) -> anyhow::Result<()> {
     let settings = resolve(store, args)?;
+    if settings.upstream.points_at(settings.listen).await {
+        anyhow::bail!(
+            "--upstream {} is the gateway's own listener ({}, --listen): every request would be forwarded back to the gateway without end; give --upstream the address of the service behind the gateway",
+            settings.upstream,
+            settings.listen
+        );
+    }
     // Every file is read before anything starts, so a bad one stops here.
     let gateway_config = settings
         .gateway()
@@ -71,6 +78,7 @@ pub(super) async fn run(
         layer.store(),
         settings.admin_listen,
         admin_token,
+        settings.allow_hosts.clone(),
         settings.sweep_every,
     )
     .await?;
@@ -101,8 +109,12 @@ pub(super) async fn run(
     if !settings.grpc_unary.is_empty() {
         writeln!(
             out,
-            "idem serve: keyed gRPC calls deduplicated on {}",
-            settings.grpc_unary.join(", ")
+            "idem serve: keyed gRPC calls deduplicated on {}; {}",
+            settings.grpc_unary.join(", "),
+            settings.grpc_probe.as_ref().map_or_else(
+                || "no lookup before a takeover".to_owned(),
+                |probe| format!("the upstream's {probe} is asked before a takeover")
+            )
         )?;
     }
     if let Some(addr) = upkeep.admin_addr() {
@@ -133,7 +145,7 @@ pub(super) async fn run(
         eprintln!("idem serve: shutting down; letting the requests in flight finish");
         stop.send(true).ok();
     });
-    let grpc = grpc_guard(&settings, layer.store());
+    let grpc = grpc_guard(&settings, layer.store(), layer.spool())?;
     let mut gateway = Gateway::new(layer, gateway_config);
     if let Some(guard) = grpc {
         gateway = gateway.with_grpc(guard);
@@ -157,11 +169,16 @@ pub(super) async fn run(
 }
 
 /// The gRPC guard for the `--grpc-unary` methods, over the gateway's store,
-/// with the HTTP side's lease, body limit and principal; `None` without
+/// with the HTTP side's lease, body limit, principal and spool, and the
+/// `--grpc-probe` lookup asked within `--upstream-timeout`; `None` without
 /// methods.
-fn grpc_guard(settings: &GatewaySettings, store: &AnyStore) -> Option<GrpcGuard> {
+fn grpc_guard(
+    settings: &GatewaySettings,
+    store: &AnyStore,
+    spool: Option<&Spool>,
+) -> anyhow::Result<Option<GrpcGuard>> {
     if settings.grpc_unary.is_empty() {
-        return None;
+        return Ok(None);
     }
     let config = GrpcIdempotencyConfig::default()
         .unary_methods(settings.grpc_unary.iter().cloned())
@@ -175,10 +192,20 @@ fn grpc_guard(settings: &GatewaySettings, store: &AnyStore) -> Option<GrpcGuard>
             None => config.without_principal(),
         }
     };
-    Some(idem_grpc::gateway::guard(GrpcIdempotencyLayer::new(
-        store.clone(),
-        config,
-    )))
+    let mut layer = GrpcIdempotencyLayer::new(store.clone(), config);
+    // One spool for both sides: the gateway stores what it keeps before
+    // serving, whichever side kept it.
+    if let Some(spool) = spool {
+        layer = layer.with_spool(spool.clone());
+    }
+    Ok(Some(match &settings.grpc_probe {
+        Some(probe) => idem_grpc::gateway::guard_probing(
+            layer,
+            probe.parse::<GrpcProbe>().context("--grpc-probe")?,
+            settings.upstream_timeout,
+        ),
+        None => idem_grpc::gateway::guard(layer),
+    }))
 }
 
 /// How often the listener's certificate and key files are checked for a
@@ -214,7 +241,9 @@ fn resolve(store: Option<&str>, args: &ServeArgs) -> anyhow::Result<GatewaySetti
         replay_cache: args.replay_cache.clone(),
         admin_listen: args.admin_listen.clone(),
         upstream_timeout: args.upstream_timeout.clone(),
+        body_timeout: args.body_timeout.clone(),
         probe: args.probe.clone(),
+        on_status: args.on_status.clone(),
         spool: args.spool.clone(),
         principal_header: args.principal_header.clone(),
         methods: args.methods.clone(),
@@ -231,7 +260,9 @@ fn resolve(store: Option<&str>, args: &ServeArgs) -> anyhow::Result<GatewaySetti
         tls_key: args.tls_key.clone(),
         tls_client_ca: args.tls_client_ca.clone(),
         admin_token_file: args.admin_token_file.clone(),
+        allow_hosts: (!args.allow_hosts.is_empty()).then(|| args.allow_hosts.join(",")),
         grpc_unary: args.grpc_unary.clone(),
+        grpc_probe: args.grpc_probe.clone(),
         fingerprint: args.fingerprint.clone(),
         fingerprint_ignore: args.fingerprint_ignore.clone(),
         fingerprint_header: (!args.fingerprint_header.is_empty())

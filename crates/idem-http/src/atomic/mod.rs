@@ -23,7 +23,7 @@
 //! 3. otherwise, inside the transaction that already holds the claim, your
 //!    handler gets the parsed [`AtomicRequest`] and its effect runs with the
 //!    store's connection, returning a [`StoredResponse`];
-//! 4. a response whose status is stored (2xx, 4xx but 408/409/429 by default)
+//! 4. a response whose status is stored (2xx, 4xx but 408/409/425/429 by default)
 //!    becomes the record's outcome and commits **with your writes**; any other
 //!    status, or a [`Failure`], rolls everything back — your writes and the
 //!    claim — so the next retry runs again.
@@ -111,7 +111,7 @@ pub use route::{AtomicRoute, route};
 use crate::body::read_limited;
 use crate::identity::{fingerprint_of, principal_of, route_of, scope_of};
 use crate::key_header::read_key;
-use crate::{IdempotencyConfig, Mode, Refusal, StoredResponse, StoredStatuses};
+use crate::{IdempotencyConfig, Mode, Refusal, StatusPolicy, StoredResponse};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -224,9 +224,9 @@ pub(crate) enum Rollback {
 }
 
 /// Turns a handler's answer into the outcome to commit, or the reason to roll back.
-pub(crate) fn settle(stored: &StoredStatuses, answer: HandlerResult) -> Result<Outcome, Rollback> {
+pub(crate) fn settle(stored: &StatusPolicy, answer: HandlerResult) -> Result<Outcome, Rollback> {
     match answer {
-        Ok(response) if stored.contains(response.status()) => Ok(response.to_outcome()),
+        Ok(response) if stored.stores(response.status()) => Ok(response.to_outcome()),
         Ok(response) => Err(Rollback::NotStored(Box::new(response))),
         Err(failure) => Err(Rollback::Failed(failure)),
     }

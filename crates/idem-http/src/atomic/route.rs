@@ -16,7 +16,7 @@ use tower::Service;
 
 use super::{AtomicRequest, BoxError, Failure, Rollback, admit, answer, settle};
 use crate::observe::{self, route_label};
-use crate::{IdempotencyConfig, StoredResponse, StoredStatuses};
+use crate::{IdempotencyConfig, StatusPolicy, StoredResponse};
 
 /// A route whose handler's writes commit with the stored response, in the
 /// transaction of `S`. Made by [`route`]; mount it with axum's `post_service`
@@ -113,7 +113,7 @@ where
         let effect = effect_for(
             Arc::clone(&self.handler),
             admitted.request,
-            self.config.stored.clone(),
+            self.config.on_status.clone(),
         );
         let keyed = admitted.keyed.is_some();
         let applied = match admitted.keyed {
@@ -141,7 +141,7 @@ where
 fn effect_for<Tx, H, F>(
     handler: Arc<H>,
     request: AtomicRequest,
-    stored: StoredStatuses,
+    stored: StatusPolicy,
 ) -> impl AtomicEffect<Tx, Outcome, Rollback>
 where
     Tx: ?Sized + Send + 'static,

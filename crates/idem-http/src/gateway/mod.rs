@@ -27,6 +27,9 @@
 //! - `settings`: [`GatewaySettings`], resolved from flags, a TOML file and
 //!   the defaults, with errors that name where a bad value came from;
 //! - `accept`: the accept loop (plain or TLS) and its graceful shutdown;
+//! - `loops`: the upstream that is the gateway itself, refused at start-up,
+//!   and the `Via` entry that answers a request coming back 508;
+//! - `deadline`: the time a keyed request's body has to arrive (408 past it);
 //! - `tls`: [`UpstreamTls`] for `https://` upstreams, and [`ListenerTls`]
 //!   for the HTTPS listener, its certificate reloaded by a [`CertReloader`]
 //!   and its optional client certificates;
@@ -84,7 +87,9 @@
 
 mod accept;
 mod config;
+mod deadline;
 pub mod hop;
+mod loops;
 mod observe;
 mod probe;
 mod proxy;
@@ -105,19 +110,24 @@ use tokio::net::TcpListener;
 use tower::ServiceExt;
 use tracing::Instrument;
 
-pub use config::{DEFAULT_UPSTREAM_TIMEOUT, GatewayConfig, Upstream, UpstreamError};
+pub use config::{
+    DEFAULT_BODY_TIMEOUT, DEFAULT_UPSTREAM_TIMEOUT, GatewayConfig, Upstream, UpstreamError,
+};
 pub use observe::REQUESTS_TOTAL;
 pub use probe::{IDEMPOTENCY_ORIGINAL_STATUS, Probe, ProbeError};
 pub use settings::{
-    DEFAULT_LISTEN, DEFAULT_STORE, GatewaySettings, GivenSettings, MAX_CONCURRENT_WAIT,
-    MAX_IN_FLIGHT, SettingsError, SettingsFile, parse_concurrent, parse_duration,
-    parse_grpc_methods, parse_limit, parse_methods, parse_routes, parse_size, parse_waiters,
+    DEFAULT_LISTEN, DEFAULT_MAX_IN_FLIGHT, DEFAULT_STORE, GatewaySettings, GivenSettings,
+    MAX_CONCURRENT_WAIT, MAX_IN_FLIGHT, MIN_LEASE, SettingsError, SettingsFile, parse_concurrent,
+    parse_duration, parse_grpc_methods, parse_lease, parse_limit, parse_methods, parse_routes,
+    parse_size, parse_waiters,
 };
 
 use crate::observe::RouteLabel;
 use crate::shed::InFlightLimit;
 use crate::{IdempotencyConfig, IdempotencyLayer, IdempotencyService};
 pub use accept::{Peer, serve_connections, serve_connections_over};
+use deadline::Deadline;
+use loops::Instance;
 use probe::UpstreamProbe;
 use proxy::Proxy;
 pub use proxy::{
@@ -207,8 +217,9 @@ impl<St> Gateway<St> {
 /// period ([`GatewayConfig::shutdown_grace`]) are abandoned; their claims stay
 /// until their leases end, as after a crash.
 ///
-/// Errors if the spool cannot be read or written, or if accepting fails for
-/// good.
+/// Errors if the upstream is the listener itself (every request would be
+/// forwarded back to the gateway), if the spool cannot be read or written,
+/// or if accepting fails for good.
 pub async fn run<St>(
     listener: TcpListener,
     gateway: Gateway<St>,
@@ -217,7 +228,18 @@ pub async fn run<St>(
 where
     St: WaitableStore + 'static,
 {
+    let listening = listener.local_addr()?;
+    if gateway.config.upstream.points_at(listening).await {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "the upstream {} is the gateway's own listener ({listening}): every request would be forwarded back to the gateway without end; give the address of the service behind the gateway",
+                gateway.config.upstream
+            ),
+        ));
+    }
     let idempotency = gateway.layer.config().clone();
+    let instance = Instance::new();
     match gateway.layer.flush_spool().await {
         Ok(0) => {}
         Ok(stored) => tracing::info!(
@@ -239,10 +261,11 @@ where
                 upstream: gateway.config.upstream.clone(),
                 timeout: gateway.config.upstream_timeout,
                 principal_header: idempotency.principal_header.clone(),
+                instance: instance.clone(),
             })),
         None => gateway.layer.clone(),
     };
-    let proxy = Proxy::new(&gateway.config, idempotency.clone());
+    let proxy = Proxy::new(&gateway.config, idempotency.clone(), instance.clone());
     let forward = Forward::new(proxy.clone());
     let grpc = match &gateway.grpc {
         Some(guard) => guard(forward),
@@ -263,12 +286,15 @@ where
             .then(|| HeaderName::from_static(TLS_SUBJECT_HEADER)),
         grpc,
         answered: observe::Answered::default(),
+        instance,
+        body_timeout: gateway.config.body_timeout,
     });
     let per_request = move |request: Request<Incoming>, peer: Arc<Peer>| {
         answer(service.clone(), Arc::clone(&admission), peer, request)
     };
     let tls = gateway.tls.map(tokio_rustls::TlsAcceptor::from);
-    if !accept::serve_connections_over(listener, tls, shutdown, grace, per_request).await {
+    let header_timeout = gateway.config.body_timeout;
+    if !accept::serve_within(listener, tls, shutdown, grace, header_timeout, per_request).await {
         tracing::warn!(
             ?grace,
             "requests still running after the grace period were abandoned; their keys stay reserved until their leases end"
@@ -290,6 +316,10 @@ struct Admission {
     grpc: Forward,
     /// Requests counted by outcome and route.
     answered: observe::Answered,
+    /// This gateway's name in `Via`, to see a request come back.
+    instance: Instance,
+    /// How long a keyed request's body may take to arrive.
+    body_timeout: std::time::Duration,
 }
 
 /// One request through the limit, the layer and the proxy, counted by
@@ -309,6 +339,25 @@ where
         .routes
         .label(request.method(), request.uri().path())
         .into();
+    let version = request.version();
+    if admission.instance.came_back(request.headers()) {
+        // Forwarded by this gateway and back again: forwarding it once more
+        // would only make the loop go round.
+        let refused = if is_grpc(request.headers()) {
+            proxy::grpc_status(
+                proxy::GRPC_INTERNAL,
+                "the gateway's upstream leads back to the gateway (its own Via entry came back)",
+            )
+        } else {
+            admission
+                .instance
+                .refusal(idempotency.vocabulary(), version)
+        };
+        admission
+            .answered
+            .count(observe::outcome(keyed, &refused), &route);
+        return Ok(refused);
+    }
     // Shed before anything is read or claimed: the retry starts afresh.
     let _in_flight = match &admission.limit {
         None => None,
@@ -318,7 +367,7 @@ where
                 let shed = limit.shed();
                 admission
                     .answered
-                    .count(observe::outcome(idempotency, keyed, &shed), &route);
+                    .count(observe::outcome(keyed, &shed), &route);
                 if is_grpc(request.headers()) {
                     // The same refusal in gRPC's terms, with its retry hint.
                     let mut refused = proxy::grpc_status(
@@ -356,6 +405,13 @@ where
         path = request.uri().path(),
     );
     idem_trace::continue_trace(&span, &idem_trace::HttpHeaders(request.headers()));
+    // A keyed body (read whole before its key is claimed) has a deadline;
+    // other bodies stream to the upstream under its timeout.
+    let (request, expired) = {
+        let (parts, body) = request.into_parts();
+        let (body, expired) = Deadline::new(body, keyed.then_some(admission.body_timeout));
+        (Request::from_parts(parts, body), expired)
+    };
     let response: Response<Body> = if is_grpc(request.headers()) {
         admission
             .grpc
@@ -366,8 +422,13 @@ where
     } else {
         service.oneshot(request).instrument(span).await?
     };
+    let response = if expired.get() {
+        deadline::too_slow(idempotency.vocabulary(), admission.body_timeout, version)
+    } else {
+        response
+    };
     admission
         .answered
-        .count(observe::outcome(idempotency, keyed, &response), &route);
+        .count(observe::outcome(keyed, &response), &route);
     Ok(response)
 }

@@ -19,6 +19,7 @@ use metrics::Counter;
 use super::proxy::FromUpstream;
 use crate::IdempotencyConfig;
 use crate::idempotency::problem::Refused;
+use crate::idempotency::{Judged, Verdict};
 use crate::key_header::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 
 /// Requests answered by the gateway, labelled `outcome` and `route` (see
@@ -34,8 +35,10 @@ pub(crate) fn is_keyed<B>(config: &IdempotencyConfig, request: &Request<B>) -> b
 /// The `outcome` label of a request's answer:
 ///
 /// - `forwarded_stored`: keyed, the upstream answered, and the answer was stored;
-/// - `forwarded_released`: keyed, the upstream answered with a status that is
-///   not stored (5xx, 408, 429), so the key was released;
+/// - `forwarded_released`: keyed, the upstream answered with a status that
+///   releases the key (503, 408, 429 by default);
+/// - `forwarded_unknown`: keyed, the upstream answered with a status whose
+///   outcome is unknown (502, 504 by default), so the key was kept;
 /// - `passed_through`: no key (or a safe method), forwarded as is;
 /// - `replayed`: a duplicate, answered from the store;
 /// - otherwise the refusal's problem type: `idempotency-key-in-flight`,
@@ -44,19 +47,17 @@ pub(crate) fn is_keyed<B>(config: &IdempotencyConfig, request: &Request<B>) -> b
 ///   `upstream-timeout-outcome-unknown`, `upstream-broke-outcome-unknown`,
 ///   `upstream-unreachable`, `store-unavailable`, `idempotency-store-failure`,
 ///   `overloaded` (shed: the limit of requests in flight was reached), ...
-pub(crate) fn outcome(
-    config: &IdempotencyConfig,
-    keyed: bool,
-    response: &Response,
-) -> &'static str {
+pub(crate) fn outcome(keyed: bool, response: &Response) -> &'static str {
     if let Some(Refused(problem)) = response.extensions().get::<Refused>() {
         return problem;
     }
     if response.extensions().get::<FromUpstream>().is_some() {
-        return match (keyed, config.stored.contains(response.status())) {
-            (false, _) => "passed_through",
-            (true, true) => "forwarded_stored",
-            (true, false) => "forwarded_released",
+        let judged = response.extensions().get::<Judged>().map(|j| j.0);
+        return match (keyed, judged) {
+            (false, _) | (true, None) => "passed_through",
+            (true, Some(Verdict::Store)) => "forwarded_stored",
+            (true, Some(Verdict::Release)) => "forwarded_released",
+            (true, Some(Verdict::Unknown)) => "forwarded_unknown",
         };
     }
     if response.headers().contains_key(IDEMPOTENT_REPLAYED) {

@@ -9,7 +9,12 @@
 //! - the target is rewritten onto the upstream (its base path in front), the
 //!   `Host` becomes the upstream's, and `X-Forwarded-For`, `X-Forwarded-Host`
 //!   and `X-Forwarded-Proto` say where the request came from;
-//! - `Idempotency-Key` is forwarded as it came, so the upstream can dedupe too;
+//! - `Idempotency-Key` is forwarded as it came, so the upstream can dedupe too
+//!   (whatever the client's `Connection` header names);
+//! - a user and password in the upstream URL become `Authorization: Basic`
+//!   on a request that carries no `Authorization` of its own;
+//! - a `Via` entry names this gateway instance, so a request that comes back
+//!   is refused (see `loops`);
 //! - `traceparent` (and `tracestate`) name the gateway's span, so the
 //!   upstream's spans join the request's trace under it.
 //!
@@ -30,9 +35,10 @@
 //!
 //! | what happened                               | answer | keyed request's claim   |
 //! |---------------------------------------------|--------|-------------------------|
-//! | no connection could be opened (nothing sent) | 502    | released: retry at once |
-//! | no answer within the upstream timeout        | 504    | kept until its lease ends |
-//! | connection broke after the request was sent  | 502    | kept until its lease ends |
+//! | no connection could be opened (nothing sent) | 502    | released ([`NothingApplied`]): retry at once |
+//! | no answer within the upstream timeout        | 504    | kept: the outcome is unknown ([`UnknownOutcome`]) |
+//! | connection broke after the request was sent  | 502    | kept: the outcome is unknown |
+//! | the upstream answered                        | its own | by the layer's status policy |
 
 use std::convert::Infallible;
 use std::fmt::Write as _;
@@ -44,7 +50,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::response::Response;
 use futures::future::BoxFuture;
-use http::header::{CONTENT_TYPE, HOST, HeaderName, HeaderValue, TE};
+use http::header::{AUTHORIZATION, CONTENT_TYPE, HOST, HeaderName, HeaderValue, TE};
 use http::{Request, Version};
 use http_body_util::BodyExt;
 use hyper_rustls::HttpsConnector;
@@ -57,7 +63,10 @@ use tower::Service;
 use super::GatewayConfig;
 use super::config::Upstream;
 use super::hop;
-use crate::idempotency::{IdempotencyConfig, Mode, Refusal, UnknownOutcome};
+use super::loops::Instance;
+use crate::idempotency::{
+    IdempotencyConfig, KeyHeld, Mode, NothingApplied, Refusal, UnknownOutcome,
+};
 use crate::key_header::IDEMPOTENCY_KEY;
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -94,6 +103,10 @@ struct Shared {
     upstream: Upstream,
     timeout: Duration,
     idempotency: IdempotencyConfig,
+    /// Whether a probe is asked about unknown outcomes.
+    probed: bool,
+    /// This gateway's name in `Via`.
+    instance: Instance,
 }
 
 impl std::fmt::Debug for Proxy {
@@ -106,7 +119,11 @@ impl std::fmt::Debug for Proxy {
 }
 
 impl Proxy {
-    pub(crate) fn new(config: &GatewayConfig, idempotency: IdempotencyConfig) -> Self {
+    pub(crate) fn new(
+        config: &GatewayConfig,
+        idempotency: IdempotencyConfig,
+        instance: Instance,
+    ) -> Self {
         let client = upstream_client_for(
             &config.upstream,
             config.connect_timeout(),
@@ -118,6 +135,8 @@ impl Proxy {
                 upstream: config.upstream.clone(),
                 timeout: config.upstream_timeout,
                 idempotency,
+                probed: config.probe.is_some(),
+                instance,
             }),
         }
     }
@@ -144,18 +163,31 @@ impl Shared {
         // The layer sends a keyed request here only once it holds its claim.
         let keyed = self.idempotency.accepts_key(request.method())
             && request.headers().contains_key(IDEMPOTENCY_KEY);
-        let reserved_for = keyed.then_some(self.idempotency.lease);
+        let held = match (keyed, self.probed) {
+            (false, _) => KeyHeld::NoKey,
+            (true, true) => KeyHeld::UntilAsked,
+            (true, false) => KeyHeld::ForLease(self.idempotency.lease),
+        };
         let answer_as = if is_grpc(request.headers()) {
             AnswerAs::Grpc
         } else {
             AnswerAs::Http(mode)
         };
+        let version = request.version();
         let outgoing = match rewrite_for(&self.upstream, request) {
-            Ok(outgoing) => outgoing,
+            Ok(mut outgoing) => {
+                self.instance.stamp(version, outgoing.headers_mut());
+                outgoing
+            }
             Err(error) => {
-                return answer_as.refusal(Refusal::UpstreamUnreachable {
-                    cause: format!("the request could not be rewritten for the upstream: {error}"),
-                });
+                return nothing_sent(
+                    Refusal::UpstreamUnreachable {
+                        cause: format!(
+                            "the request could not be rewritten for the upstream: {error}"
+                        ),
+                    },
+                    answer_as,
+                );
             }
         };
 
@@ -163,29 +195,20 @@ impl Shared {
         let answer = match tokio::time::timeout_at(deadline, self.client.request(outgoing)).await {
             Ok(Ok(answer)) => answer,
             Ok(Err(error)) if error.is_connect() => {
-                return answer_as.refusal(Refusal::UpstreamUnreachable {
-                    cause: error_chain(&error),
-                });
+                return nothing_sent(
+                    Refusal::UpstreamUnreachable {
+                        cause: explained(&error),
+                    },
+                    answer_as,
+                );
             }
             Ok(Err(error)) => {
                 let cause = error_chain(&error);
-                return unknown(
-                    Refusal::UpstreamBroke {
-                        cause,
-                        reserved_for,
-                    },
-                    answer_as,
-                );
+                return unknown(Refusal::UpstreamBroke { cause, held }, answer_as);
             }
             Err(_elapsed) => {
                 let after = self.timeout;
-                return unknown(
-                    Refusal::UpstreamTimeout {
-                        after,
-                        reserved_for,
-                    },
-                    answer_as,
-                );
+                return unknown(Refusal::UpstreamTimeout { after, held }, answer_as);
             }
         };
 
@@ -200,31 +223,20 @@ impl Shared {
             Ok(Ok(collected)) => Response::from_parts(parts, Body::new(collected)),
             Ok(Err(error)) => {
                 let cause = error_chain(&error);
-                unknown(
-                    Refusal::UpstreamBroke {
-                        cause,
-                        reserved_for,
-                    },
-                    answer_as,
-                )
+                unknown(Refusal::UpstreamBroke { cause, held }, answer_as)
             }
             Err(_elapsed) => {
                 let after = self.timeout;
-                unknown(
-                    Refusal::UpstreamTimeout {
-                        after,
-                        reserved_for,
-                    },
-                    answer_as,
-                )
+                unknown(Refusal::UpstreamTimeout { after, held }, answer_as)
             }
         }
     }
 }
 
 /// The request as the upstream gets it: its target on the upstream, the
-/// hop-by-hop headers removed, the `X-Forwarded-*` headers set, and the
-/// current span named in `traceparent`.
+/// hop-by-hop headers removed, the `X-Forwarded-*` headers set, the
+/// upstream URL's credentials as `Authorization: Basic` when the request
+/// has no `Authorization`, and the current span named in `traceparent`.
 pub fn rewrite_for<B>(upstream: &Upstream, request: Request<B>) -> Result<Request<B>, http::Error> {
     let (parts, body) = request.into_parts();
     let uri = upstream.uri_for(parts.uri.path_and_query())?;
@@ -263,6 +275,12 @@ pub fn rewrite_for<B>(upstream: &Upstream, request: Request<B>) -> Result<Reques
     headers
         .entry(X_FORWARDED_PROTO)
         .or_insert(HeaderValue::from_static(proto));
+    if let Some(basic) = upstream.basic_auth() {
+        // The client's own credentials, when it sent some, go through.
+        headers
+            .entry(AUTHORIZATION)
+            .or_insert_with(|| basic.clone());
+    }
     // The upstream joins the request's trace as a child of the gateway's
     // span; without OpenTelemetry here, the incoming traceparent goes on
     // unchanged.
@@ -340,6 +358,52 @@ fn connector(connect_timeout: Duration, tls: Option<rustls::ClientConfig>) -> Up
         .wrap_connector(http)
 }
 
+/// Why a connection to the upstream could not be opened: the error's chain,
+/// and what to do about the TLS refusals whose names alone do not say it.
+pub(crate) fn explained(error: &(dyn std::error::Error + 'static)) -> String {
+    let chain = error_chain(error);
+    match tls_hint(error) {
+        Some(hint) => format!("{chain}; {hint}"),
+        None => chain,
+    }
+}
+
+/// What a TLS refusal found in `error`'s sources means, when rustls names it
+/// only by its webpki code.
+fn tls_hint(error: &(dyn std::error::Error + 'static)) -> Option<&'static str> {
+    let mut source = Some(error);
+    while let Some(error) = source {
+        // An `io::Error` hides what it wraps from `source()`: look inside,
+        // through as many of them as there are.
+        let mut inner = error;
+        while let Some(wrapped) = inner
+            .downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::get_ref)
+        {
+            inner = wrapped;
+        }
+        if let Some(rustls::Error::InvalidCertificate(rustls::CertificateError::Other(other))) =
+            inner.downcast_ref::<rustls::Error>()
+            && format!("{other:?}").contains("CaUsedAsEndEntity")
+        {
+            return Some(CA_USED_AS_END_ENTITY);
+        }
+        source = error.source();
+    }
+    None
+}
+
+/// What `CaUsedAsEndEntity` means and how to fix it.
+const CA_USED_AS_END_ENTITY: &str = "the upstream serves a CA certificate (basicConstraints CA:TRUE) as its own server certificate, and TLS refuses a CA certificate there. `openssl req -x509` makes such a certificate unless told otherwise. Either make it a server certificate (add -addext basicConstraints=critical,CA:FALSE to that command, and give the same file to --upstream-ca), or keep it as a CA: make the upstream a key and a certificate for its name signed by that CA (openssl req -new, then openssl x509 -req -CA ca.pem -CAkey ca.key with the subjectAltName), serve those, and give the CA to --upstream-ca";
+
+/// An answer for a request that was never sent: the refusal's response,
+/// marked so the layer releases the key whatever the status.
+fn nothing_sent(refusal: Refusal, answer_as: AnswerAs) -> Response {
+    let mut response = answer_as.refusal(refusal);
+    response.extensions_mut().insert(NothingApplied);
+    response
+}
+
 /// An outcome-unknown answer: the refusal's response (logged as a warning by
 /// [`Refusal::to_response`]), marked so the layer keeps the claim until its
 /// lease ends.
@@ -392,6 +456,8 @@ impl AnswerAs {
 
 /// gRPC's `DEADLINE_EXCEEDED` code.
 const GRPC_DEADLINE_EXCEEDED: u16 = 4;
+/// gRPC's `INTERNAL` code.
+pub(crate) const GRPC_INTERNAL: u16 = 13;
 /// gRPC's `UNAVAILABLE` code.
 pub(crate) const GRPC_UNAVAILABLE: u16 = 14;
 
@@ -444,7 +510,7 @@ mod tests {
     fn grpc_refusals_are_trailers_only_with_an_encoded_message() {
         let response = AnswerAs::Grpc.refusal(Refusal::UpstreamTimeout {
             after: Duration::from_secs(3),
-            reserved_for: None,
+            held: KeyHeld::NoKey,
         });
         assert_eq!(response.status(), http::StatusCode::OK);
         assert_eq!(response.headers()["grpc-status"], "4");

@@ -21,13 +21,16 @@ use http::{HeaderName, Method};
 use idem::{FingerprintRule, StoreLocation};
 use serde::Deserialize;
 
+use crate::admin::AllowedHosts;
+
 use super::tls::{TLS_SUBJECT, TLS_SUBJECT_HEADER};
 use super::{
-    DEFAULT_UPSTREAM_TIMEOUT, GatewayConfig, ListenerTls, Probe, TlsError, Upstream, UpstreamTls,
+    DEFAULT_BODY_TIMEOUT, DEFAULT_UPSTREAM_TIMEOUT, GatewayConfig, ListenerTls, Probe, TlsError,
+    Upstream, UpstreamTls,
 };
 use crate::{
     Concurrent, DEFAULT_BODY_LIMIT, DEFAULT_WAITERS, DEFAULT_WAITERS_PER_KEY, IdempotencyConfig,
-    KeyRequirement, Mode, ReplayCache, WaiterCaps,
+    KeyRequirement, Mode, ReplayCache, StatusPolicy, WaiterCaps,
 };
 
 /// Where the gateway listens by default.
@@ -86,8 +89,14 @@ pub struct GivenSettings {
     pub admin_listen: Option<String>,
     /// `--upstream-timeout`: how long an upstream answer is awaited.
     pub upstream_timeout: Option<String>,
+    /// `--body-timeout`: how long a client may take to send a request's
+    /// head and a keyed request's body.
+    pub body_timeout: Option<String>,
     /// `--probe`: the upstream request asked before a takeover, or `off`.
     pub probe: Option<String>,
+    /// `--on-status`: what answer statuses mean for their keys
+    /// (`500=store,502=unknown`).
+    pub on_status: Option<String>,
     /// `--spool`: the file of answers not yet stored, or `off`.
     pub spool: Option<String>,
     /// `--principal-header`: the header naming the caller, or `none`.
@@ -123,9 +132,15 @@ pub struct GivenSettings {
     pub tls_client_ca: Option<String>,
     /// `--admin-token-file`: the bearer token the admin listener requires.
     pub admin_token_file: Option<String>,
+    /// `--allow-host`: `Host` names the admin listener answers to besides
+    /// the loopback ones, comma-separated (the flag may be repeated).
+    pub allow_hosts: Option<String>,
     /// `--grpc-unary`: the unary gRPC methods whose keyed calls are
     /// deduplicated.
     pub grpc_unary: Option<String>,
+    /// `--grpc-probe`: the upstream's lookup method asked before a gRPC
+    /// call whose outcome is unknown runs again, or `off`.
+    pub grpc_probe: Option<String>,
     /// `--fingerprint`: the JSON fields a fingerprint covers (`json:/a,/b`).
     pub fingerprint: Option<String>,
     /// `--fingerprint-ignore`: the JSON fields a fingerprint leaves out.
@@ -169,7 +184,9 @@ struct FileSettings {
     replay_cache: Option<NumberOrText>,
     admin_listen: Option<String>,
     upstream_timeout: Option<String>,
+    body_timeout: Option<String>,
     probe: Option<String>,
+    on_status: Option<String>,
     spool: Option<String>,
     principal_header: Option<String>,
     methods: Option<Listed>,
@@ -186,7 +203,9 @@ struct FileSettings {
     tls_key: Option<String>,
     tls_client_ca: Option<String>,
     admin_token_file: Option<String>,
+    allow_hosts: Option<Listed>,
     grpc_unary: Option<Listed>,
+    grpc_probe: Option<String>,
     fingerprint: Option<String>,
     fingerprint_ignore: Option<String>,
     fingerprint_header: Option<Listed>,
@@ -268,9 +287,14 @@ pub struct GatewaySettings {
     pub admin_listen: Option<SocketAddr>,
     /// How long an upstream answer is awaited.
     pub upstream_timeout: Duration,
+    /// How long a client may take to send a request's head, and a keyed
+    /// request's whole body (408 past it).
+    pub body_timeout: Duration,
     /// What the upstream is asked before a takeover after an unknown
     /// outcome, if anything.
     pub probe: Option<Probe>,
+    /// What each answer status means for its key.
+    pub on_status: StatusPolicy,
     /// Where answers the store could not take yet are kept; `None`: in
     /// memory only.
     pub spool: Option<PathBuf>,
@@ -284,7 +308,8 @@ pub struct GatewaySettings {
     /// `idem gc`).
     pub sweep_every: Option<Duration>,
     /// The most requests answered at once; past it a request gets 503 +
-    /// `Retry-After` at once. `None`: no limit.
+    /// `Retry-After` at once. `None`: no limit (`off`); by default
+    /// [`DEFAULT_MAX_IN_FLIGHT`].
     pub max_in_flight: Option<usize>,
     /// What a concurrent duplicate gets: 409 at once, or a bounded wait for
     /// the original's answer.
@@ -303,10 +328,18 @@ pub struct GatewaySettings {
     pub principal_tls_subject: bool,
     /// The file holding the admin listener's bearer token.
     pub admin_token_file: Option<PathBuf>,
+    /// The `Host` names the admin listener (and the console on it) answers
+    /// to: the loopback ones and those added.
+    pub allow_hosts: AllowedHosts,
     /// The unary gRPC methods (`/package.Service/Method`) whose calls with
     /// an `idempotency-key` metadata entry are deduplicated; every other
     /// gRPC call (streaming ones among them) is forwarded untouched.
     pub grpc_unary: Vec<String>,
+    /// The upstream's lookup methods asked before a `grpc_unary` call whose
+    /// outcome is unknown runs again: `/pkg.Service/Lookup` for every
+    /// method, `METHOD=LOOKUP` pairs for one each (checked; `idem_grpc`'s
+    /// `GrpcProbe` reads it). `None`: not asked.
+    pub grpc_probe: Option<String>,
     /// What a request's fingerprint covers besides its method, route and
     /// target (default: the whole body).
     pub fingerprint: FingerprintRule,
@@ -449,13 +482,12 @@ impl GatewaySettings {
                 None => DEFAULT_BODY_LIMIT,
                 Some(found) => parse_size(&found.value).map_err(|e| e.of(&found.origin))?,
             };
-        let lease = sources.duration(
-            "lease",
-            "IDEM_LEASE",
-            given.lease.as_ref(),
-            |f| f.lease.clone(),
-            idem::DEFAULT_LEASE,
-        )?;
+        let lease = match sources.pick("lease", "IDEM_LEASE", given.lease.as_ref(), |f| {
+            f.lease.clone()
+        }) {
+            None => idem::DEFAULT_LEASE,
+            Some(found) => parse_lease(&found.value).map_err(|e| e.of(&found.origin))?,
+        };
         let retention = sources.duration(
             "retention",
             "IDEM_RETENTION",
@@ -469,6 +501,13 @@ impl GatewaySettings {
             given.upstream_timeout.as_ref(),
             |f| f.upstream_timeout.clone(),
             DEFAULT_UPSTREAM_TIMEOUT,
+        )?;
+        let body_timeout = sources.duration(
+            "body-timeout",
+            "IDEM_BODY_TIMEOUT",
+            given.body_timeout.as_ref(),
+            |f| f.body_timeout.clone(),
+            DEFAULT_BODY_TIMEOUT,
         )?;
         let tombstones = match sources.pick(
             "tombstones",
@@ -511,6 +550,18 @@ impl GatewaySettings {
                     .parse::<Probe>()
                     .map_err(|e| SettingsError::new(format!("invalid {}: {e}", found.origin)))?,
             ),
+        };
+        let on_status = match sources.pick(
+            "on-status",
+            "IDEM_ON_STATUS",
+            given.on_status.as_ref(),
+            |f| f.on_status.clone(),
+        ) {
+            None => StatusPolicy::standard(),
+            Some(found) => found
+                .value
+                .parse::<StatusPolicy>()
+                .map_err(|e| SettingsError::new(format!("invalid {}: {e}", found.origin)))?,
         };
         let spool = match sources.pick("spool", "IDEM_SPOOL", given.spool.as_ref(), |f| {
             f.spool.clone()
@@ -571,7 +622,7 @@ impl GatewaySettings {
             given.max_in_flight.as_ref(),
             |f| f.max_in_flight.as_ref().map(NumberOrText::text),
         ) {
-            None => None,
+            None => Some(DEFAULT_MAX_IN_FLIGHT),
             Some(found) => parse_limit(&found.value).map_err(|e| e.of(&found.origin))?,
         };
         let concurrent = match sources.pick(
@@ -624,6 +675,25 @@ impl GatewaySettings {
         ) {
             None => Vec::new(),
             Some(found) => parse_grpc_methods(&found.value).map_err(|e| e.of(&found.origin))?,
+        };
+        let grpc_probe = match sources.pick(
+            "grpc-probe",
+            "IDEM_GRPC_PROBE",
+            given.grpc_probe.as_ref(),
+            |f| f.grpc_probe.clone(),
+        ) {
+            None => None,
+            Some(found) if found.value.trim().eq_ignore_ascii_case("off") => None,
+            Some(found) => {
+                let probe = parse_grpc_probe(&found.value).map_err(|e| e.of(&found.origin))?;
+                if grpc_unary.is_empty() {
+                    return Err(SettingsError::new(format!(
+                        "{} asks about keyed gRPC calls, and there are none: give the unary methods with --grpc-unary too",
+                        found.origin
+                    )));
+                }
+                Some(probe)
+            }
         };
 
         let fingerprint = fingerprint_rule(&sources, given)?;
@@ -728,10 +798,13 @@ impl GatewaySettings {
             given.admin_token_file.as_ref(),
             |f| f.admin_token_file.clone(),
         )?;
+        let allow_hosts = allowed_hosts(&sources, given)?;
 
         Ok(Self {
+            allow_hosts,
             fingerprint,
             grpc_unary,
+            grpc_probe,
             upstream_tls,
             tls,
             principal_tls_subject,
@@ -748,7 +821,9 @@ impl GatewaySettings {
             replay_cache,
             admin_listen,
             upstream_timeout,
+            body_timeout,
             probe,
+            on_status,
             spool,
             principal_header,
             methods,
@@ -772,6 +847,7 @@ impl GatewaySettings {
             .methods(self.methods.iter().cloned())
             .concurrent(self.concurrent)
             .waiter_caps(self.waiter_caps)
+            .on_status(self.on_status.clone())
             .require_key(if self.require_key {
                 KeyRequirement::Always
             } else {
@@ -789,6 +865,7 @@ impl GatewaySettings {
     pub fn gateway(&self) -> Result<GatewayConfig, TlsError> {
         let mut config = GatewayConfig::new(self.upstream.clone())
             .upstream_timeout(self.upstream_timeout)
+            .body_timeout(self.body_timeout)
             .routes(self.routes.iter().cloned());
         if self.upstream.is_https() {
             config = config.upstream_tls(self.upstream_tls.client_config()?);
@@ -806,15 +883,18 @@ impl GatewaySettings {
     }
 
     /// These settings as a config file that resolves to them again, every
-    /// key written out (the store's password included: keep the file as
-    /// private as the settings it came from).
+    /// key written out (the store's and the upstream's passwords included:
+    /// keep the file as private as the settings it came from).
     pub fn to_toml(&self) -> String {
         let store = match &self.store {
             StoreLocation::Sqlite(path) => format!("sqlite://{}", path.display()),
             StoreLocation::Postgres(url) | StoreLocation::Redis(url) => url.clone(),
         };
         let mut lines = vec![
-            format!("upstream = {}", quoted(&self.upstream.to_string())),
+            format!(
+                "upstream = {}",
+                quoted(&self.upstream.to_url_with_password())
+            ),
             format!("listen = {}", quoted(&self.listen.to_string())),
             format!("store = {}", quoted(&store)),
             format!("mode = {}", quoted(mode_name(self.mode))),
@@ -833,6 +913,10 @@ impl GatewaySettings {
             format!(
                 "upstream_timeout = {}",
                 quoted(&duration_text(self.upstream_timeout))
+            ),
+            format!(
+                "body_timeout = {}",
+                quoted(&duration_text(self.body_timeout))
             ),
             format!(
                 "spool = {}",
@@ -917,6 +1001,13 @@ impl GatewaySettings {
         if let Some(probe) = &self.probe {
             lines.push(format!("probe = {}", quoted(&probe.to_string())));
         }
+        if let Some(probe) = &self.grpc_probe {
+            lines.push(format!("grpc_probe = {}", quoted(probe)));
+        }
+        lines.push(format!(
+            "on_status = {}",
+            quoted(&self.on_status.describe())
+        ));
         let mut file = |key: &str, path: Option<&PathBuf>| {
             if let Some(path) = path {
                 lines.push(format!("{key} = {}", quoted(&path.display().to_string())));
@@ -932,8 +1023,38 @@ impl GatewaySettings {
             self.tls.as_ref().and_then(|tls| tls.client_ca.as_ref()),
         );
         file("admin_token_file", self.admin_token_file.as_ref());
+        if self.allow_hosts.is_extended() {
+            let names: Vec<String> = self.allow_hosts.added().iter().map(|n| quoted(n)).collect();
+            lines.push(format!("allow_hosts = [{}]", names.join(", ")));
+        }
         lines.join("\n") + "\n"
     }
+}
+
+/// The `Host` names from `--allow-host` (or `IDEM_ALLOW_HOSTS`), else the
+/// file's `allow_hosts`, added to the loopback ones.
+fn allowed_hosts(
+    sources: &Sources<'_>,
+    given: &GivenSettings,
+) -> Result<AllowedHosts, SettingsError> {
+    let (names, origin) = match (&given.allow_hosts, &sources.file.allow_hosts) {
+        (Some(names), _) => (
+            names.clone(),
+            "--allow-host (or IDEM_ALLOW_HOSTS)".to_owned(),
+        ),
+        (None, Some(listed)) => (
+            listed.text(),
+            format!(
+                "`allow_hosts` in {}",
+                sources
+                    .path
+                    .map_or_else(String::new, |p| p.display().to_string())
+            ),
+        ),
+        (None, None) => return Ok(AllowedHosts::loopback()),
+    };
+    AllowedHosts::parse([names.as_str()])
+        .map_err(|e| SettingsError::new(format!("invalid {origin}: {e}")))
 }
 
 /// The fingerprint rule from `--fingerprint`, `--fingerprint-ignore` and
@@ -1139,6 +1260,31 @@ pub fn parse_waiters(text: &str) -> Result<usize, SettingsError> {
 /// The largest `--max-in-flight`.
 pub const MAX_IN_FLIGHT: usize = 1 << 20;
 
+/// `--max-in-flight` when none is given: 1024. Each request in flight holds
+/// a client connection, an upstream connection and, when keyed, its body
+/// (up to `--max-body`, 1 MiB by default): 1024 of them bound the gateway
+/// to about 1 GiB of bodies and a few thousand sockets under a flood, far
+/// above what one upstream usually serves at once.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 1024;
+
+/// The shortest `--lease`: 1 s. A claim is renewed every third of its
+/// lease, and each renewal is a round trip to the store; a shorter lease
+/// leaves no headroom for one, so a claim would lapse while its request is
+/// still running, and a copy of the request would run beside it.
+pub const MIN_LEASE: Duration = Duration::from_secs(1);
+
+/// A lease: a duration of at least [`MIN_LEASE`].
+pub fn parse_lease(text: &str) -> Result<Duration, SettingsError> {
+    let lease = parse_duration(text)?;
+    if lease < MIN_LEASE {
+        return Err(SettingsError::new(format!(
+            "{text:?} is shorter than {}, the shortest lease: a claim is renewed every third of its lease, and each renewal is a round trip to the store that needs headroom, so a shorter lease lapses while its request still runs and a copy of the request runs beside it; give 1s or more, such as 60s",
+            duration_text(MIN_LEASE)
+        )));
+    }
+    Ok(lease)
+}
+
 /// A comma-separated list of route templates such as
 /// `/payments/{id},/orders`: each starts with `/`, is visible ASCII, and
 /// writes a placeholder as a whole segment (`{id}`, or `{*rest}` last).
@@ -1203,8 +1349,38 @@ pub fn parse_grpc_methods(text: &str) -> Result<Vec<String>, SettingsError> {
     Ok(methods)
 }
 
+/// The gRPC lookup methods asked before a takeover: a method path for every
+/// method (`/payments.v1.Payments/Lookup`), `METHOD=LOOKUP` pairs for one
+/// each, or both, comma-separated; written back without spaces.
+pub fn parse_grpc_probe(text: &str) -> Result<String, SettingsError> {
+    let mut parts = Vec::new();
+    let mut every = 0;
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let paths: Vec<&str> = part.split('=').map(str::trim).collect();
+        if paths.len() > 2 {
+            return Err(SettingsError::new(format!(
+                "{part:?} is not a gRPC probe; write the lookup method, such as /payments.v1.Payments/Lookup, or METHOD=LOOKUP"
+            )));
+        }
+        every += usize::from(paths.len() == 1);
+        parse_grpc_methods(&paths.join(","))?;
+        parts.push(paths.join("="));
+    }
+    if parts.is_empty() || every > 1 {
+        return Err(SettingsError::new(format!(
+            "{text:?} is not a gRPC probe: give one lookup method for every method, such as /payments.v1.Payments/Lookup, and METHOD=LOOKUP pairs for methods with their own"
+        )));
+    }
+    Ok(parts.join(","))
+}
+
 /// A duration such as `300ms`, `60s`, `2m`, `7d`, `1h 30m`; more than zero.
 pub fn parse_duration(text: &str) -> Result<Duration, SettingsError> {
+    if text.trim_start().starts_with('-') {
+        return Err(SettingsError::new(format!(
+            "{text:?} is a negative duration; give one longer than zero, such as 300ms, 60s, 2m, 24h or 7d"
+        )));
+    }
     let duration = humantime::parse_duration(text.trim()).map_err(|e| {
         SettingsError::new(format!(
             "{text:?} is not a duration ({e}); write a number and a unit, such as 300ms, 60s, 2m, 24h or 7d"
@@ -1256,7 +1432,7 @@ impl fmt::Display for GatewaySettings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "store {}; mode {}; key {} on {}; max body {} bytes; lease {}; retention {}; upstream timeout {}; principal {}; in flight {}; fingerprint {}; concurrent duplicates {}",
+            "store {}; mode {}; key {} on {}; max body {} bytes; lease {}; retention {}; upstream timeout {}; body timeout {}; principal {}; in flight {}; fingerprint {}; concurrent duplicates {}",
             self.store,
             mode_name(self.mode),
             if self.require_key {
@@ -1273,6 +1449,7 @@ impl fmt::Display for GatewaySettings {
             humantime::format_duration(self.lease),
             humantime::format_duration(self.retention),
             humantime::format_duration(self.upstream_timeout),
+            humantime::format_duration(self.body_timeout),
             if self.principal_tls_subject {
                 "the client certificate's subject"
             } else {
@@ -1294,7 +1471,21 @@ impl fmt::Display for GatewaySettings {
                     self.waiter_caps.total
                 ),
             },
-        )
+        )?;
+        let probed = self.probe.is_some();
+        let verdicts = [500, 502, 503, 504, 429]
+            .into_iter()
+            .filter_map(|code| http::StatusCode::from_u16(code).ok())
+            .map(|status| {
+                format!(
+                    "{}={}",
+                    status.as_u16(),
+                    self.on_status.verdict(status, probed)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(",");
+        write!(f, "; answers {} ({verdicts})", self.on_status.describe())
     }
 }
 
@@ -1434,7 +1625,12 @@ mod tests {
         assert_eq!(settings.principal_header, Some(http::header::AUTHORIZATION));
         assert_eq!(settings.methods, [Method::POST, Method::PATCH]);
         assert_eq!(settings.sweep_every, Some(Duration::from_secs(60)));
-        assert_eq!(settings.max_in_flight, None);
+        assert_eq!(settings.body_timeout, Duration::from_secs(30));
+        assert_eq!(settings.max_in_flight, Some(DEFAULT_MAX_IN_FLIGHT));
+        assert_eq!(
+            settings.gateway().unwrap().max_in_flight,
+            Some(DEFAULT_MAX_IN_FLIGHT)
+        );
         assert!(settings.routes.is_empty());
     }
 
@@ -1840,6 +2036,54 @@ mod tests {
     }
 
     #[test]
+    fn the_status_policy_is_read_from_each_source_checked_and_shown() {
+        let defaults = GatewaySettings::resolve(&upstream(), None).unwrap();
+        assert_eq!(defaults.on_status, StatusPolicy::standard());
+        assert!(
+            defaults.to_string().contains(
+                "answers standard (500=release,502=unknown,503=release,504=unknown,429=release)"
+            ),
+            "{defaults}"
+        );
+        let file = SettingsFile::new(
+            "idem.toml",
+            "upstream = \"http://127.0.0.1:9000\"\non_status = \"500=store\"\nprobe = \"GET /p/{key}\"\n",
+        );
+        let filed = GatewaySettings::resolve(&GivenSettings::default(), Some(file)).unwrap();
+        assert!(
+            filed
+                .to_string()
+                .contains("answers standard,500=store (500=store,502=unknown"),
+            "{filed}"
+        );
+        let again = GatewaySettings::resolve(
+            &GivenSettings::default(),
+            Some(SettingsFile::new("again.toml", &filed.to_toml())),
+        )
+        .unwrap();
+        assert_eq!(again.on_status, filed.on_status);
+        let mut given = upstream();
+        given.on_status = Some("5xx=unknown".into());
+        let flagged = GatewaySettings::resolve(&given, None).unwrap();
+        assert_eq!(
+            flagged
+                .idempotency()
+                .status_policy()
+                .verdict(http::StatusCode::SERVICE_UNAVAILABLE, false),
+            crate::Verdict::Unknown
+        );
+        given.on_status = Some("502=maybe".into());
+        let refused = GatewaySettings::resolve(&given, None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            refused.contains("--on-status (or IDEM_ON_STATUS)")
+                && refused.contains("store, release or unknown"),
+            "{refused}"
+        );
+    }
+
+    #[test]
     fn the_probe_and_the_spool_are_read_checked_and_written_out() {
         let defaults = GatewaySettings::resolve(&upstream(), None).unwrap();
         assert_eq!(defaults.probe, None);
@@ -1887,6 +2131,114 @@ mod tests {
     }
 
     #[test]
+    fn a_lease_under_a_second_and_a_negative_duration_are_refused_with_why() {
+        let mut given = upstream();
+        for short in ["1ms", "999ms", "500ms"] {
+            given.lease = Some(short.into());
+            let refused = error(&given);
+            assert!(
+                refused.contains("--lease (or IDEM_LEASE)")
+                    && refused.contains("shortest lease")
+                    && refused.contains("renewed every third of its lease"),
+                "{short}: {refused}"
+            );
+        }
+        given.lease = Some("1s".into());
+        assert_eq!(
+            GatewaySettings::resolve(&given, None).unwrap().lease,
+            Duration::from_secs(1)
+        );
+        let filed = from_file(
+            &GivenSettings::default(),
+            "upstream = \"http://127.0.0.1:9000\"\nlease = \"10ms\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            filed.contains("`lease` in idem.toml") && filed.contains("shortest lease"),
+            "{filed}"
+        );
+
+        given.lease = Some("-5s".into());
+        let negative = error(&given);
+        assert!(
+            negative.contains("--lease (or IDEM_LEASE)")
+                && negative.contains("a negative duration"),
+            "{negative}"
+        );
+        given.lease = None;
+        given.upstream_timeout = Some(" -1m".into());
+        assert!(error(&given).contains("a negative duration"));
+    }
+
+    #[test]
+    fn the_body_timeout_reads_from_flags_and_file_and_is_written_out() {
+        let defaults = GatewaySettings::resolve(&upstream(), None).unwrap();
+        assert_eq!(defaults.body_timeout, DEFAULT_BODY_TIMEOUT);
+        assert!(
+            defaults.to_string().contains("body timeout 30s"),
+            "{defaults}"
+        );
+        let text = "upstream = \"http://127.0.0.1:9000\"\nbody_timeout = \"5s\"\n";
+        let filed = from_file(&GivenSettings::default(), text).unwrap();
+        assert_eq!(filed.body_timeout, Duration::from_secs(5));
+        assert_eq!(
+            filed.gateway().unwrap().body_timeout,
+            Duration::from_secs(5)
+        );
+        assert_eq!(
+            from_file(&GivenSettings::default(), &filed.to_toml()).unwrap(),
+            filed
+        );
+        let mut given = upstream();
+        given.body_timeout = Some("2s".into());
+        assert_eq!(
+            from_file(&given, text).unwrap().body_timeout,
+            Duration::from_secs(2)
+        );
+        given.body_timeout = Some("slowly".into());
+        assert!(error(&given).contains("--body-timeout (or IDEM_BODY_TIMEOUT)"));
+    }
+
+    #[test]
+    fn the_upstream_password_is_used_and_never_shown() {
+        let mut given = upstream();
+        given.upstream = Some("http://gw:pa%40ss@127.0.0.1:9000/api".into());
+        let settings = GatewaySettings::resolve(&given, None).unwrap();
+        assert_eq!(
+            settings.upstream.to_string(),
+            "http://gw:***@127.0.0.1:9000/api"
+        );
+        for shown in [
+            settings.to_string(),
+            format!("{settings:?}"),
+            format!("{:?}", settings.gateway().unwrap()),
+        ] {
+            assert!(
+                !shown.contains("pa%40ss") && !shown.contains("pa@ss"),
+                "{shown}"
+            );
+        }
+        // "gw:pa@ss" in base64.
+        assert_eq!(
+            settings.upstream.basic_auth().unwrap(),
+            "Basic Z3c6cGFAc3M="
+        );
+        // A config file written out keeps it, like the store's password.
+        assert!(settings.to_toml().contains("gw:pa%40ss@"));
+        assert_eq!(
+            from_file(&GivenSettings::default(), &settings.to_toml()).unwrap(),
+            settings
+        );
+        given.upstream = Some("ftp://gw:s3cret@127.0.0.1:9000".into());
+        let refused = error(&given);
+        assert!(
+            refused.contains("gw:***@") && !refused.contains("s3cret"),
+            "{refused}"
+        );
+    }
+
+    #[test]
     fn sizes_and_durations_read_as_people_write_them() {
         assert_eq!(parse_size("65536").unwrap(), 65536);
         assert_eq!(parse_size("64KiB").unwrap(), 65536);
@@ -1904,5 +2256,58 @@ mod tests {
         let error = parse_duration("sixty").unwrap_err().to_string();
         assert!(error.contains("such as 300ms"), "{error}");
         assert!(parse_duration("0s").is_err());
+    }
+}
+
+#[cfg(test)]
+mod allow_hosts_tests {
+    use super::{GatewaySettings, GivenSettings, SettingsFile};
+
+    fn resolve(given: &GivenSettings, text: &str) -> Result<GatewaySettings, String> {
+        let file = SettingsFile::new("idem.toml", text);
+        GatewaySettings::resolve(given, Some(file)).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn allowed_hosts_come_from_the_flag_else_the_file() {
+        let upstream = "upstream = \"http://127.0.0.1:9000\"\n";
+        let none = resolve(&GivenSettings::default(), upstream).unwrap();
+        assert!(!none.allow_hosts.is_extended());
+        assert!(!none.to_toml().contains("allow_hosts"));
+
+        let text = format!("{upstream}allow_hosts = [\"console.internal\", \"*.ops.example\"]\n");
+        let filed = resolve(&GivenSettings::default(), &text).unwrap();
+        assert!(filed.allow_hosts.admits("console.internal:9090"));
+        assert!(filed.allow_hosts.admits("a.ops.example"));
+        assert!(!filed.allow_hosts.admits("evil.example"));
+        let again = resolve(&GivenSettings::default(), &filed.to_toml()).unwrap();
+        assert_eq!(again.allow_hosts, filed.allow_hosts);
+
+        let flagged = GivenSettings {
+            allow_hosts: Some("admin.example,10.0.0.5".into()),
+            ..GivenSettings::default()
+        };
+        let flagged = resolve(&flagged, &text).unwrap();
+        assert!(flagged.allow_hosts.admits("admin.example"));
+        assert!(
+            !flagged.allow_hosts.admits("console.internal"),
+            "the flag wins"
+        );
+
+        let error = resolve(
+            &GivenSettings::default(),
+            &format!("{upstream}allow_hosts = \"*\"\n"),
+        )
+        .unwrap_err();
+        assert!(error.contains("`allow_hosts` in idem.toml"), "{error}");
+        let bad = GivenSettings {
+            allow_hosts: Some("host:9090".into()),
+            ..GivenSettings::default()
+        };
+        let error = resolve(&bad, upstream).unwrap_err();
+        assert!(
+            error.contains("--allow-host") && error.contains("port"),
+            "{error}"
+        );
     }
 }

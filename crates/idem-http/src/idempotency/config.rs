@@ -2,12 +2,10 @@
 //! by, and its defaults.
 
 use std::collections::BTreeSet;
-use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 use http::header::AUTHORIZATION;
-use http::{HeaderName, Method, StatusCode};
+use http::{HeaderName, Method};
 use idem::{DEFAULT_LEASE, DEFAULT_RETENTION, FingerprintRule, Settings};
 use idem_trace::KeyInSpans;
 
@@ -48,53 +46,6 @@ impl KeyRequirement {
             Self::Always => true,
             Self::Routes(routes) => routes.contains(route),
         }
-    }
-}
-
-/// Which response statuses are stored and replayed. The rest release the key,
-/// so the next retry runs again.
-#[derive(Clone)]
-pub struct StoredStatuses(Arc<dyn Fn(StatusCode) -> bool + Send + Sync>);
-
-impl StoredStatuses {
-    /// The default: 2xx and 4xx, except 408, 409 and 429 (which say "try
-    /// again", so storing them would turn a transient answer into a permanent one).
-    pub fn standard() -> Self {
-        Self::matching(|status| {
-            (status.is_success() || status.is_client_error())
-                && !matches!(status.as_u16(), 408 | 409 | 429)
-        })
-    }
-
-    /// Exactly the statuses for which `stored` is true.
-    pub fn matching(stored: impl Fn(StatusCode) -> bool + Send + Sync + 'static) -> Self {
-        Self(Arc::new(stored))
-    }
-
-    /// Whether a response with `status` is stored.
-    pub fn contains(&self, status: StatusCode) -> bool {
-        (self.0)(status)
-    }
-}
-
-impl Default for StoredStatuses {
-    fn default() -> Self {
-        Self::standard()
-    }
-}
-
-impl fmt::Debug for StoredStatuses {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let stored: Vec<u16> = (100..600)
-            .filter_map(|code| StatusCode::from_u16(code).ok())
-            .filter(|status| self.contains(*status))
-            .map(|status| status.as_u16())
-            .collect();
-        write!(f, "StoredStatuses({} of the standard codes", stored.len())?;
-        if let (Some(first), Some(last)) = (stored.first(), stored.last()) {
-            write!(f, ", {first}..={last}")?;
-        }
-        f.write_str(")")
     }
 }
 
@@ -173,7 +124,7 @@ pub struct IdempotencyConfig {
     pub(crate) require_key: KeyRequirement,
     pub(crate) principal_header: Option<HeaderName>,
     pub(crate) body_limit: usize,
-    pub(crate) stored: StoredStatuses,
+    pub(crate) on_status: super::StatusPolicy,
     pub(crate) lease: Duration,
     pub(crate) retention: Duration,
     pub(crate) tombstones: Option<Duration>,
@@ -192,7 +143,7 @@ impl Default for IdempotencyConfig {
             require_key: KeyRequirement::Optional,
             principal_header: Some(AUTHORIZATION),
             body_limit: DEFAULT_BODY_LIMIT,
-            stored: StoredStatuses::standard(),
+            on_status: super::StatusPolicy::standard(),
             lease: DEFAULT_LEASE,
             retention: DEFAULT_RETENTION,
             tombstones: None,
@@ -262,10 +213,17 @@ impl IdempotencyConfig {
         self
     }
 
-    /// Which response statuses are stored (default [`StoredStatuses::standard`]).
-    pub fn stored_statuses(mut self, stored: StoredStatuses) -> Self {
-        self.stored = stored;
+    /// What each answer status means for its key: stored and replayed,
+    /// released for the next retry, or an unknown outcome that keeps the
+    /// claim (default [`StatusPolicy::standard`](super::StatusPolicy::standard)).
+    pub fn on_status(mut self, policy: super::StatusPolicy) -> Self {
+        self.on_status = policy;
         self
+    }
+
+    /// What each answer status means for its key.
+    pub fn status_policy(&self) -> &super::StatusPolicy {
+        &self.on_status
     }
 
     /// How long an in-flight claim is protected (default 60 s). The layer renews
@@ -445,22 +403,5 @@ mod tests {
         assert!(!config.requires_key(&Method::POST, "/orders"));
         // Listed or not, a keyed DELETE is deduplicated.
         assert!(config.accepts_key(&Method::DELETE));
-    }
-
-    #[test]
-    fn standard_statuses_store_success_and_client_errors_but_not_try_again() {
-        let stored = StoredStatuses::standard();
-        for code in [200, 201, 204, 400, 402, 404, 422] {
-            assert!(
-                stored.contains(StatusCode::from_u16(code).unwrap()),
-                "{code}"
-            );
-        }
-        for code in [301, 408, 409, 429, 500, 502, 503, 504] {
-            assert!(
-                !stored.contains(StatusCode::from_u16(code).unwrap()),
-                "{code}"
-            );
-        }
     }
 }

@@ -41,6 +41,7 @@ impl<St: LeaseStore> IdempotencyLayer<St> {
                 store: Arc::new(store),
                 waiters: Arc::new(Waiters::new(config.waiter_caps)),
                 cache: Arc::new(AnswerCache::new(config.replay_cache)),
+                held: Arc::default(),
                 config,
                 answers: Answers::default(),
             }),
@@ -58,6 +59,7 @@ impl<St: LeaseStore> IdempotencyLayer<St> {
                 answers,
                 waiters: Arc::clone(&self.shared.waiters),
                 cache: Arc::clone(&self.shared.cache),
+                held: Arc::clone(&self.shared.held),
             }),
         }
     }

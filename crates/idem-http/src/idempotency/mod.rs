@@ -19,10 +19,11 @@
 //!    stored answer and gets it as a replay;
 //! 3. call the inner service, renewing the claim every third of the lease
 //!    while it works (so a slow request is not taken over by its own retry);
-//! 4. **complete** the record with the response (status, headers, body) when
-//!    its status is one that is stored (2xx and 4xx except 408/409/429 by
-//!    default), or **release** the key (5xx, 408, 429) so the next retry runs
-//!    again.
+//! 4. give the answer its [`Verdict`] by its status ([`StatusPolicy`]):
+//!    **store** it (2xx and 4xx except 408/409/425/429 by default),
+//!    **release** the key so the next retry runs again (503, 429, 408, ...),
+//!    or keep the claim of an **unknown** outcome (502, 504, and 500 when a
+//!    [`Reconcile`] hook can be asked).
 //!
 //! An answer is never handed out without being kept: when the store refuses
 //! the completion (the database restarts), the answer is kept — in a
@@ -32,22 +33,24 @@
 //! replay. [`IdempotencyLayer::flush_spool`] stores what a previous process
 //! left in the spool; call it before serving.
 //!
-//! A claim that took over an expired one (the earlier attempt timed out,
-//! broke off or died with its process) may follow an applied effect. With a
-//! [`Reconcile`] hook the layer asks the service first: an applied attempt's
-//! answer is stored and replayed (with `Idempotency-Reconciled: true`), a
-//! missing one lets the retry run, and "cannot tell" is a 503 that keeps the
-//! claim until the next takeover asks again.
+//! An unknown outcome — the service failed without a response, its body
+//! broke off, it answered with the [`UnknownOutcome`] marker or with a status
+//! whose verdict is unknown — may follow an applied effect, so its key is
+//! never freed on a guess. With a [`Reconcile`] hook the claim's lease is
+//! ended at once, and the next retry takes it over and asks the hook before
+//! anything runs: an applied attempt's answer is stored and replayed (with
+//! `Idempotency-Reconciled: true`), a missing one lets the retry run, and
+//! "cannot tell" is a 503 after which the next retry asks again. The same
+//! question is asked on every takeover of a claim whose holder died. Without
+//! a hook the claim is kept for a lease from the answer, and a refused retry
+//! is told the time left.
 //!
-//! The gap between the inner service's effect and step 4 cannot be closed for
-//! an opaque service; it is narrowed. Steps 3 and 4 run in their own task, so a
-//! client that hangs up does not strand the claim half-way. If the inner
-//! service fails without a response (an error, a panic, a broken response
-//! body), or answers with the [`UnknownOutcome`] marker, whether the effect
-//! happened is unknown: the claim is *kept* until its lease ends, then a retry
-//! runs the request again. Services whose effect is a write to the store's own
-//! database should use [`atomic`](crate::atomic) handlers instead, where there
-//! is no gap at all.
+//! From the claim on, the work runs in a task of its own, so a client that
+//! hangs up does not strand the claim: the request runs and its answer is
+//! kept for the retry. The gap between an opaque service's effect and the
+//! record cannot be closed; it is narrowed. Services whose effect is a write
+//! to the store's own database should use [`atomic`](crate::atomic) handlers
+//! instead, where there is no gap at all.
 //!
 //! # Tracing
 //!
@@ -64,6 +67,8 @@
 //! - `keep`: the completion retried until stored, and the spool flushed at start-up;
 //! - `spool`: [`Spool`], the local file of answers the store has not taken yet;
 //! - `reconcile`: [`Reconcile`], the question asked before a takeover;
+//! - `on_status`: [`StatusPolicy`], what each answer status means for its key;
+//! - `held`: the keys this process holds after an unknown outcome;
 //! - `wait`: a concurrent duplicate waiting for its original, and the
 //!   waiters of a process;
 //! - `notices`: [`WaitableStore`], the store's side of waiting: a read that
@@ -74,9 +79,11 @@
 mod cache;
 mod config;
 mod future;
+mod held;
 mod keep;
 mod layer;
 mod notices;
+mod on_status;
 pub(crate) mod problem;
 mod reconcile;
 mod spool;
@@ -102,12 +109,13 @@ pub use cache::{
 };
 pub use config::{
     Concurrent, DEFAULT_BODY_LIMIT, DEFAULT_WAITERS, DEFAULT_WAITERS_PER_KEY, IdempotencyConfig,
-    KeyRequirement, Mode, StoredStatuses, WaiterCaps,
+    KeyRequirement, Mode, WaiterCaps,
 };
 pub use future::ResponseFuture;
 pub use layer::IdempotencyLayer;
 pub use notices::{Notices, WaitableStore};
-pub use problem::Refusal;
+pub use on_status::{StatusPolicy, StatusPolicyError, StatusRule, Verdict};
+pub use problem::{KeyHeld, Refusal};
 pub use reconcile::{Reconcile, Reconciled};
 pub use spool::{Spool, SpoolError};
 pub use wait::CONCURRENT_WAITS_TOTAL;
@@ -134,6 +142,22 @@ use crate::observe::{self, route_label};
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct UnknownOutcome;
 
+/// A response extension an inner service sets to say "nothing was applied"
+/// (an upstream that could not be reached, so the request was never sent).
+/// The layer then releases the key whatever the status, and the next retry
+/// runs at once.
+///
+/// ```
+/// use axum::response::{IntoResponse, Response};
+/// use http::StatusCode;
+/// use idem_http::NothingApplied;
+///
+/// let mut response = StatusCode::BAD_GATEWAY.into_response();
+/// response.extensions_mut().insert(NothingApplied);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NothingApplied;
+
 /// The header on an answer the service confirmed through [`Reconcile`]
 /// instead of running the request again: `Idempotency-Reconciled: true`,
 /// stored with the answer, so every replay of it says so too.
@@ -143,6 +167,8 @@ pub const IDEMPOTENCY_RECONCILED: http::HeaderName =
 pub(crate) struct Shared<St> {
     pub(crate) store: Arc<St>,
     pub(crate) config: IdempotencyConfig,
+    /// Keys held after an unknown outcome, for an exact `Retry-After`.
+    pub(crate) held: Arc<held::HeldUnknown>,
     pub(crate) answers: Answers,
     pub(crate) waiters: Arc<wait::Waiters>,
     pub(crate) cache: Arc<cache::AnswerCache>,
@@ -318,9 +344,54 @@ where
             },
         );
     }
+    // From the claim on, the work runs in a task of its own and finishes even
+    // if the client goes away: a claim committed while the request was being
+    // dropped would answer every retry 409 until its lease ended.
+    let settle = tokio::spawn(
+        claim_and_answer(
+            Arc::clone(&shared),
+            inner,
+            parts,
+            body,
+            scope,
+            key,
+            fingerprint,
+        )
+        .in_current_span(),
+    );
+    match settle.await {
+        Ok(answer) => answer,
+        Err(failed) => {
+            tracing::error!(error = %failed, "the service failed while holding a claim; the key stays reserved until its lease ends");
+            Ok(Refusal::OutcomeUnknown.to_response(mode))
+        }
+    }
+}
+
+/// Claims the key, then replays the stored answer, refuses the duplicate, or
+/// runs the service.
+async fn claim_and_answer<S, St, ResBody>(
+    shared: Arc<Shared<St>>,
+    inner: S,
+    parts: http::request::Parts,
+    body: Bytes,
+    scope: idem::Scope,
+    key: idem::IdempotencyKey,
+    fingerprint: idem::Fingerprint,
+) -> Result<Response, S::Error>
+where
+    S: Service<Request<Body>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    St: WaitableStore + 'static,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let mode = shared.config.mode;
     let claim = match shared.store.claim(&scope, &key, fingerprint).await {
         Ok(Claimed::Fresh(claim)) => claim,
         Ok(Claimed::Replayed(replay)) => {
+            shared.held.forget(&scope, &key);
             shared.cache.put(
                 &scope,
                 &key,
@@ -338,27 +409,21 @@ where
             });
         }
         Err(in_flight @ Error::InFlight { .. }) => {
+            if let Some(left) = shared.held.left(&scope, &key, shared.store.now()) {
+                // Nothing runs for this key until its lease ends: say so, and
+                // for how long.
+                return Ok(Refusal::HeldUnknown { left }.to_response(mode));
+            }
             return Ok(wait::for_original(&shared, &scope, &key, fingerprint, in_flight).await);
         }
         Err(refused) => return Ok(Refusal::from_store(refused, true).to_response(mode)),
     };
 
     idem::crash::point(idem::crash::AFTER_CLAIM);
-    // From here on the work finishes even if the client goes away: a claim
-    // abandoned half-way would answer every retry 409 until its lease ended.
     let request = Request::from_parts(parts, Body::from(body));
     // Tells waiting duplicates what became of this original, however it ends.
     let announce = wait::Announce::new(&shared, &scope, &key, fingerprint);
-    let settle = tokio::spawn(
-        run_claimed(Arc::clone(&shared), inner, request, claim, announce).in_current_span(),
-    );
-    match settle.await {
-        Ok(answer) => answer,
-        Err(failed) => {
-            tracing::error!(scope = scope.as_str(), error = %failed, "the service failed while holding a claim; the key stays reserved until its lease ends");
-            Ok(Refusal::OutcomeUnknown.to_response(mode))
-        }
-    }
+    run_claimed(shared, inner, request, claim, announce).await
 }
 
 /// Runs `work` while renewing the claim every third of the lease, in the
@@ -463,12 +528,12 @@ where
                     return Ok(stored.into_replay());
                 }
                 Reconciled::Unknown(cause) => {
-                    // The claim is kept: the retry after its lease takes it
-                    // over and asks again. Released, the next claim would not
-                    // be a takeover, and would run without asking.
+                    // Nothing runs, and the key stays reserved; its lease is
+                    // ended so that the next retry asks again at once.
+                    end_lease(&shared, &claim).await;
                     return Ok(Refusal::ReconcileUnknown {
                         cause,
-                        reserved_for: config.lease,
+                        retry_after: RECONCILE_AGAIN_AFTER,
                     }
                     .to_response(config.mode));
                 }
@@ -482,31 +547,54 @@ where
         Err(error) => {
             tracing::warn!(
                 scope,
-                "the service failed without a response; the key stays reserved until its lease ends"
+                "the service failed without a response; whether it took effect is unknown"
             );
+            hold_unknown(&shared, &claim).await;
             return Err(error);
         }
     };
     if response.extensions().get::<UnknownOutcome>().is_some() {
         tracing::info!(
             scope,
-            "the service reported an unknown outcome; the key stays reserved until its lease ends"
+            "the service reported an unknown outcome; the key stays reserved"
         );
-        return Ok(response.map(Body::new));
+        hold_unknown(&shared, &claim).await;
+        return Ok(judged(response.map(Body::new), Verdict::Unknown));
     }
-    if !config.stored.contains(response.status()) {
-        if let Err(error) = shared.store.release(&claim).await {
-            tracing::warn!(scope, %error, "could not release the key; it is freed when its lease ends");
+    let verdict = if response.extensions().get::<NothingApplied>().is_some() {
+        Verdict::Release
+    } else {
+        config
+            .on_status
+            .verdict(response.status(), shared.answers.reconcile.is_some())
+    };
+    match verdict {
+        Verdict::Store => {}
+        Verdict::Release => {
+            shared.held.forget(&claim.scope, &claim.key);
+            if let Err(error) = shared.store.release(&claim).await {
+                tracing::warn!(scope, %error, "could not release the key; it is freed when its lease ends");
+            }
+            return Ok(judged(response.map(Body::new), verdict));
         }
-        return Ok(response.map(Body::new));
+        Verdict::Unknown => {
+            tracing::info!(
+                scope,
+                status = response.status().as_u16(),
+                "the service answered with a status whose outcome is unknown; the key stays reserved"
+            );
+            hold_unknown(&shared, &claim).await;
+            return Ok(judged(response.map(Body::new), verdict));
+        }
     }
 
     let (parts, body) = response.into_parts();
-    let body = match body.collect().await {
+    let collected = body.collect().await.map_err(Into::<BoxError>::into);
+    let body = match collected {
         Ok(collected) => collected.to_bytes(),
         Err(error) => {
-            let error: BoxError = error.into();
-            tracing::warn!(scope, %error, "the response body broke off; the key stays reserved until its lease ends");
+            tracing::warn!(scope, %error, "the response body broke off; whether the request took effect is unknown");
+            hold_unknown(&shared, &claim).await;
             return Ok(Refusal::OutcomeUnknown.to_response(config.mode));
         }
     };
@@ -515,9 +603,56 @@ where
     // The effect happened and this is its answer: it is stored before the
     // client gets it, or kept (spooled) and stored as soon as the store
     // takes it.
+    shared.held.forget(&claim.scope, &claim.key);
     keep::store_answer(&shared, claim, stored.to_outcome(), announce).await;
     idem::crash::point(idem::crash::BEFORE_ANSWER);
-    Ok(Response::from_parts(parts, Body::from(body)).into_response())
+    let answer = Response::from_parts(parts, Body::from(body)).into_response();
+    Ok(judged(answer, Verdict::Store))
+}
+
+/// How soon a retry may ask the reconcile hook again after it could not tell.
+const RECONCILE_AGAIN_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Marks an answer of the service with what it meant for its key.
+fn judged(mut response: Response, verdict: Verdict) -> Response {
+    response.extensions_mut().insert(Judged(verdict));
+    response
+}
+
+/// A response extension on the service's answers to keyed requests: what
+/// the answer meant for its key (how the gateway counts them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Judged(pub(crate) Verdict);
+
+/// Keeps the key of an attempt whose outcome is unknown. With a reconcile
+/// hook the lease ends now, so the next retry takes the claim over and asks
+/// the hook before anything runs again; without one the key stays reserved
+/// for a lease from now (renewed once, so the time a refused retry is told
+/// is exact), then a retry runs the request again.
+async fn hold_unknown<St: WaitableStore>(shared: &Shared<St>, claim: &Claim) {
+    if shared.answers.reconcile.is_some() {
+        end_lease(shared, claim).await;
+        return;
+    }
+    match shared.store.renew(claim).await {
+        Ok(renewed) => shared.held.hold(
+            &claim.scope,
+            &claim.key,
+            renewed.lease_until,
+            shared.store.now(),
+        ),
+        Err(error) => {
+            tracing::warn!(scope = claim.scope.as_str(), %error, "could not renew the claim of an unknown outcome; the key stays reserved until its lease ends");
+        }
+    }
+}
+
+/// Ends the lease of a claim whose outcome is unknown, so the next retry
+/// takes it over and reconciles at once.
+async fn end_lease<St: WaitableStore>(shared: &Shared<St>, claim: &Claim) {
+    if let Err(error) = shared.store.end_lease(claim).await {
+        tracing::warn!(scope = claim.scope.as_str(), %error, "could not end the lease of an unknown outcome; the next retry asks after the lease ends");
+    }
 }
 
 async fn pass_through<S, ReqBody, ResBody>(

@@ -19,6 +19,7 @@
 //! | store's connection lost during the commit (outcome unknown) | 503 (+ `Retry-After` when keyed) | problem+json | `api_error` |
 //! | store failed otherwise            | 500    | problem+json        | `api_error`              |
 //! | earlier attempt unknown and the service cannot say (reconcile) | 503 + `Retry-After` | problem+json | `api_error` |
+//! | earlier attempt unknown, no probe: key held until its lease ends | 409 + `Retry-After` (the time left) | problem+json | `idempotency_error` |
 //! | too many requests in flight (shed, nothing done) | 503 + `Retry-After` | problem+json | `api_error` |
 //!
 //! Statuses are decided in one function, [`Refusal::status`]; everything else
@@ -94,23 +95,22 @@ pub enum Refusal {
     Corrupt(String),
     /// (Gateway) The upstream did not answer in time after the request was
     /// sent: whether it took effect is unknown.
-    #[error("{}", unknown_outcome(&format!("the upstream did not answer within {}", humane(*after)), *reserved_for))]
+    #[error("{}", unknown_outcome(&format!("the upstream did not answer within {}", humane(*after)), *held))]
     UpstreamTimeout {
         /// The upstream timeout that ran out.
         after: Duration,
-        /// For a keyed request, how long its key stays reserved (the lease);
-        /// `None` for a request without a key.
-        reserved_for: Option<Duration>,
+        /// What becomes of the request's key.
+        held: KeyHeld,
     },
     /// (Gateway) The connection to the upstream broke after the request was
     /// sent, before a complete response came back: whether it took effect is
     /// unknown.
-    #[error("{}", unknown_outcome(&format!("the connection to the upstream broke before a complete response came back ({cause})"), *reserved_for))]
+    #[error("{}", unknown_outcome(&format!("the connection to the upstream broke before a complete response came back ({cause})"), *held))]
     UpstreamBroke {
         /// What broke, as the HTTP client reported it.
         cause: String,
-        /// As for [`UpstreamTimeout`](Self::UpstreamTimeout).
-        reserved_for: Option<Duration>,
+        /// What becomes of the request's key.
+        held: KeyHeld,
     },
     /// (Gateway) The upstream could not be reached, so nothing was sent; a
     /// keyed request's key is released and a retry is forwarded at once.
@@ -124,15 +124,26 @@ pub enum Refusal {
     /// An earlier attempt with this key ended with an unknown outcome, and the
     /// service could not say whether it was applied (see
     /// [`Reconcile`](super::Reconcile)). Nothing was run; the key stays
-    /// reserved until its lease ends, and the retry after that asks again.
+    /// reserved, and the next retry asks again.
     #[error(
-        "an earlier attempt with this Idempotency-Key ended without an answer, and the service could not say whether it took effect ({cause}); nothing was run now. Retry with the same key after {} (Retry-After): the service is asked again before anything runs", humane(*reserved_for)
+        "an earlier attempt with this Idempotency-Key ended with an unknown outcome, and the service could not say whether it took effect ({cause}); nothing was run now. Retry with the same key after {} (Retry-After): the service is asked again before anything runs", humane(*retry_after)
     )]
     ReconcileUnknown {
         /// What the service answered, or why it could not be asked.
         cause: String,
-        /// How long the key stays reserved (the lease).
-        reserved_for: Duration,
+        /// When to ask again.
+        retry_after: Duration,
+    },
+    /// An earlier attempt with this key ended with an unknown outcome (the
+    /// upstream answered 502 or 504, timed out or broke off after the request
+    /// was sent) and there is no probe to ask: the key stays reserved until
+    /// its lease ends, then a retry is forwarded again.
+    #[error(
+        "an earlier attempt with this Idempotency-Key ended with an unknown outcome: it may have taken effect. The key stays reserved for {} more (Retry-After); a retry with the same key after that is forwarded again, with the key, so the upstream can recognise the repeat", humane(*left)
+    )]
+    HeldUnknown {
+        /// How long the key stays reserved.
+        left: Duration,
     },
     /// The limit of requests in flight was reached, so this one was answered
     /// at once without being read or run.
@@ -150,15 +161,31 @@ const STORE_UNAVAILABLE: &str = "the database could not be reached, went away or
 const COMMIT_UNKNOWN_KEYED: &str = "the connection to the database broke while this request's writes were being committed, so whether they were kept is unknown. Retrying with the same Idempotency-Key after the Retry-After delay is safe and tells: if the writes were kept, the stored response is replayed; if not, the request runs";
 const COMMIT_UNKNOWN: &str = "the connection to the database broke while this request's writes were being committed, so whether they were kept is unknown. The request carried no Idempotency-Key: retrying it may apply it twice";
 
+/// What becomes of a request's key after an answer whose outcome is unknown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyHeld {
+    /// The request carried no key: a retry may apply it twice.
+    NoKey,
+    /// Reserved until its lease (this long) ends; a retry after that is
+    /// forwarded again.
+    ForLease(Duration),
+    /// Reserved until the next retry, which asks the upstream's probe
+    /// whether this attempt was applied before anything runs again.
+    UntilAsked,
+}
+
 /// The detail of an outcome-unknown answer: what happened, and what a retry
 /// does.
-fn unknown_outcome(what: &str, reserved_for: Option<Duration>) -> String {
-    match reserved_for {
-        Some(lease) => format!(
+fn unknown_outcome(what: &str, held: KeyHeld) -> String {
+    match held {
+        KeyHeld::UntilAsked => format!(
+            "{what} after the request was sent, so whether it took effect is unknown. Retry with the same Idempotency-Key: the upstream is asked whether this attempt was applied, and its answer is replayed if it was; the request is forwarded again only if it was not"
+        ),
+        KeyHeld::ForLease(lease) => format!(
             "{what} after the request was sent, so whether it took effect is unknown. The Idempotency-Key stays reserved until its lease ends: retry with the same key after {} (Retry-After) and the request is forwarded again, with the same key, so the upstream can recognise the repeat",
             humane(lease)
         ),
-        None => format!(
+        KeyHeld::NoKey => format!(
             "{what} after the request was sent, so whether it took effect is unknown. The request carried no Idempotency-Key: retrying it may apply it twice"
         ),
     }
@@ -206,6 +233,7 @@ impl Refusal {
             | Self::UpstreamUnreachable { .. } => StatusCode::BAD_GATEWAY,
             Self::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::HandlerFailed | Self::Corrupt(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::HeldUnknown { .. } => StatusCode::CONFLICT,
             Self::StoreUnavailable { .. }
             | Self::CommitUnknown { .. }
             | Self::ReconcileUnknown { .. }
@@ -234,9 +262,13 @@ impl Refusal {
             Self::Protocol(Error::Store(store)) if store.kind().is_transient() => {
                 Duration::from_secs(1)
             }
-            Self::UpstreamTimeout { reserved_for, .. }
-            | Self::UpstreamBroke { reserved_for, .. } => (*reserved_for)?,
-            Self::ReconcileUnknown { reserved_for, .. } => *reserved_for,
+            Self::UpstreamTimeout { held, .. } | Self::UpstreamBroke { held, .. } => match held {
+                KeyHeld::NoKey => return None,
+                KeyHeld::ForLease(lease) => *lease,
+                KeyHeld::UntilAsked => Duration::from_secs(1),
+            },
+            Self::ReconcileUnknown { retry_after, .. } => *retry_after,
+            Self::HeldUnknown { left } => *left,
             Self::UpstreamUnreachable { .. }
             | Self::StoreUnavailable { .. }
             | Self::CommitUnknown { keyed: true }
@@ -264,6 +296,7 @@ impl Refusal {
             Self::UpstreamBroke { .. } => "upstream-broke-outcome-unknown",
             Self::UpstreamUnreachable { .. } => "upstream-unreachable",
             Self::ReconcileUnknown { .. } => "reconcile-outcome-unknown",
+            Self::HeldUnknown { .. } => "idempotency-key-held-outcome-unknown",
             Self::Overloaded { .. } => "overloaded",
         }
     }
@@ -296,6 +329,9 @@ impl Refusal {
             Self::UpstreamBroke { .. } => "Upstream connection broke; outcome unknown",
             Self::UpstreamUnreachable { .. } => "Upstream unreachable; nothing was sent",
             Self::ReconcileUnknown { .. } => "Earlier attempt unresolved; nothing was run",
+            Self::HeldUnknown { .. } => {
+                "An earlier attempt with this Idempotency-Key has an unknown outcome"
+            }
             Self::Overloaded { .. } => "Too many requests in flight; nothing was done",
         }
     }
@@ -310,6 +346,7 @@ impl Refusal {
                 | Error::Expired { .. },
             ) => "idempotency_error",
             Self::BodyTooLarge { .. } | Self::BodyUnreadable(_) => "invalid_request_error",
+            Self::HeldUnknown { .. } => "idempotency_error",
             Self::OutcomeUnknown
             | Self::HandlerFailed
             | Self::StoreUnavailable { .. }

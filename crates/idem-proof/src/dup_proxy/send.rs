@@ -20,7 +20,7 @@ use super::verdict::Seen;
 use idem_http::gateway::{
     ClientAddr, Upstream, UpstreamConnector, hop, rewrite_for, upstream_client_for,
 };
-use idem_http::{IDEMPOTENT_REPLAYED, Mode, Refusal};
+use idem_http::{IDEMPOTENT_REPLAYED, KeyHeld, Mode, Refusal};
 
 /// A request as it came, kept so it can be sent more than once.
 #[derive(Debug, Clone)]
@@ -75,11 +75,11 @@ impl Failure {
             },
             Self::Timeout(after) => Refusal::UpstreamTimeout {
                 after: *after,
-                reserved_for: None,
+                held: KeyHeld::NoKey,
             },
             Self::Broke(cause) => Refusal::UpstreamBroke {
                 cause: cause.clone(),
-                reserved_for: None,
+                held: KeyHeld::NoKey,
             },
         }
     }
