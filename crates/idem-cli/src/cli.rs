@@ -134,6 +134,27 @@ pub(crate) struct ConsoleArgs {
     /// its actions are refused.
     #[arg(long, value_name = "FILE")]
     pub read_only_token_file: Option<std::path::PathBuf>,
+    /// Another Host name the console answers to besides the loopback ones
+    /// (localhost, *.localhost, 127.0.0.0/8, [::1]); a request naming any
+    /// other is refused (421), so a web page cannot reach the console
+    /// through DNS rebinding. Checked without a token always, with one when
+    /// names are given. Repeat the flag or separate names with commas;
+    /// *.example.com allows the names under example.com [default: loopback
+    /// names only].
+    #[arg(
+        long = "allow-host",
+        env = "IDEM_ALLOW_HOSTS",
+        value_name = "NAME",
+        value_delimiter = ','
+    )]
+    pub allow_hosts: Vec<String>,
+    /// Serve HTTPS with this PEM certificate chain (with --tls-key); the
+    /// sign-in cookies are then marked Secure [default: plain HTTP].
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<std::path::PathBuf>,
     /// How often the last hour's charts take a sample.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration, value_name = "DURATION")]
     pub sample_every: std::time::Duration,
@@ -357,6 +378,19 @@ pub(crate) struct ServeArgs {
         hide_env_values = true
     )]
     pub admin_token_file: Option<String>,
+    /// Another Host name the admin listener and its console answer to
+    /// besides the loopback ones (localhost, *.localhost, 127.0.0.0/8,
+    /// [::1]); a request naming any other is refused (421), so a web page
+    /// cannot reach them through DNS rebinding. Repeat the flag or separate
+    /// names with commas; *.example.com allows the names under example.com
+    /// [default: loopback names only].
+    #[arg(
+        long = "allow-host",
+        env = "IDEM_ALLOW_HOSTS",
+        value_name = "NAME",
+        value_delimiter = ','
+    )]
+    pub allow_hosts: Vec<String>,
     /// Where the gateway listens [default: 127.0.0.1:8080].
     #[arg(long, env = "IDEM_LISTEN", value_name = "ADDR")]
     pub listen: Option<String>,
@@ -543,7 +577,7 @@ pub(crate) struct ServeArgs {
     /// max_in_flight, concurrent, max_waiters, max_waiters_per_key, routes,
     /// grpc_unary, grpc_probe, fingerprint, fingerprint_ignore, fingerprint_header,
     /// upstream_ca, upstream_cert, upstream_key, tls_cert, tls_key,
-    /// tls_client_ca, admin_token_file.
+    /// tls_client_ca, admin_token_file, allow_hosts.
     #[arg(long, env = "IDEM_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
 }

@@ -1,7 +1,9 @@
 //! `idem console`: the operator console over the store, until SIGTERM or
 //! Ctrl-C. Refuses to start on an address other hosts can reach without a
-//! token file. With `--audit-effects-query` it runs the live auditor too,
-//! shown on its Auditor page.
+//! token file; answers only to loopback `Host` names and those of
+//! `--allow-host`. Serves HTTPS with `--tls-cert` and `--tls-key`. With
+//! `--audit-effects-query` it runs the live auditor too, shown on its
+//! Auditor page.
 
 use std::io::Write;
 
@@ -10,7 +12,8 @@ use idem::{AnyStore, StoreLocation};
 use idem_check::audit::PassLimits;
 use idem_console::auditor::AuditorOptions;
 use idem_console::{Access, Console};
-use idem_http::admin::AdminToken;
+use idem_http::admin::{AdminToken, AllowedHosts};
+use idem_http::gateway::ListenerTls;
 use tokio::net::TcpListener;
 
 use super::signals::terminated;
@@ -48,6 +51,9 @@ async fn start_auditor(
     Ok(Some(console.start_auditor(log, options)))
 }
 
+/// How often the certificate and key files are checked for a change.
+const CERT_CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
 pub(super) async fn run(
     store: AnyStore,
     location: &StoreLocation,
@@ -64,17 +70,32 @@ pub(super) async fn run(
         token(&args.read_only_token_file, "--read-only-token-file")?,
     );
     access.check_listen(args.listen)?;
+    let hosts =
+        AllowedHosts::parse(args.allow_hosts.iter().map(String::as_str)).context("--allow-host")?;
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(
+            ListenerTls {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: None,
+            }
+            .load()
+            .context("cannot set up the TLS listener (--tls-cert, --tls-key)")?,
+        ),
+        _ => None,
+    };
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {} (--listen)", args.listen))?;
-    let console = Console::new(store, access.clone());
+    let console = Console::new(store, access.clone()).allow_hosts(hosts);
     let charts = console.start_charts(None, args.sample_every);
     let auditor = start_auditor(&console, location, &args.auditor).await?;
     let terminate = terminated();
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "idem console: on http://{}/ ({}); the API is described at /api/v1/openapi.json",
+        "idem console: on {}://{}/ ({}); the API is described at /api/v1/openapi.json",
+        if tls.is_some() { "https" } else { "http" },
         listener.local_addr()?,
         if access.needs_token() {
             "a token is required"
@@ -84,7 +105,15 @@ pub(super) async fn run(
     )?;
     out.flush()?;
     drop(out);
-    let served = idem_console::serve(listener, console, terminate).await;
+    let served = match tls {
+        Some((config, reloader)) => {
+            let watching = reloader.watch(CERT_CHECK_EVERY);
+            let served = idem_console::serve_tls(listener, console, config, terminate).await;
+            watching.abort();
+            served
+        }
+        None => idem_console::serve(listener, console, terminate).await,
+    };
     charts.abort();
     if let Some(auditor) = auditor {
         auditor.abort();

@@ -11,7 +11,7 @@ use anyhow::Context;
 use clap::Args;
 use idem::{AnyStore, AttemptStore, DeadLetterStore, Sweeper, SweeperTask};
 use idem_console::{Access, Console};
-use idem_http::admin::{self, AdminServer, AdminToken};
+use idem_http::admin::{self, AdminServer, AdminToken, AllowedHosts};
 
 /// The flags `idem relay` and `idem forward` share (`idem serve` has the same
 /// two among its settings).
@@ -25,6 +25,18 @@ pub(crate) struct UpkeepArgs {
     /// is not a loopback address [default: none].
     #[arg(long, env = "IDEM_ADMIN_TOKEN_FILE", value_name = "FILE")]
     pub admin_token_file: Option<std::path::PathBuf>,
+    /// Another Host name the admin listener answers to besides the loopback
+    /// ones (localhost, *.localhost, 127.0.0.0/8, [::1]); a request naming
+    /// any other is refused (421). Repeat the flag or separate names with
+    /// commas; *.example.com allows the names under example.com [default:
+    /// loopback names only].
+    #[arg(
+        long = "allow-host",
+        env = "IDEM_ALLOW_HOSTS",
+        value_name = "NAME",
+        value_delimiter = ','
+    )]
+    pub allow_hosts: Vec<String>,
     /// How often expired idempotency records are swept, ±50 % jitter, such as
     /// 60s or 10m; `off` when a cron job runs `idem gc` instead.
     #[arg(
@@ -77,7 +89,9 @@ impl Upkeep {
             .map(AdminToken::read)
             .transpose()
             .context("--admin-token-file")?;
-        Self::start_with_token(store, args.admin_listen, token, args.sweep_every.0).await
+        let hosts = AllowedHosts::parse(args.allow_hosts.iter().map(String::as_str))
+            .context("--allow-host")?;
+        Self::start_with_token(store, args.admin_listen, token, hosts, args.sweep_every.0).await
     }
 
     /// Starts what is asked for.
@@ -85,9 +99,10 @@ impl Upkeep {
         store: &AnyStore,
         admin_listen: Option<SocketAddr>,
         token: Option<AdminToken>,
+        hosts: AllowedHosts,
         sweep_every: Option<Duration>,
     ) -> anyhow::Result<Self> {
-        Self::start_admin(store, admin_listen, token, sweep_every, false).await
+        Self::start_admin(store, admin_listen, token, hosts, sweep_every, false).await
     }
 
     /// [`start_with_token`](Self::start_with_token), with the operator
@@ -97,33 +112,47 @@ impl Upkeep {
         store: &AnyStore,
         admin_listen: Option<SocketAddr>,
         token: Option<AdminToken>,
+        hosts: AllowedHosts,
         sweep_every: Option<Duration>,
     ) -> anyhow::Result<Self> {
-        Self::start_admin(store, admin_listen, token, sweep_every, true).await
+        Self::start_admin(store, admin_listen, token, hosts, sweep_every, true).await
     }
 
     async fn start_admin(
         store: &AnyStore,
         admin_listen: Option<SocketAddr>,
         token: Option<AdminToken>,
+        hosts: AllowedHosts,
         sweep_every: Option<Duration>,
         with_console: bool,
     ) -> anyhow::Result<Self> {
         let (admin, charts) = match admin_listen {
             Some(addr) if with_console => {
-                let console = Console::new(store.clone(), Access::with_tokens(token.clone(), None));
+                let console = Console::new(store.clone(), Access::with_tokens(token.clone(), None))
+                    .allow_hosts(hosts.clone());
                 let charts = console
                     .start_charts(Some(admin::metrics_recorder()?), idem_console::SAMPLE_EVERY);
-                let server =
-                    admin::start_admin_with_routes(addr, store.clone(), token, console.router())
-                        .await
-                        .context("--admin-listen")?;
+                let server = admin::start_admin_with_hosts(
+                    addr,
+                    store.clone(),
+                    token,
+                    console.router(),
+                    hosts,
+                )
+                .await
+                .context("--admin-listen")?;
                 (Some(server), Some(charts))
             }
             Some(addr) => {
-                let server = admin::start_admin_with_token(addr, store.clone(), token)
-                    .await
-                    .context("--admin-listen")?;
+                let server = admin::start_admin_with_hosts(
+                    addr,
+                    store.clone(),
+                    token,
+                    Default::default(),
+                    hosts,
+                )
+                .await
+                .context("--admin-listen")?;
                 (Some(server), None)
             }
             None => (None, None),
