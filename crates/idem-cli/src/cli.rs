@@ -23,6 +23,8 @@ pub(crate) struct Cli {
 }
 
 /// What to do.
+// Parsed once at start-up: the size of the serve variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
     /// Create or upgrade the store's schema.

@@ -189,3 +189,27 @@ fn commands_that_need_atomic_mode_refuse_a_redis_store() {
         "asks for TLS to Redis",
     );
 }
+
+#[test]
+fn help_does_not_print_the_passwords_in_the_environment() {
+    for args in [
+        &["--help"][..],
+        &["serve", "--help"],
+        &["keys", "ls", "--help"],
+        &["forward", "--help"],
+        &["relay", "--help"],
+        &["console", "--help"],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(args)
+            .env("IDEM_STORE", "postgres://u:SECRETPW@h/db")
+            .env("IDEM_UPSTREAM", "http://gateway:SECRETPW@10.0.0.1:9000")
+            .env("IDEM_ADMIN_TOKEN_FILE", "/run/secrets/SECRETPW")
+            .output()
+            .expect("run idem");
+        let help = text(&out.stdout);
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+        assert!(help.contains("IDEM_STORE"), "{args:?}: {help}");
+        assert!(!help.contains("SECRETPW"), "{args:?}: {help}");
+    }
+}

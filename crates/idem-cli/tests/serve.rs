@@ -84,6 +84,8 @@ struct Serve {
     addr: SocketAddr,
     admin: Option<SocketAddr>,
     settings: String,
+    /// Every line written on stdout up to the settings line.
+    announced: String,
     stderr: Arc<Mutex<String>>,
     /// The thread collecting stderr; it ends at end of file, once the
     /// process has exited and everything it wrote has been read.
@@ -130,6 +132,7 @@ impl Serve {
             }
         });
         let (mut addr, mut admin) = (None, None);
+        let mut announced = String::new();
         let settings = loop {
             let line = lines
                 .recv_timeout(Duration::from_secs(30))
@@ -139,6 +142,8 @@ impl Serve {
                         stderr.lock().unwrap()
                     )
                 });
+            announced.push_str(&line);
+            announced.push('\n');
             if let Some(rest) = line
                 .strip_prefix("idem serve: listening on http://")
                 .or_else(|| line.strip_prefix("idem serve: listening on https://"))
@@ -155,6 +160,7 @@ impl Serve {
             addr: addr.expect("the listening line"),
             admin,
             settings,
+            announced,
             stderr,
             stderr_reader: Some(stderr_reader),
         }
@@ -559,6 +565,40 @@ fn bad_settings_are_refused_with_what_to_fix() {
         ),
         (vec!["serve", "--listen", "127.0.0.1:0"], "--upstream"),
         (
+            vec![
+                "serve",
+                "--upstream",
+                "http://127.0.0.1:9",
+                "--lease",
+                "-5s",
+            ],
+            "a negative duration",
+        ),
+        (
+            vec![
+                "serve",
+                "--upstream",
+                "http://127.0.0.1:9",
+                "--lease",
+                "1ms",
+            ],
+            "shortest lease",
+        ),
+        (
+            vec![
+                "serve",
+                "--upstream",
+                "http://localhost:18088/api",
+                "--listen",
+                "127.0.0.1:18088",
+            ],
+            "the gateway's own listener",
+        ),
+        (
+            vec!["serve", "--upstream", "ftp://gw:SECRETPW@127.0.0.1:9"],
+            "gw:***@",
+        ),
+        (
             vec!["serve", "--upstream", "ftp://127.0.0.1:9"],
             "HTTP or HTTPS",
         ),
@@ -625,7 +665,38 @@ fn bad_settings_are_refused_with_what_to_fix() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{args:?} was accepted");
         assert!(stderr.contains(expected), "{args:?}: {stderr}");
+        assert!(!stderr.contains("SECRETPW"), "{args:?}: {stderr}");
     }
+}
+
+#[test]
+fn the_upstream_password_is_never_printed_at_start_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_in(&dir);
+    let mut serve = Serve::start(
+        &[
+            "--store",
+            &store,
+            "serve",
+            "--upstream",
+            "http://gw:SECRETPW@127.0.0.1:9/api",
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        &[],
+    );
+    assert!(
+        serve
+            .announced
+            .contains("forwarding to http://gw:***@127.0.0.1:9/api"),
+        "{}",
+        serve.announced
+    );
+    serve.terminate();
+    assert!(serve.wait().success());
+    let stderr = serve.stderr.lock().unwrap().clone();
+    let everything = format!("{}{stderr}", serve.announced);
+    assert!(!everything.contains("SECRETPW"), "{everything}");
 }
 
 #[test]
@@ -812,9 +883,9 @@ fn bench_grpc_measures_the_layer_and_the_gateway_against_the_bare_service() {
     }
 }
 
-/// Retention runs itself: with a one-second window and a sweep every 200 ms,
+/// Retention runs itself: with a two-second window and a sweep every 200 ms,
 /// a gateway taking a steady stream of new keys keeps its table near the
-/// keys of the last second or so — without the sweeper it would hold every
+/// keys of the last two seconds or so — without the sweeper it would hold every
 /// key it ever saw — and reports the sweep on /metrics.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_short_retention_under_steady_load_keeps_the_table_bounded() {
@@ -838,9 +909,9 @@ async fn a_short_retention_under_steady_load_keeps_the_table_bounded() {
             "--admin-listen",
             "127.0.0.1:0",
             "--lease",
-            "500ms",
-            "--retention",
             "1s",
+            "--retention",
+            "2s",
             "--sweep-every",
             "200ms",
         ],
@@ -866,8 +937,8 @@ async fn a_short_retention_under_steady_load_keeps_the_table_bounded() {
     let per_second = sent as f64 / started.elapsed().as_secs_f64();
     assert_eq!(upstream.effects(), sent);
     assert!(
-        (most as f64) < 2.5 * per_second + 20.0 && most < sent as u64 / 2,
-        "the table held up to {most} records of {sent} sent at {per_second:.0}/s with a 1 s window"
+        (most as f64) < 3.5 * per_second + 20.0 && most < sent as u64 * 3 / 4,
+        "the table held up to {most} records of {sent} sent at {per_second:.0}/s with a 2 s window"
     );
 
     let metrics = send(serve.admin.unwrap(), "GET", "/metrics", None)
@@ -882,7 +953,7 @@ async fn a_short_retention_under_steady_load_keeps_the_table_bounded() {
         .parse()
         .unwrap();
     assert!(swept > 0.0, "{text}");
-    assert!(text.contains("dedupe_retention_seconds 1"), "{text}");
+    assert!(text.contains("dedupe_retention_seconds 2"), "{text}");
 }
 
 /// `--tombstones`: a retry that arrives after its key's window, once the
@@ -908,9 +979,9 @@ async fn a_late_retry_is_refused_with_410_while_the_tombstone_lasts() {
             "--listen",
             "127.0.0.1:0",
             "--lease",
-            "500ms",
-            "--retention",
             "1s",
+            "--retention",
+            "2s",
             "--tombstones",
             "1h",
             "--sweep-every",
@@ -932,7 +1003,7 @@ async fn a_late_retry_is_refused_with_410_while_the_tombstone_lasts() {
     let left = expires
         .duration_since(std::time::SystemTime::now())
         .unwrap_or_default();
-    assert!(left <= Duration::from_secs(1), "{left:?}");
+    assert!(left <= Duration::from_secs(2), "{left:?}");
 
     let records = idem::SqliteStore::open(dir.path().join("idem.db"))
         .await

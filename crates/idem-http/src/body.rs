@@ -1,12 +1,18 @@
 //! Reading a keyed request's body whole, under the configured limit, before
 //! anything is claimed or forwarded: the fingerprint needs all of it, and a
 //! body over the limit must be refused (413) before it reaches the service.
+//!
+//! A client that sent `Expect: 100-continue` waits for `100 Continue`
+//! before it sends the body, and the server sends that when the body is
+//! first read: a body whose `Content-Length` is already over the limit is
+//! then refused without a read, so the client gets the 413 and never sends
+//! it.
 
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
-use http::header::CONTENT_LENGTH;
+use http::header::{CONTENT_LENGTH, EXPECT};
 use http_body::Body;
 use http_body_util::BodyExt;
 
@@ -38,7 +44,9 @@ where
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.parse::<u64>().ok());
     if let Some(length) = declared.filter(|length| *length > limit as u64) {
-        if length <= limit as u64 + DRAIN_BYTES {
+        // Reading would ask a client that expects 100-continue to send what
+        // is refused anyway.
+        if length <= limit as u64 + DRAIN_BYTES && !expects_continue(headers) {
             drain(body, DRAIN_BYTES).await;
         }
         return Err(Refusal::BodyTooLarge { limit });
@@ -62,6 +70,14 @@ where
         received.extend_from_slice(&data);
     }
     Ok(received.freeze())
+}
+
+/// Whether the client waits for `100 Continue` before sending the body.
+fn expects_continue(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(EXPECT)
+        .iter()
+        .any(|value| value.as_bytes().eq_ignore_ascii_case(b"100-continue"))
 }
 
 /// Reads and drops what is left of `body`, at most `bytes` of it and for at

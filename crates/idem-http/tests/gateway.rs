@@ -1127,3 +1127,349 @@ async fn one_port_serves_http2_and_http1_clients_alike(kind: StoreKind) {
     assert_eq!(http1.body, first_body);
     assert_eq!(f.upstream.effects(), 1);
 }
+
+/// Sends `head` (and then `body`, a byte every `every`) on a raw
+/// connection to `addr`, and returns what came back within `within`, read
+/// until the connection closed or a whole answer arrived.
+async fn raw_exchange(
+    addr: std::net::SocketAddr,
+    head: String,
+    body: Vec<u8>,
+    every: Duration,
+    within: Duration,
+) -> (String, Duration) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let started = std::time::Instant::now();
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut read, mut write) = stream.into_split();
+    write.write_all(head.as_bytes()).await.unwrap();
+    let dribble = tokio::spawn(async move {
+        for byte in body {
+            tokio::time::sleep(every).await;
+            if write.write_all(&[byte]).await.is_err() {
+                return;
+            }
+        }
+        // Keep the write side open: the answer must not wait for the end.
+        std::future::pending::<()>().await;
+    });
+    let mut received = Vec::new();
+    let _ = tokio::time::timeout(within, async {
+        let mut chunk = [0u8; 4096];
+        loop {
+            match read.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => received.extend_from_slice(&chunk[..n]),
+            }
+            let text = String::from_utf8_lossy(&received);
+            if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                let length = head
+                    .lines()
+                    .find_map(|l| {
+                        l.to_ascii_lowercase()
+                            .strip_prefix("content-length:")
+                            .map(|v| v.trim().parse::<usize>().unwrap())
+                    })
+                    .unwrap_or(0);
+                if !head.starts_with("HTTP/1.1 100") && body.len() >= length {
+                    return;
+                }
+            }
+        }
+    })
+    .await;
+    let elapsed = started.elapsed();
+    dribble.abort();
+    (String::from_utf8_lossy(&received).into_owned(), elapsed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_keyed_body_dribbled_past_the_body_timeout_is_408_and_the_key_stays_free() {
+    let Some(f) = start(
+        StoreKind::Embedded,
+        Options {
+            body_timeout: Some(Duration::from_secs(1)),
+            ..Options::default()
+        },
+    )
+    .await
+    else {
+        return;
+    };
+    let body = br#"{"amount":7,"to":"acc-1"}"#.to_vec();
+    let head = format!(
+        "POST /payments HTTP/1.1\r\nhost: gateway\r\nidempotency-key: \"dribble-1\"\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    // One byte every 300 ms: the whole body would take 7.5 s.
+    let (answer, took) = raw_exchange(
+        f.gateway.addr,
+        head,
+        body,
+        Duration::from_millis(300),
+        Duration::from_secs(10),
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer:?}");
+    assert!(
+        answer.contains("urn:idem:problem:request-timeout") && answer.contains("key is free"),
+        "{answer}"
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "answered after {took:?}, with a 1 s body timeout"
+    );
+    assert_eq!(f.upstream.calls(), 0);
+
+    // Nothing was claimed: the retry with the same key runs at once.
+    let retry = f
+        .client
+        .post("/payments")
+        .key("dribble-1")
+        .json(&json!({ "amount": 7, "to": "acc-1" }))
+        .send()
+        .await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{:?}", retry.body);
+    assert!(!retry.replayed());
+    assert_eq!(f.upstream.effects(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_request_head_dribbled_past_the_timeout_closes_the_connection() {
+    let Some(f) = start(
+        StoreKind::Embedded,
+        Options {
+            body_timeout: Some(Duration::from_secs(1)),
+            ..Options::default()
+        },
+    )
+    .await
+    else {
+        return;
+    };
+    let (answer, took) = raw_exchange(
+        f.gateway.addr,
+        "POST /payments HTTP/1.1\r\nhost: gateway\r\n".to_owned(),
+        b"x-slow: 1234567890123456789".to_vec(),
+        Duration::from_millis(300),
+        Duration::from_secs(10),
+    )
+    .await;
+    assert!(
+        took < Duration::from_secs(5),
+        "closed after {took:?}, with a 1 s timeout: {answer:?}"
+    );
+    assert!(!answer.contains("201"), "{answer}");
+    assert_eq!(f.upstream.calls(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_body_over_the_limit_expecting_100_continue_gets_413_without_100() {
+    let Some(f) = start(
+        StoreKind::Embedded,
+        with(IdempotencyConfig::default().body_limit(1024)),
+    )
+    .await
+    else {
+        return;
+    };
+    // Just over the limit: a body the gateway would otherwise read and drop.
+    let head = "POST /payments HTTP/1.1\r\nhost: gateway\r\nidempotency-key: \"big-1\"\r\ncontent-type: application/json\r\ncontent-length: 2000\r\nexpect: 100-continue\r\n\r\n";
+    let (answer, took) = raw_exchange(
+        f.gateway.addr,
+        head.to_owned(),
+        Vec::new(),
+        Duration::ZERO,
+        Duration::from_secs(10),
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer:?}");
+    assert!(!answer.contains("100 Continue"), "{answer:?}");
+    assert!(took < Duration::from_millis(900), "answered after {took:?}");
+    assert_eq!(f.upstream.calls(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn connection_naming_the_key_does_not_strip_it_from_the_forwarded_request() {
+    let Some(f) = start(StoreKind::Embedded, Options::default()).await else {
+        return;
+    };
+    let body = json!({ "amount": 4 });
+    let first = f
+        .client
+        .post("/payments")
+        .key("named-1")
+        .header("connection", "Idempotency-Key, x-client-hop")
+        .header("x-client-hop", "1")
+        .json(&body)
+        .send()
+        .await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert_eq!(first.json()["key"], "\"named-1\"");
+    let seen = f.upstream.seen();
+    assert_eq!(seen[0]["idempotency-key"], "\"named-1\"");
+    assert!(!seen[0].contains_key("x-client-hop"));
+    let again = f
+        .client
+        .post("/payments")
+        .key("named-1")
+        .header("connection", "idempotency-key")
+        .json(&body)
+        .send()
+        .await;
+    assert!(again.replayed());
+    assert_eq!(f.upstream.effects(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_upstream_urls_credentials_are_sent_as_basic_auth_and_never_shown() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = IdempotencyConfig::default();
+    let store = common::gateway::embedded(dir.path(), &config, Arc::new(SystemClock)).await;
+    let upstream = Upstream::default();
+    let server = upstream.start().await;
+    let url = format!("http://gateway:s3cr%3At@{}", server.addr);
+    let gateway = Gateway::start(
+        server.addr,
+        store,
+        Options {
+            upstream_url: Some(url),
+            ..with(config)
+        },
+    )
+    .await;
+    let client = gateway.client();
+    // No Authorization of its own: the gateway's credentials ("gateway:s3cr:t").
+    let anonymous = client
+        .post("/payments")
+        .key("basic-1")
+        .json(&json!({ "amount": 1 }))
+        .send()
+        .await;
+    assert_eq!(anonymous.status, StatusCode::CREATED);
+    assert_eq!(anonymous.json()["who"], "Basic Z2F0ZXdheTpzM2NyOnQ=");
+    // The client's own credentials go through.
+    let alice = client
+        .post("/payments")
+        .key("basic-2")
+        .header("authorization", "Bearer alice")
+        .json(&json!({ "amount": 1 }))
+        .send()
+        .await;
+    assert_eq!(alice.json()["who"], "Bearer alice");
+    let upstream: idem_http::gateway::Upstream = format!("http://gateway:s3cr%3At@{}", server.addr)
+        .parse()
+        .unwrap();
+    let config = idem_http::gateway::GatewayConfig::new(upstream.clone());
+    for text in [
+        upstream.to_string(),
+        format!("{upstream:?}"),
+        format!("{config:?}"),
+    ] {
+        assert!(
+            !text.contains("s3cr") && text.contains("gateway:***@"),
+            "{text}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_upstream_that_is_the_gateway_itself_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = IdempotencyConfig::default();
+    let store = common::gateway::embedded(dir.path(), &config, Arc::new(SystemClock)).await;
+    let layer = idem_http::IdempotencyLayer::new(store, config);
+    for (listen, upstream) in [
+        ("127.0.0.1:0", "http://127.0.0.1:{port}"),
+        ("127.0.0.1:0", "http://localhost:{port}/api"),
+        ("0.0.0.0:0", "http://127.0.0.1:{port}"),
+        ("127.0.0.1:0", "http://0.0.0.0:{port}"),
+    ] {
+        let listener = tokio::net::TcpListener::bind(listen).await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let upstream = upstream.replace("{port}", &port.to_string());
+        let gateway = idem_http::gateway::Gateway::new(
+            layer.clone(),
+            idem_http::gateway::GatewayConfig::new(upstream.parse().unwrap()),
+        );
+        let refused = tokio::time::timeout(
+            Duration::from_secs(10),
+            idem_http::gateway::run(listener, gateway, std::future::pending()),
+        )
+        .await
+        .expect("refused at once, not served")
+        .unwrap_err()
+        .to_string();
+        assert!(
+            refused.contains("the gateway's own listener") && refused.contains(&upstream),
+            "{listen} -> {upstream}: {refused}"
+        );
+    }
+}
+
+/// A loop the start-up check cannot see: the upstream is a proxy on another
+/// port that sends every request back to the gateway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_request_that_comes_back_to_the_gateway_is_answered_508() {
+    use axum::extract::State;
+    use http_body_util::BodyExt;
+    use std::sync::atomic::AtomicUsize;
+
+    #[derive(Clone)]
+    struct Back {
+        to: Arc<std::sync::OnceLock<std::net::SocketAddr>>,
+        calls: Arc<AtomicUsize>,
+    }
+    async fn send_back(
+        State(back): State<Back>,
+        request: axum::extract::Request,
+    ) -> axum::response::Response {
+        back.calls.fetch_add(1, Ordering::SeqCst);
+        let (mut parts, body) = request.into_parts();
+        let to = back.to.get().expect("the gateway's address");
+        parts.uri = format!("http://{to}{}", parts.uri.path()).parse().unwrap();
+        parts.headers.remove("host");
+        let body = body.collect().await.unwrap().to_bytes();
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build_http::<http_body_util::Full<Bytes>>();
+        let answer = client
+            .request(http::Request::from_parts(
+                parts,
+                http_body_util::Full::new(body),
+            ))
+            .await
+            .unwrap();
+        let (parts, body) = answer.into_parts();
+        let body = body.collect().await.unwrap().to_bytes();
+        axum::response::Response::from_parts(parts, axum::body::Body::from(body))
+    }
+
+    let back = Back {
+        to: Arc::default(),
+        calls: Arc::default(),
+    };
+    let app = axum::Router::new()
+        .fallback(send_back)
+        .with_state(back.clone());
+    let proxy = Server::start(app).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = IdempotencyConfig::default();
+    let store = common::gateway::embedded(dir.path(), &config, Arc::new(SystemClock)).await;
+    let gateway = Gateway::start(proxy.addr, store, with(config)).await;
+    back.to.set(gateway.addr).unwrap();
+    let client = gateway.client();
+
+    for key in [None, Some("loop-1"), Some("loop-2")] {
+        let mut call = client.post("/payments").json(&json!({ "amount": 2 }));
+        if let Some(key) = key {
+            call = call.key(key);
+        }
+        let looped = call.send().await;
+        let detail = looped.problem(StatusCode::LOOP_DETECTED);
+        assert!(detail.contains("Via header names idem-"), "{detail}");
+        assert_eq!(looped.json()["type"], "urn:idem:problem:loop-detected");
+    }
+    // Each went round once: the gateway, the proxy, the gateway (refused).
+    assert_eq!(back.calls.load(Ordering::SeqCst), 3);
+}

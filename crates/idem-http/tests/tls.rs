@@ -75,6 +75,15 @@ async fn pay(State(effects): State<Arc<AtomicUsize>>, headers: HeaderMap) -> (St
 
 impl HttpsUpstream {
     async fn start(cert: &Issued) -> Self {
+        Self::serving(
+            cert.der.clone(),
+            PrivateKeyDer::try_from(cert.key_der.clone()).unwrap(),
+        )
+        .await
+    }
+
+    /// The upstream serving `cert` (alone) with `key`.
+    async fn serving(cert: CertificateDer<'static>, key: PrivateKeyDer<'static>) -> Self {
         let effects = Arc::new(AtomicUsize::new(0));
         let app = Router::new()
             .route("/pay", post(pay))
@@ -83,10 +92,7 @@ impl HttpsUpstream {
             .with_safe_default_protocol_versions()
             .unwrap()
             .with_no_client_auth()
-            .with_single_cert(
-                vec![cert.der.clone()],
-                PrivateKeyDer::try_from(cert.key_der.clone()).unwrap(),
-            )
+            .with_single_cert(vec![cert], key)
             .unwrap();
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -586,4 +592,90 @@ async fn a_non_loopback_admin_listener_needs_a_token_and_checks_it() {
     let (status, _) = get(addr, "/healthz", None).await;
     assert_eq!(status, StatusCode::OK);
     admin.stop().await;
+}
+
+/// A self-signed certificate as `openssl req -x509` makes it, in `dir`:
+/// `NAME.pem` and `NAME.key`, with `extra` arguments.
+fn openssl_self_signed(dir: &Path, name: &str, extra: &[&str]) -> (PathBuf, PathBuf) {
+    let cert = dir.join(format!("{name}.pem"));
+    let key = dir.join(format!("{name}.key"));
+    let made = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1",
+        ])
+        .args(extra)
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("run openssl");
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    (cert, key)
+}
+
+#[tokio::test]
+async fn an_upstream_serving_a_ca_certificate_gets_a_502_that_explains_what_to_make() {
+    let made = tempfile::tempdir().unwrap();
+    // `openssl req -x509` makes a CA certificate (basicConstraints CA:TRUE).
+    let (ca_cert, ca_key) = openssl_self_signed(made.path(), "self-signed", &[]);
+    let upstream = HttpsUpstream::serving(
+        gateway::load_certs("the upstream certificate", &ca_cert).unwrap()[0].clone(),
+        gateway::load_key("the upstream key", &ca_key).unwrap(),
+    )
+    .await;
+    let ca = Ca::new("test CA");
+    let mut setup = Setup::new(&ca.server("gateway"));
+    setup.upstream_ca = Some(ca_cert.clone());
+    let gateway = setup.start(&upstream.url()).await;
+    let mut client = connect(gateway.addr, &[ca.der()], None).await.unwrap();
+    let (status, _, body) = post_keyed(&mut client, "k-1").await.unwrap();
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+    for says in [
+        "CaUsedAsEndEntity",
+        "serves a CA certificate",
+        "basicConstraints=critical,CA:FALSE",
+        "signed by that CA",
+        "--upstream-ca",
+    ] {
+        assert!(body.contains(says), "{says}: {body}");
+    }
+    assert_eq!(upstream.effects(), 0);
+    gateway.stop().await;
+
+    // What the explanation says to do works: the same command told CA:FALSE.
+    let (leaf_cert, leaf_key) = openssl_self_signed(
+        made.path(),
+        "server",
+        &["-addext", "basicConstraints=critical,CA:FALSE"],
+    );
+    let upstream = HttpsUpstream::serving(
+        gateway::load_certs("the upstream certificate", &leaf_cert).unwrap()[0].clone(),
+        gateway::load_key("the upstream key", &leaf_key).unwrap(),
+    )
+    .await;
+    let mut setup = Setup::new(&ca.server("gateway"));
+    setup.upstream_ca = Some(leaf_cert);
+    let gateway = setup.start(&upstream.url()).await;
+    let mut client = connect(gateway.addr, &[ca.der()], None).await.unwrap();
+    let (status, _, body) = post_keyed(&mut client, "k-1").await.unwrap();
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(upstream.effects(), 1);
+    gateway.stop().await;
 }

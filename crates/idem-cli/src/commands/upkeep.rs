@@ -23,7 +23,12 @@ pub(crate) struct UpkeepArgs {
     /// A file holding the bearer token the admin listener requires
     /// (Authorization: Bearer TOKEN) on /metrics; needed when --admin-listen
     /// is not a loopback address [default: none].
-    #[arg(long, env = "IDEM_ADMIN_TOKEN_FILE", value_name = "FILE")]
+    #[arg(
+        long,
+        env = "IDEM_ADMIN_TOKEN_FILE",
+        value_name = "FILE",
+        hide_env_values = true
+    )]
     pub admin_token_file: Option<std::path::PathBuf>,
     /// Another Host name the admin listener answers to besides the loopback
     /// ones (localhost, *.localhost, 127.0.0.0/8, [::1]); a request naming

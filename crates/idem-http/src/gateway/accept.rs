@@ -5,6 +5,10 @@
 //! One port speaks both HTTP/1.1 and HTTP/2: a connection that opens with
 //! HTTP/2's preface (prior-knowledge h2c, or h2 after TLS's ALPN) is served
 //! as HTTP/2, any other as HTTP/1.1.
+//!
+//! An HTTP/1.1 client has a bounded time to send each request's head (30 s,
+//! or the gateway's body timeout): a connection that trickles its headers,
+//! or sits idle between requests longer than that, is closed.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -39,6 +43,10 @@ pub struct Peer {
 
 /// How long a client may take over its TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long an HTTP/1.1 client may take to send a request's head, unless
+/// told otherwise.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Serves every connection accepted on `listener` with `answer` (called with
 /// each request and its client's address) until `shutdown` completes; then
@@ -80,8 +88,27 @@ where
     F: Fn(Request<Incoming>, Arc<Peer>) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = Result<Response, Infallible>> + Send + 'static,
 {
+    serve_within(listener, tls, shutdown, grace, HEADER_READ_TIMEOUT, answer).await
+}
+
+/// [`serve_connections_over`], giving HTTP/1.1 clients `header_timeout` to
+/// send each request's head.
+pub(crate) async fn serve_within<F, Fut>(
+    listener: TcpListener,
+    tls: Option<TlsAcceptor>,
+    shutdown: impl Future<Output = ()>,
+    grace: Duration,
+    header_timeout: Duration,
+    answer: F,
+) -> bool
+where
+    F: Fn(Request<Incoming>, Arc<Peer>) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Result<Response, Infallible>> + Send + 'static,
+{
     let mut http = auto::Builder::new(TokioExecutor::new());
-    http.http1().timer(TokioTimer::new());
+    http.http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout);
     http.http2().timer(TokioTimer::new());
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);

@@ -1,18 +1,27 @@
 //! [`GatewayConfig`]: where the upstream is and how long the gateway waits
-//! for it. What is keyed, stored and for how long is the layer's
-//! [`IdempotencyConfig`](crate::IdempotencyConfig).
+//! for it and for its clients. What is keyed, stored and for how long is the
+//! layer's [`IdempotencyConfig`](crate::IdempotencyConfig).
+//!
+//! An upstream URL may carry a user and password (`http://user:pass@host`):
+//! they are sent as `Authorization: Basic` and never printed; the URL shows
+//! them as `user:***`.
 
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use http::HeaderValue;
 use http::uri::{Authority, PathAndQuery, Scheme, Uri};
 
 use super::Probe;
 
 /// How long the gateway waits for the upstream by default: 30 s.
 pub const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a client may take to send a request's head, and a keyed
+/// request's whole body, by default: 30 s.
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The longest the gateway waits to open a connection to the upstream. A
 /// connection that could not be opened carried nothing, so this failure is
@@ -24,11 +33,18 @@ const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// HTTP/2 without TLS (prior knowledge: a gRPC server, say), with an
 /// optional base path that is put in front of every request path.
 ///
+/// A user and password in the URL (`http://user:pass@HOST:PORT`, percent-
+/// encoded as in any URL) are sent to the upstream as `Authorization: Basic`
+/// on every request that carries no `Authorization` of its own. The password
+/// is never shown: `Display` and `Debug` write it as `***`.
+///
 /// ```
 /// use idem_http::gateway::Upstream;
 ///
 /// let upstream: Upstream = "http://127.0.0.1:9000/api/".parse()?;
 /// assert_eq!(upstream.to_string(), "http://127.0.0.1:9000/api");
+/// let guarded: Upstream = "http://gateway:s3cret@127.0.0.1:9000".parse()?;
+/// assert_eq!(guarded.to_string(), "http://gateway:***@127.0.0.1:9000");
 /// let secure: Upstream = "https://api.example.com".parse()?;
 /// assert!(secure.is_https());
 /// let grpc: Upstream = "h2c://127.0.0.1:50051".parse()?;
@@ -39,10 +55,90 @@ const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Clone, PartialEq, Eq)]
 pub struct Upstream {
     scheme: Scheme,
+    /// The host and port, without the user-info.
     authority: Authority,
     base_path: String,
     /// Spoken to in HTTP/2 with prior knowledge (`h2c://`).
     http2: bool,
+    /// The user-info of the URL, if it had one.
+    credentials: Option<Credentials>,
+}
+
+/// The user and password of an upstream URL, as written (percent-encoded),
+/// and the `Authorization` value they make.
+#[derive(Clone, PartialEq, Eq)]
+struct Credentials {
+    /// The user-info as written in the URL, for writing the URL back.
+    written: String,
+    /// The user name as written, for showing.
+    user: String,
+    /// `Basic base64(user:password)`, decoded from the percent-encoding.
+    basic: HeaderValue,
+}
+
+impl Credentials {
+    fn parse(written: &str) -> Option<Self> {
+        let (user, password) = written.split_once(':').unwrap_or((written, ""));
+        let mut plain = percent_decode(user)?;
+        plain.push(b':');
+        plain.extend(percent_decode(password)?);
+        let mut basic = HeaderValue::try_from(format!("Basic {}", base64(&plain))).ok()?;
+        basic.set_sensitive(true);
+        Some(Self {
+            written: written.to_owned(),
+            user: user.to_owned(),
+            basic,
+        })
+    }
+
+    /// The user-info as shown: the user, and `***` for a password.
+    fn shown(&self) -> String {
+        if self.written.contains(':') {
+            format!("{}:***", self.user)
+        } else {
+            self.user.clone()
+        }
+    }
+}
+
+/// The bytes a percent-encoded URL part stands for; `None` for a `%` not
+/// followed by two hex digits.
+fn percent_decode(text: &str) -> Option<Vec<u8>> {
+    let bytes = text.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = text.get(i + 1..i + 3)?;
+            decoded.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            decoded.push(bytes[i]);
+            i += 1;
+        }
+    }
+    Some(decoded)
+}
+
+/// Standard base64 with padding (RFC 4648 §4), as Basic authentication
+/// writes its credentials.
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut encoded = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                encoded.push(char::from(ALPHABET[(n >> (18 - 6 * i) & 63) as usize]));
+            } else {
+                encoded.push('=');
+            }
+        }
+    }
+    encoded
 }
 
 /// An upstream URL the gateway cannot forward to.
@@ -82,13 +178,16 @@ pub enum UpstreamError {
 impl FromStr for Upstream {
     type Err = UpstreamError;
 
-    fn from_str(url: &str) -> Result<Self, UpstreamError> {
-        let uri: Uri = url
-            .parse()
-            .map_err(|e: http::uri::InvalidUri| UpstreamError::NotAUrl {
-                url: url.to_owned(),
-                reason: e.to_string(),
-            })?;
+    fn from_str(given: &str) -> Result<Self, UpstreamError> {
+        // Errors quote the URL without its password.
+        let url = &idem::redact_url(given);
+        let uri: Uri =
+            given
+                .parse()
+                .map_err(|e: http::uri::InvalidUri| UpstreamError::NotAUrl {
+                    url: url.to_owned(),
+                    reason: e.to_string(),
+                })?;
         let http2 = uri.scheme_str() == Some("h2c");
         let scheme = match uri.scheme() {
             Some(scheme) if *scheme == Scheme::HTTP || *scheme == Scheme::HTTPS => scheme.clone(),
@@ -111,11 +210,30 @@ impl FromStr for Upstream {
                 url: url.to_owned(),
             });
         }
+        let (credentials, authority) = match authority.as_str().rsplit_once('@') {
+            None => (None, authority),
+            Some((user_info, host)) => {
+                let credentials =
+                    Credentials::parse(user_info).ok_or_else(|| UpstreamError::NotAUrl {
+                        url: url.to_owned(),
+                        reason: "the user name or password is not validly percent-encoded"
+                            .to_owned(),
+                    })?;
+                let host =
+                    host.parse()
+                        .map_err(|e: http::uri::InvalidUri| UpstreamError::NotAUrl {
+                            url: url.to_owned(),
+                            reason: e.to_string(),
+                        })?;
+                (Some(credentials), host)
+            }
+        };
         Ok(Self {
             scheme,
             authority,
             base_path: uri.path().trim_end_matches('/').to_owned(),
             http2,
+            credentials,
         })
     }
 }
@@ -149,16 +267,53 @@ impl Upstream {
     pub fn is_http2(&self) -> bool {
         self.http2
     }
-}
 
-impl fmt::Display for Upstream {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    /// The `Authorization: Basic` value made of the URL's user and password,
+    /// if it had them (marked sensitive, so hyper never logs it).
+    pub fn basic_auth(&self) -> Option<&HeaderValue> {
+        self.credentials.as_ref().map(|c| &c.basic)
+    }
+
+    /// The URL as given, password included, for a config file that must
+    /// resolve to it again; [`Display`](fmt::Display) hides the password.
+    pub fn to_url_with_password(&self) -> String {
+        self.write(
+            self.credentials
+                .as_ref()
+                .map(|c| c.written.clone())
+                .as_deref(),
+        )
+    }
+
+    fn write(&self, user_info: Option<&str>) -> String {
         let scheme = if self.http2 {
             "h2c"
         } else {
             self.scheme.as_str()
         };
-        write!(f, "{scheme}://{}{}", self.authority, self.base_path)
+        match user_info {
+            Some(user_info) => format!(
+                "{scheme}://{user_info}@{}{}",
+                self.authority, self.base_path
+            ),
+            None => format!("{scheme}://{}{}", self.authority, self.base_path),
+        }
+    }
+
+    /// The host and the port (the scheme's default when none is written).
+    pub(crate) fn host_and_port(&self) -> (&str, u16) {
+        let port = self
+            .authority
+            .port_u16()
+            .unwrap_or(if self.is_https() { 443 } else { 80 });
+        (self.authority.host(), port)
+    }
+}
+
+impl fmt::Display for Upstream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let shown = self.credentials.as_ref().map(Credentials::shown);
+        f.write_str(&self.write(shown.as_deref()))
     }
 }
 
@@ -183,6 +338,7 @@ impl fmt::Debug for Upstream {
 pub struct GatewayConfig {
     pub(crate) upstream: Upstream,
     pub(crate) upstream_timeout: Duration,
+    pub(crate) body_timeout: Duration,
     pub(crate) shutdown_grace: Option<Duration>,
     pub(crate) probe: Option<Probe>,
     pub(crate) max_in_flight: Option<usize>,
@@ -197,6 +353,7 @@ impl GatewayConfig {
         Self {
             upstream,
             upstream_timeout: DEFAULT_UPSTREAM_TIMEOUT,
+            body_timeout: DEFAULT_BODY_TIMEOUT,
             shutdown_grace: None,
             probe: None,
             max_in_flight: None,
@@ -243,6 +400,16 @@ impl GatewayConfig {
     /// keyed request's key stays reserved until its lease ends.
     pub fn upstream_timeout(mut self, timeout: Duration) -> Self {
         self.upstream_timeout = timeout;
+        self
+    }
+
+    /// How long a client may take to send a keyed request's whole body,
+    /// counted from its head (default: 30 s). Past it the request is
+    /// answered 408 with nothing claimed, so its retry runs at once. It is
+    /// also how long an HTTP/1.1 client may take to send a request's head,
+    /// which is how long an idle keep-alive connection is kept.
+    pub fn body_timeout(mut self, timeout: Duration) -> Self {
+        self.body_timeout = timeout;
         self
     }
 

@@ -1,9 +1,13 @@
 //! Hop-by-hop headers: they describe one connection, not the message, so a
 //! proxy removes them in both directions (RFC 9110 §7.6.1) — the fixed list,
-//! and every header the `Connection` header names.
+//! and every header the `Connection` header names, except `Idempotency-Key`:
+//! the gateway dedupes on it, so the upstream must get it too, or a client
+//! could have the gateway dedupe on a key the upstream never sees.
 
 use http::HeaderMap;
 use http::header::{self, HeaderName};
+
+use crate::key_header::IDEMPOTENCY_KEY;
 
 /// Headers that never cross a proxy, whatever `Connection` says.
 const HOP_BY_HOP: [HeaderName; 9] = [
@@ -19,7 +23,8 @@ const HOP_BY_HOP: [HeaderName; 9] = [
 ];
 
 /// Removes the hop-by-hop headers of one message: those the `Connection`
-/// header names first, then the fixed list (which includes `Connection`).
+/// header names first (never `Idempotency-Key`, which is end to end), then
+/// the fixed list (which includes `Connection`).
 pub fn strip(headers: &mut HeaderMap) {
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
@@ -27,6 +32,7 @@ pub fn strip(headers: &mut HeaderMap) {
         .filter_map(|value| value.to_str().ok())
         .flat_map(|value| value.split(','))
         .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .filter(|name| *name != IDEMPOTENCY_KEY)
         .collect();
     for name in named.iter().chain(HOP_BY_HOP.iter()) {
         headers.remove(name);
@@ -65,5 +71,19 @@ mod tests {
         let mut left: Vec<&str> = headers.keys().map(HeaderName::as_str).collect();
         left.sort_unstable();
         assert_eq!(left, ["authorization", "content-length", "idempotency-key"]);
+    }
+
+    #[test]
+    fn connection_cannot_take_the_key_away() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("Idempotency-Key, x-hop"),
+        );
+        headers.insert("idempotency-key", HeaderValue::from_static("\"k-1\""));
+        headers.insert("x-hop", HeaderValue::from_static("1"));
+        strip(&mut headers);
+        assert_eq!(headers.len(), 1, "{headers:?}");
+        assert_eq!(headers["idempotency-key"], "\"k-1\"");
     }
 }

@@ -16,7 +16,9 @@
 //! in `Idempotency-Key` (an RFC 8941 String, `"key"`, as clients send it;
 //! and percent-encoded in the path), and the caller's principal header
 //! (`Authorization` by default), so the upstream can look the key up the
-//! way it stored it.
+//! way it stored it; the upstream URL's credentials as `Authorization:
+//! Basic` when there is no `Authorization`, and the gateway's `Via` entry,
+//! as on a forwarded request.
 
 use std::fmt;
 use std::str::FromStr;
@@ -25,6 +27,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use futures::future::BoxFuture;
+use http::header::AUTHORIZATION;
 use http::uri::PathAndQuery;
 use http::{HeaderName, HeaderValue, Method, Request, StatusCode};
 use http_body_util::BodyExt;
@@ -137,6 +140,8 @@ pub(crate) struct UpstreamProbe {
     pub(crate) upstream: Upstream,
     pub(crate) timeout: Duration,
     pub(crate) principal_header: Option<HeaderName>,
+    /// This gateway's name in `Via`.
+    pub(crate) instance: super::loops::Instance,
 }
 
 impl Reconcile for Arc<UpstreamProbe> {
@@ -163,7 +168,10 @@ impl UpstreamProbe {
         let answer = match tokio::time::timeout_at(deadline, self.client.request(request)).await {
             Ok(Ok(answer)) => answer,
             Ok(Err(error)) => {
-                return Reconciled::Unknown(format!("the probe failed: {}", error_chain(&error)));
+                return Reconciled::Unknown(format!(
+                    "the probe failed: {}",
+                    super::proxy::explained(&error)
+                ));
             }
             Err(_) => {
                 return Reconciled::Unknown(format!(
@@ -223,7 +231,15 @@ impl UpstreamProbe {
                 request = request.header(name, value);
             }
         }
-        request.body(Body::empty())
+        let mut request = request.body(Body::empty())?;
+        let headers = request.headers_mut();
+        if let Some(basic) = self.upstream.basic_auth() {
+            headers
+                .entry(AUTHORIZATION)
+                .or_insert_with(|| basic.clone());
+        }
+        self.instance.stamp(original.version, headers);
+        Ok(request)
     }
 }
 

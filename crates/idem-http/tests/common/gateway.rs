@@ -296,6 +296,12 @@ pub(crate) struct Options {
     pub admin: bool,
     pub max_in_flight: Option<usize>,
     pub routes: Vec<String>,
+    /// How long a keyed body may take to arrive (the gateway's default when
+    /// `None`).
+    pub body_timeout: Option<Duration>,
+    /// The upstream URL to give the gateway instead of `http://ADDR` (with
+    /// a user and password, say).
+    pub upstream_url: Option<String>,
 }
 
 impl Default for Options {
@@ -306,6 +312,8 @@ impl Default for Options {
             admin: false,
             max_in_flight: None,
             routes: Vec::new(),
+            body_timeout: None,
+            upstream_url: None,
         }
     }
 }
@@ -314,11 +322,17 @@ impl Gateway {
     /// A gateway in front of `upstream`, keeping records in `store`.
     pub(crate) async fn start(upstream: SocketAddr, store: AnyStore, options: Options) -> Gateway {
         let layer = IdempotencyLayer::new(store, options.idempotency);
-        let mut config = GatewayConfig::new(format!("http://{upstream}").parse().unwrap())
+        let url = options
+            .upstream_url
+            .unwrap_or_else(|| format!("http://{upstream}"));
+        let mut config = GatewayConfig::new(url.parse().unwrap())
             .upstream_timeout(options.upstream_timeout)
             .routes(options.routes);
         if let Some(limit) = options.max_in_flight {
             config = config.max_in_flight(limit);
+        }
+        if let Some(timeout) = options.body_timeout {
+            config = config.body_timeout(timeout);
         }
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
