@@ -8,8 +8,8 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method, Request, Uri};
 use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client;
-use idem_http::IDEMPOTENT_REPLAYED;
 use idem_http::gateway::{UpstreamConnector, upstream_client};
+use idem_http::{IDEMPOTENCY_RECONCILED, IDEMPOTENT_REPLAYED};
 use serde::Serialize;
 
 /// The longest part of an answer's body the report keeps.
@@ -36,6 +36,13 @@ pub struct Exchange {
     pub status: Option<u16>,
     /// Whether the answer said it was a replay (`Idempotent-Replayed: true`).
     pub replayed: bool,
+    /// Whether the answer said the server asked its upstream what an earlier
+    /// attempt did before answering (`Idempotency-Reconciled: true`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub reconciled: bool,
+    /// The answer's `Retry-After`, as sent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after: Option<String>,
     /// The answer's body, cut to its first 300 bytes.
     pub answer: String,
     /// Why no answer came.
@@ -62,6 +69,9 @@ impl Exchange {
     /// `status` or `no answer`, for the report's summaries.
     pub(crate) fn status_text(&self) -> String {
         match self.status {
+            Some(status) if self.replayed && self.reconciled => {
+                format!("{status} (replayed, reconciled)")
+            }
             Some(status) if self.replayed => format!("{status} (replayed)"),
             Some(status) => status.to_string(),
             None => "no answer".to_owned(),
@@ -151,6 +161,8 @@ impl Sender {
             body: outgoing.body.clone(),
             status: None,
             replayed: false,
+            reconciled: false,
+            retry_after: None,
             answer: String::new(),
             error: None,
             answer_bytes: Bytes::new(),
@@ -191,6 +203,14 @@ impl Sender {
                     .headers
                     .get(IDEMPOTENT_REPLAYED)
                     .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
+                exchange.reconciled = parts
+                    .headers
+                    .get(IDEMPOTENCY_RECONCILED)
+                    .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
+                exchange.retry_after = parts
+                    .headers
+                    .get(http::header::RETRY_AFTER)
+                    .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
                 let shown = &body[..body.len().min(SHOWN_BODY)];
                 exchange.answer = String::from_utf8_lossy(shown).into_owned();
                 exchange.answer_bytes = body;

@@ -77,6 +77,16 @@ pub struct ConformanceArgs {
     /// retry: runs the rule that a 5xx is not stored.
     #[arg(long, value_name = "PATH")]
     pub fail_path: Option<String>,
+    /// A header, as "Name: value", that makes the server apply the request
+    /// and then answer 5xx: runs the rule that a retry after such an answer
+    /// is not applied again.
+    #[arg(long, value_name = "HEADER", conflicts_with = "apply_then_fail_path")]
+    pub apply_then_fail_header: Option<HeaderLine>,
+    /// A path that applies a key's first request and answers it 5xx, and
+    /// applies and answers later ones as the endpoint does: runs the rule
+    /// that a retry after such an answer is not applied again.
+    #[arg(long, value_name = "PATH")]
+    pub apply_then_fail_path: Option<String>,
     /// How long to wait for each answer.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "10s")]
     pub timeout: Duration,
@@ -148,6 +158,12 @@ impl ConformanceArgs {
             (Some(header), _) => Some(FailTrigger::Header(header.clone())),
             (None, Some(path)) if path.starts_with('/') => Some(FailTrigger::Path(path.clone())),
             (None, Some(path)) => bail!("--fail-path {path:?} must start with /"),
+            (None, None) => None,
+        };
+        config.apply_then_fail = match (&self.apply_then_fail_header, &self.apply_then_fail_path) {
+            (Some(header), _) => Some(FailTrigger::Header(header.clone())),
+            (None, Some(path)) if path.starts_with('/') => Some(FailTrigger::Path(path.clone())),
+            (None, Some(path)) => bail!("--apply-then-fail-path {path:?} must start with /"),
             (None, None) => None,
         };
         Ok(config)

@@ -125,13 +125,16 @@ pub enum EffectSource {
     },
 }
 
-/// How the 5xx rule makes the server fail.
+/// How a rule makes the server answer 5xx: a header, or a path. What the
+/// server does before it answers depends on the hook: for
+/// [`ConformanceConfig::fail`] it applies nothing, for
+/// [`ConformanceConfig::apply_then_fail`] it applies the request first.
 #[derive(Debug, Clone)]
 pub enum FailTrigger {
-    /// Requests carrying this header fail with 5xx.
+    /// Requests carrying this header are answered 5xx.
     Header(HeaderLine),
-    /// This path fails with 5xx on the first request with a key and
-    /// succeeds on a retry.
+    /// This path answers 5xx to the first request with a key and succeeds
+    /// on a retry.
     Path(String),
 }
 
@@ -159,8 +162,12 @@ pub struct ConformanceConfig {
     pub expect: Expect,
     /// How many duplicates go at once in the concurrency rule.
     pub concurrency: usize,
-    /// How the 5xx rule makes the server fail.
+    /// How the 5xx rule makes the server fail without applying anything.
     pub fail: Option<FailTrigger>,
+    /// How the ambiguous-answer rule makes the server apply a request and
+    /// then answer 5xx (an application that crashed after its commit, a
+    /// load balancer that gave up on a slow answer).
+    pub apply_then_fail: Option<FailTrigger>,
     /// How long to wait for each answer.
     pub timeout: Duration,
 }
@@ -182,6 +189,7 @@ impl ConformanceConfig {
             expect: Expect::Any,
             concurrency: 8,
             fail: None,
+            apply_then_fail: None,
             timeout: Duration::from_secs(10),
         }
     }

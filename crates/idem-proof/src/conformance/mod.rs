@@ -96,6 +96,7 @@ pub async fn run(config: &ConformanceConfig) -> Result<Report, ConformanceError>
     reports.push(rules::concurrent_applied_once(&run).await?);
     reports.push(rules::missing_key(&run).await?);
     reports.push(rules::failure_not_stored(&run).await?);
+    reports.push(rules::ambiguous_5xx_applied_once(&run).await?);
     reports.push(rules::malformed_keys_refused(&run).await?);
     reports.push(rules::principals_kept_apart(&run).await?);
     Ok(Report {

@@ -5,6 +5,7 @@
 //! random per run) and fresh bodies, so no rule sees another's records and a
 //! second run against the same server starts clean.
 
+mod ambiguous;
 mod concurrent;
 mod failure;
 mod malformed;
@@ -22,6 +23,7 @@ use super::config::ConformanceConfig;
 use super::effects::{self, EffectsError};
 use super::report::{Outcome, RuleReport};
 
+pub(crate) use ambiguous::ambiguous_5xx_applied_once;
 pub(crate) use concurrent::concurrent_applied_once;
 pub(crate) use failure::failure_not_stored;
 pub(crate) use malformed::malformed_keys_refused;
@@ -160,7 +162,8 @@ impl Finding {
     }
 }
 
-/// The endpoint's URL with another path (for `--fail-path`).
+/// The endpoint's URL with another path (for `--fail-path` and
+/// `--apply-then-fail-path`).
 pub(crate) fn with_path(url: &Uri, path: &str) -> Uri {
     let mut parts = url.clone().into_parts();
     parts.path_and_query = path.parse().ok();
