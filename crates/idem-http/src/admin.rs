@@ -28,8 +28,9 @@
 //! names (`localhost`, `127.0.0.1`, `[::1]`, with any port) and those
 //! [`AllowedHosts`] adds (`--allow-host`), so a web page cannot reach it by
 //! pointing a name of its own at `127.0.0.1` (DNS rebinding): any other
-//! `Host` is answered `421` before the request reaches a route. A listener
-//! with a token checks `Host` too when names were added.
+//! `Host` is answered `421` before the request reaches a route (`/healthz`
+//! excepted, as it is from the token). A listener with a token checks
+//! `Host` too when names were added.
 //!
 //! Metrics go through the `metrics` facade; [`metrics_recorder`] installs the
 //! Prometheus recorder once per process and hands out its handle. The record
@@ -268,14 +269,24 @@ fn check_access(addr: SocketAddr, token: Option<&AdminToken>) -> Result<(), Admi
 
 /// Refuses every request whose `Host` is not one of `hosts`, before
 /// anything else runs, when the listener has no token (`tokenless`) or
-/// `hosts` adds names to the loopback ones.
+/// `hosts` adds names to the loopback ones. `/healthz` is answered under
+/// any name, as it is without a token: a health check may name the
+/// listener as it likes, and the answer says only whether the process is
+/// ready.
 fn host_checked(app: Router, hosts: AllowedHosts, tokenless: bool) -> Router {
     if !tokenless && !hosts.is_extended() {
         return app;
     }
     app.layer(axum::middleware::from_fn(
         move |request: axum::extract::Request, next: axum::middleware::Next| {
-            check_host(hosts.clone(), request, next)
+            let hosts = hosts.clone();
+            async move {
+                if request.uri().path() == "/healthz" {
+                    next.run(request).await
+                } else {
+                    check_host(hosts, request, next).await
+                }
+            }
         },
     ))
 }
@@ -567,7 +578,7 @@ mod tests {
         .unwrap();
         let addr = admin.local_addr();
         let port = addr.port();
-        for path in ["/metrics", "/healthz", "/nowhere"] {
+        for path in ["/metrics", "/nowhere", "/healthz/more"] {
             let (status, body) = get(addr, path, &format!("evil.example:{port}")).await;
             assert_eq!(status, 421, "{path}: {body}");
             let problem: serde_json::Value = serde_json::from_str(&body).unwrap();
@@ -587,6 +598,9 @@ mod tests {
             let (status, body) = get(addr, "/metrics", &host).await;
             assert_eq!(status, 200, "{host}: {body}");
         }
+        // A health check may name the listener as it likes.
+        let (status, body) = get(addr, "/healthz", "admin").await;
+        assert_eq!(status, 200, "{body}");
         admin.stop().await;
     }
 
@@ -603,8 +617,8 @@ mod tests {
         )
         .await
         .unwrap();
-        let (status, _) = get(open.local_addr(), "/healthz", "admin.example").await;
-        assert_eq!(status, 200);
+        let (status, _) = get(open.local_addr(), "/metrics", "admin.example").await;
+        assert_eq!(status, 401, "the token is asked for");
         open.stop().await;
 
         let named = start_admin_with_hosts(
@@ -616,10 +630,12 @@ mod tests {
         )
         .await
         .unwrap();
-        let (status, _) = get(named.local_addr(), "/healthz", "admin.example").await;
-        assert_eq!(status, 200);
-        let (status, _) = get(named.local_addr(), "/healthz", "evil.example").await;
+        let (status, _) = get(named.local_addr(), "/metrics", "admin.example").await;
+        assert_eq!(status, 401, "the token is asked for");
+        let (status, _) = get(named.local_addr(), "/metrics", "evil.example").await;
         assert_eq!(status, 421);
+        let (status, _) = get(named.local_addr(), "/healthz", "evil.example").await;
+        assert_eq!(status, 200);
         named.stop().await;
     }
 }
