@@ -1,7 +1,7 @@
 //! The gateway's upstream URL (`idem serve --upstream`, `upstream` in its
 //! config file): what parses shows as `http://AUTHORITY/BASE`,
-//! `https://AUTHORITY/BASE` or `h2c://AUTHORITY/BASE` and parses back to the
-//! same upstream.
+//! `https://AUTHORITY/BASE` or `h2c://AUTHORITY/BASE`, never with a password,
+//! and written out with its password parses back to the same upstream.
 #![no_main]
 
 use idem_http::gateway::Upstream;
@@ -18,8 +18,24 @@ fuzz_target!(|text: &str| {
             || (shown.starts_with("h2c://") && upstream.is_http2()),
         "{shown:?}"
     );
-    let again = shown
+    let written = upstream.to_url_with_password();
+    let again = written
         .parse::<Upstream>()
-        .unwrap_or_else(|e| panic!("{shown:?} (from {text:?}) does not parse back: {e}"));
-    assert_eq!(again, upstream, "{shown:?} from {text:?}");
+        .unwrap_or_else(|e| panic!("{written:?} (from {text:?}) does not parse back: {e}"));
+    assert_eq!(again, upstream, "{written:?} from {text:?}");
+    if upstream.basic_auth().is_none() {
+        assert_eq!(shown, written, "{text:?}");
+    } else {
+        // The user-info is shown without its password.
+        let rest = &written[written.find("://").unwrap() + 3..];
+        let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
+        let user_info = &authority[..authority.rfind('@').unwrap()];
+        if let Some((_, password)) = user_info.split_once(':') {
+            assert!(shown.contains(":***@"), "{shown:?} from {text:?}");
+            assert!(
+                password.is_empty() || !shown.contains(&format!(":{password}@")),
+                "{shown:?}"
+            );
+        }
+    }
 });

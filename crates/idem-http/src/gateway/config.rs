@@ -494,6 +494,70 @@ mod tests {
     }
 
     #[test]
+    fn credentials_are_written_back_whole_and_shown_without_the_password() {
+        for (url, shown, basic) in [
+            (
+                "http://gw:s3cr%3At@127.0.0.1:9000/api",
+                "http://gw:***@127.0.0.1:9000/api",
+                // "gw:s3cr:t"
+                "Basic Z3c6czNjcjp0",
+            ),
+            (
+                "https://only-user@api.example.com",
+                "https://only-user@api.example.com",
+                // "only-user:"
+                "Basic b25seS11c2VyOg==",
+            ),
+            (
+                "h2c://u:@[::1]:50051",
+                "h2c://u:***@[::1]:50051",
+                "Basic dTo=",
+            ),
+        ] {
+            let upstream: Upstream = url.parse().unwrap();
+            assert_eq!(upstream.to_string(), shown);
+            assert_eq!(format!("{upstream:?}"), format!("Upstream({shown})"));
+            assert_eq!(upstream.to_url_with_password(), url);
+            assert_eq!(
+                upstream.to_url_with_password().parse::<Upstream>().unwrap(),
+                upstream
+            );
+            assert_eq!(upstream.basic_auth().unwrap(), basic);
+            assert!(upstream.basic_auth().unwrap().is_sensitive());
+            let target = PathAndQuery::from_static("/orders");
+            let uri = upstream.uri_for(Some(&target)).unwrap().to_string();
+            assert!(!uri.contains('@'), "{uri}");
+        }
+        let plain: Upstream = "http://127.0.0.1:9000".parse().unwrap();
+        assert_eq!(plain.basic_auth(), None);
+        assert_eq!(plain.to_url_with_password(), plain.to_string());
+        let bad = "http://gw:50%zz@127.0.0.1:9000"
+            .parse::<Upstream>()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            bad.contains("percent-encoded") && !bad.contains("50%zz"),
+            "{bad}"
+        );
+    }
+
+    #[test]
+    fn base64_is_the_standard_alphabet_with_padding() {
+        for (plain, encoded) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+            ("fooba", "Zm9vYmE="),
+            ("foobar", "Zm9vYmFy"),
+        ] {
+            assert_eq!(base64(plain.as_bytes()), encoded);
+        }
+        assert_eq!(base64(&[0xfb, 0xff]), "+/8=");
+    }
+
+    #[test]
     fn bad_upstreams_say_what_to_write() {
         for (url, expected) in [
             ("ftp://example.com", "HTTP or HTTPS"),
