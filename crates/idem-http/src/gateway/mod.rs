@@ -43,7 +43,7 @@
 //!   the request's `traceparent`), and graceful shutdown;
 //! - `routes`: the route templates that name a request's `route` label;
 //! - `observe`: requests by outcome and route;
-//! - `probe`: [`Probe`], the question put to the upstream before a takeover
+//! - `probe`: [`Probe`], the question put to the upstream about an unknown outcome
 //!   after an unknown outcome (`--probe`), and its contract.
 //!
 //! # HTTP/2 and gRPC

@@ -66,7 +66,7 @@
 //! - `future`: [`ResponseFuture`];
 //! - `keep`: the completion retried until stored, and the spool flushed at start-up;
 //! - `spool`: [`Spool`], the local file of answers the store has not taken yet;
-//! - `reconcile`: [`Reconcile`], the question asked before a takeover;
+//! - `reconcile`: [`Reconcile`], the question asked about an unknown outcome;
 //! - `on_status`: [`StatusPolicy`], what each answer status means for its key;
 //! - `held`: the keys this process holds after an unknown outcome;
 //! - `wait`: a concurrent duplicate waiting for its original, and the

@@ -3,16 +3,18 @@
 //!
 //! # Why
 //!
-//! A claim taken over from an expired lease means an earlier attempt ended
-//! without a stored answer: the service timed out, a connection broke after
-//! the request was sent, or the process holding the claim died. Whether its
-//! effect happened is unknown, and running the retry may apply it twice.
-//! Many services can tell — the payment is in their table, under the key
-//! they were sent — so the layer asks first. A service that answers
+//! A claim taken over from an ended lease means an earlier attempt ended
+//! without a stored answer: the service answered with a status whose outcome
+//! is unknown (a 502 or 504), timed out, a connection broke after the request
+//! was sent, or the process holding the claim died. Whether its effect
+//! happened is unknown, and running the retry may apply it twice. Many
+//! services can tell — the payment is in their table, under the key they
+//! were sent — so the layer asks first, at the first retry: it ends the lease
+//! of an unknown outcome at once when it has a hook. A service that answers
 //! "applied" gets its answer stored and replayed; "not applied" lets the
 //! retry run; "unknown" refuses the retry for now (503 with `Retry-After`)
-//! and keeps the claim until its lease ends, so the next retry takes it over
-//! and asks again.
+//! and keeps the key reserved, its lease ended again, so the next retry
+//! takes it over and asks again.
 //!
 //! The gateway's `--probe` is an implementation that sends an HTTP request
 //! to the upstream.
@@ -30,7 +32,7 @@ pub enum Reconciled {
     /// It was not applied: the retry runs.
     NotApplied,
     /// The service cannot tell now (it failed, timed out, was unreachable):
-    /// the retry is refused with 503 and asked again after the lease.
+    /// the retry is refused with 503, and the next retry asks again.
     Unknown(String),
 }
 
