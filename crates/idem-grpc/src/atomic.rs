@@ -66,9 +66,9 @@ use idem::{Applied, ApplyError, AtomicEffect, AtomicStore, Fingerprint, Idempote
 use tonic::metadata::MetadataMap;
 use tonic::{Code, Status};
 
-use crate::GrpcIdempotencyConfig;
-use crate::status::{Disposition, Refusal, disposition};
+use crate::status::Refusal;
 use crate::stored::StoredCall;
+use crate::{GrpcIdempotencyConfig, GrpcStatusPolicy};
 
 /// Why the effect's transaction was rolled back: a status that is not stored.
 #[derive(Debug)]
@@ -113,9 +113,10 @@ where
         None => None,
     };
     let run = effect(message);
+    let policy = config.status_policy().clone();
     let wrapped = async move |tx: &mut St::Tx| -> Result<Outcome, NotStored> {
         let answer: Result<Res, Status> = TxCall::call(run, tx).await;
-        settle(answer)
+        settle(answer, &policy)
     };
     let applied = match &keyed {
         Some((scope, key, fingerprint)) => store.apply(scope, key, *fingerprint, wrapped).await,
@@ -152,7 +153,10 @@ fn read_key(
 }
 
 /// The reply or status as the outcome to commit, or the reason to roll back.
-fn settle<Res: prost::Message>(answer: Result<Res, Status>) -> Result<Outcome, NotStored> {
+fn settle<Res: prost::Message>(
+    answer: Result<Res, Status>,
+    policy: &GrpcStatusPolicy,
+) -> Result<Outcome, NotStored> {
     match answer {
         Ok(reply) => {
             let encoded = reply.encode_to_vec();
@@ -169,7 +173,7 @@ fn settle<Res: prost::Message>(answer: Result<Res, Status>) -> Result<Outcome, N
             trailers.insert("grpc-status", HeaderValue::from_static("0"));
             Ok(StoredCall::new(headers, frame.freeze(), Some(trailers)).to_outcome())
         }
-        Err(status) if disposition(Some(status.code())) == Disposition::Store => {
+        Err(status) if policy.stores(status.code()) => {
             let response: http::Response<()> = status.into_http();
             Ok(StoredCall::new(response.into_parts().0.headers, Bytes::new(), None).to_outcome())
         }

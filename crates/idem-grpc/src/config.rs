@@ -1,11 +1,16 @@
 //! [`GrpcIdempotencyConfig`]: which methods are protected, where the key is,
-//! how large a request message may be, and the lease the claims are renewed by.
+//! how large a request message may be, the lease the claims are renewed by,
+//! and what each status code a service answers means for its key.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use http::HeaderName;
 use idem::DEFAULT_LEASE;
+use idem_http::Verdict;
+use tonic::Code;
+
+use crate::GrpcStatusPolicy;
 
 /// The metadata entry the key is read from unless configured otherwise.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
@@ -42,6 +47,7 @@ pub struct GrpcIdempotencyConfig {
     pub(crate) message_limit: usize,
     pub(crate) lease: Duration,
     pub(crate) principal: Option<HeaderName>,
+    pub(crate) on_code: GrpcStatusPolicy,
 }
 
 impl Default for GrpcIdempotencyConfig {
@@ -53,6 +59,7 @@ impl Default for GrpcIdempotencyConfig {
             message_limit: DEFAULT_MESSAGE_LIMIT,
             lease: DEFAULT_LEASE,
             principal: Some(http::header::AUTHORIZATION),
+            on_code: GrpcStatusPolicy::standard(),
         }
     }
 }
@@ -123,6 +130,35 @@ impl GrpcIdempotencyConfig {
     pub fn without_principal(mut self) -> Self {
         self.principal = None;
         self
+    }
+
+    /// What an answer with status `code` means for its key, instead of the
+    /// default ([`GrpcStatusPolicy`]'s table).
+    ///
+    /// ```
+    /// use idem_grpc::GrpcIdempotencyConfig;
+    /// use idem_http::Verdict;
+    /// use tonic::Code;
+    ///
+    /// // This service answers INTERNAL only before it has written anything.
+    /// let config = GrpcIdempotencyConfig::default().on_code(Code::Internal, Verdict::Release);
+    /// assert_eq!(config.status_policy().verdict(Some(Code::Internal), true), Verdict::Release);
+    /// ```
+    pub fn on_code(mut self, code: Code, verdict: Verdict) -> Self {
+        self.on_code = self.on_code.on(code, verdict);
+        self
+    }
+
+    /// Every code's verdict from `policy` (parsed from text such as
+    /// `internal=store,unavailable=unknown`).
+    pub fn on_codes(mut self, policy: GrpcStatusPolicy) -> Self {
+        self.on_code = policy;
+        self
+    }
+
+    /// What each status code means for its key.
+    pub fn status_policy(&self) -> &GrpcStatusPolicy {
+        &self.on_code
     }
 
     /// The record's scope for a call to `path` with these headers:

@@ -24,6 +24,14 @@
 //! | same key, answered | the stored headers, message and trailers + `idempotent-replayed: true` |
 //! | request message over the limit | `RESOURCE_EXHAUSTED` |
 //! | the store unavailable | `UNAVAILABLE` |
+//! | same key, an earlier call's outcome unknown, no hook | `ABORTED` + `grpc-retry-pushback-ms` (the time the key stays reserved) |
+//! | same key, an earlier call's outcome unknown, and the hook cannot tell | `UNAVAILABLE` + `grpc-retry-pushback-ms` |
+//!
+//! What each code a service answers means for its key (stored, released, or
+//! unknown and reconciled) is [`GrpcStatusPolicy`]'s table; a
+//! [`GrpcReconcile`] hook, such as [`ProbeMethod`] (a lookup method of the
+//! service, asked over gRPC), is asked before a call whose outcome is
+//! unknown runs again.
 //!
 //! Key reuse is `FAILED_PRECONDITION`, not `INVALID_ARGUMENT`: the key and the
 //! message are each valid, and the call would succeed with a new key or after
@@ -43,12 +51,20 @@ pub mod client;
 mod config;
 #[cfg(feature = "gateway")]
 pub mod gateway;
+mod held;
 mod layer;
+pub mod observe;
+pub mod reconcile;
 pub mod status;
 mod stored;
 
 pub use client::{GrpcRetry, GrpcRetryPolicy};
 pub use config::{DEFAULT_MESSAGE_LIMIT, GrpcIdempotencyConfig, IDEMPOTENCY_KEY};
+pub use idem_http::IDEMPOTENCY_RECONCILED;
 pub use layer::{GrpcIdempotencyLayer, GrpcIdempotencyService, GrpcResponse, ResponseFuture};
-pub use status::{Disposition, RETRY_PUSHBACK, disposition};
+pub use reconcile::{
+    DEFAULT_PROBE_TIMEOUT, GrpcProbe, GrpcProbeError, GrpcReconcile, GrpcReconciled, ProbeMethod,
+    ReconcileFuture,
+};
+pub use status::{GrpcStatusPolicy, GrpcStatusPolicyError, RETRY_PUSHBACK};
 pub use stored::{IDEMPOTENT_REPLAYED, NotAnAnswer, StoredCall};

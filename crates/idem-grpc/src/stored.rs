@@ -50,6 +50,13 @@ impl StoredCall {
         }
     }
 
+    /// This answer with one more response header (initial metadata entry),
+    /// stored and replayed with it.
+    pub fn with_header(mut self, name: HeaderName, value: HeaderValue) -> Self {
+        self.headers.insert(name, value);
+        self
+    }
+
     /// The response headers.
     pub fn headers(&self) -> &HeaderMap {
         &self.headers

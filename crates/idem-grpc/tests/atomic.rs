@@ -73,6 +73,13 @@ impl Payments for AtomicPayments {
         .await
     }
 
+    async fn lookup(
+        &self,
+        _request: Request<ChargeRequest>,
+    ) -> Result<Response<ChargeReply>, Status> {
+        Err(Status::unimplemented("an atomic charge needs no lookup"))
+    }
+
     type ListChargesStream =
         Pin<Box<dyn tokio_stream::Stream<Item = Result<ChargeReply, Status>> + Send>>;
 

@@ -13,10 +13,10 @@ use std::time::Duration;
 
 use common::payments::ListChargesRequest;
 use common::{
-    CHARGE, LIST_CHARGES, Ledger, Running, Script, charge, client, config, is_replay, serve,
+    CHARGE, LIST_CHARGES, LOOKUP, Ledger, Running, Script, charge, client, config, is_replay, serve,
 };
 use idem::SqliteStore;
-use idem_grpc::{GrpcIdempotencyConfig, GrpcIdempotencyLayer};
+use idem_grpc::{GrpcIdempotencyConfig, GrpcIdempotencyLayer, GrpcProbe};
 use idem_http::gateway::{self, Gateway, GatewayConfig};
 use idem_http::{IdempotencyConfig, IdempotencyLayer};
 use tokio::net::TcpListener;
@@ -32,11 +32,25 @@ struct Front {
 /// Starts a gateway to `upstream` (an `h2c://` URL) whose gRPC guard
 /// protects the payments service's `Charge`.
 async fn front(dir: &tempfile::TempDir, upstream: &str, timeout: Duration) -> Front {
+    front_with(dir, upstream, timeout, None).await
+}
+
+/// [`front`], asking the upstream's `probe` before a takeover when given.
+async fn front_with(
+    dir: &tempfile::TempDir,
+    upstream: &str,
+    timeout: Duration,
+    probe: Option<GrpcProbe>,
+) -> Front {
     let store = SqliteStore::open(dir.path().join("gateway.db"))
         .await
         .expect("store");
     let layer = IdempotencyLayer::new(store.clone(), IdempotencyConfig::default());
-    let guard = idem_grpc::gateway::guard(GrpcIdempotencyLayer::new(store, config()));
+    let grpc = GrpcIdempotencyLayer::new(store, config());
+    let guard = match probe {
+        Some(probe) => idem_grpc::gateway::guard_probing(grpc, probe, timeout),
+        None => idem_grpc::gateway::guard(grpc),
+    };
     let config = GatewayConfig::new(upstream.parse().expect("upstream")).upstream_timeout(timeout);
     let gateway = Gateway::new(layer, config).with_grpc(guard);
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -126,6 +140,64 @@ async fn duplicates_through_the_gateway_are_replayed_with_their_trailers() {
         assert_eq!(listed, 2);
     }
     assert_eq!(upstream.ledger.calls(LIST_CHARGES), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_applied_then_failed_upstream_is_reconciled_through_the_lookup_method() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = bare_upstream(&dir, Script::default()).await;
+    let front = front_with(
+        &dir,
+        &format!("h2c://{}", upstream.addr),
+        Duration::from_secs(10),
+        Some(GrpcProbe::every(LOOKUP)),
+    )
+    .await;
+    let mut client = client(front.addr).await;
+
+    for (key, status) in [
+        ("g-int", tonic::Status::internal("crashed after the commit")),
+        (
+            "g-dl",
+            tonic::Status::deadline_exceeded("gave up after the commit"),
+        ),
+    ] {
+        let code = status.code();
+        upstream
+            .script
+            .after_effect
+            .lock()
+            .unwrap()
+            .push_back(status);
+        let failed = client.charge(charge(key, key, 90)).await.unwrap_err();
+        assert_eq!(failed.code(), code);
+        for _ in 0..2 {
+            let retry = client.charge(charge(key, key, 90)).await.unwrap();
+            assert!(is_replay(&retry), "{code:?}: {retry:?}");
+            assert_eq!(
+                retry.metadata().get("idempotency-reconciled").unwrap(),
+                "true"
+            );
+            assert_eq!(retry.get_ref().account, key);
+        }
+        assert_eq!(upstream.ledger.charges(key), 1, "{code:?}");
+    }
+    assert_eq!(upstream.ledger.calls(CHARGE), 2);
+    assert_eq!(upstream.ledger.calls(LOOKUP), 2);
+
+    // A charge that was not made is run by the retry once the lookup says so.
+    upstream
+        .script
+        .failures
+        .lock()
+        .unwrap()
+        .push_back(tonic::Status::unknown("failed before the charge"));
+    let failed = client.charge(charge("g-un", "g-un", 5)).await.unwrap_err();
+    assert_eq!(failed.code(), Code::Unknown);
+    let ran = client.charge(charge("g-un", "g-un", 5)).await.unwrap();
+    assert!(!is_replay(&ran));
+    assert_eq!(upstream.ledger.charges("g-un"), 1);
+    assert_eq!(upstream.ledger.calls(LOOKUP), 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

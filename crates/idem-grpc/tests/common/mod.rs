@@ -1,6 +1,8 @@
 //! A payments service over tonic for the tests: charges land in a SQLite
-//! ledger, so every test counts effects on real data; a script makes the
-//! service fail, hang or wait on cue.
+//! ledger, under the idempotency key they were sent with, so every test
+//! counts effects on real data and the service can look a charge up by its
+//! key; a script makes the service fail (before or after its effect), hang
+//! or wait on cue.
 
 #![allow(dead_code)]
 
@@ -37,6 +39,7 @@ use payments::{ChargeReply, ChargeRequest, ListChargesRequest};
 
 pub(crate) const CHARGE: &str = "/payments.v1.Payments/Charge";
 pub(crate) const LIST_CHARGES: &str = "/payments.v1.Payments/ListCharges";
+pub(crate) const LOOKUP: &str = "/payments.v1.Payments/Lookup";
 
 /// The ledger: one row per charge (the effect), one per call the service
 /// received (protected or not).
@@ -51,7 +54,7 @@ impl Ledger {
         let db = Connection::open(&path).expect("open the ledger");
         db.execute_batch(
             "PRAGMA journal_mode = WAL;
-             CREATE TABLE IF NOT EXISTS charges (id INTEGER PRIMARY KEY, account TEXT NOT NULL, amount_cents INTEGER NOT NULL);
+             CREATE TABLE IF NOT EXISTS charges (id INTEGER PRIMARY KEY, account TEXT NOT NULL, amount_cents INTEGER NOT NULL, idempotency_key TEXT);
              CREATE TABLE IF NOT EXISTS calls (id INTEGER PRIMARY KEY, method TEXT NOT NULL);",
         )
         .expect("ledger schema");
@@ -71,14 +74,26 @@ impl Ledger {
             .expect("record the call");
     }
 
-    fn charge(&self, account: &str, amount_cents: i64) -> i64 {
+    fn charge(&self, account: &str, amount_cents: i64, key: Option<&str>) -> i64 {
         let db = self.connect();
         db.execute(
-            "INSERT INTO charges (account, amount_cents) VALUES (?1, ?2)",
-            rusqlite::params![account, amount_cents],
+            "INSERT INTO charges (account, amount_cents, idempotency_key) VALUES (?1, ?2, ?3)",
+            rusqlite::params![account, amount_cents, key],
         )
         .expect("charge");
         db.last_insert_rowid()
+    }
+
+    /// The charge made under `key`: its id, account and amount.
+    fn charge_by_key(&self, key: &str) -> Option<(i64, String, i64)> {
+        self.connect()
+            .query_row(
+                "SELECT id, account, amount_cents FROM charges WHERE idempotency_key = ?1 ORDER BY id LIMIT 1",
+                [key],
+                |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+            )
+            .map_err(|e| assert!(matches!(e, rusqlite::Error::QueryReturnedNoRows), "{e}"))
+            .ok()
     }
 
     /// Charges applied to `account`.
@@ -109,6 +124,12 @@ impl Ledger {
 pub(crate) struct Script {
     /// Codes the next calls fail with, one per call, before any effect.
     pub(crate) failures: Mutex<VecDeque<Status>>,
+    /// Codes the next charges answer with after their effect, one per
+    /// charge: the charge is made, and the client is told it failed.
+    pub(crate) after_effect: Mutex<VecDeque<Status>>,
+    /// Codes the next lookups answer with instead of looking, one per
+    /// lookup.
+    pub(crate) lookup_failures: Mutex<VecDeque<Status>>,
     /// When set, a charge waits for a permit before its effect.
     pub(crate) gate: Option<Arc<Semaphore>>,
     /// When set, a charge never finishes (it waits before its effect).
@@ -128,6 +149,11 @@ impl Payments for PaymentsService {
         request: Request<ChargeRequest>,
     ) -> Result<Response<ChargeReply>, Status> {
         self.ledger.call(CHARGE);
+        let key = request
+            .metadata()
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         let failure = self.script.failures.lock().unwrap().pop_front();
         if let Some(status) = failure {
             return Err(status);
@@ -149,7 +175,11 @@ impl Payments for PaymentsService {
                 .insert("x-field", "amount_cents".parse().unwrap());
             return Err(status);
         }
-        let charge_id = self.ledger.charge(&account, amount_cents);
+        let charge_id = self.ledger.charge(&account, amount_cents, key.as_deref());
+        let failure = self.script.after_effect.lock().unwrap().pop_front();
+        if let Some(status) = failure {
+            return Err(status);
+        }
         let mut reply = Response::new(ChargeReply {
             charge_id,
             account,
@@ -159,6 +189,36 @@ impl Payments for PaymentsService {
             .metadata_mut()
             .insert("x-ledger", "sqlite".parse().unwrap());
         Ok(reply)
+    }
+
+    async fn lookup(
+        &self,
+        request: Request<ChargeRequest>,
+    ) -> Result<Response<ChargeReply>, Status> {
+        self.ledger.call(LOOKUP);
+        let failure = self.script.lookup_failures.lock().unwrap().pop_front();
+        if let Some(status) = failure {
+            return Err(status);
+        }
+        let key = request
+            .metadata()
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| Status::invalid_argument("a lookup needs the idempotency-key"))?;
+        match self.ledger.charge_by_key(key) {
+            Some((charge_id, account, amount_cents)) => {
+                let mut reply = Response::new(ChargeReply {
+                    charge_id,
+                    account,
+                    amount_cents,
+                });
+                reply
+                    .metadata_mut()
+                    .insert("x-ledger", "sqlite".parse().unwrap());
+                Ok(reply)
+            }
+            None => Err(Status::not_found("no charge under this key")),
+        }
     }
 
     type ListChargesStream =
@@ -288,13 +348,28 @@ pub(crate) async fn serve_on<St: LeaseStore + 'static>(
     ledger: Ledger,
     script: Script,
 ) -> Running {
+    serve_layer_on(
+        listener,
+        GrpcIdempotencyLayer::new(store, config),
+        ledger,
+        script,
+    )
+    .await
+}
+
+/// Serves the payments service behind `layer` on `listener`.
+pub(crate) async fn serve_layer_on<St: LeaseStore + 'static>(
+    listener: TcpListener,
+    layer: GrpcIdempotencyLayer<St>,
+    ledger: Ledger,
+    script: Script,
+) -> Running {
     let addr = listener.local_addr().expect("address");
     let script = Arc::new(script);
     let service = PaymentsService {
         ledger: ledger.clone(),
         script: Arc::clone(&script),
     };
-    let layer = GrpcIdempotencyLayer::new(store, config);
     let task = tokio::spawn(async move {
         Server::builder()
             .layer(layer)

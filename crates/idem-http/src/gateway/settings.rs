@@ -1352,7 +1352,7 @@ pub fn parse_grpc_methods(text: &str) -> Result<Vec<String>, SettingsError> {
 /// The gRPC lookup methods asked before a takeover: a method path for every
 /// method (`/payments.v1.Payments/Lookup`), `METHOD=LOOKUP` pairs for one
 /// each, or both, comma-separated; written back without spaces.
-pub fn parse_grpc_probe(text: &str) -> Result<String, SettingsError> {
+fn parse_grpc_probe(text: &str) -> Result<String, SettingsError> {
     let mut parts = Vec::new();
     let mut every = 0;
     for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -1582,6 +1582,39 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("`fingerprint` in idem.toml"), "{e}");
+    }
+
+    #[test]
+    fn the_grpc_probe_is_read_checked_and_written_out() {
+        let text = "upstream = \"h2c://127.0.0.1:50051\"\ngrpc_unary = [\"/p.Pay/Charge\"]\ngrpc_probe = \"/p.Pay/Lookup, /p.Pay/Refund = /p.Pay/LookupRefund\"\n";
+        let filed = from_file(&GivenSettings::default(), text).unwrap();
+        assert_eq!(
+            filed.grpc_probe.as_deref(),
+            Some("/p.Pay/Lookup,/p.Pay/Refund=/p.Pay/LookupRefund")
+        );
+        let again = from_file(&GivenSettings::default(), &filed.to_toml()).unwrap();
+        assert_eq!(again, filed);
+
+        let mut given = upstream();
+        given.grpc_unary = Some("/p.Pay/Charge".into());
+        given.grpc_probe = Some("off".into());
+        assert_eq!(GatewaySettings::resolve(&given, None).unwrap().grpc_probe, None);
+        for (bad, says) in [
+            ("Lookup", "not a gRPC method path"),
+            ("/p.Pay/A=/p.Pay/B=/p.Pay/C", "METHOD=LOOKUP"),
+            ("/p.Pay/L1,/p.Pay/L2", "one lookup method for every method"),
+        ] {
+            given.grpc_probe = Some(bad.into());
+            let e = GatewaySettings::resolve(&given, None).unwrap_err().to_string();
+            assert!(
+                e.contains("--grpc-probe (or IDEM_GRPC_PROBE)") && e.contains(says),
+                "{bad}: {e}"
+            );
+        }
+        let mut alone = upstream();
+        alone.grpc_probe = Some("/p.Pay/Lookup".into());
+        let e = GatewaySettings::resolve(&alone, None).unwrap_err().to_string();
+        assert!(e.contains("--grpc-unary"), "{e}");
     }
 
     #[test]

@@ -248,9 +248,11 @@ impl Spool {
         entries
     }
 
-    /// Appends an answer and syncs the file; the answer may go out once this
-    /// returns.
-    pub(crate) async fn keep(&self, claim: &Claim, outcome: &Outcome) -> Result<u64, SpoolError> {
+    /// Appends an answer (the outcome `claim` is to be completed with) and
+    /// syncs the file; the answer may go out once this returns. Returns the
+    /// entry's id for [`stored`](Self::stored). Any front end's outcome can
+    /// be kept: the gRPC layer keeps its answers here too.
+    pub async fn keep(&self, claim: &Claim, outcome: &Outcome) -> Result<u64, SpoolError> {
         let spool = self.clone();
         let (claim, outcome) = (claim.clone(), outcome.clone());
         tokio::task::spawn_blocking(move || spool.keep_now(claim, outcome))
@@ -278,11 +280,24 @@ impl Spool {
 
     /// Marks an answer stored. Not synced: an entry whose mark is lost is
     /// completed again at start-up, which the store answers as already done.
-    pub(crate) async fn stored(&self, id: u64) -> Result<(), SpoolError> {
+    pub async fn stored(&self, id: u64) -> Result<(), SpoolError> {
         let spool = self.clone();
         tokio::task::spawn_blocking(move || spool.stored_now(id))
             .await
             .unwrap_or_else(|joined| Err(self.io(std::io::Error::other(joined))))
+    }
+
+    /// Stores every answer an earlier run left here in `store`, each fenced
+    /// by its claim's token (one taken over meanwhile is dropped and
+    /// logged), and marks them done; waits, retrying and renewing every
+    /// third of `lease`, while the store cannot be reached. Returns how many
+    /// were stored. Call it before serving.
+    pub async fn flush<St: idem::LeaseStore>(
+        &self,
+        store: &St,
+        lease: std::time::Duration,
+    ) -> Result<usize, SpoolError> {
+        super::keep::flush(store, self, lease).await
     }
 
     fn stored_now(&self, id: u64) -> Result<(), SpoolError> {
