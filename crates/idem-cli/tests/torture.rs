@@ -1,7 +1,8 @@
 //! `idem torture` run as a user runs it: short campaigns over the embedded
 //! store, PostgreSQL, the relay, RabbitMQ and NATS, with faults injected and
 //! no violation found — one that kills the processes under test, one that
-//! cuts or restarts what they depend on.
+//! cuts or restarts what they depend on, one whose upstream answers 5xx
+//! after applying.
 
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
@@ -184,6 +185,27 @@ fn a_short_campaign_with_a_probing_upstream_repeats_nothing_after_an_unknown_out
         assert_eq!(row["repeats_after_unknown"], 0, "{row}");
         assert_eq!(row["repeats_after_unstored_answer"], 0, "{row}");
     }
+}
+
+#[test]
+fn a_short_campaign_with_an_upstream_answering_5xx_after_applying_repeats_nothing() {
+    let report = Report::new();
+    let scenarios = ["gateway-5xx-after-apply"];
+    // Three trials: 504, 500 and 502, one each.
+    let output = campaign(&scenarios, 3, report.path(), Duration::from_secs(120));
+    let rows = rows_are_clean(&output, &scenarios, 3, report.path());
+    let row = &rows[0];
+    assert_eq!(row["repeats_after_unknown"], 0, "{row}");
+    assert!(
+        row["unknown_attempts"].as_u64().unwrap() > 0,
+        "the clients saw the 5xx answers: {row}"
+    );
+    let kinds: Vec<&String> = row["fault_kinds"].as_object().unwrap().keys().collect();
+    assert_eq!(
+        kinds,
+        ["500 after apply", "502 after apply", "504 after apply"],
+        "{row}"
+    );
 }
 
 #[test]

@@ -6,9 +6,16 @@
 //! It also answers the gateway's probe, `GET /pay/by-key/{key}`, from the same
 //! table: 200 with the answer `POST /pay` gave (and
 //! `Idempotency-Original-Status: 201`) when the key has an effect, else 404.
+//!
+//! Told to ([`Upstream::fail_after_apply`]), it answers the request that
+//! applies a key's first effect with a 5xx instead of its 201, after the
+//! commit: the answer of an application that crashed after its commit, or
+//! of a load balancer that gave up on it. The effect is there; the answer
+//! says nothing about it.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
@@ -32,7 +39,18 @@ pub(super) const PROBE: &str = "GET /pay/by-key/{key}";
 pub(super) struct Upstream {
     addr: SocketAddr,
     path: PathBuf,
+    shared: Arc<Shared>,
     server: JoinHandle<()>,
+}
+
+/// What the handlers share.
+#[derive(Debug)]
+struct Shared {
+    db: Mutex<Connection>,
+    /// The status a key's first effect is answered with; 0 for its 201.
+    fail_with: AtomicU16,
+    /// First effects answered with a 5xx so far.
+    failed: AtomicUsize,
 }
 
 impl Upstream {
@@ -44,10 +62,15 @@ impl Upstream {
             "PRAGMA journal_mode = WAL;
              CREATE TABLE effects (seq INTEGER PRIMARY KEY, key TEXT NOT NULL, at_ms INTEGER NOT NULL);",
         )?;
+        let shared = Arc::new(Shared {
+            db: Mutex::new(db),
+            fail_with: AtomicU16::new(0),
+            failed: AtomicUsize::new(0),
+        });
         let app = Router::new()
             .route("/pay", post(pay))
             .route("/pay/by-key/{key}", get(by_key))
-            .with_state(Arc::new(Mutex::new(db)));
+            .with_state(Arc::clone(&shared));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let server = tokio::spawn(async move {
@@ -56,8 +79,21 @@ impl Upstream {
         Ok(Self {
             addr,
             path: path.to_owned(),
+            shared,
             server,
         })
+    }
+
+    /// From now on, answers the request that applies a key's first effect
+    /// with `status` (a 5xx) after committing it; `None` goes back to 201.
+    pub(super) fn fail_after_apply(&self, status: Option<StatusCode>) {
+        let code = status.map_or(0, |status| status.as_u16());
+        self.shared.fail_with.store(code, Ordering::SeqCst);
+    }
+
+    /// First effects answered with a 5xx so far.
+    pub(super) fn failed_after_apply(&self) -> usize {
+        self.shared.failed.load(Ordering::SeqCst)
     }
 
     /// Where the gateway forwards.
@@ -80,8 +116,9 @@ impl Drop for Upstream {
 /// Applies the effect of every request, keyed by the forwarded
 /// `Idempotency-Key` (an RFC 8941 String, recorded unquoted), and answers
 /// with a body that depends on the key only, so a replay and a second
-/// forward answer the same.
-async fn pay(State(db): State<Arc<Mutex<Connection>>>, headers: HeaderMap) -> (StatusCode, String) {
+/// forward answer the same; or, told to, answers a key's first effect with
+/// a 5xx once it is committed.
+async fn pay(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> (StatusCode, String) {
     let Some(key) = headers
         .get("idempotency-key")
         .and_then(|key| key.to_str().ok())
@@ -91,18 +128,33 @@ async fn pay(State(db): State<Arc<Mutex<Connection>>>, headers: HeaderMap) -> (S
     };
     let answer = answer_for(&key);
     let at_ms = super::now_ms();
-    let applied = tokio::task::spawn_blocking(move || -> rusqlite::Result<()> {
-        let mut db = db.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let fail_with = StatusCode::from_u16(shared.fail_with.load(Ordering::SeqCst)).ok();
+    let db = Arc::clone(&shared);
+    let applied = tokio::task::spawn_blocking(move || -> rusqlite::Result<bool> {
+        let mut db = db
+            .db
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let tx = db.transaction()?;
+        let first = !tx.query_row(
+            "SELECT EXISTS (SELECT 1 FROM effects WHERE key = ?1)",
+            [&key],
+            |row| row.get::<_, bool>(0),
+        )?;
         tx.execute(
             "INSERT INTO effects (key, at_ms) VALUES (?1, ?2)",
             rusqlite::params![key, at_ms],
         )?;
-        tx.commit()
+        tx.commit()?;
+        Ok(first)
     })
     .await;
-    match applied {
-        Ok(Ok(())) => (StatusCode::CREATED, answer),
+    match (applied, fail_with) {
+        (Ok(Ok(true)), Some(status)) => {
+            shared.failed.fetch_add(1, Ordering::SeqCst);
+            (status, "applied, then the answer was lost".into())
+        }
+        (Ok(Ok(_)), _) => (StatusCode::CREATED, answer),
         _ => (
             StatusCode::INTERNAL_SERVER_ERROR,
             "effect not applied".into(),
@@ -117,13 +169,13 @@ fn answer_for(key: &str) -> String {
 }
 
 /// The probe: whether `key` has an effect, and if so the answer it got.
-async fn by_key(
-    State(db): State<Arc<Mutex<Connection>>>,
-    UrlPath(key): UrlPath<String>,
-) -> Response {
+async fn by_key(State(shared): State<Arc<Shared>>, UrlPath(key): UrlPath<String>) -> Response {
     let lookup = key.clone();
     let found = tokio::task::spawn_blocking(move || -> rusqlite::Result<bool> {
-        let db = db.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let db = shared
+            .db
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         db.query_row(
             "SELECT EXISTS (SELECT 1 FROM effects WHERE key = ?1)",
             [lookup],

@@ -1,5 +1,6 @@
 //! The catalogue of scenarios: their names on the command line, and what
-//! each needs and does (a kill or a cut, PostgreSQL, a broker).
+//! each needs and does (a kill, a cut, an upstream's ambiguous answers,
+//! PostgreSQL, a broker).
 
 use clap::ValueEnum;
 
@@ -21,6 +22,13 @@ pub enum Scenario {
     /// The same, the gateway's store on PostgreSQL.
     #[value(name = "gateway-postgres-kill-probe")]
     PostgresKillProbe,
+    /// The gateway on the embedded store with `idem serve --probe`, in front
+    /// of an upstream that, for a while mid-load, applies each key's first
+    /// request and then answers it 502, 504 or 500 (by trial): an answer
+    /// that says nothing about the effect. The gateway asks the upstream
+    /// before the retry; no repeat is expected.
+    #[value(name = "gateway-5xx-after-apply")]
+    FailAfterApply,
     /// The gateway's PostgreSQL connection through the fault proxy: dropped,
     /// blackholed or delayed mid-load, then healed.
     #[value(name = "gateway-postgres-partition")]
@@ -74,11 +82,12 @@ pub enum Carrier {
 
 impl Scenario {
     /// Every scenario, in the order a campaign runs them.
-    pub const ALL: [Self; 13] = [
+    pub const ALL: [Self; 14] = [
         Self::SqliteKill,
         Self::PostgresKill,
         Self::SqliteKillProbe,
         Self::PostgresKillProbe,
+        Self::FailAfterApply,
         Self::PostgresPartition,
         Self::PostgresRestart,
         Self::DupProxyKill,
@@ -97,6 +106,7 @@ impl Scenario {
             Self::PostgresKill => "gateway-postgres-kill",
             Self::SqliteKillProbe => "gateway-sqlite-kill-probe",
             Self::PostgresKillProbe => "gateway-postgres-kill-probe",
+            Self::FailAfterApply => "gateway-5xx-after-apply",
             Self::PostgresPartition => "gateway-postgres-partition",
             Self::PostgresRestart => "gateway-postgres-restart",
             Self::DupProxyKill => "gateway-dup-proxy-kill",
@@ -122,7 +132,10 @@ impl Scenario {
 
     /// Whether the gateway asks the upstream (`--probe`) before a takeover.
     pub fn probes(self) -> bool {
-        matches!(self, Self::SqliteKillProbe | Self::PostgresKillProbe)
+        matches!(
+            self,
+            Self::SqliteKillProbe | Self::PostgresKillProbe | Self::FailAfterApply
+        )
     }
 
     /// Whether the scenario starts a PostgreSQL server of its own.

@@ -1,13 +1,15 @@
 //! The gateway scenarios: `idem serve` in front of an upstream that applies
 //! every request, killed or crashed at a crash point, cut off its database
-//! through the fault proxy, or its PostgreSQL server restarted mid-load;
-//! with `--probe`, or behind `idem dup-proxy`, in some of them.
+//! through the fault proxy, its PostgreSQL server restarted mid-load, or
+//! its upstream answering 5xx after applying; with `--probe`, or behind
+//! `idem dup-proxy`, in some of them.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use axum::http::StatusCode;
 use idem_testkit::faultproxy::{FaultProxy, Mode};
 use rand::Rng;
 
@@ -40,7 +42,14 @@ pub(super) async fn trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> 
         _ => None,
     };
     let store = match (scenario, postgres, private) {
-        (Scenario::SqliteKill | Scenario::SqliteKillProbe | Scenario::DupProxyKill, _, _) => {
+        (
+            Scenario::SqliteKill
+            | Scenario::SqliteKillProbe
+            | Scenario::DupProxyKill
+            | Scenario::FailAfterApply,
+            _,
+            _,
+        ) => {
             format!("sqlite://{}", dir.join("gateway.db").display())
         }
         (Scenario::PostgresRestart, _, Some((database, server))) => {
@@ -114,6 +123,8 @@ pub(super) async fn trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> 
     let mut injected = false;
     let mut down_since: Option<(String, i64)> = None;
     let mut partition: Option<(Mode, Instant, i64)> = None;
+    // The upstream answering first effects with this 5xx, until then.
+    let mut misanswering: Option<(StatusCode, Instant, i64)> = None;
     let finished = || clients.iter().all(|client| client.is_finished());
     while !finished() && started.elapsed() < budget + Duration::from_secs(30) {
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -152,10 +163,33 @@ pub(super) async fn trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> 
             }
             continue;
         }
+        if let Some((status, until, at_ms)) = misanswering {
+            if Instant::now() >= until {
+                upstream.fail_after_apply(None);
+                faults.push(Fault {
+                    what: after_apply(status),
+                    at_ms,
+                    until_ms: now_ms(),
+                });
+                misanswering = None;
+            }
+            continue;
+        }
         if injected || load.done.load(Ordering::SeqCst) < fault_at {
             continue;
         }
         injected = true;
+        if scenario == Scenario::FailAfterApply {
+            let status = [
+                StatusCode::BAD_GATEWAY,
+                StatusCode::GATEWAY_TIMEOUT,
+                StatusCode::INTERNAL_SERVER_ERROR,
+            ][index % 3];
+            let lasts = Duration::from_millis(rand::rng().random_range(500..3500));
+            upstream.fail_after_apply(Some(status));
+            misanswering = Some((status, Instant::now() + lasts, now_ms()));
+            continue;
+        }
         match (&proxy, &crash, private) {
             (Some(proxy), _, _) => {
                 let mode = match index % 3 {
@@ -200,6 +234,14 @@ pub(super) async fn trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> 
             until_ms: now_ms(),
         });
     }
+    if let Some((status, _, at_ms)) = misanswering {
+        upstream.fail_after_apply(None);
+        faults.push(Fault {
+            what: after_apply(status),
+            at_ms,
+            until_ms: now_ms(),
+        });
+    }
     for client in &clients {
         client.abort();
     }
@@ -226,6 +268,11 @@ pub(super) async fn trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> 
         explain.copies_unknown = copies_unknown(&copies);
     }
     let mut result = judge(index, faults, report, &events, &effects, &explain);
+    if scenario == Scenario::FailAfterApply && upstream.failed_after_apply() == 0 {
+        result.notes.push(
+            "the load ended before the upstream answered a first effect with a 5xx".to_owned(),
+        );
+    }
     if scenario.probes() && result.expected_repeats > 0 {
         // The upstream said what it had applied: a repeat is not a cost here.
         result.violations.push(format!(
@@ -237,4 +284,9 @@ pub(super) async fn trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> 
     result.history = history_path;
     result.proxy_copies = proxy_copies;
     Ok(result)
+}
+
+/// The fault's name: `502 after apply`.
+fn after_apply(status: StatusCode) -> String {
+    format!("{} after apply", status.as_u16())
 }
