@@ -337,7 +337,9 @@ async fn an_answer_the_store_refused_is_spooled_and_stored_by_the_next_process()
             ready.send(server.addr).unwrap();
             stopped.recv().ok();
             drop(server);
-            runtime.shutdown_background();
+            // Its tasks are dropped (the spool's file let go with them)
+            // before this returns.
+            runtime.shutdown_timeout(Duration::from_secs(10));
         })
     };
     let mut client = common::client(started.await.unwrap()).await;
