@@ -550,6 +550,14 @@ pub(crate) struct ServeArgs {
     /// METHOD=LOOKUP pairs, comma-separated [default: off].
     #[arg(long, env = "IDEM_GRPC_PROBE", value_name = "METHOD")]
     pub grpc_probe: Option<String>,
+    /// What a --grpc-unary call's status code means for its key, by name or
+    /// number: store, release or unknown, as in 'internal=store,14=unknown'
+    /// [default: OK and the client errors store; UNAVAILABLE,
+    /// RESOURCE_EXHAUSTED, ABORTED release; DEADLINE_EXCEEDED, UNKNOWN,
+    /// DATA_LOSS, CANCELLED unknown; INTERNAL unknown with --grpc-probe,
+    /// else release].
+    #[arg(long, env = "IDEM_ON_GRPC_STATUS", value_name = "CODE=VERDICT,...")]
+    pub on_grpc_status: Option<String>,
     /// Fingerprint only these fields of a keyed JSON body (with the method,
     /// route and target), as JSON Pointers (RFC 6901) after json:, such as
     /// 'json:/amount,/currency,/account': a retry that differs elsewhere is
@@ -577,7 +585,7 @@ pub(crate) struct ServeArgs {
     /// admin_listen,
     /// upstream_timeout, body_timeout, probe, on_status, spool, principal_header, methods, sweep_every,
     /// max_in_flight, concurrent, max_waiters, max_waiters_per_key, routes,
-    /// grpc_unary, grpc_probe, fingerprint, fingerprint_ignore, fingerprint_header,
+    /// grpc_unary, grpc_probe, on_grpc_status, fingerprint, fingerprint_ignore, fingerprint_header,
     /// upstream_ca, upstream_cert, upstream_key, tls_cert, tls_key,
     /// tls_client_ca, admin_token_file, allow_hosts.
     #[arg(long, env = "IDEM_CONFIG", value_name = "FILE")]

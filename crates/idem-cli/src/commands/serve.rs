@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use idem::AnyStore;
-use idem_grpc::{GrpcIdempotencyConfig, GrpcIdempotencyLayer, GrpcProbe};
+use idem_grpc::{GrpcIdempotencyConfig, GrpcIdempotencyLayer, GrpcProbe, GrpcStatusPolicy};
 use idem_http::admin::AdminToken;
 use idem_http::gateway::{self, CertReloader, Gateway, GrpcGuard};
 use idem_http::{IdempotencyLayer, Spool};
@@ -109,12 +109,15 @@ pub(super) async fn run(
     if !settings.grpc_unary.is_empty() {
         writeln!(
             out,
-            "idem serve: keyed gRPC calls deduplicated on {}; {}",
+            "idem serve: keyed gRPC calls deduplicated on {}; {}; codes {}",
             settings.grpc_unary.join(", "),
             settings.grpc_probe.as_ref().map_or_else(
-                || "no lookup before a takeover".to_owned(),
-                |probe| format!("the upstream's {probe} is asked before a takeover")
-            )
+                || "no lookup: a call whose outcome is unknown is held for the lease".to_owned(),
+                |probe| format!(
+                    "the upstream's {probe} is asked at the first retry after an unknown outcome"
+                )
+            ),
+            settings.on_grpc_status.as_deref().unwrap_or("standard"),
         )?;
     }
     if let Some(addr) = upkeep.admin_addr() {
@@ -132,8 +135,10 @@ pub(super) async fn run(
             |path| format!("in {}", path.display())
         ),
         settings.probe.as_ref().map_or_else(
-            || "no probe before a takeover".to_owned(),
-            |probe| format!("the upstream is asked '{probe}' before a takeover")
+            || "no probe: a key whose outcome is unknown is held for the lease".to_owned(),
+            |probe| format!(
+                "the upstream is asked '{probe}' at the first retry after an unknown outcome"
+            )
         ),
     )?;
     out.flush()?;
@@ -184,6 +189,14 @@ fn grpc_guard(
         .unary_methods(settings.grpc_unary.iter().cloned())
         .lease(settings.lease)
         .message_limit(settings.max_body);
+    let config = match &settings.on_grpc_status {
+        Some(policy) => config.on_codes(
+            policy
+                .parse::<GrpcStatusPolicy>()
+                .context("invalid --on-grpc-status (or IDEM_ON_GRPC_STATUS, on_grpc_status)")?,
+        ),
+        None => config,
+    };
     let config = if settings.principal_tls_subject {
         config.principal_metadata(gateway::TLS_SUBJECT_HEADER)
     } else {
@@ -263,6 +276,7 @@ fn resolve(store: Option<&str>, args: &ServeArgs) -> anyhow::Result<GatewaySetti
         allow_hosts: (!args.allow_hosts.is_empty()).then(|| args.allow_hosts.join(",")),
         grpc_unary: args.grpc_unary.clone(),
         grpc_probe: args.grpc_probe.clone(),
+        on_grpc_status: args.on_grpc_status.clone(),
         fingerprint: args.fingerprint.clone(),
         fingerprint_ignore: args.fingerprint_ignore.clone(),
         fingerprint_header: (!args.fingerprint_header.is_empty())

@@ -92,7 +92,7 @@ pub struct GivenSettings {
     /// `--body-timeout`: how long a client may take to send a request's
     /// head and a keyed request's body.
     pub body_timeout: Option<String>,
-    /// `--probe`: the upstream request asked before a takeover, or `off`.
+    /// `--probe`: the upstream request asked about an unknown outcome, or `off`.
     pub probe: Option<String>,
     /// `--on-status`: what answer statuses mean for their keys
     /// (`500=store,502=unknown`).
@@ -141,6 +141,9 @@ pub struct GivenSettings {
     /// `--grpc-probe`: the upstream's lookup method asked before a gRPC
     /// call whose outcome is unknown runs again, or `off`.
     pub grpc_probe: Option<String>,
+    /// `--on-grpc-status`: what gRPC status codes mean for their keys
+    /// (`internal=store,deadline_exceeded=unknown`).
+    pub on_grpc_status: Option<String>,
     /// `--fingerprint`: the JSON fields a fingerprint covers (`json:/a,/b`).
     pub fingerprint: Option<String>,
     /// `--fingerprint-ignore`: the JSON fields a fingerprint leaves out.
@@ -206,6 +209,7 @@ struct FileSettings {
     allow_hosts: Option<Listed>,
     grpc_unary: Option<Listed>,
     grpc_probe: Option<String>,
+    on_grpc_status: Option<String>,
     fingerprint: Option<String>,
     fingerprint_ignore: Option<String>,
     fingerprint_header: Option<Listed>,
@@ -290,7 +294,7 @@ pub struct GatewaySettings {
     /// How long a client may take to send a request's head, and a keyed
     /// request's whole body (408 past it).
     pub body_timeout: Duration,
-    /// What the upstream is asked before a takeover after an unknown
+    /// What the upstream is asked at the first retry after an unknown
     /// outcome, if anything.
     pub probe: Option<Probe>,
     /// What each answer status means for its key.
@@ -340,6 +344,10 @@ pub struct GatewaySettings {
     /// method, `METHOD=LOOKUP` pairs for one each (checked; `idem_grpc`'s
     /// `GrpcProbe` reads it). `None`: not asked.
     pub grpc_probe: Option<String>,
+    /// What the `grpc_unary` calls' status codes mean for their keys, on top
+    /// of the standard table (`idem_grpc`'s `GrpcStatusPolicy` reads it).
+    /// `None`: the standard table.
+    pub on_grpc_status: Option<String>,
     /// What a request's fingerprint covers besides its method, route and
     /// target (default: the whole body).
     pub fingerprint: FingerprintRule,
@@ -696,6 +704,32 @@ impl GatewaySettings {
             }
         };
 
+        let on_grpc_status = match sources.pick(
+            "on-grpc-status",
+            "IDEM_ON_GRPC_STATUS",
+            given.on_grpc_status.as_ref(),
+            |f| f.on_grpc_status.clone(),
+        ) {
+            None => None,
+            Some(found) => {
+                if grpc_unary.is_empty() {
+                    return Err(SettingsError::new(format!(
+                        "{} says what keyed gRPC calls' codes mean, and there are none: give the unary methods with --grpc-unary too",
+                        found.origin
+                    )));
+                }
+                if let Some(part) = found.value.split(',').map(str::trim).find(|p| {
+                    !p.is_empty() && !p.eq_ignore_ascii_case("standard") && !p.contains('=')
+                }) {
+                    return Err(SettingsError::new(format!(
+                        "invalid {}: `{part}` is not a rule; write CODE=VERDICT, as in internal=store or 14=unknown",
+                        found.origin
+                    )));
+                }
+                Some(found.value.trim().to_owned())
+            }
+        };
+
         let fingerprint = fingerprint_rule(&sources, given)?;
 
         let path = |flag: &str,
@@ -805,6 +839,7 @@ impl GatewaySettings {
             fingerprint,
             grpc_unary,
             grpc_probe,
+            on_grpc_status,
             upstream_tls,
             tls,
             principal_tls_subject,
@@ -1003,6 +1038,9 @@ impl GatewaySettings {
         }
         if let Some(probe) = &self.grpc_probe {
             lines.push(format!("grpc_probe = {}", quoted(probe)));
+        }
+        if let Some(policy) = &self.on_grpc_status {
+            lines.push(format!("on_grpc_status = {}", quoted(policy)));
         }
         lines.push(format!(
             "on_status = {}",
@@ -1585,6 +1623,34 @@ mod tests {
     }
 
     #[test]
+    fn the_grpc_code_policy_needs_grpc_calls_and_rules() {
+        let mut given = upstream();
+        given.on_grpc_status = Some("internal=store".into());
+        let alone = GatewaySettings::resolve(&given, None)
+            .unwrap_err()
+            .to_string();
+        assert!(alone.contains("--grpc-unary"), "{alone}");
+        given.grpc_unary = Some("/p.Pay/Charge".into());
+        let set = GatewaySettings::resolve(&given, None).unwrap();
+        assert_eq!(set.on_grpc_status.as_deref(), Some("internal=store"));
+        let again = GatewaySettings::resolve(
+            &GivenSettings::default(),
+            Some(SettingsFile::new("again.toml", &set.to_toml())),
+        )
+        .unwrap();
+        assert_eq!(again.on_grpc_status, set.on_grpc_status);
+        given.on_grpc_status = Some("internal".into());
+        let bad = GatewaySettings::resolve(&given, None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            bad.contains("--on-grpc-status (or IDEM_ON_GRPC_STATUS)")
+                && bad.contains("CODE=VERDICT"),
+            "{bad}"
+        );
+    }
+
+    #[test]
     fn the_grpc_probe_is_read_checked_and_written_out() {
         let text = "upstream = \"h2c://127.0.0.1:50051\"\ngrpc_unary = [\"/p.Pay/Charge\"]\ngrpc_probe = \"/p.Pay/Lookup, /p.Pay/Refund = /p.Pay/LookupRefund\"\n";
         let filed = from_file(&GivenSettings::default(), text).unwrap();
@@ -1598,14 +1664,19 @@ mod tests {
         let mut given = upstream();
         given.grpc_unary = Some("/p.Pay/Charge".into());
         given.grpc_probe = Some("off".into());
-        assert_eq!(GatewaySettings::resolve(&given, None).unwrap().grpc_probe, None);
+        assert_eq!(
+            GatewaySettings::resolve(&given, None).unwrap().grpc_probe,
+            None
+        );
         for (bad, says) in [
             ("Lookup", "not a gRPC method path"),
             ("/p.Pay/A=/p.Pay/B=/p.Pay/C", "METHOD=LOOKUP"),
             ("/p.Pay/L1,/p.Pay/L2", "one lookup method for every method"),
         ] {
             given.grpc_probe = Some(bad.into());
-            let e = GatewaySettings::resolve(&given, None).unwrap_err().to_string();
+            let e = GatewaySettings::resolve(&given, None)
+                .unwrap_err()
+                .to_string();
             assert!(
                 e.contains("--grpc-probe (or IDEM_GRPC_PROBE)") && e.contains(says),
                 "{bad}: {e}"
@@ -1613,7 +1684,9 @@ mod tests {
         }
         let mut alone = upstream();
         alone.grpc_probe = Some("/p.Pay/Lookup".into());
-        let e = GatewaySettings::resolve(&alone, None).unwrap_err().to_string();
+        let e = GatewaySettings::resolve(&alone, None)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("--grpc-unary"), "{e}");
     }
 
