@@ -10,8 +10,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::Router;
-use axum::extract::State;
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
+use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use serde_json::Value;
 
@@ -25,33 +29,78 @@ fn idem() -> Command {
     command
 }
 
+/// Orders made, and by which key.
+#[derive(Clone)]
+struct Orders {
+    applied: Arc<AtomicU64>,
+    by_key: Arc<Mutex<HashMap<String, u64>>>,
+}
+
 /// Applies every `POST /orders` (one order each, 201 with its number), but
-/// answers 500 without applying anything to a request carrying `X-Fail`;
-/// `GET /effects` answers the count as a plain number.
+/// answers 500 without applying anything to a request carrying `X-Fail`,
+/// and applies and then answers 502 to one carrying `X-Apply-Then-Fail`;
+/// `GET /orders/by-key/{key}` is the probe (the order made under a key, or
+/// 404); `GET /effects` answers the count as a plain number.
 async fn start_orders(applied: Arc<AtomicU64>) -> SocketAddr {
+    let orders = Orders {
+        applied,
+        by_key: Arc::default(),
+    };
     let app = Router::new()
         .route(
             "/orders",
             post(
-                |State(applied): State<Arc<AtomicU64>>, headers: HeaderMap| async move {
+                |State(orders): State<Orders>, headers: HeaderMap| async move {
                     if headers.contains_key("x-fail") {
                         return (
                             StatusCode::INTERNAL_SERVER_ERROR,
                             "failing on purpose".to_owned(),
                         );
                     }
-                    let order = applied.fetch_add(1, Ordering::SeqCst) + 1;
+                    let order = orders.applied.fetch_add(1, Ordering::SeqCst) + 1;
+                    if let Some(key) = headers
+                        .get("idempotency-key")
+                        .and_then(|v| idem_http::parse_key(v.as_bytes()).ok())
+                    {
+                        orders
+                            .by_key
+                            .lock()
+                            .unwrap()
+                            .insert(key.as_str().to_owned(), order);
+                    }
+                    if headers.contains_key("x-apply-then-fail") {
+                        return (
+                            StatusCode::BAD_GATEWAY,
+                            "applied, then the proxy in front gave up".to_owned(),
+                        );
+                    }
                     (StatusCode::CREATED, format!("{{\"order\":{order}}}"))
                 },
             ),
         )
         .route(
+            "/orders/by-key/{key}",
+            get(
+                |State(orders): State<Orders>, Path(key): Path<String>| async move {
+                    match orders.by_key.lock().unwrap().get(&key) {
+                        Some(order) => (
+                            StatusCode::OK,
+                            [("idempotency-original-status", "201")],
+                            format!("{{\"order\":{order}}}"),
+                        )
+                            .into_response(),
+                        None => StatusCode::NOT_FOUND.into_response(),
+                    }
+                },
+            ),
+        )
+        .route(
             "/effects",
-            get(|State(applied): State<Arc<AtomicU64>>| async move {
-                applied.load(Ordering::SeqCst).to_string()
+            get(|State(orders): State<Orders>| async move {
+                orders.applied.load(Ordering::SeqCst).to_string()
             }),
         )
-        .with_state(applied);
+        .with_state(orders);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await });
@@ -69,6 +118,7 @@ impl Serve {
         let mut child = idem()
             .args(["--store", store, "serve", "--listen", "127.0.0.1:0"])
             .args(["--upstream", &format!("http://{upstream}")])
+            .args(["--probe", "GET /orders/by-key/{key}"])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -121,6 +171,8 @@ fn every_rule(server: SocketAddr, upstream: SocketAddr, json: bool) -> Vec<Strin
         format!("http://{upstream}/effects"),
         "--fail-header".into(),
         "X-Fail: 1".into(),
+        "--apply-then-fail-header".into(),
+        "X-Apply-Then-Fail: 1".into(),
         "--principal-header".into(),
         "Authorization".into(),
         "--principals".into(),
@@ -156,7 +208,7 @@ async fn idem_serve_passes_every_rule_and_exits_0() {
     assert_eq!(report["mode"], "ietf");
     assert_eq!(report["effects_counted"], true);
     let rules = report["rules"].as_array().unwrap();
-    assert_eq!(rules.len(), 8);
+    assert_eq!(rules.len(), 9);
     let mut total = 0;
     for rule in rules {
         let name = rule["rule"].as_str().unwrap();
@@ -201,7 +253,7 @@ async fn a_naive_upstream_fails_and_exits_1_naming_the_rules() {
     assert_eq!(output.status.code(), Some(1), "{stdout}\n{stderr}");
     assert!(
         stderr.contains(
-            "5 of 8 rules failed: retry-replayed, key-reuse-refused, concurrent-applied-once, malformed-keys-refused, principals-kept-apart"
+            "6 of 9 rules failed: retry-replayed, key-reuse-refused, concurrent-applied-once, ambiguous-5xx-applied-once, malformed-keys-refused, principals-kept-apart"
         ),
         "{stderr}"
     );
@@ -210,8 +262,8 @@ async fn a_naive_upstream_fails_and_exits_1_naming_the_rules() {
         "the concurrent copies' effects:\n{stdout}"
     );
     assert!(stdout.contains("FAIL"), "{stdout}");
-    // 2 + 2 + 9 + 1 + 1 + 4 + 4 requests applied, every one.
-    assert_eq!(applied.load(Ordering::SeqCst), 23);
+    // 2 + 2 + 9 + 1 + 2 + 1 + 4 + 4 requests applied, every one.
+    assert_eq!(applied.load(Ordering::SeqCst), 25);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
