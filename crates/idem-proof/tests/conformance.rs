@@ -343,7 +343,11 @@ async fn a_gateway_that_stores_5xx_and_shares_keys_fails_those_two_rules() {
     let orders = Orders::default();
     let upstream = orders.start().await;
     let misconfigured = IdempotencyConfig::default()
-        .on_status("1xx=store,2xx=store,3xx=store,4xx=store,5xx=store".parse::<StatusPolicy>().unwrap())
+        .on_status(
+            "1xx=store,2xx=store,3xx=store,4xx=store,5xx=store"
+                .parse::<StatusPolicy>()
+                .unwrap(),
+        )
         .without_principal();
     let server = gateway_with(upstream, store, misconfigured, None).await;
     let report = conformance::run(&config(server, upstream, Expect::Ietf))
