@@ -529,6 +529,7 @@ where
     let mut response = answer.into_response();
     *response.headers_mut() = parts.headers;
     *response.extensions_mut() = parts.extensions;
+    response.extensions_mut().insert(idem_http::Judged(verdict));
     Ok(response)
 }
 

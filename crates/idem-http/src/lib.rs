@@ -59,11 +59,11 @@ mod stored;
 pub use idempotency::{
     CONCURRENT_WAITS_TOTAL, Concurrent, DEFAULT_BODY_LIMIT, DEFAULT_REPLAY_CACHE_BYTES,
     DEFAULT_REPLAY_CACHE_STALENESS, DEFAULT_WAITERS, DEFAULT_WAITERS_PER_KEY,
-    IDEMPOTENCY_RECONCILED, IdempotencyConfig, IdempotencyLayer, IdempotencyService, KeyHeld,
-    KeyRequirement, Mode, NothingApplied, Notices, REPLAY_CACHE_BYTES, REPLAY_CACHE_ENTRIES,
-    REPLAY_CACHE_LOOKUPS_TOTAL, Reconcile, Reconciled, Refusal, ReplayCache, ResponseFuture, Spool,
-    SpoolError, StatusPolicy, StatusPolicyError, StatusRule, UnknownOutcome, Verdict,
-    WaitableStore, WaiterCaps,
+    IDEMPOTENCY_RECONCILED, IdempotencyConfig, IdempotencyLayer, IdempotencyService, Judged,
+    KeyHeld, KeyRequirement, Mode, NothingApplied, Notices, REPLAY_CACHE_BYTES,
+    REPLAY_CACHE_ENTRIES, REPLAY_CACHE_LOOKUPS_TOTAL, Reconcile, Reconciled, Refusal, ReplayCache,
+    ResponseFuture, Spool, SpoolError, StatusPolicy, StatusPolicyError, StatusRule, UnknownOutcome,
+    Verdict, WaitableStore, WaiterCaps,
 };
 pub use identity::principal_of;
 pub use key_header::{

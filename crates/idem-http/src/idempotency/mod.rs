@@ -619,10 +619,11 @@ fn judged(mut response: Response, verdict: Verdict) -> Response {
     response
 }
 
-/// A response extension on the service's answers to keyed requests: what
-/// the answer meant for its key (how the gateway counts them).
+/// A response extension on a layer's answers to keyed requests that the
+/// service gave: what the answer meant for its key. The HTTP and gRPC
+/// layers set it; the gateway counts requests by it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Judged(pub(crate) Verdict);
+pub struct Judged(pub Verdict);
 
 /// Keeps the key of an attempt whose outcome is unknown. With a reconcile
 /// hook the lease ends now, so the next retry takes the claim over and asks
