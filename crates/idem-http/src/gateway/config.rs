@@ -341,6 +341,7 @@ pub struct GatewayConfig {
     pub(crate) body_timeout: Duration,
     pub(crate) shutdown_grace: Option<Duration>,
     pub(crate) probe: Option<Probe>,
+    pub(crate) grpc_probed: bool,
     pub(crate) max_in_flight: Option<usize>,
     pub(crate) routes: Vec<String>,
     pub(crate) upstream_tls: Option<Arc<rustls::ClientConfig>>,
@@ -356,6 +357,7 @@ impl GatewayConfig {
             body_timeout: DEFAULT_BODY_TIMEOUT,
             shutdown_grace: None,
             probe: None,
+            grpc_probed: false,
             max_in_flight: None,
             routes: Vec::new(),
             upstream_tls: None,
@@ -386,6 +388,15 @@ impl GatewayConfig {
     /// earlier attempt ended unknown (see [`Probe`] for its contract).
     pub fn probe(mut self, probe: Probe) -> Self {
         self.probe = Some(probe);
+        self
+    }
+
+    /// Says that the gRPC guard asks a lookup method about unknown outcomes
+    /// (`--grpc-probe`), so the gateway's own answer to a gRPC call whose
+    /// outcome is unknown tells the client its retry is reconciled, not held
+    /// for the lease.
+    pub fn grpc_probed(mut self, probed: bool) -> Self {
+        self.grpc_probed = probed;
         self
     }
 

@@ -105,6 +105,8 @@ struct Shared {
     idempotency: IdempotencyConfig,
     /// Whether a probe is asked about unknown outcomes.
     probed: bool,
+    /// Whether a lookup method is asked about gRPC calls' unknown outcomes.
+    grpc_probed: bool,
     /// This gateway's name in `Via`.
     instance: Instance,
 }
@@ -136,6 +138,7 @@ impl Proxy {
                 timeout: config.upstream_timeout,
                 idempotency,
                 probed: config.probe.is_some(),
+                grpc_probed: config.grpc_probed,
                 instance,
             }),
         }
@@ -163,12 +166,14 @@ impl Shared {
         // The layer sends a keyed request here only once it holds its claim.
         let keyed = self.idempotency.accepts_key(request.method())
             && request.headers().contains_key(IDEMPOTENCY_KEY);
-        let held = match (keyed, self.probed) {
+        let grpc = is_grpc(request.headers());
+        let probed = if grpc { self.grpc_probed } else { self.probed };
+        let held = match (keyed, probed) {
             (false, _) => KeyHeld::NoKey,
             (true, true) => KeyHeld::UntilAsked,
             (true, false) => KeyHeld::ForLease(self.idempotency.lease),
         };
-        let answer_as = if is_grpc(request.headers()) {
+        let answer_as = if grpc {
             AnswerAs::Grpc
         } else {
             AnswerAs::Http(mode)

@@ -901,6 +901,7 @@ impl GatewaySettings {
         let mut config = GatewayConfig::new(self.upstream.clone())
             .upstream_timeout(self.upstream_timeout)
             .body_timeout(self.body_timeout)
+            .grpc_probed(self.grpc_probe.is_some())
             .routes(self.routes.iter().cloned());
         if self.upstream.is_https() {
             config = config.upstream_tls(self.upstream_tls.client_config()?);
@@ -1660,6 +1661,8 @@ mod tests {
         );
         let again = from_file(&GivenSettings::default(), &filed.to_toml()).unwrap();
         assert_eq!(again, filed);
+        assert!(filed.gateway().unwrap().grpc_probed);
+        assert!(!again.gateway().is_ok_and(|g| g.probe.is_some()));
 
         let mut given = upstream();
         given.grpc_unary = Some("/p.Pay/Charge".into());
