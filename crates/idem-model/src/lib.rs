@@ -7,7 +7,8 @@
 //! (the model borrows the decision table, it does not restate it), and a
 //! resource outside the store that accepts a write only with a token at least
 //! as new as the last it saw. Workers claim, write, complete, renew, release,
-//! crash, and stall (the clock moves while they hold a claim); the checker
+//! end their lease after an unknown outcome, crash, and stall (the clock
+//! moves while they hold a claim); the checker
 //! visits every state this can reach and checks the properties in each.
 //!
 //! Modules:

@@ -48,6 +48,11 @@ pub struct History {
     pub stale_completed: bool,
     /// A claim was granted on a completed record inside its window.
     pub reclaimed: bool,
+    /// A worker ended its lease for an unknown outcome, and no claim has
+    /// been granted since.
+    pub lease_ended: bool,
+    /// The claim after an ended lease was a takeover.
+    pub ended_taken_over: bool,
 }
 
 /// One step of one participant.
@@ -69,6 +74,10 @@ pub enum Action {
     Release(usize),
     /// Worker `i` crashes and forgets its claim; the message comes back to it.
     Crash(usize),
+    /// Worker `i` got an answer whose outcome is unknown: it ends its lease
+    /// now, leaving the record in flight, and the message comes back to it
+    /// (the next claim is a takeover).
+    EndLease(usize),
 }
 
 /// The claim / lease / fence protocol on one key, as a [`stateright::Model`].
@@ -112,6 +121,8 @@ impl ProtocolModel {
                     history.reclaimed = true;
                 }
                 history.took_over |= took_over;
+                history.ended_taken_over |= took_over && history.lease_ended;
+                history.lease_ended = false;
                 state.record = Some(record);
                 state.workers[i] = Worker::Holding(Held {
                     token: record.token,
@@ -205,6 +216,7 @@ impl Model for ProtocolModel {
                         actions.push(Action::Release(i));
                     }
                     actions.push(Action::Crash(i));
+                    actions.push(Action::EndLease(i));
                 }
                 Worker::Recorded(_) => actions.extend([Action::Write(i), Action::Crash(i)]),
                 Worker::Done | Worker::Fenced => {}
@@ -230,7 +242,7 @@ impl Model for ProtocolModel {
                 Worker::Recorded(held) => Self::write(&mut state, i, held, Worker::Done),
                 _ => return None,
             },
-            Action::Complete(i) | Action::Renew(i) | Action::Release(i) => {
+            Action::Complete(i) | Action::Renew(i) | Action::Release(i) | Action::EndLease(i) => {
                 let Worker::Holding(held) = state.workers[i] else {
                     return None;
                 };
@@ -239,6 +251,14 @@ impl Model for ProtocolModel {
                     Action::Renew(_) => {
                         let until = self.store.renewed(state.now);
                         self.lease(&mut state, i, held, Some(until))
+                    }
+                    Action::EndLease(_) => {
+                        let now = state.now;
+                        self.lease(&mut state, i, held, Some(now));
+                        if matches!(state.workers[i], Worker::Holding(_)) {
+                            state.workers[i] = Worker::Idle;
+                            state.history.lease_ended = true;
+                        }
                     }
                     _ => self.lease(&mut state, i, held, None),
                 }
@@ -267,6 +287,7 @@ impl Model for ProtocolModel {
                     || s.resource.writes <= 1
             }),
             Property::sometimes(TAKEOVER, |_, s: &State| s.history.took_over),
+            Property::sometimes(ENDED_TAKEN_OVER, |_, s: &State| s.history.ended_taken_over),
             Property::sometimes(STORE_FENCES, |_, s: &State| s.history.store_fenced),
             Property::sometimes(RESOURCE_FENCES, |_, s: &State| s.history.resource_fenced),
             Property::sometimes(COMPLETES, |_, s: &State| s.history.completions >= 1),
@@ -301,6 +322,9 @@ pub const NEWEST_WRITES: &str = "the newest claim's write is accepted";
 pub const WRITTEN_ONCE: &str = "recorded first, the effect is written at most once";
 /// Sometimes: an expired lease is taken over.
 pub const TAKEOVER: &str = "a lease is taken over";
+/// Sometimes: the claim after a lease ended for an unknown outcome is a
+/// takeover (at once, not after the lease).
+pub const ENDED_TAKEN_OVER: &str = "an ended lease is taken over at once";
 /// Sometimes: the store refuses a stale worker.
 pub const STORE_FENCES: &str = "the store fences a stale worker";
 /// Sometimes: the resource refuses a stale write.

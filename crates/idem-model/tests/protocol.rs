@@ -3,8 +3,8 @@
 //! reach, and a store with a planted bug is caught with a counterexample.
 
 use idem_model::model::{
-    COMPLETES, LOST, REPEATED, RESOURCE_FENCES, RESOURCE_MATCHES, SECOND_WINDOW, SETTLED_TWICE,
-    STALE_NEVER_COMPLETES, STORE_FENCES, TAKEOVER,
+    COMPLETES, ENDED_TAKEN_OVER, LOST, REPEATED, RESOURCE_FENCES, RESOURCE_MATCHES, SECOND_WINDOW,
+    SETTLED_TWICE, STALE_NEVER_COMPLETES, STORE_FENCES, TAKEOVER,
 };
 use idem_model::{Action, Bug, Config, Order, Report, check, first_counterexample};
 
@@ -27,7 +27,14 @@ fn show(label: &str, report: Report) -> Report {
 fn effect_first_holds_every_property_and_reaches_takeovers_and_fencing() {
     let report = run("apply_leased, 3 workers", Config::default());
     assert!(report.counterexamples.is_empty(), "{report:#?}");
-    for path in [TAKEOVER, STORE_FENCES, RESOURCE_FENCES, COMPLETES, REPEATED] {
+    for path in [
+        TAKEOVER,
+        ENDED_TAKEN_OVER,
+        STORE_FENCES,
+        RESOURCE_FENCES,
+        COMPLETES,
+        REPEATED,
+    ] {
         assert!(report.reached(path), "never reached {path:?}: {report:#?}");
     }
     // Inside one window: no second claim, and a completion always wrote.
@@ -42,7 +49,7 @@ fn record_first_writes_the_effect_at_most_once() {
         Config::default().with_order(Order::RecordFirst),
     );
     assert!(report.counterexamples.is_empty(), "{report:#?}");
-    for path in [TAKEOVER, STORE_FENCES, COMPLETES, LOST] {
+    for path in [TAKEOVER, ENDED_TAKEN_OVER, STORE_FENCES, COMPLETES, LOST] {
         assert!(report.reached(path), "never reached {path:?}: {report:#?}");
     }
     // Nobody writes but the worker that recorded the key.
