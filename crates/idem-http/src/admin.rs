@@ -322,11 +322,13 @@ fn guarded(app: Router, token: Option<AdminToken>) -> Router {
 /// `/healthz` that answers `200 ok` while the process runs, and `routes`
 /// (a report, say) in a task of its own. With a bearer token, everything
 /// but `/healthz` requires it; without one, only a loopback `addr` is
-/// accepted ([`AdminError::TokenRequired`]).
+/// accepted ([`AdminError::TokenRequired`]). Requests are checked against
+/// the `Host` names of `hosts` as on every admin listener.
 pub async fn start_admin_without_store(
     addr: SocketAddr,
     routes: Router,
     token: Option<AdminToken>,
+    hosts: AllowedHosts,
 ) -> Result<AdminServer, AdminError> {
     check_access(addr, token.as_ref())?;
     let metrics = metrics_recorder()?;
@@ -348,7 +350,7 @@ pub async fn start_admin_without_store(
             }),
         );
     let tokenless = token.is_none();
-    let app = host_checked(guarded(app, token), AllowedHosts::loopback(), tokenless);
+    let app = host_checked(guarded(app, token), hosts, tokenless);
     spawn(addr, move |listener, shutdown| async move {
         axum::serve(listener, app)
             .with_graceful_shutdown(shutdown)

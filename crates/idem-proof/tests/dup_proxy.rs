@@ -206,6 +206,7 @@ async fn concurrent_copies_single_out_the_naive_route() {
         "127.0.0.1:0".parse().unwrap(),
         running.proxy.report_routes(),
         None,
+        idem_http::admin::AllowedHosts::loopback(),
     )
     .await
     .unwrap();
@@ -226,6 +227,21 @@ async fn concurrent_copies_single_out_the_naive_route() {
         let body = response.into_body().collect().await.unwrap().to_bytes();
         serde_json::from_slice(&body).unwrap()
     };
+    // A page of another site that rebinds its name to loopback is refused.
+    {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut socket = tokio::net::TcpStream::connect(admin.local_addr())
+            .await
+            .unwrap();
+        socket
+            .write_all(b"GET /report HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = String::new();
+        socket.read_to_string(&mut answer).await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 421"), "{answer}");
+        assert!(!answer.contains("not_idempotent"), "{answer}");
+    }
     let naive = report["routes"]
         .as_array()
         .unwrap()
@@ -393,6 +409,7 @@ async fn the_admin_listener_with_a_token_guards_the_report_and_metrics() {
         "0.0.0.0:0".parse().unwrap(),
         running.proxy.report_routes(),
         None,
+        idem_http::admin::AllowedHosts::loopback(),
     )
     .await;
     let Err(refused) = open else {
@@ -407,6 +424,7 @@ async fn the_admin_listener_with_a_token_guards_the_report_and_metrics() {
         "127.0.0.1:0".parse().unwrap(),
         running.proxy.report_routes(),
         Some(token),
+        idem_http::admin::AllowedHosts::loopback(),
     )
     .await
     .unwrap();

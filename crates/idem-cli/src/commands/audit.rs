@@ -77,6 +77,16 @@ pub(crate) struct AuditArgs {
     /// /metrics; needed when --admin-listen is not a loopback address.
     #[arg(long, value_name = "FILE")]
     pub admin_token_file: Option<std::path::PathBuf>,
+    /// Another Host name the admin listener answers to besides the loopback
+    /// ones; a request naming any other is refused (421). Repeat the flag or
+    /// separate names with commas [default: loopback names only].
+    #[arg(
+        long = "allow-host",
+        env = "IDEM_ALLOW_HOSTS",
+        value_name = "NAME",
+        value_delimiter = ','
+    )]
+    pub allow_hosts: Vec<String>,
 }
 
 /// The effect log on the store's own database: `query` read in pages by
@@ -165,9 +175,17 @@ pub(crate) async fn run(
                 .map(AdminToken::read)
                 .transpose()
                 .context("--admin-token-file")?;
-            let server = admin::start_admin_with_token(addr, store.clone(), token)
-                .await
-                .context("--admin-listen")?;
+            let hosts = admin::AllowedHosts::parse(args.allow_hosts.iter().map(String::as_str))
+                .context("--allow-host")?;
+            let server = admin::start_admin_with_hosts(
+                addr,
+                store.clone(),
+                token,
+                Default::default(),
+                hosts,
+            )
+            .await
+            .context("--admin-listen")?;
             eprintln!("metrics on http://{}/metrics", server.local_addr());
             Some(server)
         }

@@ -52,6 +52,16 @@ pub struct DupProxyArgs {
     /// Serve /report (JSON), /metrics (Prometheus) and /healthz on this address.
     #[arg(long, value_name = "ADDR")]
     pub admin_listen: Option<SocketAddr>,
+    /// Another Host name the admin listener answers to besides the loopback
+    /// ones; a request naming any other is refused (421). Repeat the flag or
+    /// separate names with commas [default: loopback names only].
+    #[arg(
+        long = "allow-host",
+        env = "IDEM_ALLOW_HOSTS",
+        value_name = "NAME",
+        value_delimiter = ','
+    )]
+    pub allow_hosts: Vec<String>,
     /// A file holding the bearer token the admin listener requires
     /// (Authorization: Bearer TOKEN) on everything but /healthz; needed when
     /// --admin-listen is not a loopback address [default: none].
@@ -116,9 +126,15 @@ pub async fn run(
         .context("--admin-token-file")?;
     let admin = match args.admin_listen {
         Some(addr) => Some(
-            idem_http::admin::start_admin_without_store(addr, proxy.report_routes(), token)
-                .await
-                .context("--admin-listen")?,
+            idem_http::admin::start_admin_without_store(
+                addr,
+                proxy.report_routes(),
+                token,
+                idem_http::admin::AllowedHosts::parse(args.allow_hosts.iter().map(String::as_str))
+                    .context("--allow-host")?,
+            )
+            .await
+            .context("--admin-listen")?,
         ),
         None => None,
     };
