@@ -168,6 +168,21 @@ fn given_up(claim: &Claim, error: &Error) {
     );
 }
 
+impl Spool {
+    /// Stores every answer an earlier run left here in `store`, each fenced
+    /// by its claim's token (one taken over meanwhile is dropped and
+    /// logged), and marks them done; waits, retrying and renewing every
+    /// third of `lease`, while the store cannot be reached. Returns how many
+    /// were stored. Call it before serving.
+    pub async fn flush<St: LeaseStore>(
+        &self,
+        store: &St,
+        lease: Duration,
+    ) -> Result<usize, SpoolError> {
+        flush(store, self, lease).await
+    }
+}
+
 /// Stores every answer the spool kept from an earlier run, each with its
 /// claim's fencing token; waits (retrying) while the store is away. Returns
 /// how many were stored; entries whose claim was taken over are dropped.

@@ -287,19 +287,6 @@ impl Spool {
             .unwrap_or_else(|joined| Err(self.io(std::io::Error::other(joined))))
     }
 
-    /// Stores every answer an earlier run left here in `store`, each fenced
-    /// by its claim's token (one taken over meanwhile is dropped and
-    /// logged), and marks them done; waits, retrying and renewing every
-    /// third of `lease`, while the store cannot be reached. Returns how many
-    /// were stored. Call it before serving.
-    pub async fn flush<St: idem::LeaseStore>(
-        &self,
-        store: &St,
-        lease: std::time::Duration,
-    ) -> Result<usize, SpoolError> {
-        super::keep::flush(store, self, lease).await
-    }
-
     fn stored_now(&self, id: u64) -> Result<(), SpoolError> {
         let mut state = self.state();
         if state.pending.remove(&id).is_none() {

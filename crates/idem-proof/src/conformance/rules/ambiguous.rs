@@ -13,10 +13,9 @@
 //! also needs one. Without either it is skipped.
 
 use super::super::client::Exchange;
-use super::super::config::FailTrigger;
 use super::super::effects::EffectsError;
 use super::super::report::{Outcome, RuleReport};
-use super::{Finding, Run, with_path};
+use super::{Finding, Run};
 
 const ASKS: &str = "a request applied and then answered 5xx is not applied again by its retry: the retry gets the outcome (2xx) or is told to wait (409 or 503 with Retry-After)";
 
@@ -37,20 +36,7 @@ pub(crate) async fn ambiguous_5xx_applied_once(run: &Run<'_>) -> Result<RuleRepo
     let key = run.key("ambiguous", 1);
     let body = run.body();
     let before = run.count().await?;
-    let (failing, retry) = match trigger {
-        FailTrigger::Header(header) => {
-            let mut failing = run.keyed(&key, &body);
-            failing
-                .extra
-                .push((header.name.clone(), header.value.clone()));
-            (failing, run.keyed(&key, &body))
-        }
-        FailTrigger::Path(path) => {
-            let mut failing = run.keyed(&key, &body);
-            failing.uri = with_path(&run.config.url, path);
-            (failing.clone(), failing)
-        }
-    };
+    let (failing, retry) = run.triggered(trigger, &key, &body);
     let failed = finding.saw(run.send(failing).await);
     let applied_first = run.applied_since(before).await?;
     let retried = finding.saw(run.send(retry).await);

@@ -5,10 +5,9 @@
 //! the rule is skipped.
 
 use super::super::client::Exchange;
-use super::super::config::FailTrigger;
 use super::super::effects::EffectsError;
 use super::super::report::{Outcome, RuleReport};
-use super::{Finding, Run, with_path};
+use super::{Finding, Run};
 
 const ASKS: &str = "a 5xx answer is not stored: a retry with the same key runs again";
 
@@ -23,20 +22,7 @@ pub(crate) async fn failure_not_stored(run: &Run<'_>) -> Result<RuleReport, Effe
     let key = run.key("failure", 1);
     let body = run.body();
     let before = run.count().await?;
-    let (failing, retry) = match trigger {
-        FailTrigger::Header(header) => {
-            let mut failing = run.keyed(&key, &body);
-            failing
-                .extra
-                .push((header.name.clone(), header.value.clone()));
-            (failing, run.keyed(&key, &body))
-        }
-        FailTrigger::Path(path) => {
-            let mut failing = run.keyed(&key, &body);
-            failing.uri = with_path(&run.config.url, path);
-            (failing.clone(), failing)
-        }
-    };
+    let (failing, retry) = run.triggered(trigger, &key, &body);
     let failed = finding.saw(run.send(failing).await);
     let retried = finding.saw(run.send(retry).await);
     let applied = run.applied_since(before).await?;

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use http::Uri;
 
 use super::client::{Exchange, KeyValue, Outgoing, Sender};
-use super::config::ConformanceConfig;
+use super::config::{ConformanceConfig, FailTrigger};
 use super::effects::{self, EffectsError};
 use super::report::{Outcome, RuleReport};
 
@@ -74,6 +74,30 @@ impl<'a> Run<'a> {
             body: body.to_owned(),
             principal: None,
             extra: Vec::new(),
+        }
+    }
+
+    /// A keyed request through `trigger` (its header added, or to its
+    /// path) and its retry with the same key and body (without the header;
+    /// to the same path, which answers the retry as it should).
+    pub(crate) fn triggered(
+        &self,
+        trigger: &FailTrigger,
+        key: &str,
+        body: &str,
+    ) -> (Outgoing, Outgoing) {
+        let mut failing = self.keyed(key, body);
+        match trigger {
+            FailTrigger::Header(header) => {
+                failing
+                    .extra
+                    .push((header.name.clone(), header.value.clone()));
+                (failing, self.keyed(key, body))
+            }
+            FailTrigger::Path(path) => {
+                failing.uri = with_path(&self.config.url, path);
+                (failing.clone(), failing)
+            }
         }
     }
 
