@@ -28,6 +28,7 @@
 //! - [`attempts`](crate::AttemptStore): failed attempts per message, for consumers;
 //! - [`error`](crate::Error): refusals and store failures;
 //! - [`error_chain`]: an error and its causes on one line, for messages and logs;
+//! - [`redact_url`]: a URL with its password and query removed, for logs and errors;
 //! - [`health`]: whether the process's long-lived connections are up, for `/healthz`;
 //! - [`observe`]: metrics and logs for protocol events;
 //! - [`crash`]: named crash points a process can be made to abort at (`IDEM_CRASH`).
@@ -53,6 +54,7 @@ mod outbox;
 mod outcome;
 pub mod protocol;
 mod record;
+mod redact;
 mod scan;
 mod settings;
 mod store;
@@ -83,6 +85,7 @@ pub use outbox::{
 };
 pub use outcome::{Outcome, OutcomeKind, UnknownOutcomeKind};
 pub use protocol::{Decision, Plan, decide};
+pub use redact::redact_url;
 pub use record::{FencingToken, Record, RecordSeed, RecordState, UnknownState};
 pub use scan::{ExpiryPosition, RecordScan};
 pub use settings::{DEFAULT_LEASE, DEFAULT_RETENTION, Settings};

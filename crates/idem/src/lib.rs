@@ -39,7 +39,6 @@
 mod any;
 mod location;
 pub mod protocol;
-mod redact;
 pub mod sweeper;
 
 pub use any::{AnyConnection, AnyStore, AnyTx};
@@ -79,7 +78,7 @@ pub use idem_core::{
 pub use idem_core::{FenceStore, Guard, GuardOrdering, IdentifierError, Lease, Resource};
 pub use idem_core::{crash, health, observe};
 pub use location::{LocationError, StoreLocation};
-pub use redact::redact_url;
+pub use idem_core::redact_url;
 pub use sweeper::{SweepPass, Sweeper, SweeperTask};
 
 #[cfg(feature = "sqlite")]

@@ -19,7 +19,7 @@
 /// password either); escape it as `%2F`.
 ///
 /// ```
-/// use idem::redact_url;
+/// use idem_core::redact_url;
 ///
 /// assert_eq!(
 ///     redact_url("postgres://app:hunter2@db:5432/idem?sslmode=require"),
