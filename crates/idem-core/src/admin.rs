@@ -22,7 +22,11 @@ use std::str::FromStr;
 
 use serde_json::{Value, json};
 
-use crate::{DeadLetter, Error, IdempotencyKey, Record, Scope, Timestamp};
+use crate::clock::Timestamp;
+use crate::dead_letter::DeadLetter;
+use crate::error::Error;
+use crate::key::{IdempotencyKey, Scope};
+use crate::record::{Record, RecordState};
 
 /// What an operator did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -282,7 +286,7 @@ pub fn unchanged(seen: &Record, now: &Record) -> bool {
 /// Whether `record` is a claim an operator can end: in flight, with a lease
 /// (alive or ended). A claim its holder released has none: it is free already.
 pub fn is_held(record: &Record) -> bool {
-    record.state == crate::RecordState::InFlight && record.lease_until.is_some()
+    record.state == RecordState::InFlight && record.lease_until.is_some()
 }
 
 /// A body as text when it is UTF-8, otherwise as hexadecimal digits.
@@ -345,7 +349,9 @@ pub fn dead_letter_json(letter: &DeadLetter) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{FencingToken, Fingerprint, Outcome, RecordState};
+    use crate::fingerprint::Fingerprint;
+    use crate::outcome::Outcome;
+    use crate::record::FencingToken;
 
     fn record() -> Record {
         Record {

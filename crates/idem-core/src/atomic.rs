@@ -37,10 +37,11 @@
 
 use std::future::Future;
 
-use crate::{
-    Applied, ApplyError, Claim, Error, ErrorKind, Fingerprint, IdempotencyKey, Operation, Outcome,
-    Scope,
-};
+use crate::error::{ApplyError, Error, ErrorKind};
+use crate::fingerprint::Fingerprint;
+use crate::key::{IdempotencyKey, Scope};
+use crate::outcome::Outcome;
+use crate::store::{Applied, Claim, Operation};
 
 /// One call of an effect on a connection borrowed for `'c`: the closure
 /// shape behind [`AtomicEffect`], spelled so that the future's `Send` can be

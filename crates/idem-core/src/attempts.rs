@@ -12,7 +12,9 @@
 
 use std::future::Future;
 
-use crate::{Error, IdempotencyKey, Scope, Timestamp};
+use crate::clock::Timestamp;
+use crate::error::Error;
+use crate::key::{IdempotencyKey, Scope};
 
 /// The count after a failure was recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

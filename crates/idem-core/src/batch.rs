@@ -10,7 +10,8 @@
 
 use std::collections::HashMap;
 
-use crate::{IdempotencyKey, Operation, Scope};
+use crate::key::{IdempotencyKey, Scope};
+use crate::store::Operation;
 
 /// The operations of a batch grouped by key.
 ///
@@ -116,7 +117,7 @@ impl BatchPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Fingerprint;
+    use crate::fingerprint::Fingerprint;
 
     fn op(scope: &str, key: &str, payload: &[u8]) -> Operation {
         Operation::new(

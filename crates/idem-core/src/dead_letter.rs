@@ -14,7 +14,9 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
 
-use crate::{Error, IdempotencyKey, Timestamp};
+use crate::clock::Timestamp;
+use crate::error::{Error, ErrorKind, StoreError};
+use crate::key::IdempotencyKey;
 
 /// A dead letter about to be recorded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -132,8 +134,8 @@ pub trait DeadLetterStore: Send + Sync {
 /// The answer of [`DeadLetterStore::mark_redriven`] for an id no dead letter
 /// has.
 pub fn no_such_dead_letter(id: i64) -> Error {
-    crate::StoreError::new(
-        crate::ErrorKind::Other,
+    StoreError::new(
+        ErrorKind::Other,
         format!("no dead letter with id {id}; `idem dlq ls` lists them"),
     )
     .into()

@@ -7,7 +7,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::{FencingToken, IdempotencyKey, KeyError, Scope};
+use crate::key::{IdempotencyKey, KeyError, Scope};
+use crate::record::FencingToken;
 
 /// Why an operation was refused or could not be carried out.
 #[derive(Debug, thiserror::Error)]
@@ -51,7 +52,7 @@ pub enum Error {
         /// The key.
         key: IdempotencyKey,
         /// When the key's window ended.
-        expired_at: crate::Timestamp,
+        expired_at: crate::clock::Timestamp,
     },
     /// The caller's claim was taken over by a newer owner (its lease ended).
     /// Its completion and its effect were rejected. Retrying is wrong: the newer
@@ -91,7 +92,7 @@ pub enum Error {
     )]
     LeaseHeld {
         /// The resource.
-        resource: crate::Resource,
+        resource: crate::fence::Resource,
         /// When the current lease ends.
         retry_after: Duration,
     },

@@ -21,7 +21,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use crate::clock::Timestamp;
-use crate::{Error, FencingToken};
+use crate::error::Error;
+use crate::record::FencingToken;
 
 /// A named resource guarded by fencing tokens (`ledger/acc-7`, `report-job`).
 /// 1–255 visible ASCII characters, like keys.
@@ -30,7 +31,7 @@ pub struct Resource(String);
 
 impl Resource {
     /// Checks and wraps a resource name.
-    pub fn new(name: impl Into<String>) -> Result<Self, crate::KeyError> {
+    pub fn new(name: impl Into<String>) -> Result<Self, crate::key::KeyError> {
         let name = name.into();
         crate::key::validate("resource name", &name)?;
         Ok(Self(name))

@@ -1,38 +1,9 @@
-//! Fingerprint rules: which parts of a payload a fingerprint covers.
-//!
-//! By default a fingerprint covers the whole body (its RFC 8785 canonical form
-//! when it is JSON). A [`FingerprintRule`] narrows that to what matters, so a
+//! Fingerprint rules: which parts of a payload a fingerprint covers, so a
 //! retry whose body differs only in a field that changes on every attempt (a
-//! client timestamp, a trace id, a nonce) is still a retry:
-//!
-//! - `json:/amount,/currency,/account` covers only these JSON fields
-//!   ([`select`](FingerprintRule::select));
-//! - `json:/sent_at,/trace_id` given to [`ignore`](FingerprintRule::ignore)
-//!   covers the body less these fields;
-//! - [`header`](FingerprintRule::header) adds a header's values (an HTTP
-//!   request's, a message's).
-//!
-//! Fields are JSON Pointers (RFC 6901): `/amount`, `/payer/account`,
-//! `/items/0/sku`, with `~1` for a `/` and `~0` for a `~` inside a name. The
-//! order of the list does not matter, nor does the order of fields in the
-//! body. A selected field that is missing is hashed as absent, which differs
-//! from a field that is `null`. A body that is not JSON is covered whole under
-//! a `json:` rule (there are no fields to pick). Ignoring an array element
-//! (`/tags/0`) blanks it: the other elements keep their positions.
-//!
-//! # The rule is part of the fingerprint
-//!
-//! A fingerprint made under a rule other than the default starts with a
-//! 4-byte mark and the rule's 4-byte id (a hash of the rule's text, see
-//! [`RuleId`]), followed by 24 bytes of the hash. A default fingerprint is
-//! the 32-byte hash, as it always was. So a record says which rule it was
-//! fingerprinted under, and [`Fingerprint::compare`] tells a different
-//! payload (same rule, other hash: key reuse) from a different rule (the
-//! hashes cannot be compared). The protocol answers a record of another rule
-//! as if the fingerprints matched — a retry is replayed, not refused — and
-//! logs and counts it ([`observe::FINGERPRINT_RULE_CHANGED_TOTAL`](crate::observe::FINGERPRINT_RULE_CHANGED_TOTAL)):
-//! changing the rule during a deploy never turns the retries of requests made
-//! just before it into key-reuse errors.
+//! client timestamp, a trace id, a nonce) is still a retry; and the mark a
+//! rule leaves in the fingerprint, so a rule changed during a deploy never
+//! turns retries into key-reuse errors. Both are documented on
+//! [`FingerprintRule`], the public face of this module.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -40,7 +11,7 @@ use std::fmt;
 use jsonptr::{Pointer, PointerBuf};
 use serde_json::Value;
 
-use crate::Fingerprint;
+use crate::fingerprint::Fingerprint;
 
 /// The first four bytes of a fingerprint made under a rule other than the
 /// default; the last one is the layout's version.
@@ -181,8 +152,40 @@ enum Body {
 
 /// Which parts of a payload a fingerprint covers: the whole body (the
 /// default), selected JSON fields or the body less some, and chosen headers.
-/// See the [module documentation](self) for the syntax and what a rule change
-/// does.
+///
+/// By default a fingerprint covers the whole body (its RFC 8785 canonical form
+/// when it is JSON). A rule narrows that to what matters, so a retry whose
+/// body differs only in a field that changes on every attempt (a client
+/// timestamp, a trace id, a nonce) is still a retry:
+///
+/// - `json:/amount,/currency,/account` covers only these JSON fields
+///   ([`select`](FingerprintRule::select));
+/// - `json:/sent_at,/trace_id` given to [`ignore`](FingerprintRule::ignore)
+///   covers the body less these fields;
+/// - [`header`](FingerprintRule::header) adds a header's values (an HTTP
+///   request's, a message's).
+///
+/// Fields are JSON Pointers (RFC 6901): `/amount`, `/payer/account`,
+/// `/items/0/sku`, with `~1` for a `/` and `~0` for a `~` inside a name. The
+/// order of the list does not matter, nor does the order of fields in the
+/// body. A selected field that is missing is hashed as absent, which differs
+/// from a field that is `null`. A body that is not JSON is covered whole under
+/// a `json:` rule (there are no fields to pick). Ignoring an array element
+/// (`/tags/0`) blanks it: the other elements keep their positions.
+///
+/// # The rule is part of the fingerprint
+///
+/// A fingerprint made under a rule other than the default starts with a
+/// 4-byte mark and the rule's 4-byte id (a hash of the rule's text, see
+/// [`RuleId`]), followed by 24 bytes of the hash. A default fingerprint is
+/// the 32-byte hash, as it always was. So a record says which rule it was
+/// fingerprinted under, and [`Fingerprint::compare`] tells a different
+/// payload (same rule, other hash: key reuse) from a different rule (the
+/// hashes cannot be compared). The protocol answers a record of another rule
+/// as if the fingerprints matched — a retry is replayed, not refused — and
+/// logs and counts it ([`observe::FINGERPRINT_RULE_CHANGED_TOTAL`](crate::observe::FINGERPRINT_RULE_CHANGED_TOTAL)):
+/// changing the rule during a deploy never turns the retries of requests made
+/// just before it into key-reuse errors.
 ///
 /// ```
 /// use idem_core::FingerprintRule;

@@ -4,12 +4,18 @@
 //! Delivery is at-least-once; processing is effectively-once by idempotency keys,
 //! within a dedupe window (7 days by default). This crate holds the protocol and
 //! its types; it has no database drivers and does no I/O. The stores live in
-//! `idem-sqlite` (embedded, the default) and `idem-postgres`.
+//! crates of their own: `idem-sqlite` (embedded, the default) and
+//! `idem-postgres` implement every store contract below; `idem-redis` the
+//! leased contract ([`LeaseStore`]), with attempts, dead letters and the
+//! operator's changes, on Redis or Redis Cluster; `idem-etcd` the fencing
+//! tokens alone ([`FenceStore`]), etcd revisions as tokens.
 //!
 //! Modules:
 //! - [`key`](crate::IdempotencyKey): validated keys and scopes, and the name of
 //!   the header that carries a key ([`IDEMPOTENCY_KEY_HEADER`]);
 //! - [`fingerprint`](crate::Fingerprint): payload hashes (RFC 8785 JSON or raw bytes);
+//! - [`fingerprint_rule`](crate::FingerprintRule): which parts of a payload a
+//!   fingerprint covers (JSON fields selected or ignored, headers added);
 //! - [`outcome`](crate::Outcome): the stored result replayed to duplicates;
 //! - [`record`](crate::Record): record states and fencing tokens;
 //! - [`protocol`]: the decision table every store follows;
@@ -85,8 +91,8 @@ pub use outbox::{
 };
 pub use outcome::{Outcome, OutcomeKind, UnknownOutcomeKind};
 pub use protocol::{Decision, Plan, decide};
-pub use redact::redact_url;
 pub use record::{FencingToken, Record, RecordSeed, RecordState, UnknownState};
+pub use redact::redact_url;
 pub use scan::{ExpiryPosition, RecordScan};
 pub use settings::{DEFAULT_LEASE, DEFAULT_RETENTION, Settings};
 pub use store::{

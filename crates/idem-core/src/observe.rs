@@ -10,7 +10,10 @@
 //! the key travels in the caller's tracing span, where the application decides
 //! whether spans are recorded.
 
-use crate::{Error, FencingToken, Fingerprint, Scope};
+use crate::error::Error;
+use crate::fingerprint::Fingerprint;
+use crate::key::Scope;
+use crate::record::FencingToken;
 
 /// Duplicates answered with the stored outcome, labelled `scope`.
 pub const DUPLICATES_SUPPRESSED_TOTAL: &str = "duplicates_suppressed_total";

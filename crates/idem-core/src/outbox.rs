@@ -25,7 +25,11 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use crate::{AtomicStore, Error, IdempotencyKey, NewDeadLetter, SharedClock, Timestamp};
+use crate::atomic::AtomicStore;
+use crate::clock::{SharedClock, Timestamp};
+use crate::dead_letter::NewDeadLetter;
+use crate::error::Error;
+use crate::key::IdempotencyKey;
 
 /// A message to enqueue: where it goes, its own key, its body and headers.
 #[derive(Debug, Clone, PartialEq, Eq)]

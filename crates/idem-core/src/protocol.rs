@@ -35,10 +35,14 @@
 //! only a record past retention is replaced with a new window.
 
 use crate::clock::Timestamp;
-use crate::{
-    Error, FencingToken, Fingerprint, FingerprintMatch, IdempotencyKey, Operation, Outcome, Record,
-    RecordState, Replay, Scope, Settings,
-};
+use crate::error::{Error, ErrorKind, StoreError};
+use crate::fingerprint::Fingerprint;
+use crate::fingerprint_rule::FingerprintMatch;
+use crate::key::{IdempotencyKey, Scope};
+use crate::outcome::Outcome;
+use crate::record::{FencingToken, Record, RecordState};
+use crate::settings::Settings;
+use crate::store::{Operation, Replay};
 
 /// What the caller of [`decide`] must do.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -127,8 +131,8 @@ pub fn decide(
                 outcome.clone(),
                 record.expires_at,
             ))),
-            None => Err(Error::Store(crate::StoreError::new(
-                crate::ErrorKind::Corrupt,
+            None => Err(Error::Store(StoreError::new(
+                ErrorKind::Corrupt,
                 format!("settled record {scope}/{key} has no stored outcome"),
             ))),
         },
@@ -362,7 +366,7 @@ mod tests {
     fn a_record_of_another_fingerprint_rule_is_answered_as_a_retry() {
         let body = br#"{"amount":10,"sent_at":1}"#;
         let none = |_: &str| Vec::new();
-        let amount = crate::FingerprintRule::default()
+        let amount = crate::fingerprint_rule::FingerprintRule::default()
             .select("json:/amount")
             .unwrap();
         let decide_on = |stored: Fingerprint, state, current: Fingerprint| {

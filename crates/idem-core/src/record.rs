@@ -5,7 +5,9 @@ use std::num::NonZeroU64;
 use std::str::FromStr;
 
 use crate::clock::Timestamp;
-use crate::{Fingerprint, IdempotencyKey, Outcome, Scope};
+use crate::fingerprint::Fingerprint;
+use crate::key::{IdempotencyKey, Scope};
+use crate::outcome::{Outcome, OutcomeKind};
 
 /// The life of a record. In flight while a worker holds the claim; completed or
 /// failed (terminally) once an outcome is stored.
@@ -34,10 +36,10 @@ impl RecordState {
 
     /// The state a record settles in when `kind` is stored: completed for a
     /// success, failed for a terminal failure.
-    pub fn settled_by(kind: crate::OutcomeKind) -> Self {
+    pub fn settled_by(kind: OutcomeKind) -> Self {
         match kind {
-            crate::OutcomeKind::Success => Self::Completed,
-            crate::OutcomeKind::TerminalFailure => Self::Failed,
+            OutcomeKind::Success => Self::Completed,
+            OutcomeKind::TerminalFailure => Self::Failed,
         }
     }
 
@@ -194,7 +196,6 @@ impl Record {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::OutcomeKind;
 
     #[test]
     fn state_text_round_trips_and_unknown_text_is_named() {

@@ -10,7 +10,10 @@
 
 use std::future::Future;
 
-use crate::{Error, IdempotencyKey, Record, Scope, Timestamp};
+use crate::clock::Timestamp;
+use crate::error::Error;
+use crate::key::{IdempotencyKey, Scope};
+use crate::record::Record;
 
 /// Where a walk over the records stopped: the last record it was handed.
 #[derive(Debug, Clone, PartialEq, Eq)]

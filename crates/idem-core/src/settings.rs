@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use crate::clock::Timestamp;
+
 /// How long records live and how long claims are protected. Lease and
 /// retention are separate on purpose: a short, renewable lease lets a crashed
 /// worker's claim be taken over quickly, while completed outcomes are kept for
@@ -58,7 +60,7 @@ impl Settings {
 
     /// Whether a key whose window ended at `expired_at` is still refused at
     /// `now` (tombstones are kept and the grace period is not over).
-    pub fn refuses_late(&self, expired_at: crate::Timestamp, now: crate::Timestamp) -> bool {
+    pub fn refuses_late(&self, expired_at: Timestamp, now: Timestamp) -> bool {
         self.tombstones
             .is_some_and(|grace| expired_at <= now && now < expired_at.plus(grace))
     }

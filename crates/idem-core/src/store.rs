@@ -5,10 +5,13 @@
 
 use std::future::Future;
 
-use crate::clock::Timestamp;
-use crate::{
-    Error, FencingToken, Fingerprint, IdempotencyKey, Outcome, Record, RecordState, Scope,
-};
+use crate::clock::{Clock, SystemClock, Timestamp};
+use crate::error::{ApplyError, Error};
+use crate::fingerprint::Fingerprint;
+use crate::key::{IdempotencyKey, Scope};
+use crate::outcome::Outcome;
+use crate::record::{FencingToken, Record, RecordState};
+use crate::settings::Settings;
 
 /// A claim held by one worker: the right to run the effect and record its
 /// outcome, as long as the token is current.
@@ -201,7 +204,7 @@ pub trait LeaseStore: Send + Sync {
         key: &IdempotencyKey,
         fingerprint: Fingerprint,
         effect: F,
-    ) -> impl Future<Output = Result<Applied, crate::ApplyError<E>>> + Send
+    ) -> impl Future<Output = Result<Applied, ApplyError<E>>> + Send
     where
         Self: Sized,
         F: FnOnce(Claim) -> Fut + Send,
@@ -223,7 +226,7 @@ pub trait LeaseStore: Send + Sync {
                 }
                 Err(error) => {
                     self.release(&claim).await?;
-                    Err(crate::ApplyError::Effect(error))
+                    Err(ApplyError::Effect(error))
                 }
             }
         }
@@ -249,7 +252,7 @@ pub trait LeaseStore: Send + Sync {
         fingerprint: Fingerprint,
         recorded: Outcome,
         effect: F,
-    ) -> impl Future<Output = Result<Applied, crate::ApplyError<E>>> + Send
+    ) -> impl Future<Output = Result<Applied, ApplyError<E>>> + Send
     where
         Self: Sized,
         F: FnOnce(Claim) -> Fut + Send,
@@ -263,7 +266,7 @@ pub trait LeaseStore: Send + Sync {
             };
             self.complete(&claim, &recorded).await?;
             crate::crash::point(crate::crash::AFTER_CLAIM);
-            effect(claim).await.map_err(crate::ApplyError::Effect)?;
+            effect(claim).await.map_err(ApplyError::Effect)?;
             Ok(Applied::Fresh(recorded))
         }
     }
@@ -335,12 +338,12 @@ impl RecordFilter {
 pub trait RecordStore: Send + Sync {
     /// Lease and retention: how long claims are protected and how long
     /// records are kept (the dedupe window).
-    fn settings(&self) -> &crate::Settings;
+    fn settings(&self) -> &Settings;
 
     /// The time by the store's clock, which decides when records expire
     /// (the system clock unless the store was given another).
     fn now(&self) -> Timestamp {
-        crate::Clock::now(&crate::SystemClock)
+        Clock::now(&SystemClock)
     }
 
     /// Creates or upgrades the schema. Safe to run again and from several
