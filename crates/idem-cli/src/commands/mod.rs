@@ -18,7 +18,7 @@ mod keys;
 mod migrate;
 mod reconnect;
 pub(crate) mod relay;
-mod serve;
+pub(crate) mod serve;
 mod signals;
 pub(crate) mod torture;
 mod upkeep;
