@@ -39,7 +39,7 @@ use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
-use idem_http::admin::AdminToken;
+use idem_gateway::admin::AdminToken;
 
 use crate::Shared;
 use crate::problem::Problem;

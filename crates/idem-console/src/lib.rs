@@ -62,7 +62,7 @@ use axum::middleware;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use idem::{AnyStore, SharedClock, SystemClock};
-use idem_http::admin::AllowedHosts;
+use idem_gateway::admin::AllowedHosts;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tower::ServiceExt;
@@ -297,7 +297,7 @@ pub async fn serve(
 const GRACE: Duration = Duration::from_secs(10);
 
 /// [`serve`] over TLS with `tls` (such as
-/// [`ListenerTls::load`](idem_http::gateway::ListenerTls::load) makes), HTTP/1.1
+/// [`ListenerTls::load`](idem_gateway::ListenerTls::load) makes), HTTP/1.1
 /// and HTTP/2; the console's cookies are marked `Secure`.
 pub async fn serve_tls(
     listener: TcpListener,
@@ -307,12 +307,12 @@ pub async fn serve_tls(
 ) -> std::io::Result<()> {
     let router = console.secure_cookies().router();
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    let finished = idem_http::gateway::serve_connections_over(
+    let finished = idem_gateway::serve_connections_over(
         listener,
         Some(acceptor),
         shutdown,
         GRACE,
-        move |request, peer: Arc<idem_http::gateway::Peer>| {
+        move |request, peer: Arc<idem_gateway::Peer>| {
             let router = router.clone();
             async move {
                 let mut request = request.map(axum::body::Body::new);

@@ -14,7 +14,7 @@ use axum::http::StatusCode;
 use common::{Answer, Client, Kind, Served, TestStore, token};
 use idem::{IdempotencyKey, RecordStore, Scope};
 use idem_console::{Access, Console, SessionLimits};
-use idem_http::admin::AllowedHosts;
+use idem_gateway::admin::AllowedHosts;
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 
@@ -184,7 +184,7 @@ async fn the_admin_listener_with_the_console_refuses_a_foreign_host() {
     // As `idem serve --admin-listen 127.0.0.1:…` mounts it: no token.
     let hosts = AllowedHosts::loopback();
     let console = Console::new(t.store.clone(), Access::open()).allow_hosts(hosts.clone());
-    let admin = idem_http::admin::start_admin_with_hosts(
+    let admin = idem_gateway::admin::start_admin_with_hosts(
         "127.0.0.1:0".parse().unwrap(),
         t.store.clone(),
         None,
@@ -429,7 +429,7 @@ async fn thirty_wrong_tokens_cannot_all_be_tried() {
 async fn over_tls_the_cookies_are_secure() {
     let t = TestStore::fresh(Kind::Sqlite).await.unwrap();
     let files = idem_testkit::tls::TlsFiles::generate();
-    let (config, _reloader) = idem_http::gateway::ListenerTls {
+    let (config, _reloader) = idem_gateway::ListenerTls {
         cert: files.server_cert.clone(),
         key: files.server_key.clone(),
         client_ca: None,

@@ -40,8 +40,8 @@
 //! Streaming calls pass through untouched: only the unary methods named in
 //! [`GrpcIdempotencyConfig::unary`] are protected.
 //!
-//! With the `gateway` feature, [`gateway::guard`] puts the same layer in
-//! front of `idem serve`'s forwarding, for gRPC services in any language.
+//! The `idem-gateway` crate puts the same layer in front of `idem serve`'s
+//! forwarding, for gRPC services in any language.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -49,8 +49,6 @@ pub mod atomic;
 mod body;
 pub mod client;
 mod config;
-#[cfg(feature = "gateway")]
-pub mod gateway;
 mod held;
 mod layer;
 pub mod observe;

@@ -16,8 +16,8 @@ use common::{
     CHARGE, LIST_CHARGES, LOOKUP, Ledger, Running, Script, charge, client, config, is_replay, serve,
 };
 use idem::SqliteStore;
+use idem_gateway::{self as gateway, Gateway, GatewayConfig};
 use idem_grpc::{GrpcIdempotencyConfig, GrpcIdempotencyLayer, GrpcProbe};
-use idem_http::gateway::{self, Gateway, GatewayConfig};
 use idem_http::{IdempotencyConfig, IdempotencyLayer};
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, oneshot};
@@ -47,12 +47,12 @@ async fn front_with(
         .expect("store");
     let layer = IdempotencyLayer::new(store.clone(), IdempotencyConfig::default());
     let grpc = GrpcIdempotencyLayer::new(store, config());
-    let guard = match probe {
-        Some(probe) => idem_grpc::gateway::guard_probing(grpc, probe, timeout),
-        None => idem_grpc::gateway::guard(grpc),
-    };
     let config = GatewayConfig::new(upstream.parse().expect("upstream")).upstream_timeout(timeout);
-    let gateway = Gateway::new(layer, config).with_grpc(guard);
+    let gateway = Gateway::new(layer, config);
+    let gateway = match probe {
+        Some(probe) => gateway.with_grpc_probing(grpc, probe, timeout),
+        None => gateway.with_grpc(grpc),
+    };
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("address");
     let (stop, stopped) = oneshot::channel::<()>();

@@ -15,23 +15,22 @@
 //! | same key, completed                        | stored status, headers and body + `Idempotent-Replayed: true` | same |
 //! | body over the limit                        | 413                              | 413                         |
 //!
-//! Three ways in:
+//! Two ways in:
 //!
 //! - [`IdempotencyLayer`], a tower layer for any service (an axum router, a
 //!   reverse proxy): the *leased* protocol, for effects the store cannot see;
 //! - [`atomic`] handlers, for axum routes whose effect is SQL on the store's own
 //!   database (SQLite or PostgreSQL): the handler's writes and the stored
-//!   response commit in one transaction;
-//! - the [`gateway`] (`idem serve`): the layer in front of a reverse proxy, for
-//!   services in any language, with the `Idempotency-Key` forwarded upstream.
+//!   response commit in one transaction.
+//!
+//! For services in any language, the `idem-gateway` crate (`idem serve`)
+//! puts this layer in front of a reverse proxy.
 //!
 //! # Modules
 //!
 //! - [`idempotency`]: the layer, its service, config, future, and the refusals
 //!   with the one function that maps them to HTTP statuses;
 //! - [`atomic`]: route wrappers that run a handler inside the store's atomic `apply`;
-//! - [`gateway`] (feature `gateway`, on by default): the layer in front of a
-//!   reverse proxy, the admin listener and graceful shutdown: `idem serve`;
 //! - `key_header`: reading `Idempotency-Key` (RFC 8941 String, or bare);
 //! - `identity`: the scope (principal hash, method, route) and the fingerprint
 //!   (method, route, target, canonical body) of a keyed request;
@@ -43,12 +42,8 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-#[cfg(feature = "gateway")]
-pub mod admin;
 pub mod atomic;
 mod body;
-#[cfg(feature = "gateway")]
-pub mod gateway;
 pub mod idempotency;
 mod identity;
 mod key_header;
@@ -61,14 +56,14 @@ pub use idempotency::{
     DEFAULT_REPLAY_CACHE_STALENESS, DEFAULT_WAITERS, DEFAULT_WAITERS_PER_KEY,
     IDEMPOTENCY_RECONCILED, IdempotencyConfig, IdempotencyLayer, IdempotencyService, Judged,
     KeyHeld, KeyRequirement, Mode, NothingApplied, Notices, REPLAY_CACHE_BYTES,
-    REPLAY_CACHE_ENTRIES, REPLAY_CACHE_LOOKUPS_TOTAL, Reconcile, Reconciled, Refusal, ReplayCache,
-    ResponseFuture, Spool, SpoolError, StatusPolicy, StatusPolicyError, StatusRule, UnknownOutcome,
-    Verdict, WaitableStore, WaiterCaps,
+    REPLAY_CACHE_ENTRIES, REPLAY_CACHE_LOOKUPS_TOTAL, Reconcile, Reconciled, Refusal, Refused,
+    ReplayCache, ResponseFuture, Spool, SpoolError, StatusPolicy, StatusPolicyError, StatusRule,
+    UnknownOutcome, Verdict, WaitableStore, WaiterCaps,
 };
 pub use identity::principal_of;
 pub use key_header::{
     IDEMPOTENCY_KEY, IDEMPOTENCY_KEY_EXPIRES, IDEMPOTENCY_KEY_IGNORED, IDEMPOTENT_REPLAYED,
     KeyHeaderError, parse_key, read_key,
 };
-pub use shed::{LoadShed, LoadShedLayer};
+pub use shed::{InFlightLimit, LoadShed, LoadShedLayer};
 pub use stored::{NotAResponse, StoredResponse};

@@ -25,7 +25,7 @@ use axum::extract::MatchedPath;
 use axum::response::Response;
 use http::{Extensions, Method, Uri};
 
-use crate::idempotency::problem::Refused;
+use crate::idempotency::Refused;
 use crate::stored::Replayed;
 
 pub use idem::observe::{DUPLICATES_SUPPRESSED_TOTAL, KEY_CONFLICTS_TOTAL, KEY_REUSE_TOTAL};
@@ -38,7 +38,7 @@ pub const MAX_SEGMENT_LABELS: usize = 64;
 /// A request extension naming the request's `route` label, set by a proxy
 /// that matched the path against its own route templates (the gateway).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct RouteLabel(pub(crate) Arc<str>);
+pub struct RouteLabel(pub Arc<str>);
 
 /// The `route` label of a request: [`RouteLabel`] when set, else the matched
 /// route template, else the first path segment.
@@ -57,7 +57,7 @@ static SEGMENTS: RwLock<BTreeSet<String>> = RwLock::new(BTreeSet::new());
 
 /// `METHOD /segment` for the first segment of `path`: `{id}` for an
 /// identifier, `{other}` past [`MAX_SEGMENT_LABELS`] distinct segments.
-pub(crate) fn first_segment_label(method: &Method, path: &str) -> String {
+pub fn first_segment_label(method: &Method, path: &str) -> String {
     let segment = path.split('/').find(|s| !s.is_empty()).unwrap_or("");
     let segment = if looks_like_an_id(segment) {
         "{id}"

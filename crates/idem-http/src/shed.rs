@@ -51,7 +51,7 @@ pub const REQUESTS_SHED_TOTAL: &str = "http_requests_shed_total";
 /// A limit of requests in flight, shared by every clone: the gateway's
 /// `--max-in-flight` and [`LoadShedLayer`].
 #[derive(Clone)]
-pub(crate) struct InFlightLimit {
+pub struct InFlightLimit {
     permits: Arc<Semaphore>,
     limit: usize,
     mode: Mode,
@@ -59,7 +59,7 @@ pub(crate) struct InFlightLimit {
 
 impl InFlightLimit {
     /// At most `limit` (at least one) requests in flight; refusals in `mode`.
-    pub(crate) fn new(limit: usize, mode: Mode) -> Self {
+    pub fn new(limit: usize, mode: Mode) -> Self {
         let limit = limit.clamp(1, Semaphore::MAX_PERMITS);
         Self {
             permits: Arc::new(Semaphore::new(limit)),
@@ -70,7 +70,7 @@ impl InFlightLimit {
 
     /// A place for one more request, held until it is dropped; `None`, and
     /// the request counted as shed, when every place is taken.
-    pub(crate) fn admit(&self) -> Option<OwnedSemaphorePermit> {
+    pub fn admit(&self) -> Option<OwnedSemaphorePermit> {
         let admitted = Arc::clone(&self.permits).try_acquire_owned().ok();
         if admitted.is_none() {
             metrics::counter!(REQUESTS_SHED_TOTAL).increment(1);
@@ -83,7 +83,7 @@ impl InFlightLimit {
     }
 
     /// The answer to a request that was not admitted: 503 + `Retry-After`.
-    pub(crate) fn shed(&self) -> Response {
+    pub fn shed(&self) -> Response {
         Refusal::Overloaded { limit: self.limit }.to_response(self.mode)
     }
 }

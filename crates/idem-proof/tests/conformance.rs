@@ -20,7 +20,7 @@ use axum::routing::{get, post};
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue};
 use idem::{AnyStore, StoreLocation};
-use idem_http::gateway::{self, GatewayConfig, IDEMPOTENCY_ORIGINAL_STATUS};
+use idem_gateway::{self as gateway, GatewayConfig, IDEMPOTENCY_ORIGINAL_STATUS};
 use idem_http::{IdempotencyConfig, IdempotencyLayer, Mode, StatusPolicy};
 use idem_proof::conformance::{
     self, BodyTemplate, ConformanceConfig, EffectSource, Expect, FailTrigger, Outcome, Report,

@@ -202,11 +202,11 @@ async fn concurrent_copies_single_out_the_naive_route() {
     let dir = tempfile::tempdir().unwrap();
     let history = dir.path().join("history.jsonl");
     let running = Running::start(config(up).history(&history)).await;
-    let admin = idem_http::admin::start_admin_without_store(
+    let admin = idem_gateway::admin::start_admin_without_store(
         "127.0.0.1:0".parse().unwrap(),
         running.proxy.report_routes(),
         None,
-        idem_http::admin::AllowedHosts::loopback(),
+        idem_gateway::admin::AllowedHosts::loopback(),
     )
     .await
     .unwrap();
@@ -403,13 +403,13 @@ async fn the_admin_listener_with_a_token_guards_the_report_and_metrics() {
     let upstream = Upstream::default();
     let up = upstream.start().await;
     let running = Running::start(config(up)).await;
-    let token = idem_http::admin::AdminToken::new("proxy-admin-t0ken").unwrap();
+    let token = idem_gateway::admin::AdminToken::new("proxy-admin-t0ken").unwrap();
 
-    let open = idem_http::admin::start_admin_without_store(
+    let open = idem_gateway::admin::start_admin_without_store(
         "0.0.0.0:0".parse().unwrap(),
         running.proxy.report_routes(),
         None,
-        idem_http::admin::AllowedHosts::loopback(),
+        idem_gateway::admin::AllowedHosts::loopback(),
     )
     .await;
     let Err(refused) = open else {
@@ -420,11 +420,11 @@ async fn the_admin_listener_with_a_token_guards_the_report_and_metrics() {
         "{refused}"
     );
 
-    let admin = idem_http::admin::start_admin_without_store(
+    let admin = idem_gateway::admin::start_admin_without_store(
         "127.0.0.1:0".parse().unwrap(),
         running.proxy.report_routes(),
         Some(token),
-        idem_http::admin::AllowedHosts::loopback(),
+        idem_gateway::admin::AllowedHosts::loopback(),
     )
     .await
     .unwrap();

@@ -75,10 +75,10 @@ pub use idem_core::{
     UnknownAction, dead_letter_json, is_held, record_json, unchanged,
 };
 // Fencing tokens on named resources, and guarded writes.
+pub use idem_core::redact_url;
 pub use idem_core::{FenceStore, Guard, GuardOrdering, IdentifierError, Lease, Resource};
 pub use idem_core::{crash, health, observe};
 pub use location::{LocationError, StoreLocation};
-pub use idem_core::redact_url;
 pub use sweeper::{SweepPass, Sweeper, SweeperTask};
 
 #[cfg(feature = "sqlite")]

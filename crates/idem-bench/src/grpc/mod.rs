@@ -14,8 +14,8 @@ use std::time::Instant;
 
 use anyhow::Context;
 use idem::StoreLocation;
+use idem_gateway::{self as gateway, Gateway, GatewayConfig};
 use idem_grpc::{GrpcIdempotencyConfig, GrpcIdempotencyLayer, IDEMPOTENT_REPLAYED};
-use idem_http::gateway::{self, Gateway, GatewayConfig};
 use idem_http::{IdempotencyConfig, IdempotencyLayer};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -140,14 +140,14 @@ async fn measure(
         )),
     )
     .await?;
-    let guard = idem_grpc::gateway::guard(GrpcIdempotencyLayer::new(layer.store().clone(), config));
+    let grpc = GrpcIdempotencyLayer::new(layer.store().clone(), config);
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let gateway_addr = listener.local_addr()?;
     let gateway_config = GatewayConfig::new(format!("h2c://{}", bare.addr).parse()?);
     let (stop, stopped) = oneshot::channel::<()>();
     let serving = tokio::spawn(gateway::run(
         listener,
-        Gateway::new(layer, gateway_config).with_grpc(guard),
+        Gateway::new(layer, gateway_config).with_grpc(grpc),
         async {
             stopped.await.ok();
         },

@@ -29,7 +29,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use idem::StoreLocation;
-use idem_http::gateway::{self, Gateway, GatewayConfig};
+use idem_gateway::{self as gateway, Gateway, GatewayConfig};
 use idem_http::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyConfig, IdempotencyLayer};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;

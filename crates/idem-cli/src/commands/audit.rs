@@ -19,7 +19,7 @@ use idem_check::audit::{
     Audit, AuditSettings, EffectLog, Finding, FindingKind, PassLimits, PassReport, SqlLog,
 };
 use idem_check::effects::query::{Pages, PgPages, SqlitePages};
-use idem_http::admin::{self, AdminToken};
+use idem_gateway::admin::{self, AdminToken};
 
 /// `idem audit`
 #[derive(Debug, Args)]

@@ -12,8 +12,8 @@ use idem::{AnyStore, StoreLocation};
 use idem_check::audit::PassLimits;
 use idem_console::auditor::AuditorOptions;
 use idem_console::{Access, Console};
-use idem_http::admin::{AdminToken, AllowedHosts};
-use idem_http::gateway::ListenerTls;
+use idem_gateway::ListenerTls;
+use idem_gateway::admin::{AdminToken, AllowedHosts};
 use tokio::net::TcpListener;
 
 use super::signals::terminated;

@@ -110,7 +110,7 @@ pub(crate) async fn run(
     forward.key_in_spans = key_in_spans;
     forward.reconnect = args.reconnect.reconnect();
     if let Some(ca) = &args.to_ca {
-        let tls = idem_http::gateway::UpstreamTls {
+        let tls = idem_gateway::UpstreamTls {
             ca: Some(ca.clone()),
             ..Default::default()
         };

@@ -30,7 +30,7 @@ use idem_broker::consume::Reconnect;
 use crate::cli::{Cli, Command, KeysCommand};
 
 /// The store used when neither `--store` nor `IDEM_STORE` is given.
-pub(crate) use idem_http::gateway::DEFAULT_STORE;
+pub(crate) use idem_gateway::DEFAULT_STORE;
 
 /// Runs the command.
 pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {

@@ -77,7 +77,7 @@ pub(crate) async fn run(
 ) -> anyhow::Result<()> {
     let mut connect = idem_broker::publish::ConnectOptions::default();
     if let Some(ca) = &args.webhook_ca {
-        let tls = idem_http::gateway::UpstreamTls {
+        let tls = idem_gateway::UpstreamTls {
             ca: Some(ca.clone()),
             ..Default::default()
         };

@@ -9,9 +9,9 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use idem::AnyStore;
+use idem_gateway::admin::AdminToken;
+use idem_gateway::{self as gateway, CertReloader, Gateway};
 use idem_grpc::{GrpcIdempotencyConfig, GrpcIdempotencyLayer, GrpcProbe, GrpcStatusPolicy};
-use idem_http::admin::AdminToken;
-use idem_http::gateway::{self, CertReloader, Gateway, GrpcGuard};
 use idem_http::{IdempotencyLayer, Spool};
 use tokio::net::TcpListener;
 use tokio::signal::unix::{Signal, SignalKind, signal};
@@ -19,7 +19,7 @@ use tokio::sync::watch;
 
 use super::signals::terminated;
 use super::upkeep::Upkeep;
-use idem_http::gateway::{GatewaySettings, GivenSettings, SettingsFile};
+use idem_gateway::{GatewaySettings, GivenSettings, SettingsFile};
 use idem_trace::KeyInSpans;
 
 /// `idem serve`. Each setting comes from its flag, else its `IDEM_*`
@@ -346,7 +346,7 @@ pub(super) async fn run(
         .context("--admin-token-file")?;
     // Before the store opens, so no count is lost.
     if settings.admin_listen.is_some() {
-        idem_http::admin::metrics_recorder()?;
+        idem_gateway::admin::metrics_recorder()?;
     }
     let idempotency = settings.idempotency().key_in_spans(key_in_spans);
     let mut layer = IdempotencyLayer::open(&settings.store, idempotency)
@@ -442,11 +442,8 @@ pub(super) async fn run(
         eprintln!("idem serve: shutting down; letting the requests in flight finish");
         stop.send(true).ok();
     });
-    let grpc = grpc_guard(&settings, layer.store(), layer.spool())?;
-    let mut gateway = Gateway::new(layer, gateway_config);
-    if let Some(guard) = grpc {
-        gateway = gateway.with_grpc(guard);
-    }
+    let gateway = Gateway::new(layer, gateway_config);
+    let mut gateway = with_grpc(gateway, &settings)?;
     let mut reloading = Vec::new();
     if let Some((config, reloader)) = tls {
         gateway = gateway.with_tls(config);
@@ -465,18 +462,19 @@ pub(super) async fn run(
     Ok(())
 }
 
-/// The gRPC guard for the `--grpc-unary` methods, over the gateway's store,
-/// with the HTTP side's lease, body limit, principal and spool, and the
-/// `--grpc-probe` lookup asked within `--upstream-timeout`; `None` without
-/// methods.
-fn grpc_guard(
+/// `gateway` with the gRPC layer for the `--grpc-unary` methods, over the
+/// gateway's store, with the HTTP side's lease, body limit, principal and
+/// spool, and the `--grpc-probe` lookup asked within `--upstream-timeout`;
+/// unchanged without methods.
+fn with_grpc(
+    gateway: Gateway<AnyStore>,
     settings: &GatewaySettings,
-    store: &AnyStore,
-    spool: Option<&Spool>,
-) -> anyhow::Result<Option<GrpcGuard>> {
+) -> anyhow::Result<Gateway<AnyStore>> {
     if settings.grpc_unary.is_empty() {
-        return Ok(None);
+        return Ok(gateway);
     }
+    let store = gateway.layer().store().clone();
+    let spool = gateway.layer().spool().cloned();
     let config = GrpcIdempotencyConfig::default()
         .unary_methods(settings.grpc_unary.iter().cloned())
         .lease(settings.lease)
@@ -497,20 +495,20 @@ fn grpc_guard(
             None => config.without_principal(),
         }
     };
-    let mut layer = GrpcIdempotencyLayer::new(store.clone(), config);
+    let mut layer = GrpcIdempotencyLayer::new(store, config);
     // One spool for both sides: the gateway stores what it keeps before
     // serving, whichever side kept it.
     if let Some(spool) = spool {
-        layer = layer.with_spool(spool.clone());
+        layer = layer.with_spool(spool);
     }
-    Ok(Some(match &settings.grpc_probe {
-        Some(probe) => idem_grpc::gateway::guard_probing(
+    Ok(match &settings.grpc_probe {
+        Some(probe) => gateway.with_grpc_probing(
             layer,
             probe.parse::<GrpcProbe>().context("--grpc-probe")?,
             settings.upstream_timeout,
         ),
-        None => idem_grpc::gateway::guard(layer),
-    }))
+        None => gateway.with_grpc(layer),
+    })
 }
 
 /// How often the listener's certificate and key files are checked for a

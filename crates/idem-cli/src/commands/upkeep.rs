@@ -11,7 +11,7 @@ use anyhow::Context;
 use clap::Args;
 use idem::{AnyStore, AttemptStore, DeadLetterStore, Sweeper, SweeperTask};
 use idem_console::{Access, Console};
-use idem_http::admin::{self, AdminServer, AdminToken, AllowedHosts};
+use idem_gateway::admin::{self, AdminServer, AdminToken, AllowedHosts};
 
 /// The flags `idem relay` and `idem forward` share (`idem serve` has the same
 /// two among its settings).

@@ -360,8 +360,8 @@ impl Consumer {
 }
 
 /// A token file's token.
-pub fn token(text: &str) -> idem_http::admin::AdminToken {
-    idem_http::admin::AdminToken::new(text).unwrap()
+pub fn token(text: &str) -> idem_gateway::admin::AdminToken {
+    idem_gateway::admin::AdminToken::new(text).unwrap()
 }
 
 /// Waits a little for a server task to start answering.

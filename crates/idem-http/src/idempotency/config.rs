@@ -327,6 +327,17 @@ impl IdempotencyConfig {
         self.waiter_caps
     }
 
+    /// How long a claim holds its key before another request may take it over.
+    pub fn lease_length(&self) -> Duration {
+        self.lease
+    }
+
+    /// The header whose value names the principal a key belongs to; `None`:
+    /// keys are not scoped by principal.
+    pub fn principal(&self) -> Option<&HeaderName> {
+        self.principal_header.as_ref()
+    }
+
     /// The vocabulary of refusals.
     pub fn vocabulary(&self) -> Mode {
         self.mode

@@ -204,16 +204,16 @@ fn humane(duration: Duration) -> String {
 /// itself, naming the refusal by its problem type: how the gateway counts
 /// requests by outcome without reading bodies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Refused(pub(crate) &'static str);
+pub struct Refused(pub &'static str);
 
 impl Refused {
     /// A concurrent duplicate answered 409: its original is still running.
-    pub(crate) fn is_in_flight(&self) -> bool {
+    pub fn is_in_flight(&self) -> bool {
         self.0 == IN_FLIGHT
     }
 
     /// A key sent again with a different request.
-    pub(crate) fn is_key_reuse(&self) -> bool {
+    pub fn is_key_reuse(&self) -> bool {
         self.0 == KEY_REUSED
     }
 }

@@ -21,8 +21,6 @@ use idem_http::IDEMPOTENCY_KEY;
 use serde_json::Value;
 
 pub(crate) mod bank;
-#[cfg(feature = "gateway")]
-pub(crate) mod gateway;
 pub(crate) mod pg;
 #[macro_use]
 pub(crate) mod stores;

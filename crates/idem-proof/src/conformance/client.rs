@@ -8,7 +8,7 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method, Request, Uri};
 use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client;
-use idem_http::gateway::{UpstreamConnector, upstream_client};
+use idem_gateway::{UpstreamConnector, upstream_client};
 use idem_http::{IDEMPOTENCY_RECONCILED, IDEMPOTENT_REPLAYED};
 use serde::Serialize;
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::{Context, anyhow, bail};
 use clap::Args;
 use http::{HeaderName, HeaderValue, Method, Uri};
-use idem_http::gateway::parse_duration;
+use idem_gateway::parse_duration;
 
 use super::{
     BodyTemplate, ConformanceConfig, DEFAULT_BODY, EffectSource, Expect, FailTrigger, HeaderLine,

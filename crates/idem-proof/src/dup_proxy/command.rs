@@ -12,8 +12,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
-use idem_http::admin::AdminToken;
-use idem_http::gateway::{Upstream, parse_duration, parse_size};
+use idem_gateway::admin::AdminToken;
+use idem_gateway::{Upstream, parse_duration, parse_size};
 use tokio::net::TcpListener;
 
 use super::{CopyTiming, DupProxy, DupProxyConfig, EffectsUrl, Report, RouteVerdict, Share};
@@ -111,7 +111,7 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     // Before the first request, so no count is lost.
     if args.admin_listen.is_some() {
-        idem_http::admin::metrics_recorder()?;
+        idem_gateway::admin::metrics_recorder()?;
     }
     let config = args.config();
     let proxy = DupProxy::new(config.clone()).context("--history")?;
@@ -126,12 +126,14 @@ pub async fn run(
         .context("--admin-token-file")?;
     let admin = match args.admin_listen {
         Some(addr) => Some(
-            idem_http::admin::start_admin_without_store(
+            idem_gateway::admin::start_admin_without_store(
                 addr,
                 proxy.report_routes(),
                 token,
-                idem_http::admin::AllowedHosts::parse(args.allow_hosts.iter().map(String::as_str))
-                    .context("--allow-host")?,
+                idem_gateway::admin::AllowedHosts::parse(
+                    args.allow_hosts.iter().map(String::as_str),
+                )
+                .context("--allow-host")?,
             )
             .await
             .context("--admin-listen")?,

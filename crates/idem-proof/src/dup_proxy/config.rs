@@ -9,8 +9,8 @@ use std::time::Duration;
 use http::Uri;
 use http::uri::Scheme;
 
+use idem_gateway::{DEFAULT_UPSTREAM_TIMEOUT, Upstream};
 use idem_http::DEFAULT_BODY_LIMIT;
-use idem_http::gateway::{DEFAULT_UPSTREAM_TIMEOUT, Upstream};
 
 /// The share of requests sent twice by default: 5 %.
 pub const DEFAULT_SHARE: Share = Share(0.05);

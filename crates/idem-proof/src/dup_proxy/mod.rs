@@ -34,7 +34,7 @@
 //! - [`command`]: the `idem dup-proxy` command: its flags ([`DupProxyArgs`]),
 //!   its listeners and its printed report.
 //!
-//! It is built on the gateway's pieces ([`idem_http::gateway`]): the pooled
+//! It is built on the gateway's pieces ([`idem_gateway`]): the pooled
 //! client, the hop-by-hop rules, the forwarding headers and the accept loop.
 //!
 //! ```no_run
@@ -94,7 +94,7 @@ pub use report::{EffectCount, Report, RouteReport, RouteVerdict};
 pub use verdict::Verdict;
 
 use history::{Asked, History};
-use idem_http::gateway::{ClientAddr, serve_connections};
+use idem_gateway::{ClientAddr, serve_connections};
 use idem_http::{IDEMPOTENCY_KEY, Mode, Refusal, parse_key};
 use report::Tally;
 use send::{Held, Reply, RequestBody, Sender};

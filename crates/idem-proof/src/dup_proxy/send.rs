@@ -17,7 +17,7 @@ use hyper_util::client::legacy::Client;
 use idem::error_chain;
 
 use super::verdict::Seen;
-use idem_http::gateway::{
+use idem_gateway::{
     ClientAddr, Upstream, UpstreamConnector, hop, rewrite_for, upstream_client_for,
 };
 use idem_http::{IDEMPOTENT_REPLAYED, KeyHeld, Mode, Refusal};

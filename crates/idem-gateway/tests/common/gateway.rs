@@ -16,7 +16,7 @@ use axum::routing::post;
 use axum::{Json, Router};
 use bytes::Bytes;
 use idem::{AnyStore, SharedClock, StoreLocation};
-use idem_http::gateway::{self, GatewayConfig};
+use idem_gateway::{self as gateway, GatewayConfig};
 use idem_http::{IdempotencyConfig, IdempotencyLayer};
 use serde_json::{Value, json};
 use tokio::io::AsyncReadExt;
@@ -338,10 +338,10 @@ impl Gateway {
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
         let (admin, admin_task) = if options.admin {
-            let metrics = idem_http::admin::metrics_recorder().expect("metrics recorder");
+            let metrics = idem_gateway::admin::metrics_recorder().expect("metrics recorder");
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let admin = listener.local_addr().unwrap();
-            let task = tokio::spawn(idem_http::admin::serve_admin(
+            let task = tokio::spawn(idem_gateway::admin::serve_admin(
                 listener,
                 layer.store().clone(),
                 metrics,

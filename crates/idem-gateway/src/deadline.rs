@@ -18,7 +18,7 @@ use http::{HeaderValue, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 
 use super::loops::problem;
-use crate::Mode;
+use idem_http::Mode;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

@@ -23,8 +23,8 @@ use http::{HeaderMap, HeaderValue, StatusCode, Version};
 use serde_json::json;
 
 use super::Upstream;
-use crate::Mode;
-use crate::idempotency::problem::Refused;
+use idem_http::Mode;
+use idem_http::Refused;
 
 /// How long the upstream's name may take to resolve for the start-up check;
 /// a name that does not resolve in time is left to the run-time check.

@@ -1,42 +1,30 @@
 //! The gRPC guard of `idem serve`: [`GrpcIdempotencyLayer`] over the
 //! gateway's forwarding service, so gRPC services in any language get keyed
-//! unary calls through the gateway; with [`guard_probing`], a lookup method
-//! of the upstream is asked (through the same forwarding) before a call
-//! whose outcome is unknown runs again.
+//! unary calls through the gateway (see [`Gateway::with_grpc`]); with a
+//! probe ([`Gateway::with_grpc_probing`]), a lookup method of the upstream is
+//! asked (through the same forwarding) before a call whose outcome is unknown
+//! runs again.
 //!
-//! ```no_run
-//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use idem_grpc::{GrpcIdempotencyConfig, GrpcIdempotencyLayer};
-//! use idem_http::gateway::{Gateway, GatewayConfig};
-//! use idem_http::{IdempotencyConfig, IdempotencyLayer};
-//!
-//! let layer = IdempotencyLayer::open(&"sqlite://idem.db".parse()?, IdempotencyConfig::default()).await?;
-//! let grpc = GrpcIdempotencyLayer::new(
-//!     layer.store().clone(),
-//!     GrpcIdempotencyConfig::default().unary("/payments.v1.Payments/Charge"),
-//! );
-//! let gateway = Gateway::new(layer, GatewayConfig::new("h2c://127.0.0.1:50051".parse()?))
-//!     .with_grpc(idem_grpc::gateway::guard(grpc));
-//! # Ok(()) }
-//! ```
+//! [`Gateway::with_grpc`]: crate::Gateway::with_grpc
+//! [`Gateway::with_grpc_probing`]: crate::Gateway::with_grpc_probing
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::{Forward, GrpcGuard};
 use axum::body::Body;
 use idem::LeaseStore;
-use idem_http::gateway::{Forward, GrpcGuard};
 use tower::{Layer, ServiceExt};
 
-use crate::{GrpcIdempotencyLayer, GrpcProbe, ProbeMethod};
+use idem_grpc::{GrpcIdempotencyLayer, GrpcProbe, ProbeMethod};
 
-/// The guard to hand to [`Gateway::with_grpc`](idem_http::gateway::Gateway::with_grpc):
+/// The guard [`Gateway::with_grpc`](crate::Gateway::with_grpc) installs:
 /// `layer` over the gateway's forwarding service. A keyed call to one of the
 /// layer's unary methods is claimed, forwarded, and its answer stored with
 /// its trailers; when the upstream's outcome is unknown (a timeout, a broken
 /// connection after the call was sent) the key stays reserved until its
 /// lease ends, as on the HTTP side.
-pub fn guard<St: LeaseStore + 'static>(layer: GrpcIdempotencyLayer<St>) -> GrpcGuard {
+pub(crate) fn guard<St: LeaseStore + 'static>(layer: GrpcIdempotencyLayer<St>) -> GrpcGuard {
     Arc::new(move |forward: Forward| guarded(&layer, forward))
 }
 
@@ -45,7 +33,7 @@ pub fn guard<St: LeaseStore + 'static>(layer: GrpcIdempotencyLayer<St>) -> GrpcG
 /// [`ProbeMethod`]) before a call whose outcome is unknown runs again, each
 /// lookup awaited at most `timeout`. An unknown outcome then ends its
 /// claim's lease at once instead of holding the key for the lease.
-pub fn guard_probing<St: LeaseStore + 'static>(
+pub(crate) fn guard_probing<St: LeaseStore + 'static>(
     layer: GrpcIdempotencyLayer<St>,
     probe: GrpcProbe,
     timeout: Duration,
@@ -79,7 +67,7 @@ fn guarded<St: LeaseStore + 'static>(
 ) -> Forward {
     let guarded = ServiceExt::<http::Request<Body>>::map_response(
         layer.layer(to_upstream(forward)),
-        |response: crate::GrpcResponse| response.map(Body::new),
+        |response: idem_grpc::GrpcResponse| response.map(Body::new),
     );
     Forward::new(guarded)
 }

@@ -4,7 +4,7 @@
 //! came from and what to write.
 //!
 //! ```
-//! use idem_http::gateway::{GatewaySettings, GivenSettings, SettingsFile};
+//! use crate::{GatewaySettings, GivenSettings, SettingsFile};
 //! let file = SettingsFile::new("idem.toml", "upstream = \"http://127.0.0.1:9000\"\nlease = \"30s\"\n");
 //! let given = GivenSettings { lease: Some("10s".into()), ..GivenSettings::default() };
 //! let settings = GatewaySettings::resolve(&given, Some(file)).unwrap();
@@ -28,7 +28,7 @@ use super::{
     DEFAULT_BODY_TIMEOUT, DEFAULT_UPSTREAM_TIMEOUT, GatewayConfig, ListenerTls, Probe, TlsError,
     Upstream, UpstreamTls,
 };
-use crate::{
+use idem_http::{
     Concurrent, DEFAULT_BODY_LIMIT, DEFAULT_WAITERS, DEFAULT_WAITERS_PER_KEY, IdempotencyConfig,
     KeyRequirement, Mode, ReplayCache, StatusPolicy, WaiterCaps,
 };
@@ -2179,7 +2179,7 @@ mod tests {
                 .idempotency()
                 .status_policy()
                 .verdict(http::StatusCode::SERVICE_UNAVAILABLE, false),
-            crate::Verdict::Unknown
+            idem_http::Verdict::Unknown
         );
         given.on_status = Some("502=maybe".into());
         let refused = GatewaySettings::resolve(&given, None)

@@ -36,8 +36,8 @@ use idem::{IdempotencyKey, Scope, error_chain};
 
 use super::config::Upstream;
 use super::hop;
-use crate::key_header::IDEMPOTENCY_KEY;
-use crate::{Reconcile, Reconciled, StoredResponse};
+use idem_http::IDEMPOTENCY_KEY;
+use idem_http::{Reconcile, Reconciled, StoredResponse};
 
 /// The header in which a probe's 2xx answer may give the status the
 /// original request was answered with (`Idempotency-Original-Status: 201`).
@@ -51,12 +51,12 @@ const KEY_SLOT: &str = "{key}";
 /// (percent-encoded) key goes.
 ///
 /// ```
-/// use idem_http::gateway::Probe;
+/// use crate::Probe;
 ///
 /// let probe: Probe = "GET /payments/by-key/{key}".parse()?;
 /// assert_eq!(probe.to_string(), "GET /payments/by-key/{key}");
 /// assert!("GET /payments".parse::<Probe>().unwrap_err().to_string().contains("{key}"));
-/// # Ok::<(), idem_http::gateway::ProbeError>(())
+/// # Ok::<(), crate::ProbeError>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Probe {
@@ -144,14 +144,18 @@ pub(crate) struct UpstreamProbe {
     pub(crate) instance: super::loops::Instance,
 }
 
-impl Reconcile for Arc<UpstreamProbe> {
+/// The probe as the layer's [`Reconcile`] hook: shared by every request.
+#[derive(Clone)]
+pub(crate) struct Asked(pub(crate) Arc<UpstreamProbe>);
+
+impl Reconcile for Asked {
     fn reconcile<'a>(
         &'a self,
         _scope: &'a Scope,
         key: &'a IdempotencyKey,
         request: &'a http::request::Parts,
     ) -> BoxFuture<'a, Reconciled> {
-        Box::pin(self.ask(key, request))
+        Box::pin(self.0.ask(key, request))
     }
 }
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use http::Method;
 
-use crate::observe::first_segment_label;
+use idem_http::observe::first_segment_label;
 
 /// Route templates: `/payments/{id}` (a `{name}` segment matches any one
 /// segment), `/files/{*path}` (the last segment may match the rest of the

@@ -19,9 +19,10 @@ use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use idem::StoreLocation;
-use idem_http::admin::{AdminError, AdminToken};
-use idem_http::gateway::{
-    self, CertReloader, Gateway, GatewayConfig, ListenerTls, TLS_SUBJECT_HEADER, UpstreamTls,
+use idem_gateway::admin::{AdminError, AdminToken};
+use idem_gateway::{
+    self as gateway, self, CertReloader, Gateway, GatewayConfig, ListenerTls, TLS_SUBJECT_HEADER,
+    UpstreamTls,
 };
 use idem_http::{IdempotencyConfig, IdempotencyLayer};
 use idem_testkit::tls::{Issued, TestCa as Ca};
@@ -557,7 +558,7 @@ async fn a_non_loopback_admin_listener_needs_a_token_and_checks_it() {
     let location = StoreLocation::Sqlite(dir.path().join("idem.db"));
     let store = idem::AnyStore::open(&location).await.unwrap();
 
-    let refused = idem_http::admin::start_admin("0.0.0.0:0".parse().unwrap(), store.clone())
+    let refused = idem_gateway::admin::start_admin("0.0.0.0:0".parse().unwrap(), store.clone())
         .await
         .unwrap_err();
     assert!(matches!(refused, AdminError::TokenRequired { .. }));
@@ -571,10 +572,13 @@ async fn a_non_loopback_admin_listener_needs_a_token_and_checks_it() {
     let file = write(dir.path(), "token", "s3cret-token\n");
     let token = AdminToken::read(&file).unwrap();
     assert!(!format!("{token:?}").contains("s3cret"));
-    let admin =
-        idem_http::admin::start_admin_with_token("0.0.0.0:0".parse().unwrap(), store, Some(token))
-            .await
-            .unwrap();
+    let admin = idem_gateway::admin::start_admin_with_token(
+        "0.0.0.0:0".parse().unwrap(),
+        store,
+        Some(token),
+    )
+    .await
+    .unwrap();
     let addr = SocketAddr::from(([127, 0, 0, 1], admin.local_addr().port()));
 
     let (status, headers) = get(addr, "/metrics", None).await;

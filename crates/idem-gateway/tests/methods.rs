@@ -145,7 +145,7 @@ fn per_route(metrics: &str, name: &str, route: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_layer_dedupes_keyed_put_and_delete_and_lets_get_through() {
-    let metrics = idem_http::admin::metrics_recorder().expect("metrics recorder");
+    let metrics = idem_gateway::admin::metrics_recorder().expect("metrics recorder");
     let before = metrics.render();
     let dir = tempfile::tempdir().expect("temp dir");
     let audit = Audit::open(&dir.path().join("accounts.db"));

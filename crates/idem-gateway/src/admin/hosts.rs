@@ -128,7 +128,7 @@ pub struct BadHostName {
 /// operator adds.
 ///
 /// ```
-/// use idem_http::admin::AllowedHosts;
+/// use crate::admin::AllowedHosts;
 /// let hosts = AllowedHosts::parse(["console.example.com, *.corp.example"]).unwrap();
 /// assert!(hosts.admits("localhost:9300"));
 /// assert!(hosts.admits("127.0.0.1:9300"));

@@ -1,5 +1,5 @@
-//! `idem serve` as a library: the [`IdempotencyLayer`] in front of a reverse
-//! proxy, so a service written in any language gets `Idempotency-Key`
+//! `idem serve` as a library: `idem-http`'s [`IdempotencyLayer`] in front of a
+//! reverse proxy, so a service written in any language gets `Idempotency-Key`
 //! semantics without changing a line.
 //!
 //! # Why a gateway, and where its guarantee ends
@@ -20,12 +20,12 @@
 //!
 //! # Layout
 //!
+//! - [`run`] (here): the accept loop, a `gateway` span per request (continuing
+//!   the request's `traceparent`), and graceful shutdown;
 //! - `config`: [`GatewayConfig`] and [`Upstream`];
 //! - `proxy`: the reverse proxy on hyper-util's client (hop-by-hop headers,
 //!   forwarding headers, timeout, and the outcome-unknown marker);
 //! - [`hop`]: the hop-by-hop headers;
-//! - `settings`: [`GatewaySettings`], resolved from flags, a TOML file and
-//!   the defaults, with errors that name where a bad value came from;
 //! - `accept`: the accept loop (plain or TLS) and its graceful shutdown;
 //! - `loops`: the upstream that is the gateway itself, refused at start-up,
 //!   and the `Via` entry that answers a request coming back 508;
@@ -33,18 +33,24 @@
 //! - `tls`: [`UpstreamTls`] for `https://` upstreams, and [`ListenerTls`]
 //!   for the HTTPS listener, its certificate reloaded by a [`CertReloader`]
 //!   and its optional client certificates;
+//! - `routes`: the route templates that name a request's `route` label;
+//! - `observe`: requests by outcome and route;
+//! - `probe`: [`Probe`], the question put to the upstream about an unknown
+//!   outcome (`--probe`), and its contract;
+//! - `grpc`: the gRPC guard, `idem-grpc`'s layer over the forwarding
+//!   ([`Gateway::with_grpc`]);
+//! - [`settings`]: [`GatewaySettings`], resolved from flags, the environment,
+//!   a TOML file and the defaults, with errors that name where a bad value
+//!   came from;
+//! - [`admin`]: the admin listener (`/metrics`, `/healthz`, the key
+//!   eviction endpoint), its bearer token and its `Host` allow-list.
 //!
 //! The pieces another proxy process builds on are public: the accept loop
 //! ([`serve_connections`]), the pooled client ([`upstream_client`]), the
 //! request as the upstream gets it ([`rewrite_for`], with the client's
 //! [`ClientAddr`]) and the [`hop`]-by-hop headers; `idem-proof`'s
-//! duplicate-injection proxy (`idem dup-proxy`) is one.
-//! - [`run`] (here): the accept loop, a `gateway` span per request (continuing
-//!   the request's `traceparent`), and graceful shutdown;
-//! - `routes`: the route templates that name a request's `route` label;
-//! - `observe`: requests by outcome and route;
-//! - `probe`: [`Probe`], the question put to the upstream about an unknown outcome
-//!   after an unknown outcome (`--probe`), and its contract.
+//! duplicate-injection proxy (`idem dup-proxy`) and `idem-console`'s
+//! listener are built on them.
 //!
 //! # HTTP/2 and gRPC
 //!
@@ -52,9 +58,9 @@
 //! in plain text; h2 offered by ALPN over TLS), and an `h2c://` upstream is
 //! forwarded to in HTTP/2. A gRPC call (`content-type: application/grpc`)
 //! never goes through the HTTP layer, whose stored answers have no trailers:
-//! it goes to the guard given with [`Gateway::with_grpc`] (`idem-grpc`'s
-//! layer, which stores and replays headers, message and trailers and refuses
-//! in gRPC status codes), or straight to the upstream when there is none.
+//! it goes to `idem-grpc`'s layer given with [`Gateway::with_grpc`] (which
+//! stores and replays headers, message and trailers and refuses in gRPC
+//! status codes), or straight to the upstream when there is none.
 //!
 //! With a limit of requests in flight ([`GatewayConfig::max_in_flight`]),
 //! the requests past it are answered 503 + `Retry-After` at once, before
@@ -64,15 +70,15 @@
 //!
 //! When the upstream answered and the store refuses the completion, the
 //! layer keeps the answer and retries until stored; with a
-//! [`Spool`](crate::Spool) on the layer the answer is synced to a local file
+//! [`Spool`](idem_http::Spool) on the layer the answer is synced to a local file
 //! first. [`run`] stores what an earlier run left in the spool before it
 //! serves.
 //!
-//! Its `/metrics` and `/healthz` are [`crate::admin`]'s.
+//! Its `/metrics` and `/healthz` are [`admin`]'s.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use idem_http::gateway::{self, Gateway, GatewayConfig};
+//! use idem_gateway::{self as gateway, Gateway, GatewayConfig};
 //! use idem_http::{IdempotencyConfig, IdempotencyLayer};
 //!
 //! let layer = IdempotencyLayer::open(&"sqlite://idem.db".parse()?, IdempotencyConfig::default()).await?;
@@ -85,27 +91,32 @@
 //! # Ok(()) }
 //! ```
 
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
 mod accept;
+pub mod admin;
 mod config;
 mod deadline;
+mod grpc;
 pub mod hop;
 mod loops;
 mod observe;
 mod probe;
 mod proxy;
 mod routes;
-mod settings;
+pub mod settings;
 mod tls;
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 
-use crate::WaitableStore;
 use axum::body::Body;
 use axum::response::Response;
 use http::{HeaderName, HeaderValue, Request};
 use hyper::body::Incoming;
+use idem_http::WaitableStore;
 use tokio::net::TcpListener;
 use tower::ServiceExt;
 use tracing::Instrument;
@@ -122,11 +133,11 @@ pub use settings::{
     parse_size, parse_waiters,
 };
 
-use crate::observe::RouteLabel;
-use crate::shed::InFlightLimit;
-use crate::{IdempotencyConfig, IdempotencyLayer, IdempotencyService};
 pub use accept::{Peer, serve_connections, serve_connections_over};
 use deadline::Deadline;
+use idem_http::InFlightLimit;
+use idem_http::observe::RouteLabel;
+use idem_http::{IdempotencyConfig, IdempotencyLayer, IdempotencyService};
 use loops::Instance;
 use probe::UpstreamProbe;
 use proxy::Proxy;
@@ -140,13 +151,13 @@ pub use tls::{
     load_key,
 };
 
-/// The forwarding service a [`GrpcGuard`] wraps: a request to the upstream
+/// The forwarding service the gRPC guard wraps: a request to the upstream
 /// and its answer, never an error (failures are answers).
-pub type Forward = tower::util::BoxCloneSyncService<Request<Body>, Response, Infallible>;
+type Forward = tower::util::BoxCloneSyncService<Request<Body>, Response, Infallible>;
 
 /// What protects the gateway's gRPC calls: it wraps the [`Forward`] service
-/// in a gRPC-aware idempotency layer (`idem_grpc::gateway::guard`).
-pub type GrpcGuard = Arc<dyn Fn(Forward) -> Forward + Send + Sync>;
+/// in `idem-grpc`'s idempotency layer.
+type GrpcGuard = Arc<dyn Fn(Forward) -> Forward + Send + Sync>;
 
 /// The idempotency layer over the reverse proxy, ready to [`run`].
 pub struct Gateway<St> {
@@ -179,12 +190,34 @@ impl<St> Gateway<St> {
         }
     }
 
-    /// Protects gRPC calls with `guard` (`idem_grpc::gateway::guard`): their
-    /// keys are claimed and their answers stored with the trailers, and
-    /// refusals are gRPC status codes. Without one, gRPC calls are forwarded
-    /// untouched, key or not.
-    pub fn with_grpc(mut self, guard: GrpcGuard) -> Self {
-        self.grpc = Some(guard);
+    /// Protects gRPC calls with `layer` (`idem-grpc`'s, usually on the same
+    /// store): the keyed calls to its unary methods are claimed, forwarded,
+    /// and their answers stored with the trailers; refusals are gRPC status
+    /// codes. When the upstream's outcome is unknown (a timeout, a broken
+    /// connection after the call was sent) the key stays reserved until its
+    /// lease ends. Without a layer, gRPC calls are forwarded untouched, key
+    /// or not.
+    pub fn with_grpc<G: idem::LeaseStore + 'static>(
+        mut self,
+        layer: idem_grpc::GrpcIdempotencyLayer<G>,
+    ) -> Self {
+        self.grpc = Some(grpc::guard(layer));
+        self
+    }
+
+    /// [`with_grpc`](Self::with_grpc), with `probe`'s lookup methods of the
+    /// upstream asked (through the gateway's forwarding, with the retry's
+    /// metadata and message) before a call whose outcome is unknown runs
+    /// again, each lookup awaited at most `timeout`. An unknown outcome then
+    /// ends its claim's lease at once instead of holding the key for the
+    /// lease.
+    pub fn with_grpc_probing<G: idem::LeaseStore + 'static>(
+        mut self,
+        layer: idem_grpc::GrpcIdempotencyLayer<G>,
+        probe: idem_grpc::GrpcProbe,
+        timeout: std::time::Duration,
+    ) -> Self {
+        self.grpc = Some(grpc::guard_probing(layer, probe, timeout));
         self
     }
 
@@ -249,20 +282,22 @@ where
         Err(error) => return Err(std::io::Error::other(error)),
     }
     let layer = match &gateway.config.probe {
-        Some(probe) => gateway
-            .layer
-            .clone()
-            .with_reconcile(Arc::new(UpstreamProbe {
-                probe: probe.clone(),
-                client: upstream_client_with_tls(
-                    gateway.config.connect_timeout(),
-                    gateway.config.upstream_tls.as_deref().cloned(),
-                ),
-                upstream: gateway.config.upstream.clone(),
-                timeout: gateway.config.upstream_timeout,
-                principal_header: idempotency.principal_header.clone(),
-                instance: instance.clone(),
-            })),
+        Some(probe) => {
+            gateway
+                .layer
+                .clone()
+                .with_reconcile(probe::Asked(Arc::new(UpstreamProbe {
+                    probe: probe.clone(),
+                    client: upstream_client_with_tls(
+                        gateway.config.connect_timeout(),
+                        gateway.config.upstream_tls.as_deref().cloned(),
+                    ),
+                    upstream: gateway.config.upstream.clone(),
+                    timeout: gateway.config.upstream_timeout,
+                    principal_header: idempotency.principal().cloned(),
+                    instance: instance.clone(),
+                })))
+        }
         None => gateway.layer.clone(),
     };
     let proxy = Proxy::new(&gateway.config, idempotency.clone(), instance.clone());

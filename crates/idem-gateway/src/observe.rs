@@ -17,10 +17,10 @@ use http::Request;
 use metrics::Counter;
 
 use super::proxy::FromUpstream;
-use crate::IdempotencyConfig;
-use crate::idempotency::problem::Refused;
-use crate::idempotency::{Judged, Verdict};
-use crate::key_header::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
+use idem_http::IdempotencyConfig;
+use idem_http::Refused;
+use idem_http::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
+use idem_http::{Judged, Verdict};
 
 /// Requests answered by the gateway, labelled `outcome` and `route` (see
 /// [`crate::observe`] for the route's bounded form).

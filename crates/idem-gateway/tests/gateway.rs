@@ -1357,10 +1357,10 @@ async fn the_upstream_urls_credentials_are_sent_as_basic_auth_and_never_shown() 
         .send()
         .await;
     assert_eq!(alice.json()["who"], "Bearer alice");
-    let upstream: idem_http::gateway::Upstream = format!("http://gateway:s3cr%3At@{}", server.addr)
+    let upstream: idem_gateway::Upstream = format!("http://gateway:s3cr%3At@{}", server.addr)
         .parse()
         .unwrap();
-    let config = idem_http::gateway::GatewayConfig::new(upstream.clone());
+    let config = idem_gateway::GatewayConfig::new(upstream.clone());
     for text in [
         upstream.to_string(),
         format!("{upstream:?}"),
@@ -1388,13 +1388,13 @@ async fn an_upstream_that_is_the_gateway_itself_is_refused_at_start() {
         let listener = tokio::net::TcpListener::bind(listen).await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let upstream = upstream.replace("{port}", &port.to_string());
-        let gateway = idem_http::gateway::Gateway::new(
+        let gateway = idem_gateway::Gateway::new(
             layer.clone(),
-            idem_http::gateway::GatewayConfig::new(upstream.parse().unwrap()),
+            idem_gateway::GatewayConfig::new(upstream.parse().unwrap()),
         );
         let refused = tokio::time::timeout(
             Duration::from_secs(10),
-            idem_http::gateway::run(listener, gateway, std::future::pending()),
+            idem_gateway::run(listener, gateway, std::future::pending()),
         )
         .await
         .expect("refused at once, not served")

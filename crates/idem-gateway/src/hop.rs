@@ -7,7 +7,7 @@
 use http::HeaderMap;
 use http::header::{self, HeaderName};
 
-use crate::key_header::IDEMPOTENCY_KEY;
+use idem_http::IDEMPOTENCY_KEY;
 
 /// Headers that never cross a proxy, whatever `Connection` says.
 const HOP_BY_HOP: [HeaderName; 9] = [

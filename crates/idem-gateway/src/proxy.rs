@@ -64,10 +64,8 @@ use super::GatewayConfig;
 use super::config::Upstream;
 use super::hop;
 use super::loops::Instance;
-use crate::idempotency::{
-    IdempotencyConfig, KeyHeld, Mode, NothingApplied, Refusal, UnknownOutcome,
-};
-use crate::key_header::IDEMPOTENCY_KEY;
+use idem_http::IDEMPOTENCY_KEY;
+use idem_http::{IdempotencyConfig, KeyHeld, Mode, NothingApplied, Refusal, UnknownOutcome};
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
@@ -171,7 +169,7 @@ impl Shared {
         let held = match (keyed, probed) {
             (false, _) => KeyHeld::NoKey,
             (true, true) => KeyHeld::UntilAsked,
-            (true, false) => KeyHeld::ForLease(self.idempotency.lease),
+            (true, false) => KeyHeld::ForLease(self.idempotency.lease_length()),
         };
         let answer_as = if grpc {
             AnswerAs::Grpc

@@ -21,7 +21,7 @@ use axum::{Json, Router};
 use common::gateway::embedded;
 use common::{Client, Server};
 use idem::ManualClock;
-use idem_http::gateway::{self, Gateway, GatewayConfig, IDEMPOTENCY_ORIGINAL_STATUS};
+use idem_gateway::{self as gateway, Gateway, GatewayConfig, IDEMPOTENCY_ORIGINAL_STATUS};
 use idem_http::{IdempotencyConfig, IdempotencyLayer, StatusPolicy, parse_key};
 use serde_json::json;
 

@@ -1,0 +1,93 @@
+//! A fresh store of each kind for the tests that run on SQLite, PostgreSQL
+//! and Redis alike, and the macro that runs a case on each.
+
+use std::sync::Arc;
+
+use idem::{AnyStore, SharedClock, StoreLocation, SystemClock};
+use idem_http::IdempotencyConfig;
+
+/// Runs a case on each store, as tests named after the store.
+#[allow(unused_macros)]
+macro_rules! on_each_store {
+    ($case:ident) => {
+        mod $case {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                super::$case($crate::common::stores::Kind::Sqlite).await
+            }
+
+            #[cfg(feature = "postgres")]
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                super::$case($crate::common::stores::Kind::Postgres).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn redis() {
+                super::$case($crate::common::stores::Kind::Redis).await
+            }
+        }
+    };
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Kind {
+    Sqlite,
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    Postgres,
+    Redis,
+}
+
+/// A fresh store, and what keeps it alive (its directory or database).
+pub(crate) struct Store {
+    location: StoreLocation,
+    _dir: tempfile::TempDir,
+    #[cfg(feature = "postgres")]
+    _db: Option<super::pg::PgDatabase>,
+}
+
+impl Store {
+    /// `None` when the store's server is not reachable (and not required).
+    pub(crate) async fn fresh(kind: Kind) -> Option<Store> {
+        let dir = tempfile::tempdir().expect("temp dir");
+        #[cfg(feature = "postgres")]
+        let mut db = None;
+        let location = match kind {
+            Kind::Sqlite => StoreLocation::Sqlite(dir.path().join("idem.db")),
+            Kind::Postgres => {
+                #[cfg(feature = "postgres")]
+                {
+                    let created = super::pg::PgDatabase::create().await?;
+                    let url = created.url.clone();
+                    db = Some(created);
+                    url.parse().expect("a PostgreSQL URL")
+                }
+                #[cfg(not(feature = "postgres"))]
+                unreachable!("PostgreSQL cases are built with the postgres feature")
+            }
+            Kind::Redis => {
+                if !idem_testkit::redis::machine_redis_answers() {
+                    return None;
+                }
+                StoreLocation::Redis(idem_testkit::redis::redis_url())
+            }
+        };
+        Some(Store {
+            location,
+            _dir: dir,
+            #[cfg(feature = "postgres")]
+            _db: db,
+        })
+    }
+
+    pub(crate) async fn open(&self, config: &IdempotencyConfig) -> AnyStore {
+        self.open_at(config, Arc::new(SystemClock)).await
+    }
+
+    /// The store with `config`'s settings, reading `clock`.
+    pub(crate) async fn open_at(&self, config: &IdempotencyConfig, clock: SharedClock) -> AnyStore {
+        AnyStore::open_with(&self.location, config.store_settings(), clock)
+            .await
+            .expect("open the store")
+    }
+}
