@@ -3,170 +3,14 @@
 
 mod common;
 
-use std::collections::VecDeque;
-use std::pin::Pin;
-use std::process::{Child, Command};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::payments::payments_server::{Payments, PaymentsServer};
-use common::payments::{ChargeReply, ChargeRequest, ListChargesRequest};
-use common::{CHARGE, Ledger, charge, is_replay};
-use idem::rusqlite::{self, Connection};
-use idem::{IdempotencyKey, Settings, SqliteStore};
-use idem_grpc::{GrpcIdempotencyConfig, GrpcRetry, atomic};
-use idem_retry::{Backoff, RetryBudget, RetryConfig};
-use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
-use tonic::transport::Server;
-use tonic::{Code, Request, Response, Status};
-
-/// A payments service whose charge is an atomic handler on SQLite.
-struct AtomicPayments {
-    store: SqliteStore,
-    config: GrpcIdempotencyConfig,
-    ledger: Ledger,
-    /// Statuses the next charges end with after their write.
-    failures: Arc<Mutex<VecDeque<Status>>>,
-    /// A charge hangs after its write, inside the transaction.
-    hang: bool,
-}
-
-#[tonic::async_trait]
-impl Payments for AtomicPayments {
-    async fn charge(
-        &self,
-        request: Request<ChargeRequest>,
-    ) -> Result<Response<ChargeReply>, Status> {
-        self.ledger.call(CHARGE);
-        let failure = self.failures.lock().unwrap().pop_front();
-        let hang = self.hang;
-        atomic::apply(
-            &self.store,
-            &self.config,
-            CHARGE,
-            request,
-            |request: ChargeRequest| {
-                async move |tx: &mut Connection| -> Result<ChargeReply, Status> {
-                    if request.amount_cents <= 0 {
-                        return Err(Status::invalid_argument("the amount must be positive"));
-                    }
-                    tx.execute(
-                        "INSERT INTO charges (account, amount_cents) VALUES (?1, ?2)",
-                        rusqlite::params![request.account, request.amount_cents],
-                    )
-                    .map_err(|e| Status::internal(e.to_string()))?;
-                    if hang {
-                        std::future::pending::<()>().await;
-                    }
-                    if let Some(status) = failure {
-                        return Err(status);
-                    }
-                    Ok(ChargeReply {
-                        charge_id: tx.last_insert_rowid(),
-                        account: request.account,
-                        amount_cents: request.amount_cents,
-                    })
-                }
-            },
-        )
-        .await
-    }
-
-    async fn lookup(
-        &self,
-        _request: Request<ChargeRequest>,
-    ) -> Result<Response<ChargeReply>, Status> {
-        Err(Status::unimplemented("an atomic charge needs no lookup"))
-    }
-
-    type ListChargesStream =
-        Pin<Box<dyn tokio_stream::Stream<Item = Result<ChargeReply, Status>> + Send>>;
-
-    async fn list_charges(
-        &self,
-        _: Request<ListChargesRequest>,
-    ) -> Result<Response<Self::ListChargesStream>, Status> {
-        Err(Status::unimplemented("not here"))
-    }
-}
-
-async fn open_store(dir: &std::path::Path, lease: Duration) -> SqliteStore {
-    let store = SqliteStore::builder(dir.join("idem.db"))
-        .settings(Settings::default().with_lease(lease))
-        .open()
-        .await
-        .expect("store");
-    store
-        .with_connection(|conn| {
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS charges (id INTEGER PRIMARY KEY, account TEXT NOT NULL, amount_cents INTEGER NOT NULL)",
-                [],
-            )
-        })
-        .await
-        .expect("writer")
-        .expect("schema");
-    store
-}
-
-/// Charges committed to `account` in the store's database.
-fn charges(dir: &std::path::Path, account: &str) -> i64 {
-    let db = Connection::open(dir.join("idem.db")).expect("open");
-    db.busy_timeout(Duration::from_secs(5)).unwrap();
-    db.query_row(
-        "SELECT count(*) FROM charges WHERE account = ?1",
-        [account],
-        |row| row.get(0),
-    )
-    .expect("count")
-}
-
-struct Running {
-    addr: std::net::SocketAddr,
-    failures: Arc<Mutex<VecDeque<Status>>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-async fn serve_on(
-    listener: TcpListener,
-    dir: &std::path::Path,
-    lease: Duration,
-    hang: bool,
-) -> Running {
-    let addr = listener.local_addr().unwrap();
-    let failures = Arc::new(Mutex::new(VecDeque::new()));
-    let service = AtomicPayments {
-        store: open_store(dir, lease).await,
-        config: GrpcIdempotencyConfig::default(),
-        ledger: Ledger::open(dir.join("ledger.db")),
-        failures: Arc::clone(&failures),
-        hang,
-    };
-    let task = tokio::spawn(async move {
-        Server::builder()
-            .add_service(PaymentsServer::new(service))
-            .serve_with_incoming(TcpListenerStream::new(listener))
-            .await
-            .expect("serve");
-    });
-    Running {
-        addr,
-        failures,
-        task,
-    }
-}
-
-async fn serve(dir: &std::path::Path) -> Running {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    serve_on(listener, dir, Duration::from_secs(30), false).await
-}
+use common::atomic::{charges, serve, serve_on};
+use common::payments::{ChargeReply, ChargeRequest};
+use common::{CHARGE, Ledger, Script, charge, is_replay, process};
+use idem::IdempotencyKey;
+use idem_grpc::{GrpcIdempotencyConfig, atomic};
+use tonic::{Code, Status};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_atomic_charge_commits_once_and_duplicates_are_replayed() {
@@ -199,7 +43,7 @@ async fn an_atomic_charge_commits_once_and_duplicates_are_replayed() {
 async fn a_releasing_status_rolls_the_write_back_and_the_retry_commits() {
     let dir = tempfile::tempdir().unwrap();
     let server = serve(dir.path()).await;
-    server.failures.lock().unwrap().extend([
+    server.script.after_effect.lock().unwrap().extend([
         Status::unavailable("the ledger is busy"),
         Status::internal("bug"),
     ]);
@@ -215,70 +59,28 @@ async fn a_releasing_status_rolls_the_write_back_and_the_retry_commits() {
     assert_eq!(charges(dir.path(), "petr"), 1);
 }
 
-const CHILD_DIR: &str = "IDEM_GRPC_ATOMIC_CHILD_DIR";
-const CHILD_PORT: &str = "IDEM_GRPC_ATOMIC_CHILD_PORT";
-const CHILD_HANG: &str = "IDEM_GRPC_ATOMIC_CHILD_HANG";
-
 /// The server process of `a_server_killed_inside_the_transaction_commits_once`.
 #[test]
 #[ignore = "the server process of a_server_killed_inside_the_transaction_commits_once"]
 fn atomic_child_server() {
-    let (Ok(dir), Ok(port)) = (std::env::var(CHILD_DIR), std::env::var(CHILD_PORT)) else {
-        return;
-    };
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    runtime.block_on(async move {
-        let listener = TcpListener::bind(("127.0.0.1", port.parse::<u16>().unwrap()))
-            .await
-            .expect("bind");
-        let hang = std::env::var(CHILD_HANG).is_ok();
-        let _server = serve_on(
-            listener,
-            std::path::Path::new(&dir),
-            Duration::from_secs(1),
-            hang,
-        )
-        .await;
-        std::future::pending::<()>().await;
+    process::serve_until_killed(async |listener, started| {
+        let script = Script {
+            hang: started.hang,
+            ..Script::default()
+        };
+        serve_on(listener, &started.dir, Duration::from_secs(1), script).await
     });
-}
-
-fn start_child(dir: &std::path::Path, port: u16, hang: bool) -> Child {
-    let mut command = Command::new(std::env::current_exe().unwrap());
-    command
-        .args(["--ignored", "--exact", "atomic_child_server", "--nocapture"])
-        .env(CHILD_DIR, dir)
-        .env(CHILD_PORT, port.to_string());
-    if hang {
-        command.env(CHILD_HANG, "1");
-    } else {
-        command.env_remove(CHILD_HANG);
-    }
-    command.spawn().expect("start the server process")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_killed_inside_the_transaction_commits_once() {
     let dir = tempfile::tempdir().unwrap();
     let ledger = Ledger::open(dir.path().join("ledger.db"));
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut first = start_child(dir.path(), port, true);
+    let port = process::free_port();
+    let mut first = process::start("atomic_child_server", dir.path(), port, true);
 
     let client = common::client(([127, 0, 0, 1], port).into()).await;
-    let retry = GrpcRetry::new(
-        RetryConfig::default()
-            .with_backoff(Backoff::new(
-                Duration::from_millis(20),
-                Duration::from_millis(200),
-                200,
-            ))
-            .with_deadline(Duration::from_secs(30)),
-        Arc::new(RetryBudget::unlimited()),
-    );
+    let retry = process::until_restarted();
     let call = tokio::spawn(async move {
         retry
             .call(
@@ -296,19 +98,12 @@ async fn a_server_killed_inside_the_transaction_commits_once() {
     });
 
     // The charge is written and the transaction still open when the process dies.
-    let waited = Instant::now();
-    while ledger.calls(CHARGE) == 0 {
-        assert!(
-            waited.elapsed() < Duration::from_secs(20),
-            "the call never arrived"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    process::first_charge(&ledger).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     first.kill().unwrap();
     first.wait().unwrap();
     assert_eq!(charges(dir.path(), "rita"), 0);
-    let mut second = start_child(dir.path(), port, false);
+    let mut second = process::start("atomic_child_server", dir.path(), port, false);
 
     let reply = call.await.unwrap();
     second.kill().ok();

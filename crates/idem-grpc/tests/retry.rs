@@ -4,12 +4,11 @@
 
 mod common;
 
-use std::process::{Child, Command};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::payments::ChargeRequest;
-use common::{CHARGE, Ledger, Script, config, is_replay, serve};
+use common::{CHARGE, Ledger, Script, config, is_replay, process, serve};
 use idem::{IdempotencyKey, Settings, SqliteStore};
 use idem_grpc::{GrpcRetry, RETRY_PUSHBACK};
 use idem_retry::{Backoff, BudgetSettings, RetryBudget, RetryConfig, StopReason};
@@ -251,11 +250,7 @@ async fn a_retried_duplicate_waits_out_the_first_call_and_gets_its_answer() {
     assert_eq!(server.ledger.charges("nina"), 1);
 }
 
-// A server in a process of its own, so that it can be killed.
-
-const CHILD_DIR: &str = "IDEM_GRPC_CHILD_DIR";
-const CHILD_PORT: &str = "IDEM_GRPC_CHILD_PORT";
-const CHILD_HANG: &str = "IDEM_GRPC_CHILD_HANG";
+/// The lease of the server process.
 const LEASE: Duration = Duration::from_secs(1);
 
 /// The server process of `a_server_killed_mid_call_and_restarted_applies_once`:
@@ -263,67 +258,30 @@ const LEASE: Duration = Duration::from_secs(1);
 #[test]
 #[ignore = "the server process of a_server_killed_mid_call_and_restarted_applies_once"]
 fn child_server() {
-    let (Ok(dir), Ok(port)) = (std::env::var(CHILD_DIR), std::env::var(CHILD_PORT)) else {
-        return;
-    };
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    runtime.block_on(async move {
-        let dir = std::path::PathBuf::from(dir);
-        let store = SqliteStore::builder(dir.join("idem.db"))
+    process::serve_until_killed(async |listener, started| {
+        let store = SqliteStore::builder(started.dir.join("idem.db"))
             .settings(Settings::default().with_lease(LEASE))
             .open()
             .await
             .expect("store");
-        let ledger = Ledger::open(dir.join("ledger.db"));
+        let ledger = Ledger::open(started.dir.join("ledger.db"));
         let script = Script {
-            hang: std::env::var(CHILD_HANG).is_ok(),
+            hang: started.hang,
             ..Script::default()
         };
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port.parse::<u16>().unwrap()))
-            .await
-            .expect("bind");
-        let _server =
-            common::serve_on(listener, store, config().lease(LEASE), ledger, script).await;
-        std::future::pending::<()>().await;
+        common::serve_on(listener, store, config().lease(LEASE), ledger, script).await
     });
-}
-
-fn start_child(dir: &std::path::Path, port: u16, hang: bool) -> Child {
-    let mut command = Command::new(std::env::current_exe().unwrap());
-    command
-        .args(["--ignored", "--exact", "child_server", "--nocapture"])
-        .env(CHILD_DIR, dir)
-        .env(CHILD_PORT, port.to_string());
-    if hang {
-        command.env(CHILD_HANG, "1");
-    } else {
-        command.env_remove(CHILD_HANG);
-    }
-    command.spawn().expect("start the server process")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_killed_mid_call_and_restarted_applies_once() {
     let dir = tempfile::tempdir().unwrap();
     let ledger = Ledger::open(dir.path().join("ledger.db"));
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut first = start_child(dir.path(), port, true);
+    let port = process::free_port();
+    let mut first = process::start("child_server", dir.path(), port, true);
 
     let client = common::client(([127, 0, 0, 1], port).into()).await;
-    let retry = GrpcRetry::new(
-        RetryConfig::default()
-            .with_backoff(Backoff::new(
-                Duration::from_millis(20),
-                Duration::from_millis(200),
-                200,
-            ))
-            .with_deadline(Duration::from_secs(30)),
-        Arc::new(RetryBudget::unlimited()),
-    );
+    let retry = process::until_restarted();
     let call = tokio::spawn(async move {
         retry
             .call(key("order-5"), request("mona", 990), |request| {
@@ -335,17 +293,10 @@ async fn a_server_killed_mid_call_and_restarted_applies_once() {
 
     // The call reached the service, which hangs before its effect: kill the
     // process there, then start it again.
-    let waited = Instant::now();
-    while ledger.calls(CHARGE) == 0 {
-        assert!(
-            waited.elapsed() < Duration::from_secs(20),
-            "the call never arrived"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    process::first_charge(&ledger).await;
     first.kill().unwrap();
     first.wait().unwrap();
-    let mut second = start_child(dir.path(), port, false);
+    let mut second = process::start("child_server", dir.path(), port, false);
 
     let reply = call.await.unwrap();
     second.kill().ok();

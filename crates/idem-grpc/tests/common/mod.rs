@@ -3,8 +3,18 @@
 //! counts effects on real data and the service can look a charge up by its
 //! key; a script makes the service fail (before or after its effect), hang
 //! or wait on cue.
+//!
+//! - here: the ledger, the script, the service behind the layer, and a
+//!   running server ([`Running`]) of either service;
+//! - `atomic`: the same service with its charge as an atomic handler, the
+//!   charge committed with the key's record in the store's own database;
+//! - `process`: a server in a process of its own, for the tests that kill it
+//!   in the middle of a call.
 
 #![allow(dead_code)]
+
+pub(crate) mod atomic;
+pub(crate) mod process;
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -125,14 +135,16 @@ pub(crate) struct Script {
     /// Codes the next calls fail with, one per call, before any effect.
     pub(crate) failures: Mutex<VecDeque<Status>>,
     /// Codes the next charges answer with after their effect, one per
-    /// charge: the charge is made, and the client is told it failed.
+    /// charge: the charge is made, and the client is told it failed (an
+    /// atomic charge is then rolled back or kept, as the code says).
     pub(crate) after_effect: Mutex<VecDeque<Status>>,
     /// Codes the next lookups answer with instead of looking, one per
     /// lookup.
     pub(crate) lookup_failures: Mutex<VecDeque<Status>>,
     /// When set, a charge waits for a permit before its effect.
     pub(crate) gate: Option<Arc<Semaphore>>,
-    /// When set, a charge never finishes (it waits before its effect).
+    /// When set, a charge never finishes: it waits before its effect, or,
+    /// as an atomic handler, after its write inside the transaction.
     pub(crate) hang: bool,
 }
 
@@ -317,6 +329,22 @@ pub(crate) struct Running {
 }
 
 impl Running {
+    /// Runs `serving`, a server on `addr`, until dropped.
+    pub(crate) fn spawn(
+        addr: SocketAddr,
+        ledger: Ledger,
+        script: Arc<Script>,
+        serving: impl Future<Output = Result<(), tonic::transport::Error>> + Send + 'static,
+    ) -> Self {
+        let task = tokio::spawn(async move { serving.await.expect("serve") });
+        Self {
+            addr,
+            ledger,
+            script,
+            task,
+        }
+    }
+
     pub(crate) async fn client(&self) -> PaymentsClient<Channel> {
         client(self.addr).await
     }
@@ -370,21 +398,12 @@ pub(crate) async fn serve_layer_on<St: LeaseStore + 'static>(
         ledger: ledger.clone(),
         script: Arc::clone(&script),
     };
-    let task = tokio::spawn(async move {
-        Server::builder()
-            .layer(layer)
-            .layer(ReceiptLayer)
-            .add_service(PaymentsServer::new(service))
-            .serve_with_incoming(TcpListenerStream::new(listener))
-            .await
-            .expect("serve");
-    });
-    Running {
-        addr,
-        ledger,
-        script,
-        task,
-    }
+    let serving = Server::builder()
+        .layer(layer)
+        .layer(ReceiptLayer)
+        .add_service(PaymentsServer::new(service))
+        .serve_with_incoming(TcpListenerStream::new(listener));
+    Running::spawn(addr, ledger, script, serving)
 }
 
 /// Serves the payments service behind the layer on a loopback port.
