@@ -1,5 +1,5 @@
-//! The `idem` command. Parses arguments, sets up logging, and hands over to
-//! [`commands`].
+//! The `idem` command. Parses arguments, sets up logging, and hands the
+//! command over to [`cli::Cli::run`].
 
 mod cli;
 mod commands;
@@ -14,7 +14,7 @@ fn main() -> std::process::ExitCode {
         .enable_all()
         .build()
         .expect("start the async runtime");
-    match runtime.block_on(commands::run(cli)) {
+    match runtime.block_on(cli.run()) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {}", commands::error_text(&error));

@@ -2,11 +2,22 @@
 //! people (a table) and scripts (`--json`).
 
 use anyhow::Context;
+use clap::Args;
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 use idem::{AdminStore, AnyStore, AuditEntry, AuditSubject, Timestamp};
 use serde_json::{Value, json};
 
-use crate::cli::AuditLogArgs;
+use super::args::OutputArgs;
+
+/// `idem audit-log`
+#[derive(Debug, Args)]
+pub(crate) struct AuditLogArgs {
+    /// At most this many entries, newest first.
+    #[arg(long, default_value_t = 100)]
+    pub limit: usize,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
 
 fn time(t: Timestamp) -> String {
     humantime::format_rfc3339_seconds(t.to_system_time()).to_string()
@@ -67,7 +78,7 @@ fn summary(entry: &AuditEntry) -> String {
     }
 }
 
-pub(super) async fn run(store: &AnyStore, args: &AuditLogArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(store: &AnyStore, args: &AuditLogArgs) -> anyhow::Result<()> {
     let entries = store
         .audit_log(args.limit)
         .await

@@ -5,7 +5,7 @@ use std::io::{BufRead, IsTerminal, Write};
 
 use anyhow::{Context, bail};
 
-use crate::cli::ConfirmArgs;
+use super::args::ConfirmArgs;
 
 /// Who does the change: `--actor` (or `IDEM_ACTOR`), else the
 /// operating-system user.

@@ -7,6 +7,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use clap::Args;
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 use idem::{Applied, ApplyError, Error, IdempotencyKey, StoreLocation};
 use idem_bench::ledger::Ledger;
@@ -16,7 +17,22 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
-use crate::cli::DemoArgs;
+/// `idem demo`
+#[derive(Debug, Args)]
+pub(crate) struct DemoArgs {
+    /// Payments in the workload.
+    #[arg(long, default_value_t = 2000)]
+    pub payments: usize,
+    /// Accounts the payments debit.
+    #[arg(long, default_value_t = 20)]
+    pub accounts: i64,
+    /// Concurrent workers consuming the deliveries.
+    #[arg(long, default_value_t = 8)]
+    pub workers: usize,
+    /// Seed for the workload and the delivery order.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+}
 
 const OPENING_BALANCE: i64 = 1_000_000;
 
@@ -39,7 +55,7 @@ struct Run {
     ledger: Totals,
 }
 
-pub(super) async fn run(location: Option<StoreLocation>, args: &DemoArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(location: Option<StoreLocation>, args: &DemoArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.accounts > 0, "--accounts must be at least 1");
     anyhow::ensure!(args.workers > 0, "--workers must be at least 1");
     let (_temporary, location) = given_or_temporary(location)?;

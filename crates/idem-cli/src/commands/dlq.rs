@@ -22,6 +22,8 @@ use idem_broker::dead_letter::{
 use idem_broker::publish::{self, Publisher};
 use serde_json::{Value, json};
 
+use super::args::ConfirmArgs;
+
 /// `idem dlq ...`
 #[derive(Debug, Subcommand)]
 pub(crate) enum DlqCommand {
@@ -52,7 +54,7 @@ pub(crate) struct SetAsideArgs {
     #[arg(long, value_name = "CAUSE")]
     pub group: Option<String>,
     #[command(flatten)]
-    pub confirm: crate::cli::ConfirmArgs,
+    pub confirm: ConfirmArgs,
 }
 
 /// `idem dlq ls`

@@ -14,6 +14,7 @@ use idem_broker::consume::{ConsumerConfig, KeyRule, KeySource, MissingKey, Sourc
 use idem_broker::forward::{self, ForwardConfig};
 use idem_trace::KeyInSpans;
 
+use super::args::SecretUrl;
 use super::reconnect::{ReconnectArgs, Watchdog};
 use super::upkeep::{Upkeep, UpkeepArgs};
 
@@ -29,7 +30,7 @@ pub(crate) struct ForwardArgs {
     /// the AWS chain's endpoint; deleted after each message was answered;
     /// --ack-wait is the visibility timeout).
     /// amqps:// and tls:// connect with TLS (see "Connecting securely").
-    #[arg(long, value_parser = crate::cli::SecretUrl::<Source>::new())]
+    #[arg(long, value_parser = SecretUrl::<Source>::new())]
     pub from: Source,
     /// The HTTP endpoint each message is POSTed to: http:// or https://.
     #[arg(long)]

@@ -6,6 +6,7 @@
 use std::time::SystemTime;
 
 use anyhow::Context;
+use clap::{Args, Subcommand, ValueEnum};
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 use idem::{
     AdminStore, AnyStore, IdempotencyKey, Outcome, Record, RecordAction, RecordFilter, RecordState,
@@ -13,8 +14,86 @@ use idem::{
 };
 use serde_json::{Value, json};
 
+use super::args::{ConfirmArgs, OutputArgs};
 use super::confirm::{actor, confirm};
-use crate::cli::{ChangeArgs, LsArgs, ShowArgs, StateArg};
+
+/// `idem keys ...`
+#[derive(Debug, Subcommand)]
+pub(crate) enum KeysCommand {
+    /// List records, newest first.
+    Ls(LsArgs),
+    /// Show one record in full.
+    Show(ShowArgs),
+    /// Evict a key: show its record, remove it (after a confirmation, or
+    /// with --yes) and log it in the audit log. The key's next use applies
+    /// its effect again.
+    Rm(ChangeArgs),
+    /// End a stuck in-flight claim now: its token is fenced (the holder's
+    /// completion is refused) and the next claim runs at once with a
+    /// greater token. Logged in the audit log.
+    Release(ChangeArgs),
+}
+
+/// `idem keys ls`
+#[derive(Debug, Args)]
+pub(crate) struct LsArgs {
+    /// Only this scope.
+    #[arg(long)]
+    pub scope: Option<String>,
+    /// Only this state.
+    #[arg(long, value_enum)]
+    pub state: Option<StateArg>,
+    /// At most this many records.
+    #[arg(long, default_value_t = 100)]
+    pub limit: usize,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+/// `idem keys show`
+#[derive(Debug, Args)]
+pub(crate) struct ShowArgs {
+    /// The record's scope.
+    pub scope: String,
+    /// The idempotency key.
+    pub key: String,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+/// `idem keys rm` and `idem keys release`
+#[derive(Debug, Args)]
+pub(crate) struct ChangeArgs {
+    /// The record's scope, as `idem keys ls` shows it (a principal's hash
+    /// stays a hash).
+    pub scope: String,
+    /// The idempotency key.
+    pub key: String,
+    #[command(flatten)]
+    pub confirm: ConfirmArgs,
+}
+
+/// A record state, as typed on the command line.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub(crate) enum StateArg {
+    /// Claimed, effect running (or its worker died).
+    #[value(name = "in_flight", alias = "in-flight")]
+    InFlight,
+    /// Applied; replayed to duplicates.
+    Completed,
+    /// Failed terminally; replayed to duplicates.
+    Failed,
+}
+
+/// Runs `idem keys …`.
+pub(crate) async fn run(store: &AnyStore, command: &KeysCommand) -> anyhow::Result<()> {
+    match command {
+        KeysCommand::Ls(args) => list(store, args).await,
+        KeysCommand::Show(args) => show(store, args).await,
+        KeysCommand::Rm(args) => remove(store, args).await,
+        KeysCommand::Release(args) => release(store, args).await,
+    }
+}
 
 fn state(arg: StateArg) -> RecordState {
     match arg {
@@ -80,7 +159,7 @@ fn to_json(record: &Record) -> Value {
     })
 }
 
-pub(super) async fn list(store: &AnyStore, args: &LsArgs) -> anyhow::Result<()> {
+async fn list(store: &AnyStore, args: &LsArgs) -> anyhow::Result<()> {
     let filter = RecordFilter {
         scope: args.scope.as_deref().map(Scope::new).transpose()?,
         state: args.state.map(state),
@@ -120,7 +199,7 @@ pub(super) async fn list(store: &AnyStore, args: &LsArgs) -> anyhow::Result<()> 
     Ok(())
 }
 
-pub(super) async fn show(store: &AnyStore, args: &ShowArgs) -> anyhow::Result<()> {
+async fn show(store: &AnyStore, args: &ShowArgs) -> anyhow::Result<()> {
     let scope = Scope::new(args.scope.as_str())?;
     let key = IdempotencyKey::new(args.key.as_str())?;
     let record = store
@@ -220,7 +299,7 @@ fn not_held(record: &Record) -> anyhow::Error {
     }
 }
 
-pub(super) async fn remove(store: &AnyStore, args: &ChangeArgs) -> anyhow::Result<()> {
+async fn remove(store: &AnyStore, args: &ChangeArgs) -> anyhow::Result<()> {
     let record = stored(store, args).await?;
     let actor = actor(&args.confirm)?;
     println!("{}", record_table(&record));
@@ -253,7 +332,7 @@ pub(super) async fn remove(store: &AnyStore, args: &ChangeArgs) -> anyhow::Resul
     }
 }
 
-pub(super) async fn release(store: &AnyStore, args: &ChangeArgs) -> anyhow::Result<()> {
+async fn release(store: &AnyStore, args: &ChangeArgs) -> anyhow::Result<()> {
     let record = stored(store, args).await?;
     if !idem::is_held(&record) {
         return Err(not_held(&record));

@@ -3,7 +3,7 @@
 use anyhow::Context;
 use idem::{AnyStore, RecordStore, StoreLocation};
 
-pub(super) async fn run(location: &StoreLocation) -> anyhow::Result<()> {
+pub(crate) async fn run(location: &StoreLocation) -> anyhow::Result<()> {
     let store = AnyStore::open(location)
         .await
         .with_context(|| format!("cannot open the store at {location}"))?;

@@ -1,21 +1,25 @@
-//! One module per subcommand; [`run`] picks the one asked for. The
-//! benchmarks (`idem bench …`) are the `idem-bench` crate's, and the proof
-//! lab (`idem dup-proxy`, `idem torture`, `idem conformance`) the `idem-proof` crate's, apart
-//! from the product.
+//! One module per subcommand, each declaring its own arguments (those
+//! several commands share are in [`args`]), and the store opening they have
+//! in common; [`crate::cli`] parses the command line and calls the module
+//! asked for. The benchmarks (`idem bench …`) are the `idem-bench` crate's,
+//! the demo's workload `idem-demo`'s, and the proof lab (`idem dup-proxy`,
+//! `idem torture`, `idem conformance`) the `idem-proof` crate's, apart from
+//! the product.
 
+mod args;
 pub(crate) mod audit;
-mod audit_log;
+pub(crate) mod audit_log;
 pub(crate) mod check;
 mod confirm;
 pub(crate) mod conformance;
-mod console;
-mod demo;
+pub(crate) mod console;
+pub(crate) mod demo;
 pub(crate) mod dlq;
 pub(crate) mod dup_proxy;
 pub(crate) mod forward;
-mod gc;
-mod keys;
-mod migrate;
+pub(crate) mod gc;
+pub(crate) mod keys;
+pub(crate) mod migrate;
 mod reconnect;
 pub(crate) mod relay;
 pub(crate) mod serve;
@@ -27,67 +31,8 @@ use anyhow::Context;
 use idem::{AnyStore, StoreLocation};
 use idem_broker::consume::Reconnect;
 
-use crate::cli::{Cli, Command, KeysCommand};
-
 /// The store used when neither `--store` nor `IDEM_STORE` is given.
 pub(crate) use idem_gateway::DEFAULT_STORE;
-
-/// Runs the command.
-pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
-    idem::crash::arm_from_env()?;
-    let store = cli.store.as_deref();
-    let key_in_spans = cli.telemetry.key_in_spans;
-    match cli.command {
-        Command::Migrate => migrate::run(&location(store)?).await,
-        Command::Keys(KeysCommand::Ls(args)) => keys::list(&open(store).await?, &args).await,
-        Command::Keys(KeysCommand::Show(args)) => keys::show(&open(store).await?, &args).await,
-        Command::Keys(KeysCommand::Rm(args)) => keys::remove(&open(store).await?, &args).await,
-        Command::Keys(KeysCommand::Release(args)) => {
-            keys::release(&open(store).await?, &args).await
-        }
-        Command::AuditLog(args) => audit_log::run(&open(store).await?, &args).await,
-        Command::Console(args) => console::run(open(store).await?, &location(store)?, &args).await,
-        Command::Gc(args) => {
-            let grace = args.tombstones.and_then(|grace| grace.0);
-            let location = location(store)?;
-            let store = AnyStore::open_with(
-                &location,
-                idem::Settings::default().with_tombstones(grace),
-                std::sync::Arc::new(idem::SystemClock),
-            )
-            .await
-            .with_context(|| format!("cannot open the store at {location}"))?;
-            gc::run(&store, &args).await
-        }
-        Command::Demo(args) => demo::run(atomic(store, "idem demo")?, &args).await,
-        Command::Bench(command) => idem_bench::run(atomic(store, "idem bench")?, &command).await,
-        Command::Serve(args) => serve::run(store, &args, key_in_spans).await,
-        Command::Forward(args) => {
-            let opened = open_waiting(store, args.reconnect.reconnect()).await?;
-            forward::run(opened, &args, key_in_spans).await
-        }
-        Command::Relay(args) => {
-            atomic(
-                store,
-                "idem relay (it publishes the outbox rows effects write in their transaction)",
-            )?;
-            let opened = open_waiting(store, args.reconnect.reconnect()).await?;
-            relay::run(opened, &args, key_in_spans).await
-        }
-        Command::Dlq(command) => dlq::run(open(store).await?, command).await,
-        Command::DupProxy(args) => dup_proxy::run(&args).await,
-        Command::Conformance(args) => conformance::run(&args).await,
-        Command::Check(args) => check::run(store, &args).await,
-        Command::Audit(args) => {
-            atomic(
-                store,
-                "idem audit (it reads the effects a service writes in the store's database)",
-            )?;
-            audit::run(open(store).await?, &location(store)?, &args).await
-        }
-        Command::Torture(args) => torture::run(&args).await,
-    }
-}
 
 /// A failed command's error on one line, each cause once: the contexts added
 /// here, then the error and its sources as [`idem::error_chain`] writes them
@@ -114,7 +59,7 @@ fn parse(url: &str) -> anyhow::Result<StoreLocation> {
 
 /// The `--store` of a command that needs atomic mode (`what` names it and
 /// says why), if given; a Redis store is refused before anything opens.
-fn atomic(store: Option<&str>, what: &str) -> anyhow::Result<Option<StoreLocation>> {
+pub(crate) fn atomic(store: Option<&str>, what: &str) -> anyhow::Result<Option<StoreLocation>> {
     let Some(location) = store.map(parse).transpose()? else {
         return Ok(None);
     };
@@ -125,11 +70,11 @@ fn atomic(store: Option<&str>, what: &str) -> anyhow::Result<Option<StoreLocatio
     Ok(Some(location))
 }
 
-fn location(store: Option<&str>) -> anyhow::Result<StoreLocation> {
+pub(crate) fn location(store: Option<&str>) -> anyhow::Result<StoreLocation> {
     parse(store.unwrap_or(DEFAULT_STORE))
 }
 
-async fn open(store: Option<&str>) -> anyhow::Result<AnyStore> {
+pub(crate) async fn open(store: Option<&str>) -> anyhow::Result<AnyStore> {
     let location = location(store)?;
     AnyStore::open(&location)
         .await
@@ -143,7 +88,10 @@ async fn open(store: Option<&str>) -> anyhow::Result<AnyStore> {
 /// cannot fix (a wrong URL, refused credentials, a certificate that does not
 /// verify, an embedded database file that cannot be opened) ends the command
 /// at once.
-async fn open_waiting(store: Option<&str>, reconnect: Reconnect) -> anyhow::Result<AnyStore> {
+pub(crate) async fn open_waiting(
+    store: Option<&str>,
+    reconnect: Reconnect,
+) -> anyhow::Result<AnyStore> {
     let location = location(store)?;
     let mut attempt = 0;
     loop {

@@ -15,6 +15,7 @@ use idem_broker::publish::Destination;
 use idem_broker::relay::{Pass, Relay, RelayConfig};
 use idem_trace::KeyInSpans;
 
+use super::args::SecretUrl;
 use super::reconnect::{ReconnectArgs, Watchdog};
 use super::upkeep::{Upkeep, UpkeepArgs};
 
@@ -29,7 +30,7 @@ pub(crate) struct RelayArgs {
     /// MessageGroupId: NAME, key or header:NAME), or http(s)://HOST/PATH. Rows that name their
     /// own destination always go there. amqps:// and tls:// connect with TLS
     /// (see "Connecting securely").
-    #[arg(long, value_parser = crate::cli::SecretUrl::<Destination>::new())]
+    #[arg(long, value_parser = SecretUrl::<Destination>::new())]
     pub to: Option<Destination>,
     /// For https:// webhook destinations: a PEM file of the CA certificates
     /// their certificates are checked against [default: the bundled webpki

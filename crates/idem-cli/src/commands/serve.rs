@@ -313,7 +313,7 @@ pub(crate) struct ServeArgs {
     pub config: Option<PathBuf>,
 }
 
-pub(super) async fn run(
+pub(crate) async fn run(
     store: Option<&str>,
     args: &ServeArgs,
     key_in_spans: KeyInSpans,
