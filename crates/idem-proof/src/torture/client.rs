@@ -18,7 +18,7 @@ use idem::Fingerprint;
 use idem_check::history::{Answer, Event, Request, Writer};
 use rand::Rng;
 
-use super::gateway::Address;
+use super::gateway_process::Address;
 use super::now_ms;
 
 /// Attempts per operation, at most.

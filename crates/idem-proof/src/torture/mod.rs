@@ -28,9 +28,12 @@
 //! - `verdict`: a trial's history and effects judged: the known cost apart,
 //!   violations counted;
 //! - `client`: the clients that retry under one key and write the history;
-//! - `upstream`, `relay`: the services under the gateway and the relay;
-//! - `gateway`, `dupproxy`, `child`: `idem serve`, `idem dup-proxy`, `idem
-//!   relay` and `idem forward` as child processes of the current binary;
+//! - `upstream`: the service behind the gateway; `relay_services`: the
+//!   application that fills the outbox and the downstream the relay
+//!   delivers to;
+//! - `gateway_process`, `dup_proxy_process`, `child`: `idem serve`, `idem
+//!   dup-proxy`, and `idem relay` and `idem forward`, as child processes of
+//!   the current binary;
 //! - `pgserver`: a PostgreSQL server of the campaign's own; `broker`: the
 //!   RabbitMQ queue and the JetStream stream of a trial;
 //! - `report`, `plot`: the table, the JSON, the HTML report and its plots;
@@ -39,12 +42,12 @@
 mod broker;
 mod child;
 mod client;
-mod dupproxy;
+mod dup_proxy_process;
 mod findings;
-mod gateway;
+mod gateway_process;
 mod pgserver;
 mod plot;
-mod relay;
+mod relay_services;
 mod report;
 mod scenario;
 mod upstream;

@@ -34,10 +34,10 @@ use super::{CLIENTS, Carrier, Fault, Setting, TrialResult};
 use crate::torture::broker;
 use crate::torture::child::{Exit, Process};
 use crate::torture::client::Load;
-use crate::torture::dupproxy::{DupProxy, Timing};
-use crate::torture::gateway::Gateway;
+use crate::torture::dup_proxy_process::{DupProxy, Timing};
+use crate::torture::gateway_process::Gateway;
 use crate::torture::verdict::{Explanations, judge};
-use crate::torture::{Database, now_ms, relay};
+use crate::torture::{Database, now_ms, relay_services};
 
 /// A hop of the chain, and the fault it takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,9 +150,9 @@ async fn run(
 
     let deliveries = Arc::new(AtomicUsize::new(0));
     let down_store = PgStore::connect(&direct(&databases.downstream)).await?;
-    let down = relay::downstream_postgres(&down_store, Arc::clone(&deliveries)).await?;
+    let down = relay_services::downstream_postgres(&down_store, Arc::clone(&deliveries)).await?;
     let app_store = PgStore::connect(&through_proxy(&databases.application)).await?;
-    let app = relay::application(&app_store).await?;
+    let app = relay_services::application(&app_store).await?;
     // The outbox read while the proxy is cut: past it.
     let outbox = PgStore::builder(direct(&databases.application))
         .migrate(false)
@@ -385,7 +385,7 @@ async fn run(
             if Instant::now() > deadline {
                 break;
             }
-            if relay::pending(&outbox).await? == 0 {
+            if relay_services::pending(&outbox).await? == 0 {
                 let acked = acked_keys(&history_path)?;
                 let applied = downstream_effects(&direct(&databases.downstream)).await?;
                 let applied: HashSet<String> = applied.into_iter().map(|e| e.key).collect();
@@ -411,7 +411,7 @@ async fn run(
     drop(dup_proxy);
     gateway.kill().await;
     relay.kill().await;
-    let unpublished = relay::pending(&outbox).await?;
+    let unpublished = relay_services::pending(&outbox).await?;
     let queued = match &route.queue {
         Some(queue) => queue.depth().await.ok(),
         None => None,
@@ -460,8 +460,9 @@ async fn run(
 
 /// The downstream's effect log, read on a connection of its own.
 async fn downstream_effects(url: &str) -> anyhow::Result<Vec<idem_check::Effect>> {
-    let effects = idem_check::effects::query::postgres(url, "the downstream", relay::EFFECTS_QUERY)
-        .await
-        .context("cannot read the downstream's effects")?;
+    let effects =
+        idem_check::effects::query::postgres(url, "the downstream", relay_services::EFFECTS_QUERY)
+            .await
+            .context("cannot read the downstream's effects")?;
     Ok(effects)
 }

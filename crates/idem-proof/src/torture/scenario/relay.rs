@@ -19,7 +19,7 @@ use crate::torture::broker::{self, Queue, Stream};
 use crate::torture::child::{Exit, Process};
 use crate::torture::client::Load;
 use crate::torture::now_ms;
-use crate::torture::relay;
+use crate::torture::relay_services;
 use crate::torture::verdict::{Explanations, judge};
 
 /// How long a relay trial waits, once its clients are done and its broker
@@ -121,8 +121,8 @@ pub(super) async fn trial(setting: &Setting<'_>, carrier: Carrier) -> anyhow::Re
     let down_path = dir.join("downstream.db");
     let down_store = SqliteStore::open(&down_path).await?;
     let deliveries = Arc::new(AtomicUsize::new(0));
-    let down = relay::downstream(&down_store, Arc::clone(&deliveries)).await?;
-    let app = relay::application(&app_store).await?;
+    let down = relay_services::downstream(&down_store, Arc::clone(&deliveries)).await?;
+    let app = relay_services::application(&app_store).await?;
     let proxy = match (scenario.kills(), carrier) {
         (false, Carrier::Rabbitmq) => Some(FaultProxy::start(broker::address(amqp)?).await?),
         (false, Carrier::Nats) => Some(FaultProxy::start(broker::address(nats)?).await?),
@@ -234,9 +234,10 @@ pub(super) async fn trial(setting: &Setting<'_>, carrier: Carrier) -> anyhow::Re
             if Instant::now() > deadline {
                 break;
             }
-            if relay::pending(&app_store).await? == 0 {
+            if relay_services::pending(&app_store).await? == 0 {
                 let acked = acked_keys(&history_path)?;
-                let applied = idem_check::effects::query::sqlite(&down_path, relay::EFFECTS_QUERY)?;
+                let applied =
+                    idem_check::effects::query::sqlite(&down_path, relay_services::EFFECTS_QUERY)?;
                 let applied: HashSet<String> = applied.into_iter().map(|e| e.key).collect();
                 if acked.is_subset(&applied) {
                     break;
@@ -256,7 +257,7 @@ pub(super) async fn trial(setting: &Setting<'_>, carrier: Carrier) -> anyhow::Re
         client.abort();
     }
     relay.kill().await;
-    let unpublished = relay::pending(&app_store).await?;
+    let unpublished = relay_services::pending(&app_store).await?;
     let queued = match &route.queue {
         Some(queue) => queue.depth().await.ok(),
         None => None,
@@ -266,7 +267,7 @@ pub(super) async fn trial(setting: &Setting<'_>, carrier: Carrier) -> anyhow::Re
 
     let events =
         idem_check::history::read(std::io::BufReader::new(std::fs::File::open(&history_path)?))?;
-    let effects = idem_check::effects::query::sqlite(&down_path, relay::EFFECTS_QUERY)?;
+    let effects = idem_check::effects::query::sqlite(&down_path, relay_services::EFFECTS_QUERY)?;
     let report = idem_check::check(&events, &effects);
     let mut result = judge(
         index,

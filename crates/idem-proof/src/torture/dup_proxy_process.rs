@@ -1,10 +1,10 @@
-//! `idem dup-proxy` as a hop between the clients and the gateway: it sends a
-//! share of the requests twice, so the gateway also sees copies nobody
-//! retried. The campaign's history stays the clients'; the proxy's report
-//! says how many requests it duplicated, and its own history which copies
-//! ended with an unknown outcome (attempts the clients never saw).
+//! `idem dup-proxy` as a child process of the current binary, a hop between
+//! the clients and the gateway: it sends a share of the requests twice, so
+//! the gateway also sees copies nobody retried. The campaign's history stays
+//! the clients'; the proxy's report says how many requests it duplicated,
+//! and its own history which copies ended with an unknown outcome (attempts
+//! the clients never saw).
 
-use std::fs::File;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Stdio;
@@ -16,7 +16,9 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
+
+use super::child::idem_command;
 
 /// The share of requests sent twice.
 const SHARE: &str = "0.5";
@@ -65,14 +67,7 @@ impl DupProxy {
         log: &Path,
         history: &Path,
     ) -> anyhow::Result<Self> {
-        let exe = std::env::current_exe().context("cannot find the idem binary")?;
-        let log_file = File::options().create(true).append(true).open(log)?;
-        let mut command = Command::new(exe);
-        for (name, _) in std::env::vars() {
-            if name.starts_with("IDEM_") {
-                command.env_remove(name);
-            }
-        }
+        let (mut command, log_file) = idem_command(log, None)?;
         command
             .arg("dup-proxy")
             .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
