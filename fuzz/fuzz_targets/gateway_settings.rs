@@ -3,7 +3,7 @@
 //! keep their invariants and, written out again, resolve to themselves.
 #![no_main]
 
-use idem_http::gateway::{GatewaySettings, GivenSettings, SettingsFile};
+use idem_gateway::{GatewaySettings, GivenSettings, SettingsFile};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|text: &str| {
@@ -22,7 +22,7 @@ fuzz_target!(|text: &str| {
     assert!(
         settings
             .max_in_flight
-            .is_none_or(|limit| (1..=idem_http::gateway::MAX_IN_FLIGHT).contains(&limit)),
+            .is_none_or(|limit| (1..=idem_gateway::MAX_IN_FLIGHT).contains(&limit)),
         "{settings:?}"
     );
     assert!(settings.routes.iter().all(|r| r.starts_with('/')), "{settings:?}");

@@ -4,7 +4,7 @@
 //! and written out with its password parses back to the same upstream.
 #![no_main]
 
-use idem_http::gateway::Upstream;
+use idem_gateway::Upstream;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|text: &str| {

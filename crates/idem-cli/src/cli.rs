@@ -213,9 +213,9 @@ mod tests {
         let Command::Serve(args) = cli.command else {
             panic!("not serve");
         };
-        assert_eq!(args.lease.as_deref(), Some("-5s"));
-        assert_eq!(args.upstream_timeout.as_deref(), Some("-1m"));
-        assert_eq!(args.body_timeout.as_deref(), Some("-2s"));
+        assert_eq!(args.settings.lease.as_deref(), Some("-5s"));
+        assert_eq!(args.settings.upstream_timeout.as_deref(), Some("-1m"));
+        assert_eq!(args.settings.body_timeout.as_deref(), Some("-2s"));
     }
 
     #[test]
