@@ -27,10 +27,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, StatusCode, Uri, header::CONTENT_TYPE};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use idem_core::{Applied, ApplyError, Error, Outcome, error_chain};
 use idem_retry::{HttpPolicy, IDEMPOTENCY_KEY, Verdict, key_header_value};
 use idem_trace::{Headers, HttpHeadersMut, KeyInSpans};
@@ -40,6 +36,7 @@ use crate::consume::{
     Apply, ConsumeError, Consumer, ConsumerConfig, ConsumerStore, KeyedMessage, Reconnect, Source,
     SourceOptions, StatsSnapshot,
 };
+use crate::transport::http::{HttpClient, client};
 
 /// The response header that marks a replayed answer.
 const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
@@ -100,22 +97,11 @@ pub enum ForwardError {
     },
 }
 
-/// The connector of the forwarder: plain HTTP, or TLS (rustls, *ring*) with
-/// `tls` or webpki's bundled roots.
-fn connector(tls: Option<&rustls::ClientConfig>) -> HttpsConnector<HttpConnector> {
-    let builder = hyper_rustls::HttpsConnectorBuilder::new();
-    let builder = match tls {
-        Some(tls) => builder.with_tls_config(tls.clone()),
-        None => builder.with_webpki_roots(),
-    };
-    builder.https_or_http().enable_http1().build()
-}
-
 /// Delivers messages to an HTTP endpoint; an [`Apply`] for the consumer
 /// runtime. `S` keeps the failure counts and dead letters.
 pub struct HttpForward<S> {
     store: S,
-    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    client: HttpClient,
     policy: HttpPolicy,
     config: ForwardConfig,
 }
@@ -133,7 +119,7 @@ impl<S: ConsumerStore> HttpForward<S> {
     pub fn new(store: S, config: ForwardConfig) -> Self {
         Self {
             store,
-            client: Client::builder(TokioExecutor::new()).build(connector(config.tls.as_deref())),
+            client: client(config.tls.as_deref()),
             policy: HttpPolicy::new(),
             config,
         }

@@ -9,18 +9,25 @@
 //! and `idem-postgres`. This crate is written once over those contracts.
 //!
 //! Modules:
-//! - [`consume`]: the consumer runtime, and its RabbitMQ (feature `amqp`),
-//!   NATS JetStream (feature `nats`), Kafka (feature `kafka`) and Amazon SQS
-//!   (feature `sqs`) transports;
+//! - [`consume`]: the consumer runtime (keys, single and batch mode, dedupe
+//!   windows, reconnects, the [`Transport`](consume::Transport) trait) and
+//!   [`Source`](consume::Source), a broker chosen by URL;
+//! - [`publish`]: the [`Message`](publish::Message), the
+//!   [`Publish`](publish::Publish) trait and its errors, and
+//!   [`Destination`](publish::Destination), a broker or webhook chosen by URL;
+//! - `transport`: one folder per transport, each whole (its URL and TLS
+//!   options, connecting, its consumer transport, its publisher): RabbitMQ
+//!   (feature `amqp`; confirms), NATS JetStream (`nats`), Kafka (`kafka`; the
+//!   idempotent producer), Amazon SQS (`sqs`) and HTTP webhooks (`webhook`).
+//!   Their consumer transports are re-exported from [`consume`], their
+//!   publishers from [`publish`];
 //! - [`kafka`]: the settings Kafka clients are checked against, and
 //!   consume-transform-produce inside a Kafka transaction (feature `kafka`);
+//!   the Kafka transport's folder, public for those;
 //! - [`forward`]: the sidecar that delivers consumed messages to an HTTP
 //!   endpoint (feature `webhook`, and a transport);
 //! - [`outbox`]: [`Outbox::enqueue`](outbox::Outbox::enqueue) inside the business transaction;
 //! - [`relay`]: claims pending outbox rows and publishes them;
-//! - [`publish`]: publishers for RabbitMQ (confirms; `amqp`), NATS JetStream
-//!   (`nats`), Kafka (the idempotent producer; `kafka`), Amazon SQS (`sqs`)
-//!   and HTTP webhooks (`webhook`);
 //! - [`dead_letter`]: redrive, and the dead-letter types.
 //!
 //! Features: `amqp`, `nats`, `kafka`, `sqs` and `webhook`, all on by default. A destination
@@ -40,14 +47,13 @@ compile_error!(
     "idem-broker publishes and consumes through at least one transport: enable the crate feature amqp, nats, kafka, sqs or webhook"
 );
 
-mod amqp_conn;
 pub mod consume;
 pub mod dead_letter;
 #[cfg(all(feature = "webhook", any(feature = "amqp", feature = "nats")))]
 pub mod forward;
-pub mod kafka;
-mod nats_conn;
 pub mod outbox;
 pub mod publish;
 pub mod relay;
-mod sqs_conn;
+mod transport;
+
+pub use transport::kafka;

@@ -12,20 +12,25 @@
 //! # Layout
 //!
 //! This module only declares and re-exports; each module below imports what
-//! it uses from the module that defines it. The transports depend on the
-//! shared modules (`transport`, `message`), never the reverse, and `source`
-//! (which chooses a transport) depends on the transports.
+//! it uses from the module that defines it. The transports themselves live
+//! in the crate's transport folders, one per broker, and are re-exported
+//! here; they depend on the shared modules (`transport`, `message`, `window`),
+//! never the reverse, and `source` (which chooses a transport) depends on
+//! them:
 //!
-//! - `transport`: the [`Transport`] and [`Settle`] traits a broker adapter implements;
-//! - `amqp` (feature `amqp`): [`AmqpTransport`], RabbitMQ through lapin (manual ack, prefetch);
-//! - `nats` (feature `nats`): [`NatsTransport`], NATS JetStream through async-nats
+//! - [`AmqpTransport`] (feature `amqp`): RabbitMQ through lapin (manual ack, prefetch);
+//! - [`NatsTransport`] (feature `nats`): NATS JetStream through async-nats
 //!   (pull, explicit ack, ack-wait);
-//! - `kafka` (feature `kafka`): [`KafkaTransport`], a Kafka consumer group member
+//! - [`KafkaTransport`] (feature `kafka`): a Kafka consumer group member
 //!   through rdkafka (offsets committed after the effect, partitions in parallel,
 //!   each in order);
-//! - `sqs` (feature `sqs`): [`SqsTransport`], an Amazon SQS queue through the
+//! - [`SqsTransport`] (feature `sqs`): an Amazon SQS queue through the
 //!   official SDK (long polling, the visibility timeout as the lease, deleted
-//!   after the commit, FIFO groups each in order);
+//!   after the commit, FIFO groups each in order).
+//!
+//! The modules here:
+//!
+//! - `transport`: the [`Transport`] and [`Settle`] traits a broker adapter implements;
 //! - `reconnect`: [`Reconnecting`], a transport that connects again after a
 //!   lost connection (full-jitter backoff, [`Reconnect`]), and says so to `/healthz`;
 //! - `source` (feature `amqp`, `nats`, `kafka` or `sqs`): [`Source`], a broker chosen by URL, and [`AnyTransport`];
@@ -38,51 +43,45 @@
 //! - `batch`: [`Consumer::run_batched`], N messages per transaction;
 //! - `stats`: [`Stats`], counters for tests and the benchmark.
 
-#[cfg(feature = "amqp")]
-mod amqp;
 mod apply;
 mod batch;
 mod config;
-#[cfg(feature = "kafka")]
-mod kafka;
 mod key;
 mod message;
-#[cfg(feature = "nats")]
-mod nats;
 mod reconnect;
 mod runtime;
 #[cfg(any(feature = "amqp", feature = "nats", feature = "kafka", feature = "sqs"))]
 mod source;
-#[cfg(feature = "sqs")]
-mod sqs;
 mod stats;
 mod store;
 mod transport;
 mod window;
 
-#[cfg(feature = "amqp")]
-pub use amqp::{AmqpSettle, AmqpTransport};
 pub use apply::{Apply, ApplyBatch, AtomicApply, AtomicSetApply, BatchAnswer};
 pub use config::{
     Checkpoint, ConsumerConfig, DEFAULT_BATCH, DEFAULT_BATCHES_AT_ONCE, DEFAULT_CONCURRENCY,
     DEFAULT_MAX_ATTEMPTS,
 };
 pub use idem_core::{AttemptStore, Failures};
-#[cfg(feature = "kafka")]
-pub use kafka::{KafkaOptions, KafkaSettle, KafkaTransport};
 pub use key::{KeyRule, KeySource, MissingKey, NoKey};
 pub use message::{KeyedMessage, Message};
-#[cfg(feature = "nats")]
-pub use nats::{NatsOptions, NatsSettle, NatsTransport};
 pub use reconnect::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_RECONNECT_MAX, DEFAULT_RECONNECT_MIN, Reconnect, Reconnecting,
 };
 pub use runtime::{ConsumeError, Consumer};
 #[cfg(any(feature = "amqp", feature = "nats", feature = "kafka", feature = "sqs"))]
 pub use source::{AnySettle, AnyTransport, InvalidSource, Source, SourceOptions};
-#[cfg(feature = "sqs")]
-pub use sqs::{SQS_KEY_ATTRIBUTE, SqsOptions, SqsSettle, SqsTransport};
 pub use stats::{Stats, StatsSnapshot};
 pub use store::ConsumerStore;
 pub use transport::{Delivery, Route, Settle, Transport, TransportError, TransportErrorKind};
 pub use window::{BrokerHorizon, DeliveryLimit, WindowTerms};
+
+#[cfg(feature = "amqp")]
+pub use crate::transport::amqp::consume::{AmqpSettle, AmqpTransport};
+#[cfg(feature = "kafka")]
+pub use crate::transport::kafka::consume::{KafkaOptions, KafkaSettle, KafkaTransport};
+#[cfg(feature = "nats")]
+pub use crate::transport::nats::consume::{NatsOptions, NatsSettle, NatsTransport};
+pub use crate::transport::sqs::KEY_ATTRIBUTE as SQS_KEY_ATTRIBUTE;
+#[cfg(feature = "sqs")]
+pub use crate::transport::sqs::consume::{SqsOptions, SqsSettle, SqsTransport};

@@ -22,7 +22,7 @@
 //! returned at once, and the consumer stops with it.
 //!
 //! While a connection is being made again, the process's health says so
-//! ([`idem::health`], read by the admin listener's `/healthz`), the gauge
+//! ([`idem_core::health`], read by the admin listener's `/healthz`), the gauge
 //! `consumer_connected{origin}` is 0, and `consumer_reconnects_total{origin}`
 //! counts the connections lost.
 //!
@@ -34,8 +34,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
-use idem::health;
 use idem_core::error_chain;
+use idem_core::health;
 use idem_retry::Backoff;
 
 use super::BrokerHorizon;

@@ -12,18 +12,20 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use idem::redact_url;
+use idem_core::redact_url;
 
-#[cfg(feature = "amqp")]
-use super::amqp::{AmqpSettle, AmqpTransport};
-#[cfg(feature = "kafka")]
-use super::kafka::{KafkaOptions, KafkaSettle, KafkaTransport};
-#[cfg(feature = "nats")]
-use super::nats::{NatsOptions, NatsSettle, NatsTransport};
 use super::reconnect::{Reconnect, Reconnecting};
-#[cfg(feature = "sqs")]
-use super::sqs::{SqsOptions, SqsSettle, SqsTransport};
 use super::transport::{Delivery, Route, Settle, Transport, TransportError};
+#[cfg(feature = "kafka")]
+use crate::transport::kafka::consume::{KafkaOptions, KafkaSettle, KafkaTransport};
+use crate::transport::kafka::{KafkaUrl, Settings};
+use crate::transport::{amqp, nats, sqs};
+#[cfg(feature = "amqp")]
+use amqp::consume::{AmqpSettle, AmqpTransport};
+#[cfg(feature = "nats")]
+use nats::consume::{NatsOptions, NatsSettle, NatsTransport};
+#[cfg(feature = "sqs")]
+use sqs::consume::{SqsOptions, SqsSettle, SqsTransport};
 
 /// Where messages are consumed from.
 #[derive(Clone, PartialEq, Eq)]
@@ -55,7 +57,7 @@ pub enum Source {
         /// The consumer group.
         group: String,
         /// librdkafka settings from the URL's query (checked when connecting).
-        settings: crate::kafka::Settings,
+        settings: Settings,
     },
     /// An Amazon SQS queue.
     Sqs {
@@ -119,9 +121,9 @@ impl FromStr for Source {
             ("amqp" | "amqps", [vhost, queue]) => amqp_source(text, &base, vhost, queue),
             ("amqp" | "amqps", _) => Err(invalid("an AMQP source names one queue")),
             ("nats" | "tls", [stream, consumer]) => {
-                crate::nats_conn::NatsServer::parse(&parsed).map_err(|why| invalid(&why))?;
+                nats::NatsServer::parse(&parsed).map_err(|why| invalid(&why))?;
                 Ok(Self::Nats {
-                    url: crate::nats_conn::server_url(&parsed),
+                    url: nats::server_url(&parsed),
                     stream: decode(stream),
                     consumer: decode(consumer),
                 })
@@ -143,7 +145,7 @@ fn amqp_source(text: &str, base: &str, vhost: &str, queue: &str) -> Result<Sourc
         Some(query) => format!("{base}/{vhost}?{query}"),
         None => format!("{base}/{vhost}"),
     };
-    crate::amqp_conn::AmqpServer::parse(&url).map_err(|why| InvalidSource {
+    amqp::AmqpServer::parse(&url).map_err(|why| InvalidSource {
         url: redact_url(text),
         why,
     })?;
@@ -154,12 +156,12 @@ fn amqp_source(text: &str, base: &str, vhost: &str, queue: &str) -> Result<Sourc
 }
 
 fn kafka(text: &str) -> Result<Source, String> {
-    let url = crate::kafka::KafkaUrl::parse(text)?;
+    let url = KafkaUrl::parse(text)?;
     let [topic] = url.path.as_slice() else {
         return Err("a Kafka source names one topic".into());
     };
     let mut group = None;
-    let mut settings = crate::kafka::Settings::new();
+    let mut settings = Settings::new();
     for (name, value) in url.query {
         match name.as_str() {
             "group" | "group.id" => group = Some(value),
@@ -179,12 +181,12 @@ fn kafka(text: &str) -> Result<Source, String> {
 
 #[cfg(feature = "sqs")]
 fn check_sqs(text: &str) -> Result<(), String> {
-    super::sqs::check_source(text)
+    sqs::consume::check_source(text)
 }
 
 #[cfg(not(feature = "sqs"))]
 fn check_sqs(text: &str) -> Result<(), String> {
-    crate::sqs_conn::SqsUrl::parse(text).map(|_| ())
+    sqs::SqsUrl::parse(text).map(|_| ())
 }
 
 /// A percent-decoded path segment (`%2F` → `/`); invalid escapes are kept.

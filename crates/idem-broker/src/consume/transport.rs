@@ -128,7 +128,7 @@ pub struct Delivery<S> {
 /// Where a transport's messages come from and where a redrive sends them back.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route {
-    /// A printable name of the source, its URL through [`idem::redact_url`]
+    /// A printable name of the source, its URL through [`idem_core::redact_url`]
     /// (`amqp://guest:***@127.0.0.1:5672/%2f/orders`, `nats://127.0.0.1:4222/ORDERS/billing`).
     pub origin: String,
     back: Back,
@@ -143,7 +143,7 @@ enum Back {
     /// The Kafka topic the record was read from.
     Topic {
         brokers: String,
-        settings: crate::kafka::Settings,
+        settings: crate::transport::kafka::Settings,
     },
     /// Always this destination.
     Fixed(Destination),
@@ -180,7 +180,7 @@ impl Route {
     pub fn topic(
         origin: impl Into<String>,
         brokers: impl Into<String>,
-        settings: crate::kafka::Settings,
+        settings: crate::transport::kafka::Settings,
     ) -> Self {
         Self {
             origin: origin.into(),

@@ -17,14 +17,17 @@
 //! (`heartbeat`, `channel_max`, ...) are kept and handed to the client. [`Display`](fmt::Display)
 //! writes the canonical form, which parses back to the same destination; it
 //! keeps the password because the tables need it to publish. Logs and errors
-//! use [`Destination::redacted`], which goes through [`idem::redact_url`].
+//! use [`Destination::redacted`], which goes through [`idem_core::redact_url`].
 
 use std::fmt;
 use std::str::FromStr;
 
-use idem::redact_url;
+use idem_core::redact_url;
 use url::Url;
 use url::form_urlencoded;
+
+use crate::transport::kafka::{KafkaUrl, Settings};
+use crate::transport::{amqp, nats, sqs};
 
 /// A publish destination.
 ///
@@ -83,7 +86,7 @@ pub enum Destination {
         record_key: RecordKey,
         /// librdkafka settings (checked when connecting: unsafe producer
         /// settings are refused).
-        settings: crate::kafka::Settings,
+        settings: Settings,
     },
     /// An Amazon SQS queue.
     Sqs {
@@ -321,7 +324,7 @@ fn sqs(parsed: &Url) -> Result<Destination, String> {
     } else {
         url.set_query(Some(&rest.finish()));
     }
-    let checked = crate::sqs_conn::SqsUrl::parse(url.as_str())?;
+    let checked = sqs::SqsUrl::parse(url.as_str())?;
     if let Some((name, _)) = checked.query.first() {
         return Err(format!(
             "unknown option {name:?}: an SQS destination takes region= and group="
@@ -347,14 +350,14 @@ fn record_key_query(record_key: &RecordKey) -> Option<String> {
 }
 
 fn kafka(text: &str) -> Result<Destination, String> {
-    let url = crate::kafka::KafkaUrl::parse(text)?;
+    let url = KafkaUrl::parse(text)?;
     let topic = match url.path.as_slice() {
         [topic] => topic.clone(),
         [] => return Err("has no topic; write kafka://HOST:PORT/TOPIC".into()),
         _ => return Err("names more than one path segment; write kafka://HOST:PORT/TOPIC".into()),
     };
     let mut record_key = RecordKey::None;
-    let mut settings = crate::kafka::Settings::new();
+    let mut settings = Settings::new();
     for (name, value) in url.query {
         if name == "record_key" {
             record_key = match value.split_once(':') {
@@ -430,13 +433,13 @@ impl FromStr for Destination {
                 if parsed.fragment().is_some() {
                     return Err(invalid("a NATS destination takes no fragment"));
                 }
-                crate::nats_conn::NatsServer::parse(&parsed).map_err(|p| invalid(&p))?;
+                nats::NatsServer::parse(&parsed).map_err(|p| invalid(&p))?;
                 // The server is the URL without its path, as parsed: the
                 // parser escapes what the text left raw, so the parsed path
                 // need not be a suffix of the text. Its query holds the
                 // connection's options (TLS, credentials).
                 Ok(Self::Nats {
-                    url: crate::nats_conn::server_url(&parsed),
+                    url: nats::server_url(&parsed),
                     subject: subject.to_owned(),
                 })
             }
@@ -508,7 +511,7 @@ fn amqp(text: &str, parsed: &Url) -> Result<Destination, String> {
     } else {
         format!("{base}?{}", rest.finish())
     };
-    crate::amqp_conn::AmqpServer::parse(&url)?;
+    amqp::AmqpServer::parse(&url)?;
     Ok(Destination::Amqp {
         url,
         exchange,

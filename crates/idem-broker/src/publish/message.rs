@@ -10,9 +10,6 @@ use idem_core::IdempotencyKey;
 
 use super::error::PublishError;
 
-/// The header JetStream dedupes on.
-pub const NATS_MSG_ID_HEADER: &str = "Nats-Msg-Id";
-
 /// One message: its own idempotency key, the payload bytes, and string headers.
 ///
 /// The key is made where the intent is formed (derived from the originating

@@ -21,40 +21,34 @@
 //!
 //! Modules: [`Destination`] parsing (`destination`), the error (`error`), the
 //! [`Message`] and the [`Publish`] trait every publisher shares (`message`),
-//! [`Publisher`] and [`connect`] here, choosing among the transports, and one
-//! module per transport, each behind its crate feature: `amqp` (feature
-//! `amqp`), `nats` (feature `nats`), `http` (feature `webhook`), `kafka`
-//! (feature `kafka`), `sqs` (feature `sqs`). Every
-//! destination parses whatever the features; connecting to one whose
-//! transport was left out is a [`PublishErrorKind::Config`] error.
+//! and [`Publisher`] and [`connect`] here, choosing among the transports. The
+//! publishers themselves live in the crate's transport folders, one per
+//! broker, each behind its crate feature, and are re-exported here:
+//! [`AmqpPublisher`] (feature `amqp`), [`NatsPublisher`] (feature `nats`),
+//! [`HttpPublisher`] (feature `webhook`), [`KafkaPublisher`] (feature
+//! `kafka`), [`SqsPublisher`] (feature `sqs`). Every destination parses
+//! whatever the features; connecting to one whose transport was left out is
+//! a [`PublishErrorKind::Config`] error.
 
-#[cfg(feature = "amqp")]
-mod amqp;
 mod destination;
 mod error;
-#[cfg(feature = "webhook")]
-mod http;
-#[cfg(feature = "kafka")]
-mod kafka;
 mod message;
-#[cfg(feature = "nats")]
-mod nats;
-#[cfg(feature = "sqs")]
-mod sqs;
 
-#[cfg(feature = "amqp")]
-pub use self::amqp::AmqpPublisher;
 pub use self::destination::{Destination, DestinationError, RecordKey, SqsGroup, redact};
 pub use self::error::{PublishError, PublishErrorKind, classify};
+pub use self::message::{Message, Publish};
+#[cfg(feature = "amqp")]
+pub use crate::transport::amqp::publish::AmqpPublisher;
 #[cfg(feature = "webhook")]
-pub use self::http::HttpPublisher;
+pub use crate::transport::http::publish::HttpPublisher;
 #[cfg(feature = "kafka")]
-pub use self::kafka::KafkaPublisher;
-pub use self::message::{Message, NATS_MSG_ID_HEADER, Publish};
+pub use crate::transport::kafka::publish::KafkaPublisher;
+/// The header JetStream dedupes on.
+pub use crate::transport::nats::MSG_ID_HEADER as NATS_MSG_ID_HEADER;
 #[cfg(feature = "nats")]
-pub use self::nats::NatsPublisher;
+pub use crate::transport::nats::publish::NatsPublisher;
 #[cfg(feature = "sqs")]
-pub use self::sqs::SqsPublisher;
+pub use crate::transport::sqs::publish::SqsPublisher;
 
 /// A publisher for any [`Destination`], made by [`connect`].
 #[derive(Debug)]

@@ -42,7 +42,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
-use idem::health;
+use idem_core::health;
 use idem_core::{DeadLetterStore, Error, OutboxStore, SharedClock, Timestamp};
 use idem_retry::RetryBudget;
 

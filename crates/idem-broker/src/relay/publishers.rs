@@ -1,7 +1,7 @@
 //! One connected publisher per destination, opened on first use and kept for
 //! the relay's life; dropped after a failure that says the connection is gone,
 //! so the next use reconnects. Each destination's connection is registered
-//! with the process's health ([`idem::health`]) and reported as
+//! with the process's health ([`idem_core::health`]) and reported as
 //! `relay_connected{connection}` (1 up, 0 lost) and
 //! `relay_reconnects_total{connection}` (connections lost).
 
@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem::health;
+use idem_core::health;
 use tokio::sync::Mutex;
 
 use crate::publish::{

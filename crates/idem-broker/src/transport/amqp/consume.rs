@@ -19,15 +19,17 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures::StreamExt;
-use idem::redact_url;
+use idem_core::redact_url;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Acker, Channel, Connection, ConnectionProperties};
 
-use super::message::Message;
-use super::transport::{Delivery, Route, Settle, Transport, TransportError, TransportErrorKind};
+use super::connect::{ConnectFailure, connect};
+use crate::consume::{
+    Delivery, Message, Route, Settle, Transport, TransportError, TransportErrorKind,
+};
 
 /// How often a waiting consumer looks at its connection's state.
 const CONNECTION_CHECK: Duration = Duration::from_secs(1);
@@ -106,17 +108,14 @@ impl AmqpTransport {
         // connection list.
         let properties = ConnectionProperties::default()
             .with_connection_name(format!("idem consumer of {queue}").into());
-        let connection = crate::amqp_conn::connect(url, properties)
+        let connection = connect(url, properties)
             .await
             .map_err(|failure| match failure {
-                crate::amqp_conn::ConnectFailure::Client(e, None) => {
-                    classified("connect to RabbitMQ", e)
-                }
-                crate::amqp_conn::ConnectFailure::Client(e, Some(advice)) => {
+                ConnectFailure::Client(e, None) => classified("connect to RabbitMQ", e),
+                ConnectFailure::Client(e, Some(advice)) => {
                     TransportError::new("connect to RabbitMQ", format!("{e}; {advice}"))
                 }
-                crate::amqp_conn::ConnectFailure::Config(why)
-                | crate::amqp_conn::ConnectFailure::Tls(why) => {
+                ConnectFailure::Config(why) | ConnectFailure::Tls(why) => {
                     TransportError::of(TransportErrorKind::Config, "connect to RabbitMQ", why)
                 }
             })?;

@@ -1,5 +1,7 @@
-//! How a RabbitMQ URL's TLS options are read, for sources and destinations
-//! alike.
+//! RabbitMQ (AMQP 0-9-1): how its URL is read, for sources and destinations
+//! alike; with the `amqp` feature, connecting (`connect`), the consumer
+//! transport (`consume`: manual acks, prefetch) and the publisher (`publish`:
+//! publisher confirms).
 //!
 //! `amqps://` connects with TLS (rustls, ring); the server's certificate is
 //! verified against the system's roots and the CA file the URL names. The
@@ -13,7 +15,16 @@
 //! | `keyfile=FILE` | `tls_key=FILE` | the client certificate's PKCS#8 key, PEM |
 //!
 //! Other query parameters (`heartbeat`, `channel_max`, `frame_max`,
-//! `connection_timeout`, `auth_mechanism`) go to the client as before.
+//! `connection_timeout`, `auth_mechanism`) go to the client as before. The
+//! URL is read in every build, so a destination or a source parses whatever
+//! the features; the rest of this folder needs the `amqp` feature.
+
+#[cfg(feature = "amqp")]
+mod connect;
+#[cfg(feature = "amqp")]
+pub(crate) mod consume;
+#[cfg(feature = "amqp")]
+pub(crate) mod publish;
 
 use std::path::PathBuf;
 
@@ -30,20 +41,6 @@ pub(crate) struct AmqpServer {
 }
 
 impl AmqpServer {
-    /// The URL as the client's own type. The client's parser takes the host
-    /// from the URL's domain name only and puts `localhost` in place of an IP
-    /// address, so an address is set here from the URL itself.
-    #[cfg(feature = "amqp")]
-    pub(crate) fn client_uri(&self) -> Result<lapin::uri::AMQPUri, String> {
-        let mut uri: lapin::uri::AMQPUri = self.uri.parse()?;
-        match Url::parse(&self.uri).map_err(|e| e.to_string())?.host() {
-            Some(url::Host::Ipv4(ip)) => uri.authority.host = ip.to_string(),
-            Some(url::Host::Ipv6(ip)) => uri.authority.host = ip.to_string(),
-            _ => {}
-        }
-        Ok(uri)
-    }
-
     /// Reads `url` (`amqp://` or `amqps://`).
     pub(crate) fn parse(url: &str) -> Result<Self, String> {
         let parsed = Url::parse(url).map_err(|e| e.to_string())?;
@@ -103,87 +100,6 @@ impl AmqpServer {
     }
 }
 
-/// Why a RabbitMQ connection was not made.
-#[cfg(feature = "amqp")]
-#[derive(Debug)]
-pub(crate) enum ConnectFailure {
-    /// The URL or a file it names is wrong.
-    Config(String),
-    /// The server's certificate did not verify, or the handshake failed.
-    Tls(String),
-    /// What the client said, and advice when there is some: the failure
-    /// may pass (a broker restarting), so connecting again is tried.
-    Client(lapin::Error, Option<&'static str>),
-}
-
-/// Connects to the RabbitMQ `url` names, with TLS as its options say.
-#[cfg(feature = "amqp")]
-pub(crate) async fn connect(
-    url: &str,
-    properties: lapin::ConnectionProperties,
-) -> Result<lapin::Connection, ConnectFailure> {
-    use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
-
-    let server = AmqpServer::parse(url).map_err(ConnectFailure::Config)?;
-    let read = |what: &str, path: &PathBuf| {
-        std::fs::read(path)
-            .map_err(|e| ConnectFailure::Config(format!("{what} file {}: {e}", path.display())))
-    };
-    let cert_chain = match &server.ca {
-        Some(path) => Some(String::from_utf8(read("cacertfile", path)?).map_err(|_| {
-            ConnectFailure::Config(format!(
-                "cacertfile file {} is not PEM text",
-                path.display()
-            ))
-        })?),
-        None => None,
-    };
-    let identity = match &server.cert {
-        Some((cert, key)) => Some(OwnedIdentity::PKCS8 {
-            pem: read("certfile", cert)?,
-            key: read("keyfile", key)?,
-        }),
-        None => None,
-    };
-    let runtime = lapin::runtime::default_runtime().map_err(|e| ConnectFailure::Client(e, None))?;
-    let tls = server.ca.is_some() || server.cert.is_some() || url.starts_with("amqps:");
-    lapin::Connection::connect_uri_with_config(
-        server.client_uri().map_err(ConnectFailure::Config)?,
-        properties,
-        OwnedTLSConfig {
-            identity,
-            cert_chain,
-        },
-        runtime,
-    )
-    .await
-    .map_err(|error| {
-        let text = error.to_string();
-        if tls && text.contains("CertificateRequired") {
-            ConnectFailure::Tls(format!(
-                "the server requires a client certificate ({text}): give certfile=FILE&keyfile=FILE"
-            ))
-        } else if tls && text.contains("certificate") {
-            ConnectFailure::Tls(format!(
-                "the server's certificate did not verify ({text}); give the CA that signed it with cacertfile=FILE, and connect by a name or address the certificate holds"
-            ))
-        } else if tls && (text.contains("tls") || text.contains("TLS") || text.contains("alert")) {
-            ConnectFailure::Tls(format!(
-                "TLS failed ({text}); check cacertfile=, certfile= and keyfile=, and that the port speaks TLS (RabbitMQ's is 5671)"
-            ))
-        } else if tls && server.cert.is_none() && (text.contains("reset") || text.contains("closed")) {
-            // TLS 1.3: a server that wants a client certificate says so by
-            // ending the connection after the handshake.
-            ConnectFailure::Client(
-                error,
-                Some("the server ended the TLS connection: if it requires a client certificate, give certfile=FILE&keyfile=FILE"),
-            )
-        } else {
-            ConnectFailure::Client(error, None)
-        }
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -202,23 +118,6 @@ mod tests {
         assert_eq!(nats_names.ca, Some("/ca.pem".into()));
         let plain = AmqpServer::parse("amqp://guest:guest@127.0.0.1:5672/%2f").unwrap();
         assert_eq!(plain.uri, "amqp://guest:guest@127.0.0.1:5672/%2f");
-        #[cfg(feature = "amqp")]
-        {
-            let by_address = AmqpServer::parse("amqp://u:p@10.1.2.3:5673/v").unwrap();
-            let uri = by_address.client_uri().unwrap();
-            assert_eq!(uri.authority.host, "10.1.2.3");
-            assert_eq!(uri.authority.port, 5673);
-            let v6 = AmqpServer::parse("amqps://[::1]/v")
-                .unwrap()
-                .client_uri()
-                .unwrap();
-            assert_eq!(v6.authority.host, "::1");
-            let named = AmqpServer::parse("amqp://rabbit.internal/v")
-                .unwrap()
-                .client_uri()
-                .unwrap();
-            assert_eq!(named.authority.host, "rabbit.internal");
-        }
     }
 
     #[test]

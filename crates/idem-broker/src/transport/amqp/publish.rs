@@ -14,9 +14,8 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use tokio::sync::Mutex;
 
-use super::destination::Destination;
-use super::error::{PublishError, PublishErrorKind};
-use super::message::{Message, Publish};
+use super::connect::{ConnectFailure, connect};
+use crate::publish::{Destination, Message, Publish, PublishError, PublishErrorKind};
 
 /// Persistent delivery (survives a broker restart on a durable queue).
 const PERSISTENT: u8 = 2;
@@ -92,18 +91,17 @@ impl AmqpPublisher {
             )
             .with_source(e)
         };
-        let connection = crate::amqp_conn::connect(&self.uri, ConnectionProperties::default())
+        let connection = connect(&self.uri, ConnectionProperties::default())
             .await
             .map_err(|failure| match failure {
-                crate::amqp_conn::ConnectFailure::Client(e, None) => unavailable("connect", e),
-                crate::amqp_conn::ConnectFailure::Client(e, Some(advice)) => self
+                ConnectFailure::Client(e, None) => unavailable("connect", e),
+                ConnectFailure::Client(e, Some(advice)) => self
                     .fail(
                         PublishErrorKind::Unavailable,
                         format!("could not connect: {e}; {advice}"),
                     )
                     .with_source(e),
-                crate::amqp_conn::ConnectFailure::Config(why)
-                | crate::amqp_conn::ConnectFailure::Tls(why) => self.fail(
+                ConnectFailure::Config(why) | ConnectFailure::Tls(why) => self.fail(
                     PublishErrorKind::Config,
                     format!("could not connect: {why}"),
                 ),

@@ -14,27 +14,21 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
 use http::{Method, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use idem_core::error_chain;
 use idem_retry::{HttpPolicy, IDEMPOTENCY_KEY, Verdict, key_header_value};
 
-use super::destination::Destination;
-use super::error::{PublishError, PublishErrorKind};
-use super::message::{Message, Publish};
+use super::{HttpClient, client};
+use crate::publish::{Destination, Message, Publish, PublishError, PublishErrorKind};
 
 /// How long one webhook call may take, answer included.
-pub(super) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
-
-type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Posts to one URL.
 #[derive(Debug, Clone)]
 pub struct HttpPublisher {
     destination: Destination,
     uri: Uri,
-    client: Client<Connector, Full<Bytes>>,
+    client: HttpClient,
     policy: HttpPolicy,
     timeout: Duration,
 }
@@ -67,16 +61,10 @@ impl HttpPublisher {
             )
             .with_source(e)
         })?;
-        let builder = hyper_rustls::HttpsConnectorBuilder::new();
-        let builder = match tls {
-            Some(tls) => builder.with_tls_config(tls.clone()),
-            None => builder.with_webpki_roots(),
-        };
-        let connector = builder.https_or_http().enable_http1().build();
         Ok(Self {
             destination: destination.clone(),
             uri,
-            client: Client::builder(TokioExecutor::new()).build(connector),
+            client: client(tls),
             policy: HttpPolicy::new(),
             timeout: DEFAULT_TIMEOUT,
         })

@@ -1,5 +1,9 @@
-//! What the Kafka transport, publisher and transactions share: the settings
-//! Idem insists on, and where a URL names brokers and a topic.
+//! Kafka: where a `kafka://` URL names brokers and a topic, the settings
+//! Idem insists on, and the header the key travels in; with the `kafka`
+//! feature, the clients' configurations (`connect`), why the brokers could
+//! not be reached (`refusal`), the consumer transport (`consume`: offsets
+//! committed after the effect), the idempotent publisher (`publish`), and
+//! consume-transform-produce inside a Kafka transaction ([`transact`]).
 //!
 //! Kafka's own exactly-once (the idempotent producer, transactions,
 //! `read_committed` readers) covers writes to Kafka and consumer offsets, and
@@ -9,12 +13,23 @@
 //! ([`crate::consume`]). For pipelines that only read from Kafka and write to
 //! Kafka, [`transact`] runs consume-transform-produce inside one Kafka
 //! transaction.
+//!
+//! The URL and [`Settings`] are read in every build, so a destination or a
+//! source parses whatever the features; the rest of this folder needs the
+//! `kafka` feature.
 
 #[cfg(feature = "kafka")]
-pub(crate) mod refusal;
-mod settings;
+mod connect;
+#[cfg(feature = "kafka")]
+pub(crate) mod consume;
+#[cfg(feature = "kafka")]
+pub(crate) mod publish;
+#[cfg(feature = "kafka")]
+mod refusal;
 #[cfg(feature = "kafka")]
 pub mod transact;
+
+mod settings;
 
 pub use settings::{Settings, UnsafeSetting};
 

@@ -21,11 +21,9 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::util::Timeout;
 
-use super::destination::{Destination, RecordKey};
-use super::error::{PublishError, PublishErrorKind};
-use super::message::{Message, Publish};
-use crate::kafka::KEY_HEADER;
-use crate::kafka::refusal::{Reasons, report_failures};
+use super::KEY_HEADER;
+use super::refusal::{Reasons, report_failures};
+use crate::publish::{Destination, Message, Publish, PublishError, PublishErrorKind, RecordKey};
 
 /// What the producer's librdkafka calls back into: the reasons of its
 /// errors, kept to explain a refused handshake or authentication.

@@ -15,11 +15,13 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind, consumer::AckPolicy, consumer::pull};
 use futures::StreamExt;
-use idem::redact_url;
+use idem_core::redact_url;
 
-use super::BrokerHorizon;
-use super::message::Message;
-use super::transport::{Delivery, Route, Settle, Transport, TransportError, TransportErrorKind};
+use super::MSG_ID_HEADER;
+use super::connect::{self, ConnectFailure, Failure};
+use crate::consume::{
+    BrokerHorizon, Delivery, Message, Route, Settle, Transport, TransportError, TransportErrorKind,
+};
 
 /// How the pull consumer is set up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,7 +71,7 @@ impl fmt::Debug for NatsSettle {
 
 impl NatsTransport {
     /// Connects to `url` (`nats://HOST:PORT`, `tls://HOST:PORT`, with the
-    /// credentials and TLS options of [`Source::Nats`](super::Source::Nats)) and consumes `stream` through the
+    /// credentials and TLS options of [`Source::Nats`](crate::consume::Source::Nats)) and consumes `stream` through the
     /// durable pull consumer `consumer`, creating it (explicit acks, the given
     /// ack-wait) if it does not exist. An existing consumer must ack explicitly.
     pub async fn connect(
@@ -84,7 +86,7 @@ impl NatsTransport {
         // fresh client.
         let (connected, watch) = tokio::sync::watch::channel(true);
         let connected = std::sync::Arc::new(connected);
-        let connect = async_nats::ConnectOptions::new().event_callback(move |event| {
+        let connecting = async_nats::ConnectOptions::new().event_callback(move |event| {
             let connected = std::sync::Arc::clone(&connected);
             async move {
                 match event {
@@ -95,7 +97,7 @@ impl NatsTransport {
                 }
             }
         });
-        let client = crate::nats_conn::connect(url, connect)
+        let client = connect::connect(url, connecting)
             .await
             .map_err(connect_failed)?;
         let js = jetstream::new(client);
@@ -223,8 +225,7 @@ impl Transport for NatsTransport {
 
 /// A failed connection, sorted: refused credentials and a malformed address
 /// are fatal, the rest (refused, timed out, DNS) a lost connection.
-fn connect_failed(failure: crate::nats_conn::ConnectFailure) -> TransportError {
-    use crate::nats_conn::Failure;
+fn connect_failed(failure: ConnectFailure) -> TransportError {
     let kind = match failure.kind {
         Failure::Refused => TransportErrorKind::Refused,
         Failure::Config => TransportErrorKind::Config,
@@ -315,7 +316,7 @@ fn convert(message: jetstream::Message) -> Delivery<NatsSettle> {
         for (name, values) in map.iter() {
             let Some(value) = values.last() else { continue };
             let (name, value) = (name.to_string(), value.as_str().to_owned());
-            if name.eq_ignore_ascii_case("Nats-Msg-Id") {
+            if name.eq_ignore_ascii_case(MSG_ID_HEADER) {
                 message_id = Some(value.clone());
             } else if name.eq_ignore_ascii_case("Content-Type") {
                 content_type = Some(value.clone());

@@ -10,9 +10,9 @@
 use async_nats::jetstream::{self, context::PublishErrorKind as JsKind};
 use async_nats::{Client, HeaderMap};
 
-use super::destination::Destination;
-use super::error::{PublishError, PublishErrorKind};
-use super::message::{Message, NATS_MSG_ID_HEADER, Publish};
+use super::MSG_ID_HEADER;
+use super::connect::{Failure, connect};
+use crate::publish::{Destination, Message, Publish, PublishError, PublishErrorKind};
 
 /// Publishes to one JetStream subject.
 #[derive(Debug)]
@@ -35,10 +35,9 @@ impl NatsPublisher {
                 "not a nats:// destination",
             ));
         };
-        let client = crate::nats_conn::connect(url, async_nats::ConnectOptions::new())
+        let client = connect(url, async_nats::ConnectOptions::new())
             .await
             .map_err(|failure| {
-                use crate::nats_conn::Failure;
                 let (kind, advice) = match failure.kind {
                     Failure::Unavailable => (
                         PublishErrorKind::Unavailable,
@@ -104,7 +103,7 @@ impl Publish for NatsPublisher {
         for (name, value) in &message.headers {
             headers.insert(name.as_str(), value.as_str());
         }
-        headers.insert(NATS_MSG_ID_HEADER, message.key.as_str());
+        headers.insert(MSG_ID_HEADER, message.key.as_str());
         let ack = self
             .jetstream
             .publish_with_headers(

@@ -36,17 +36,16 @@ use std::time::Duration;
 use aws_sdk_sqs::types::{
     DeleteMessageBatchRequestEntry, MessageSystemAttributeName, QueueAttributeName,
 };
-use idem::redact_url;
+use idem_core::redact_url;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use super::message::Message;
-use super::transport::{Delivery, Route, Settle, Transport, TransportError, TransportErrorKind};
-use super::window::{BrokerHorizon, DeliveryLimit};
-use crate::sqs_conn::{self, Failure, FailureKind, SqsUrl};
-
-/// The message attribute the key travels in, as the publisher writes it.
-pub const SQS_KEY_ATTRIBUTE: &str = "idempotency-key";
+use super::connect::{self, Failure, FailureKind};
+use super::{KEY_ATTRIBUTE, SqsUrl};
+use crate::consume::{
+    BrokerHorizon, Delivery, DeliveryLimit, Message, Route, Settle, Transport, TransportError,
+    TransportErrorKind,
+};
 
 /// The longest visibility timeout SQS accepts (12 hours).
 const MAX_VISIBILITY: Duration = Duration::from_secs(12 * 3600);
@@ -75,7 +74,7 @@ impl Default for SqsOptions {
         Self {
             visibility: Duration::from_secs(30),
             extend: true,
-            wait: sqs_conn::MAX_WAIT,
+            wait: connect::MAX_WAIT,
             max_messages: 10,
         }
     }
@@ -156,7 +155,7 @@ impl fmt::Debug for SqsTransport {
 
 /// What the transport and its settle handles share.
 struct Queue {
-    client: sqs_conn::Client,
+    client: connect::Client,
     name: String,
     fifo: bool,
     visibility: i32,
@@ -204,7 +203,7 @@ impl Queue {
             .send()
             .await
             .map(|_| ())
-            .map_err(|e| sqs_conn::sort(&e, "change a message's visibility"))
+            .map_err(|e| connect::sort(&e, "change a message's visibility"))
     }
 }
 
@@ -272,7 +271,7 @@ impl Settle for SqsSettle {
             .receipt_handle(&self.receipt)
             .send()
             .await
-            .map_err(|e| sqs_conn::sort(&e, "delete the message (DeleteMessage)"));
+            .map_err(|e| connect::sort(&e, "delete the message (DeleteMessage)"));
         let result = match deleted {
             Ok(_) => Ok(()),
             Err(failure) if failure.kind == FailureKind::Unavailable => {
@@ -328,7 +327,7 @@ impl Settle for SqsSettle {
                 .await
                 .map_err(|e| {
                     transport_error(
-                        sqs_conn::sort(&e, "delete the messages (DeleteMessageBatch)"),
+                        connect::sort(&e, "delete the messages (DeleteMessageBatch)"),
                         "delete the batch's messages",
                     )
                 })?;
@@ -370,7 +369,7 @@ impl SqsTransport {
                 )
             });
         let (parsed, options) = parsed?;
-        let wait = options.wait.min(sqs_conn::MAX_WAIT);
+        let wait = options.wait.min(connect::MAX_WAIT);
         let client = parsed
             .client(wait + Duration::from_secs(10))
             .await
@@ -384,7 +383,7 @@ impl SqsTransport {
             .await
             .map_err(|e| {
                 transport_error(
-                    sqs_conn::sort(&e, &format!("read queue {:?}'s attributes", parsed.queue)),
+                    connect::sort(&e, &format!("read queue {:?}'s attributes", parsed.queue)),
                     "connect to SQS",
                 )
             })?;
@@ -460,7 +459,7 @@ impl SqsTransport {
                 .send()
                 .await
                 .map(|answer| answer.messages.unwrap_or_default())
-                .map_err(|e| sqs_conn::sort(&e, "receive messages (ReceiveMessage)"))
+                .map_err(|e| connect::sort(&e, "receive messages (ReceiveMessage)"))
         })
     }
 
@@ -529,7 +528,7 @@ impl SqsTransport {
         }
         let message_id = headers
             .iter()
-            .find(|(name, _)| name.eq_ignore_ascii_case(SQS_KEY_ATTRIBUTE))
+            .find(|(name, _)| name.eq_ignore_ascii_case(KEY_ATTRIBUTE))
             .map(|(_, value)| value.clone())
             .or(dedup);
         let content_type = headers

@@ -18,11 +18,9 @@ use std::collections::HashMap;
 
 use aws_sdk_sqs::types::MessageAttributeValue;
 
-use super::destination::{Destination, SqsGroup};
-use super::error::{PublishError, PublishErrorKind};
-use super::message::{Message, Publish};
-use crate::consume::SQS_KEY_ATTRIBUTE;
-use crate::sqs_conn::{self, FailureKind, SqsUrl};
+use super::connect::{self, FailureKind};
+use super::{KEY_ATTRIBUTE, SqsUrl};
+use crate::publish::{Destination, Message, Publish, PublishError, PublishErrorKind, SqsGroup};
 
 /// SQS's limit on a message's attributes.
 const MAX_ATTRIBUTES: usize = 10;
@@ -31,7 +29,7 @@ const MAX_ATTRIBUTES: usize = 10;
 #[derive(Debug)]
 pub struct SqsPublisher {
     destination: Destination,
-    client: sqs_conn::Client,
+    client: connect::Client,
     fifo: bool,
     group: SqsGroup,
 }
@@ -99,11 +97,11 @@ impl Publish for SqsPublisher {
         })?;
         let mut attributes = HashMap::new();
         for (name, value) in &message.headers {
-            if !name.eq_ignore_ascii_case(SQS_KEY_ATTRIBUTE) && !value.is_empty() {
+            if !name.eq_ignore_ascii_case(KEY_ATTRIBUTE) && !value.is_empty() {
                 attributes.insert(name.clone(), text(value));
             }
         }
-        attributes.insert(SQS_KEY_ATTRIBUTE.to_owned(), text(message.key.as_str()));
+        attributes.insert(KEY_ATTRIBUTE.to_owned(), text(message.key.as_str()));
         if attributes.len() > MAX_ATTRIBUTES {
             return Err(self.rejected(format!(
                 "the message has {} headers and SQS takes at most {} message attributes, the key's included",
@@ -133,7 +131,7 @@ impl Publish for SqsPublisher {
                 .message_deduplication_id(dedup_id(message.key.as_str()));
         }
         let sent = send.send().await.map_err(|e| {
-            let failure = sqs_conn::sort(&e, "SendMessage");
+            let failure = connect::sort(&e, "SendMessage");
             let kind = match failure.kind {
                 FailureKind::Unavailable => PublishErrorKind::Unavailable,
                 FailureKind::Missing => PublishErrorKind::NotTaken,

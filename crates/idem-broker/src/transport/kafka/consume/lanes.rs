@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::super::message::Message;
+use crate::consume::Message;
 
 /// A topic and partition.
 pub(crate) type Partition = (Arc<str>, i32);

@@ -34,7 +34,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use idem::{health, redact_url};
+use idem_core::{health, redact_url};
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
@@ -43,11 +43,11 @@ use rdkafka::statistics::Statistics;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use self::lanes::{Lanes, Partition, Take, Ticket};
-use super::BrokerHorizon;
-use super::message::Message;
-use super::transport::{Delivery, Route, Settle, Transport, TransportError, TransportErrorKind};
-use crate::kafka::refusal::{Reasons, RefusalKind, report_failures};
-use crate::kafka::{KEY_HEADER, Settings};
+use super::refusal::{Reasons, RefusalKind, report_failures};
+use super::{KEY_HEADER, Settings};
+use crate::consume::{
+    BrokerHorizon, Delivery, Message, Route, Settle, Transport, TransportError, TransportErrorKind,
+};
 
 /// How a Kafka consumer runs.
 #[derive(Debug, Clone)]
