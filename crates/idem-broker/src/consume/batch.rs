@@ -29,12 +29,15 @@ use tokio::task::JoinSet;
 
 use super::apply::ApplyBatch;
 use super::config::Checkpoint;
+use super::error::ConsumeError;
 use super::message::KeyedMessage;
-use super::runtime::{
-    ConsumeError, Consumer, Failure, Shared, Watchdog, classify, joined, prepare, settle_lost,
-};
+use super::process::{Failure, classify};
+use super::runtime::{Consumer, Shared, joined};
+use super::settle::settle_lost;
+use super::start::{check_delivery_limit, prepare};
 use super::stats::{Settled, StatsSnapshot};
 use super::transport::{Delivery, Settle, Transport};
+use super::watchdog::Watchdog;
 
 /// Deliveries of a batch that are ready for the batch's ack, with what each
 /// became.
@@ -65,7 +68,7 @@ impl<T: Transport, A: ApplyBatch> Consumer<T, A> {
             self.transport.close().await;
             return Err(error);
         }
-        super::runtime::check_delivery_limit(self.transport.delivery_limit(), &self.shared.config);
+        check_delivery_limit(self.transport.delivery_limit(), &self.shared.config);
         let mut shutdown = pin!(shutdown);
         let config = &self.shared.config;
         let (size, linger, at_once) = (config.batch, config.batch_linger, config.batches_at_once);

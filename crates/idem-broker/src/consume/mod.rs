@@ -39,22 +39,36 @@
 //! - `apply`: [`Apply`] / [`ApplyBatch`], and [`AtomicApply`], a message's effect in any store's transaction ([`AtomicSetApply`]: one effect for a batch's messages);
 //! - `store`: [`ConsumerStore`], the store's dead letters and failed attempts;
 //! - `config`: [`ConsumerConfig`] with the defaults;
-//! - `runtime`: [`Consumer`] and the single-message path;
+//! - `runtime`: [`Consumer`] and its loop in single mode (receive, work on
+//!   up to the concurrency at once, drain and close on shutdown);
+//! - `error`: [`ConsumeError`], why a consumer stopped;
+//! - `start`: the checks before the first delivery (the dedupe window, the
+//!   broker's delivery limit) and the sweep of old failure counts;
+//! - `watchdog`: restarts a consumer that holds deliveries without progress;
+//! - `process`: one delivery's path: its key, its effect applied patiently;
+//! - `settle`: what becomes of the answer: acked, given back, or dead-lettered;
+//! - `duplicate`: the log line of a duplicate;
 //! - `batch`: [`Consumer::run_batched`], N messages per transaction;
 //! - `stats`: [`Stats`], counters for tests and the benchmark.
 
 mod apply;
 mod batch;
 mod config;
+mod duplicate;
+mod error;
 mod key;
 mod message;
+mod process;
 mod reconnect;
 mod runtime;
+mod settle;
 #[cfg(any(feature = "amqp", feature = "nats", feature = "kafka", feature = "sqs"))]
 mod source;
+mod start;
 mod stats;
 mod store;
 mod transport;
+mod watchdog;
 mod window;
 
 pub use apply::{Apply, ApplyBatch, AtomicApply, AtomicSetApply, BatchAnswer};
@@ -62,13 +76,14 @@ pub use config::{
     Checkpoint, ConsumerConfig, DEFAULT_BATCH, DEFAULT_BATCHES_AT_ONCE, DEFAULT_CONCURRENCY,
     DEFAULT_MAX_ATTEMPTS,
 };
+pub use error::ConsumeError;
 pub use idem_core::{AttemptStore, Failures};
 pub use key::{KeyRule, KeySource, MissingKey, NoKey};
 pub use message::{KeyedMessage, Message};
 pub use reconnect::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_RECONNECT_MAX, DEFAULT_RECONNECT_MIN, Reconnect, Reconnecting,
 };
-pub use runtime::{ConsumeError, Consumer};
+pub use runtime::Consumer;
 #[cfg(any(feature = "amqp", feature = "nats", feature = "kafka", feature = "sqs"))]
 pub use source::{AnySettle, AnyTransport, InvalidSource, Source, SourceOptions};
 pub use stats::{Stats, StatsSnapshot};
