@@ -92,7 +92,7 @@ pub enum Error {
     )]
     LeaseHeld {
         /// The resource.
-        resource: crate::fence::Resource,
+        resource: crate::key::Resource,
         /// When the current lease ends.
         retry_after: Duration,
     },

@@ -16,38 +16,13 @@
 //!   the caller's transaction and refuse stale writes with [`Error::Stale`],
 //!   which must never be retried.
 
-use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
 use crate::clock::Timestamp;
 use crate::error::Error;
+use crate::key::Resource;
 use crate::record::FencingToken;
-
-/// A named resource guarded by fencing tokens (`ledger/acc-7`, `report-job`).
-/// 1–255 visible ASCII characters, like keys.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Resource(String);
-
-impl Resource {
-    /// Checks and wraps a resource name.
-    pub fn new(name: impl Into<String>) -> Result<Self, crate::key::KeyError> {
-        let name = name.into();
-        crate::key::validate("resource name", &name)?;
-        Ok(Self(name))
-    }
-
-    /// The name.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for Resource {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
 
 /// A lease on a resource, held until `until` unless renewed.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,5 +1,5 @@
-//! Validated identifiers: the idempotency key a caller sends and the scope it is
-//! applied in.
+//! Validated identifiers: the idempotency key a caller sends, the scope it is
+//! applied in, and the name of a resource guarded by fencing tokens.
 //!
 //! Both are checked once, at the edge, so that every store and every log line can
 //! trust them: a key is 1–255 visible ASCII characters (the limit Stripe uses and
@@ -166,6 +166,31 @@ impl Scope {
     /// ```
     pub fn family(&self) -> &str {
         self.0.split(['/', ':']).next().unwrap_or(&self.0)
+    }
+}
+
+/// A named resource guarded by fencing tokens (`ledger/acc-7`, `report-job`).
+/// 1–255 visible ASCII characters, like keys.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Resource(String);
+
+impl Resource {
+    /// Checks and wraps a resource name.
+    pub fn new(name: impl Into<String>) -> Result<Self, KeyError> {
+        let name = name.into();
+        validate("resource name", &name)?;
+        Ok(Self(name))
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Resource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
     }
 }
 

@@ -80,12 +80,12 @@ pub use dead_letter::{
 };
 pub use error::{ApplyError, Error, ErrorKind, StoreError};
 pub use error_chain::error_chain;
-pub use fence::{FenceStore, Guard, IdentifierError, Lease, Ordering as GuardOrdering, Resource};
+pub use fence::{FenceStore, Guard, IdentifierError, Lease, Ordering as GuardOrdering};
 pub use fingerprint::{Fingerprint, FingerprintError};
 pub use fingerprint_rule::{
     FingerprintMatch, FingerprintRule, FingerprintRuleError, RULE_MARK, RuleId,
 };
-pub use key::{IDEMPOTENCY_KEY_HEADER, IdempotencyKey, KeyError, MAX_KEY_LEN, Scope};
+pub use key::{IDEMPOTENCY_KEY_HEADER, IdempotencyKey, KeyError, MAX_KEY_LEN, Resource, Scope};
 pub use outbox::{
     AtomicOutbox, OutboxMessage, OutboxStats, OutboxStore, Pending, SentMessage, WakeUps,
 };

@@ -16,7 +16,7 @@ use http::header::{CONTENT_LENGTH, EXPECT};
 use http_body::Body;
 use http_body_util::BodyExt;
 
-use crate::idempotency::Refusal;
+use crate::idempotency::problem::Refusal;
 
 /// How much more than the limit a refused body may still be read (and thrown
 /// away) before the refusal is answered, and for how long. A client still

@@ -25,10 +25,10 @@ use axum::extract::MatchedPath;
 use axum::response::Response;
 use http::{Extensions, Method, Uri};
 
-use crate::idempotency::Refused;
+use crate::idempotency::problem::Refused;
 use crate::stored::Replayed;
 
-pub use idem::observe::{DUPLICATES_SUPPRESSED_TOTAL, KEY_CONFLICTS_TOTAL, KEY_REUSE_TOTAL};
+pub use idem_core::observe::{DUPLICATES_SUPPRESSED_TOTAL, KEY_CONFLICTS_TOTAL, KEY_REUSE_TOTAL};
 
 /// How many distinct first path segments become labels; later ones are
 /// labelled `{other}`, so a client probing random paths cannot grow the
@@ -106,7 +106,7 @@ pub fn looks_like_an_id(segment: &str) -> bool {
 /// Counts what the answer to a keyed request on `route` says the protocol
 /// did: a replay, a conflict (still in flight) or a reused key.
 pub(crate) fn keyed_answer(route: &str, response: &Response) {
-    let scope = idem::observe::HTTP_FAMILY;
+    let scope = idem_core::observe::HTTP_FAMILY;
     let route = route.to_owned();
     if response.extensions().get::<Replayed>().is_some() {
         metrics::counter!(DUPLICATES_SUPPRESSED_TOTAL, "scope" => scope, "route" => route)
