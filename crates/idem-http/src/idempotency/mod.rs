@@ -84,7 +84,7 @@ mod keep;
 mod layer;
 mod notices;
 mod on_status;
-mod problem;
+pub(crate) mod problem;
 mod reconcile;
 mod spool;
 mod wait;
