@@ -53,7 +53,9 @@ fi
 promtool check rules ops/prometheus/idem-alerts.yml
 promtool test rules ops/prometheus/idem-alerts.test.yml
 
-cargo test --workspace --doc
+# Feature `lab` of idem-cli builds `idem bench` and `idem torture` (and
+# idem-proof's fault campaign): the suite covers them.
+cargo test --workspace --doc --features idem-cli/lab
 
 # The book in docs/ (its Rust examples are doc tests of idem-doctests, run
 # above). mdbook is installed from crates.io once; later runs reuse it.
@@ -75,4 +77,4 @@ bash scripts/package.sh
 # (from PyPI, into a venv in the cache): no 5xx, every error a problem body.
 bash scripts/console-api-check.sh
 
-cargo nextest run --workspace --all-targets --no-fail-fast
+cargo nextest run --workspace --all-targets --features idem-cli/lab --no-fail-fast

@@ -13,14 +13,16 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 use idem::{Applied, ApplyError, Error, IdempotencyKey, StoreLocation};
+use idem_demo::ledger::Ledger;
+use idem_demo::store::given_or_temporary;
+use idem_demo::workload::{Bank, Payment};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
 use crate::args::BenchApplyArgs;
-use crate::ledger::Ledger;
-use crate::ledger::PREFILL_SCOPE;
-use crate::stores::given_or_temporary;
-use crate::workload::{Bank, Payment};
+
+/// The scope prefilled records are written in: apart from the workload's.
+const PREFILL_SCOPE: &str = "bench-prefill";
 
 /// A phase's operations and the time they took.
 struct Phase {

@@ -14,9 +14,9 @@ use idem::sqlx::{AssertSqlSafe, Connection, PgConnection};
 use idem::{AnyStore, Scope, StoreLocation, SystemClock};
 use idem_check::audit::{Audit, AuditSettings, EffectLog, PassLimits, PassReport};
 use idem_check::effects::query::{self, Pages, PgPages, SqlitePages};
+use idem_demo::store::given_or_temporary;
 
 use crate::args::BenchAuditArgs;
-use crate::stores::given_or_temporary;
 
 const SCOPE: &str = "bench-audit";
 const TABLE: &str = "idem_bench_audit_ledger";

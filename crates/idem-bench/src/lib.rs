@@ -5,11 +5,6 @@
 //!
 //! Modules:
 //! - [`args`]: the flags of `idem bench apply|http|grpc|wait|consume|audit`;
-//! - [`workload`]: the payment workload (accounts, a ledger, one debit) run
-//!   bare or through atomic apply, written once against the atomic contract;
-//!   `idem demo` runs it too;
-//! - [`ledger`]: the workload's SQL, the one part written per database;
-//! - [`payment`]: a payment and the ledger's totals, which both speak;
 //! - `apply`: `idem bench apply`, atomic apply against the bare transaction;
 //! - `http`: `idem bench http`, the gateway against the upstream called directly;
 //! - `grpc`: `idem bench grpc`, a tonic service behind the gRPC layer and
@@ -21,17 +16,15 @@
 //!   plain at-least-once one;
 //! - `audit`: `idem bench audit`, the effect auditor's passes against
 //!   reading the effects query whole;
-//! - [`stores`]: the store a run uses when none is given (a temporary SQLite
-//!   file, a fresh PostgreSQL database), and the way to it through the relay;
+//! - [`stores`]: a fresh PostgreSQL database for a run, and the way to it
+//!   through the relay (the temporary SQLite file a run uses when given no
+//!   store is `idem-demo`'s, as are the payment workload and its ledger);
 //! - [`latency`]: a relay that delays every byte to and from PostgreSQL, so
 //!   a loopback database costs what one across a network does.
 
 pub mod args;
 pub mod latency;
-pub mod ledger;
-pub mod payment;
 pub mod stores;
-pub mod workload;
 
 mod apply;
 mod audit;

@@ -1,7 +1,8 @@
-//! Where a run's store lives when none is given: the demo and the benchmarks
-//! must not write into real data by default, so they make a store for the run
-//! and remove it after — a temporary SQLite file, or a fresh PostgreSQL
-//! database — and can put the latency relay between a run and PostgreSQL.
+//! Stores made for a run: the benchmarks must not write into real data by
+//! default, so they make a store for the run and remove it after — a fresh
+//! PostgreSQL database here, a temporary SQLite file with
+//! [`idem_demo::store::given_or_temporary`] — and can put the latency relay
+//! between a run and PostgreSQL.
 
 use std::time::Duration;
 
@@ -10,22 +11,6 @@ use idem::StoreLocation;
 use idem::sqlx::{AssertSqlSafe, Connection, PgConnection};
 
 use crate::latency::LatencyLink;
-
-/// The given store, or an embedded store in a temporary directory, removed
-/// when the returned guard drops.
-pub fn given_or_temporary(
-    location: Option<StoreLocation>,
-) -> anyhow::Result<(Option<tempfile::TempDir>, StoreLocation)> {
-    if let Some(location) = location {
-        return Ok((None, location));
-    }
-    let dir = tempfile::Builder::new()
-        .prefix("idem-")
-        .tempdir()
-        .context("cannot create a temporary directory")?;
-    let location = StoreLocation::Sqlite(dir.path().join("idem.db"));
-    Ok((Some(dir), location))
-}
 
 /// A PostgreSQL database made for one run and dropped after it.
 #[derive(Debug)]

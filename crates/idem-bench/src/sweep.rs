@@ -18,9 +18,9 @@ use idem::{
     AnyConnection, AnyStore, AtomicStore, RecordStore, Scope, Settings, StoreLocation, SystemClock,
     Timestamp,
 };
+use idem_demo::store::given_or_temporary;
 
 use crate::args::BenchSweepArgs;
-use crate::stores::given_or_temporary;
 
 /// Records seeded per transaction.
 const SEED_CHUNK: i64 = 20_000;

@@ -33,6 +33,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use idem::StoreLocation;
+use idem_demo::store::given_or_temporary;
 use idem_gateway::{self as gateway, Gateway, GatewayConfig};
 use idem_http::{
     Concurrent, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyConfig, IdempotencyLayer,
@@ -44,7 +45,6 @@ use tokio::task::JoinSet;
 
 use crate::args::BenchWaitArgs;
 use crate::phase::Phase;
-use crate::stores::given_or_temporary;
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 

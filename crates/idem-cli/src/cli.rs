@@ -17,6 +17,7 @@ use crate::commands::gc::{self, GcArgs};
 use crate::commands::keys::{self, KeysCommand};
 use crate::commands::relay::{self, RelayArgs};
 use crate::commands::serve::{self, ServeArgs};
+#[cfg(feature = "lab")]
 use crate::commands::torture::{self, TortureArgs};
 use crate::commands::{atomic, location, migrate, open, open_waiting};
 
@@ -54,6 +55,7 @@ pub(crate) enum Command {
     /// to Idem, and compare the effects.
     Demo(DemoArgs),
     /// Measure throughput.
+    #[cfg(feature = "lab")]
     #[command(subcommand)]
     Bench(idem_bench::BenchCommand),
     /// Put Idempotency-Key semantics in front of any HTTP service: a gateway
@@ -99,6 +101,7 @@ pub(crate) enum Command {
     Check(CheckArgs),
     /// Run a fault campaign on the local stack: kill the gateway, fire crash
     /// points, cut it off its database, and check every trial's history.
+    #[cfg(feature = "lab")]
     Torture(TortureArgs),
 }
 
@@ -117,6 +120,7 @@ impl Cli {
             }
             Command::Gc(args) => gc::run(&location(store)?, &args).await,
             Command::Demo(args) => demo::run(atomic(store, "idem demo")?, &args).await,
+            #[cfg(feature = "lab")]
             Command::Bench(command) => {
                 idem_bench::run(atomic(store, "idem bench")?, &command).await
             }
@@ -144,6 +148,7 @@ impl Cli {
                 )?;
                 audit::run(open(store).await?, &location(store)?, &args).await
             }
+            #[cfg(feature = "lab")]
             Command::Torture(args) => torture::run(&args).await,
         }
     }

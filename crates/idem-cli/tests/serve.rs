@@ -831,58 +831,6 @@ fn a_bad_probe_and_a_spool_in_use_are_refused_with_what_to_fix() {
     drop(first);
 }
 
-#[test]
-fn bench_http_measures_direct_and_gateway_in_one_run() {
-    let out = idem()
-        .args(["bench", "http", "--requests", "60", "--concurrency", "4"])
-        .output()
-        .expect("run idem");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    for row in [
-        "direct",
-        "gateway, unique keys",
-        "gateway, replays",
-        "gateway, no key",
-        "upstream durable",
-        "upstream echo",
-    ] {
-        assert!(stdout.contains(row), "no {row:?} in:\n{stdout}");
-    }
-    assert!(stdout.contains("gateway ÷ direct"), "{stdout}");
-}
-
-#[test]
-fn bench_grpc_measures_the_layer_and_the_gateway_against_the_bare_service() {
-    let out = idem()
-        .args(["bench", "grpc", "--calls", "60", "--concurrency", "4"])
-        .output()
-        .expect("run idem");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    for row in [
-        "direct",
-        "layer, new keys",
-        "layer, replays",
-        "idem serve, new keys",
-        "idem serve, replays",
-        "idem serve, no key",
-        "service durable",
-        "service echo",
-        "layer ÷ bare",
-    ] {
-        assert!(stdout.contains(row), "no {row:?} in:\n{stdout}");
-    }
-}
-
 /// Retention runs itself: with a two-second window and a sweep every 200 ms,
 /// a gateway taking a steady stream of new keys keeps its table near the
 /// keys of the last two seconds or so — without the sweeper it would hold every

@@ -1,6 +1,6 @@
 //! What users run to prove their own systems effectively-once, apart from the
-//! product: the `idem` binary's `idem dup-proxy` and `idem torture` commands
-//! are thin wrappers over this crate.
+//! product: the `idem` binary's `idem dup-proxy`, `idem conformance` and
+//! `idem torture` commands are thin wrappers over this crate.
 //!
 //! # Modules
 //!
@@ -19,16 +19,20 @@
 //!   the scenarios, the processes under test and what they depend on, the
 //!   clients that write the history, the verdict per trial, and the report
 //!   with its plots. [`torture()`] runs `idem torture` with its flags
-//!   ([`TortureArgs`]).
+//!   ([`TortureArgs`]). Feature `torture`, off by default: it brings
+//!   `idem-testkit`, the broker clients and the plots, which the other two
+//!   need none of.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod conformance;
 pub mod dup_proxy;
+#[cfg(feature = "torture")]
 pub mod torture;
 
 pub use conformance::ConformanceArgs;
 pub use conformance::command::run as conformance;
 pub use dup_proxy::DupProxyArgs;
 pub use dup_proxy::command::run as dup_proxy;
+#[cfg(feature = "torture")]
 pub use torture::{TortureArgs, run as torture};

@@ -12,11 +12,11 @@ use idem_broker::consume::{
     AtomicApply, AtomicSetApply, Consumer, ConsumerConfig, ConsumerStore, KeyedMessage, Stats,
     Transport,
 };
+use idem_demo::ledger::{DebitError, Ledger};
+use idem_demo::workload::Bank;
 
 use super::{Mode, payment};
 use crate::args::BenchConsumeArgs;
-use crate::ledger::{DebitError, Ledger};
-use crate::workload::Bank;
 
 /// Consumes `messages` deliveries through Idem's consumer runtime. Single
 /// messages are debited one by one; a batch's new messages are debited by one

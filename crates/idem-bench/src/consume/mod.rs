@@ -23,11 +23,11 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use idem::{IdempotencyKey, RecordStore, StoreLocation};
 use idem_broker::consume::{ConsumerStore, SourceOptions};
+use idem_demo::ledger::{DebitError, Ledger};
+use idem_demo::workload::{Bank, Payment};
 
 use crate::args::BenchConsumeArgs;
-use crate::ledger::{DebitError, Ledger};
 use crate::stores::{FreshDatabase, behind_latency};
-use crate::workload::{Bank, Payment};
 use broker::BenchBroker;
 use report::Report;
 

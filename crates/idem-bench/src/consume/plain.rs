@@ -7,12 +7,12 @@
 use anyhow::Context;
 use idem::IdempotencyKey;
 use idem_broker::consume::{Delivery, Settle, Transport};
+use idem_demo::ledger::Ledger;
+use idem_demo::workload::{Bank, Payment};
 use tokio::task::JoinSet;
 
 use super::{BATCHES_AT_ONCE, Mode, payment};
 use crate::args::BenchConsumeArgs;
-use crate::ledger::Ledger;
-use crate::workload::{Bank, Payment};
 
 /// Consumes `messages` deliveries with no dedupe.
 pub(super) async fn consume<T: Transport, S: Ledger>(

@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use idem::StoreLocation;
+use idem_demo::store::given_or_temporary;
 use idem_gateway::{self as gateway, Gateway, GatewayConfig};
 use idem_grpc::{GrpcIdempotencyConfig, GrpcIdempotencyLayer, IDEMPOTENT_REPLAYED};
 use idem_http::{IdempotencyConfig, IdempotencyLayer};
@@ -24,7 +25,6 @@ use tonic::transport::Channel;
 
 use crate::args::{BenchGrpcArgs, UpstreamWork};
 use crate::phase::{self, Phase};
-use crate::stores::given_or_temporary;
 use service::proto::PlaceRequest;
 use service::proto::orders_client::OrdersClient;
 use service::{PLACE, Service};

@@ -29,6 +29,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use idem::StoreLocation;
+use idem_demo::store::given_or_temporary;
 use idem_gateway::{self as gateway, Gateway, GatewayConfig};
 use idem_http::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyConfig, IdempotencyLayer};
 use tokio::net::TcpListener;
@@ -36,7 +37,6 @@ use tokio::sync::oneshot;
 
 use crate::args::{BenchHttpArgs, UpstreamWork};
 use crate::phase::{self, Phase};
-use crate::stores::given_or_temporary;
 use upstream::Upstream;
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;

@@ -1,10 +1,11 @@
 //! One module per subcommand, each declaring its own arguments (those
 //! several commands share are in [`args`]), and the store opening they have
 //! in common; [`crate::cli`] parses the command line and calls the module
-//! asked for. The benchmarks (`idem bench …`) are the `idem-bench` crate's,
-//! the demo's workload `idem-demo`'s, and the proof lab (`idem dup-proxy`,
-//! `idem torture`, `idem conformance`) the `idem-proof` crate's, apart from
-//! the product.
+//! asked for. The demo (`idem demo`) is the `idem-demo` crate's, the proof
+//! tools (`idem dup-proxy`, `idem conformance`, `idem torture`) the
+//! `idem-proof` crate's, and the benchmarks (`idem bench …`) the `idem-bench`
+//! crate's, apart from the product; `idem bench` and `idem torture`, the lab,
+//! are built with feature `lab` only.
 
 mod args;
 pub(crate) mod audit;
@@ -24,6 +25,7 @@ mod reconnect;
 pub(crate) mod relay;
 pub(crate) mod serve;
 mod signals;
+#[cfg(feature = "lab")]
 pub(crate) mod torture;
 mod upkeep;
 

@@ -1,6 +1,6 @@
-//! `idem torture`: `idem-proof`'s fault campaign over the real local stack.
-//! Its trials start `idem serve`, `idem relay`, `idem forward` and `idem
-//! dup-proxy` as child processes of this binary.
+//! `idem torture` (feature `lab`): `idem-proof`'s fault campaign over the
+//! real local stack. Its trials start `idem serve`, `idem relay`, `idem
+//! forward` and `idem dup-proxy` as child processes of this binary.
 
 pub(crate) use idem_proof::TortureArgs;
 

@@ -1,4 +1,4 @@
-//! The payment workload that `idem demo` and the benchmarks run: accounts
+//! The payment workload that the demo and the benchmarks run: accounts
 //! with balances, a ledger of debits, and one debit effect — run bare (its
 //! own transaction, no dedupe: the baseline) or through Idem's atomic apply.
 //!
@@ -162,10 +162,9 @@ fn debit<S: Ledger>(p: &Payment) -> impl AtomicEffect<S::Tx, Outcome, DebitError
 
 #[cfg(test)]
 mod tests {
-    use idem::{IdempotencyKey, PgStore, SqliteStore};
+    use idem::{IdempotencyKey, SqliteStore};
 
     use super::*;
-    use crate::stores::FreshDatabase;
 
     fn payment(id: &str, account: i64, amount: i64) -> Payment {
         Payment {
@@ -249,22 +248,14 @@ mod tests {
     /// On a database made for the test (on `IDEM_TEST_POSTGRES_URL`, by
     /// default the local server) and dropped after it; skipped when the server
     /// cannot be reached, unless `IDEM_REQUIRE_SERVICES=1`.
+    #[cfg(feature = "postgres")]
     #[tokio::test(flavor = "multi_thread")]
     async fn on_postgres() {
-        let server = std::env::var("IDEM_TEST_POSTGRES_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
-        let db = match FreshDatabase::create(&server, "workload", rand::random()).await {
-            Ok(db) => db,
-            Err(error) if std::env::var("IDEM_REQUIRE_SERVICES").as_deref() != Ok("1") => {
-                eprintln!("SKIPPED: PostgreSQL not reachable: {error:#}");
-                return;
-            }
-            Err(error) => panic!("PostgreSQL is required: {error:#}"),
+        let Some(db) = idem_testkit::postgres::TestDatabase::create("idem_demo_workload").await
+        else {
+            return;
         };
-        let StoreLocation::Postgres(url) = db.location() else {
-            unreachable!("a fresh database is a PostgreSQL one")
-        };
-        let store = PgStore::connect(&url).await.unwrap();
+        let store = idem::PgStore::connect(db.url()).await.unwrap();
         assert!(store.replays_first());
         debits_once_through_idem_and_every_time_bare(Bank::new(store.clone())).await;
         store.pool().close().await;
