@@ -160,6 +160,7 @@ pub(crate) fn classify(error: Error) -> Failure {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use idem_core::IdempotencyKey;
 
     #[test]
     fn refusals_are_sorted() {

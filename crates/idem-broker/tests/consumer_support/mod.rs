@@ -1,6 +1,7 @@
 //! What the consumer tests share: a queue or stream of their own on the real
 //! brokers (random suffix, deleted after), a bank on either store (effects
-//! counted in the database), and the scenarios, generic over both.
+//! counted in the database), the scenarios, generic over both, and the
+//! consumer at the end of the outbox tests ([`shipments`]).
 //!
 //! Brokers: `IDEM_TEST_AMQP_URL` (default `amqp://guest:guest@127.0.0.1:5672/%2f`),
 //! `IDEM_TEST_NATS_URL` (default `nats://127.0.0.1:4222`); PostgreSQL as in the
@@ -16,6 +17,7 @@ pub(crate) mod bank;
 pub(crate) mod brokers;
 pub(crate) mod cuts;
 pub(crate) mod scenarios;
+pub(crate) mod shipments;
 pub(crate) mod sqs;
 pub(crate) mod tansu;
 

@@ -1,12 +1,15 @@
 //! What the outbox, relay and dead-letter tests share: a fresh PostgreSQL
 //! database per test (dropped after), a temporary SQLite store, RabbitMQ
-//! queues and NATS streams with random names (deleted after), and a local
-//! webhook that applies each `Idempotency-Key` once.
+//! queues and NATS streams with random names (deleted after), a local
+//! webhook that applies each `Idempotency-Key` once, and the first hops of
+//! the end-to-end tests ([`checkout`]).
 //!
 //! A service that cannot be reached skips the test with a message, unless
 //! `IDEM_REQUIRE_SERVICES` is set (CI), which fails it.
 
 #![allow(dead_code)]
+
+pub(crate) mod checkout;
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, RandomState};
