@@ -61,8 +61,10 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::HeaderValue;
-use idem::protocol::TxCall;
-use idem::{Applied, ApplyError, AtomicEffect, AtomicStore, Fingerprint, IdempotencyKey, Outcome};
+use idem_core::TxCall;
+use idem_core::{
+    Applied, ApplyError, AtomicEffect, AtomicStore, Fingerprint, IdempotencyKey, Outcome,
+};
 use tonic::metadata::MetadataMap;
 use tonic::{Code, Status};
 

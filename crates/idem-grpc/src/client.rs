@@ -21,7 +21,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem::IdempotencyKey;
+use idem_core::IdempotencyKey;
 use idem_retry::{Attempt, Classify, RetryBudget, RetryConfig, RetryError, Verdict};
 use tonic::metadata::MetadataValue;
 use tonic::{Code, Status};

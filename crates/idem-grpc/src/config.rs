@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use http::HeaderName;
-use idem::DEFAULT_LEASE;
+use idem_core::DEFAULT_LEASE;
 use idem_http::Verdict;
 use tonic::Code;
 
@@ -165,11 +165,11 @@ impl GrpcIdempotencyConfig {
     /// `grpc:{principal}:{path}`, the principal a hash of the configured
     /// metadata entry (`anon` without one), the path hashed if the scope
     /// would be too long.
-    pub(crate) fn scope(&self, headers: &http::HeaderMap, path: &str) -> idem::Scope {
+    pub(crate) fn scope(&self, headers: &http::HeaderMap, path: &str) -> idem_core::Scope {
         let principal = idem_http::principal_of(headers, self.principal.as_ref());
-        idem::Scope::new(format!("grpc:{principal}:{path}")).unwrap_or_else(|_| {
-            let hashed = &idem::Fingerprint::of_bytes(path.as_bytes()).to_hex()[..32];
-            idem::Scope::new(format!("grpc:{principal}:#{hashed}"))
+        idem_core::Scope::new(format!("grpc:{principal}:{path}")).unwrap_or_else(|_| {
+            let hashed = &idem_core::Fingerprint::of_bytes(path.as_bytes()).to_hex()[..32];
+            idem_core::Scope::new(format!("grpc:{principal}:#{hashed}"))
                 .expect("a principal and a hex hash make a valid scope")
         })
     }

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use idem::{IdempotencyKey, Scope};
+use idem_core::{IdempotencyKey, Scope};
 
 /// The most keys remembered; past it, those whose lease ended are dropped
 /// first, and a key that finds no room gets the short pushback.

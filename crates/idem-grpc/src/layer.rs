@@ -40,7 +40,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::HeaderValue;
 use http_body_util::BodyExt;
-use idem::{Claim, Claimed, Fingerprint, IdempotencyKey, LeaseStore, Outcome, Scope};
+use idem_core::{Claim, Claimed, Fingerprint, IdempotencyKey, LeaseStore, Outcome, Scope};
 use idem_http::{IDEMPOTENCY_RECONCILED, Spool, SpoolError, Verdict};
 use idem_retry::Backoff;
 use tower::{Layer, Service};
@@ -362,7 +362,7 @@ where
                 Err(damaged) => Refusal::Corrupt(damaged.to_string()).to_response(),
             });
         }
-        Err(in_flight @ idem::Error::InFlight { .. }) => {
+        Err(in_flight @ idem_core::Error::InFlight { .. }) => {
             if let Some(left) = shared.held.left(&scope, &key, std::time::Instant::now()) {
                 // Nothing runs for this key until its lease ends: say so,
                 // and for how long.
@@ -569,20 +569,20 @@ enum Completion {
     /// The record holds the answer.
     Stored,
     /// Another claim holds the key: this answer can no longer be stored.
-    TakenOver(idem::Error),
+    TakenOver(idem_core::Error),
     /// The store did not take it this time.
-    Failed(idem::Error),
+    Failed(idem_core::Error),
 }
 
-fn judge(claim: &Claim, result: Result<(), idem::Error>) -> Completion {
+fn judge(claim: &Claim, result: Result<(), idem_core::Error>) -> Completion {
     match result {
         Ok(()) => Completion::Stored,
         // The key is no longer in flight under this token: an earlier
         // attempt whose answer was lost did commit.
-        Err(idem::Error::Fenced { current, .. }) if current == Some(claim.token) => {
+        Err(idem_core::Error::Fenced { current, .. }) if current == Some(claim.token) => {
             Completion::Stored
         }
-        Err(error @ idem::Error::Fenced { .. }) => Completion::TakenOver(error),
+        Err(error @ idem_core::Error::Fenced { .. }) => Completion::TakenOver(error),
         Err(error) => Completion::Failed(error),
     }
 }
@@ -638,7 +638,7 @@ async fn complete_until_stored<St: LeaseStore>(
     mut claim: Claim,
     outcome: &Outcome,
     lease: Duration,
-) -> Result<(), idem::Error> {
+) -> Result<(), idem_core::Error> {
     let mut delays = Backoff::new(FIRST_DELAY, LONGEST_DELAY, u32::MAX).delays();
     let renew_every = (lease / 3).max(Duration::from_millis(10));
     let mut renewed = tokio::time::Instant::now();
@@ -662,7 +662,7 @@ async fn complete_until_stored<St: LeaseStore>(
 
 /// Logs an answer that can no longer be stored: the one case in which a
 /// retry after the lease may run the call again.
-fn given_up(error: &idem::Error) {
+fn given_up(error: &idem_core::Error) {
     tracing::warn!(%error, "could not store the answer: its claim was taken over after its lease ran out, so a retry may run again");
 }
 

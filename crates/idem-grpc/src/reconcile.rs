@@ -49,7 +49,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::BodyExt;
-use idem::{IdempotencyKey, Scope};
+use idem_core::{IdempotencyKey, Scope};
 use tonic::Code;
 use tower::{Service, ServiceExt};
 

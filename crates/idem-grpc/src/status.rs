@@ -291,10 +291,10 @@ fn humane(duration: Duration) -> String {
 
 impl Refusal {
     /// From a store's refusal of a claim.
-    pub(crate) fn from_store(error: idem::Error) -> Self {
+    pub(crate) fn from_store(error: idem_core::Error) -> Self {
         match error {
-            idem::Error::KeyReuse { .. } => Self::KeyReuse(error.to_string()),
-            idem::Error::InFlight { retry_after, .. } => Self::InFlight {
+            idem_core::Error::KeyReuse { .. } => Self::KeyReuse(error.to_string()),
+            idem_core::Error::InFlight { retry_after, .. } => Self::InFlight {
                 message: error.to_string(),
                 retry_after,
             },

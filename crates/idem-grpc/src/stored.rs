@@ -11,7 +11,7 @@
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
 use http::{HeaderMap, StatusCode};
-use idem::{Outcome, OutcomeKind};
+use idem_core::{Outcome, OutcomeKind};
 use idem_http::StoredResponse;
 use tonic::Code;
 

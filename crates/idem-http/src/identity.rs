@@ -21,7 +21,7 @@
 use axum::extract::MatchedPath;
 use http::request::Parts;
 use http::{HeaderMap, HeaderName, Method};
-use idem::{Fingerprint, FingerprintRule, Scope};
+use idem_core::{Fingerprint, FingerprintRule, Scope};
 
 /// The principal part of a scope for requests without the credential header.
 const ANONYMOUS: &str = "anon";

@@ -17,7 +17,7 @@
 //! refused: there is no way to tell which one the client meant.
 
 use http::{HeaderMap, HeaderName};
-use idem::{IdempotencyKey, KeyError};
+use idem_core::{IdempotencyKey, KeyError};
 use sfv::{BareItem, Item, Parser, Version};
 
 pub use idem_retry::IDEMPOTENCY_KEY;
@@ -33,7 +33,7 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
 pub const IDEMPOTENCY_KEY_EXPIRES: HeaderName = HeaderName::from_static("idempotency-key-expires");
 
 /// Says on `headers` until when the key of the answer is remembered.
-pub(crate) fn mark_expiry(headers: &mut http::HeaderMap, expires_at: idem::Timestamp) {
+pub(crate) fn mark_expiry(headers: &mut http::HeaderMap, expires_at: idem_core::Timestamp) {
     let date = httpdate::fmt_http_date(expires_at.system_time());
     if let Ok(value) = http::HeaderValue::from_str(&date) {
         headers.insert(IDEMPOTENCY_KEY_EXPIRES, value);

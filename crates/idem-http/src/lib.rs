@@ -26,6 +26,20 @@
 //! For services in any language, the `idem-gateway` crate (`idem serve`)
 //! puts this layer in front of a reverse proxy.
 //!
+//! # Crate features
+//!
+//! The layer and the atomic handlers work over any store of the `idem-core`
+//! contracts ([`LeaseStore`](idem_core::LeaseStore),
+//! [`AtomicStore`](idem_core::AtomicStore)); no store is built in by default.
+//!
+//! - `sqlite`, `postgres`, `redis`: `IdempotencyLayer::open` for a store
+//!   named by its URL (`sqlite://PATH`, `postgres://URL`, `redis://HOST:PORT/DB`),
+//!   through the facade's `idem::AnyStore`;
+//! - `postgres` also lets concurrent duplicates that wait hear other
+//!   processes' answers through PostgreSQL's `LISTEN`/`NOTIFY` (on a
+//!   `PgStore`, or an `AnyStore` on PostgreSQL) instead of re-reading the
+//!   record.
+//!
 //! # Modules
 //!
 //! - [`idempotency`]: the layer, its service, config, future, and the refusals
@@ -41,6 +55,7 @@
 //!   requests in flight instead of a queue.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod atomic;
 mod body;

@@ -23,8 +23,8 @@
 //! use idem_http::{IdempotencyConfig, IdempotencyLayer, LoadShedLayer, Mode};
 //!
 //! let dir = tempfile::tempdir()?;
-//! let location = format!("sqlite://{}", dir.path().join("idem.db").display()).parse()?;
-//! let idempotency = IdempotencyLayer::open(&location, IdempotencyConfig::default()).await?;
+//! let store = idem::SqliteStore::open(dir.path().join("idem.db")).await?;
+//! let idempotency = IdempotencyLayer::new(store, IdempotencyConfig::default());
 //! let app: Router = Router::new()
 //!     .route("/orders", post(|| async { "created" }))
 //!     .layer(idempotency)

@@ -9,7 +9,7 @@
 //! belong in the dedupe table, which keeps records for days). Header values
 //! that are not UTF-8 are dropped too, with a debug log.
 //!
-//! A stored 2xx becomes [`OutcomeKind::Success`](idem::OutcomeKind) (the record
+//! A stored 2xx becomes [`OutcomeKind::Success`](idem_core::OutcomeKind) (the record
 //! is `completed`); anything else stored (4xx by default) becomes a terminal
 //! failure (`failed`). Both are replayed the same way.
 
@@ -18,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, StatusCode};
-use idem::Outcome;
+use idem_core::Outcome;
 use serde::Serialize;
 
 use crate::key_header::IDEMPOTENT_REPLAYED;

@@ -72,12 +72,10 @@ impl Reconcile for Ledger {
 async fn start(reconciled: bool) -> (Ledger, Client, Server, tempfile::TempDir) {
     let ledger = Ledger::default();
     let dir = tempfile::tempdir().unwrap();
-    let location = format!("sqlite://{}", dir.path().join("idem.db").display())
-        .parse()
-        .unwrap();
-    let mut layer = IdempotencyLayer::open(&location, IdempotencyConfig::default())
+    let store = idem::SqliteStore::open(dir.path().join("idem.db"))
         .await
         .unwrap();
+    let mut layer = IdempotencyLayer::new(store, IdempotencyConfig::default());
     if reconciled {
         layer = layer.with_reconcile(ledger.clone());
     }

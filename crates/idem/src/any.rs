@@ -29,6 +29,13 @@
 //! # Ok(()) }
 //! ```
 
+// Without SQLite and PostgreSQL the atomic calls refuse at once (on Redis)
+// or have no store to call at all: their arguments go unused.
+#![cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres")),
+    allow(unused_variables, unused_mut, dead_code)
+)]
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -62,6 +69,11 @@ pub enum AnyStore {
     /// The Redis store (one node or a cluster): leased mode only.
     #[cfg(feature = "redis")]
     Redis(idem_redis::RedisStore),
+    /// No store at all: a build with none of the store features has no value
+    /// of this type ([`AnyStore::open`] refuses every location).
+    #[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "redis")))]
+    #[doc(hidden)]
+    NoStore(std::convert::Infallible),
 }
 
 impl AnyStore {
@@ -103,11 +115,14 @@ impl AnyStore {
                     .await?,
             )),
             #[allow(unreachable_patterns)]
-            other => Err(idem_core::StoreError::new(
-                idem_core::ErrorKind::Config,
-                format!("this build of idem has no support for {other}; enable the crate feature for that store"),
-            )
-            .into()),
+            other => {
+                let _ = (settings, clock);
+                Err(idem_core::StoreError::new(
+                    idem_core::ErrorKind::Config,
+                    format!("this build of idem has no support for {other}; enable the crate feature for that store"),
+                )
+                .into())
+            }
         }
     }
 
@@ -154,6 +169,8 @@ macro_rules! each_store {
             AnyStore::Postgres($store) => $body,
             #[cfg(feature = "redis")]
             AnyStore::Redis($store) => $body,
+            #[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "redis")))]
+            AnyStore::NoStore(never) => match *never {},
         }
     };
 }
@@ -170,6 +187,8 @@ macro_rules! sql_store {
             AnyStore::Postgres($store) => $body,
             #[cfg(feature = "redis")]
             AnyStore::Redis(_) => Err(not_in_redis($what).into()),
+            #[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "redis")))]
+            AnyStore::NoStore(never) => match *never {},
         }
     };
     ($self:ident, $store:ident => $body:expr, on Redis $redis:ident => $other:expr) => {
@@ -180,6 +199,8 @@ macro_rules! sql_store {
             AnyStore::Postgres($store) => $body,
             #[cfg(feature = "redis")]
             AnyStore::Redis($redis) => $other,
+            #[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "redis")))]
+            AnyStore::NoStore(never) => match *never {},
         }
     };
 }
@@ -269,6 +290,14 @@ pub enum AnyConnection<'c> {
     /// The PostgreSQL store's connection, inside its transaction.
     #[cfg(feature = "postgres")]
     Postgres(&'c mut idem_postgres::sqlx::PgConnection),
+    /// No connection: a build without SQLite and PostgreSQL has no value of
+    /// this type.
+    #[cfg(not(any(feature = "sqlite", feature = "postgres")))]
+    #[doc(hidden)]
+    NoConnection(
+        std::convert::Infallible,
+        std::marker::PhantomData<&'c mut ()>,
+    ),
 }
 
 #[cfg(feature = "sqlite")]
@@ -564,6 +593,11 @@ impl idem_core::AtomicOutbox for AnyStore {
             #[cfg(feature = "postgres")]
             AnyConnection::Postgres(conn) => {
                 <idem_postgres::PgStore as idem_core::AtomicOutbox>::enqueue(conn, message).await
+            }
+            #[cfg(not(any(feature = "sqlite", feature = "postgres")))]
+            AnyConnection::NoConnection(never, _) => {
+                let _ = message;
+                match never {}
             }
         }
     }

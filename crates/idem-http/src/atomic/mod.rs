@@ -1,6 +1,6 @@
 //! Atomic handlers: route handlers whose own SQL and the stored response commit
 //! in **one** transaction, on any [`AtomicStore`] — SQLite,
-//! PostgreSQL, or an [`AnyStore`](idem::AnyStore) chosen at run time.
+//! PostgreSQL, or the facade's `idem::AnyStore` chosen at run time.
 //!
 //! # Why a route wrapper and not an extractor
 //!
@@ -103,7 +103,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::request::Parts;
 use http::{Extensions, HeaderMap, Method, Request, Uri};
-use idem::{Applied, ApplyError, AtomicStore, Fingerprint, IdempotencyKey, Outcome, Scope};
+use idem_core::{Applied, ApplyError, AtomicStore, Fingerprint, IdempotencyKey, Outcome, Scope};
 use serde::de::DeserializeOwned;
 
 pub use route::{AtomicRoute, route};

@@ -10,8 +10,8 @@ use axum::response::Response;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use http::Request;
-use idem::protocol::TxCall;
-use idem::{Applied, AtomicEffect, AtomicStore, Outcome};
+use idem_core::TxCall;
+use idem_core::{Applied, AtomicEffect, AtomicStore, Outcome};
 use tower::Service;
 
 use super::{AtomicRequest, BoxError, Failure, Rollback, admit, answer, settle};
@@ -125,7 +125,7 @@ where
             None => self.store.transaction(effect).await.map(Applied::Fresh),
         };
         if keyed && applied.is_ok() {
-            idem::crash::point(idem::crash::BEFORE_ANSWER);
+            idem_core::crash::point(idem_core::crash::BEFORE_ANSWER);
         }
         let response = answer(&self.store, applied, keyed, mode);
         if keyed {

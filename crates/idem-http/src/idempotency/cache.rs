@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use idem::{Fingerprint, IdempotencyKey, Outcome, Scope, Timestamp};
+use idem_core::{Fingerprint, IdempotencyKey, Outcome, Scope, Timestamp};
 use quick_cache::Weighter;
 use quick_cache::sync::Cache;
 

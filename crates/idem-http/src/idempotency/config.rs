@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use http::header::AUTHORIZATION;
 use http::{HeaderName, Method};
-use idem::{DEFAULT_LEASE, DEFAULT_RETENTION, FingerprintRule, Settings};
+use idem_core::{DEFAULT_LEASE, DEFAULT_RETENTION, FingerprintRule, Settings};
 use idem_trace::KeyInSpans;
 
 /// Which vocabulary refusals are written in.
@@ -228,16 +228,16 @@ impl IdempotencyConfig {
 
     /// How long an in-flight claim is protected (default 60 s). The layer renews
     /// a claim every third of this while the service works on it, so give the
-    /// store the same lease: [`IdempotencyLayer::open`](crate::IdempotencyLayer::open)
-    /// does, and [`store_settings`](Self::store_settings) has it for opening a
-    /// store by hand.
+    /// store the same lease: [`store_settings`](Self::store_settings) has it
+    /// for opening the store (`IdempotencyLayer::open` does so itself).
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
     }
 
     /// How long records are kept: the dedupe window (default 7 days). Applied to
-    /// the store that [`IdempotencyLayer::open`](crate::IdempotencyLayer::open) opens.
+    /// the store opened with [`store_settings`](Self::store_settings) (as
+    /// `IdempotencyLayer::open` does).
     pub fn retention(mut self, retention: Duration) -> Self {
         self.retention = retention;
         self
@@ -246,8 +246,9 @@ impl IdempotencyConfig {
     /// How long a key is still refused after its window ended (off by
     /// default): the store's sweep leaves a tombstone in place of each record,
     /// and a late retry gets 410 Gone with the date its key expired instead
-    /// of running again. Applied to the store that
-    /// [`IdempotencyLayer::open`](crate::IdempotencyLayer::open) opens.
+    /// of running again. Applied to the store opened with
+    /// [`store_settings`](Self::store_settings) (as `IdempotencyLayer::open`
+    /// does).
     pub fn tombstones(mut self, grace: Option<Duration>) -> Self {
         self.tombstones = grace;
         self

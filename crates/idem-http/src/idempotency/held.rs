@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use idem::{IdempotencyKey, Scope, Timestamp};
+use idem_core::{IdempotencyKey, Scope, Timestamp};
 
 /// The most keys remembered; past it, those whose lease ended are forgotten
 /// first, and a key that finds no room gets the short hint.

@@ -20,7 +20,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem::{Claim, Error, Fingerprint, LeaseStore, Outcome};
+use idem_core::{Claim, Error, Fingerprint, LeaseStore, Outcome};
 use idem_retry::Backoff;
 use tracing::Instrument;
 

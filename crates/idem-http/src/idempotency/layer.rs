@@ -4,7 +4,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use idem::{AnyStore, Error, LeaseStore, StoreLocation, SystemClock};
+use idem_core::LeaseStore;
 use tower::Layer;
 
 use super::cache::AnswerCache;
@@ -20,8 +20,12 @@ use super::{Answers, IdempotencyConfig, IdempotencyService, Reconcile, Shared, S
 /// use idem_http::{IdempotencyConfig, IdempotencyLayer};
 ///
 /// let dir = tempfile::tempdir()?;
-/// let location = format!("sqlite://{}", dir.path().join("idem.db").display()).parse()?;
-/// let layer = IdempotencyLayer::open(&location, IdempotencyConfig::default()).await?;
+/// let config = IdempotencyConfig::default();
+/// let store = idem::SqliteStore::builder(dir.path().join("idem.db"))
+///     .settings(config.store_settings())
+///     .open()
+///     .await?;
+/// let layer = IdempotencyLayer::new(store, config);
 /// let app: Router = Router::new()
 ///     .route("/orders", post(|| async { "created" }))
 ///     .layer(layer);
@@ -75,9 +79,8 @@ impl<St: LeaseStore> IdempotencyLayer<St> {
     /// use idem_http::{IdempotencyConfig, IdempotencyLayer, Spool};
     ///
     /// let dir = tempfile::tempdir()?;
-    /// let location = format!("sqlite://{}", dir.path().join("idem.db").display()).parse()?;
-    /// let layer = IdempotencyLayer::open(&location, IdempotencyConfig::default())
-    ///     .await?
+    /// let store = idem::SqliteStore::open(dir.path().join("idem.db")).await?;
+    /// let layer = IdempotencyLayer::new(store, IdempotencyConfig::default())
     ///     .with_spool(Spool::open(dir.path().join("idem.spool"))?);
     /// assert_eq!(layer.flush_spool().await?, 0, "nothing left from an earlier run");
     /// # Ok(()) }
@@ -128,12 +131,35 @@ impl<St: LeaseStore> IdempotencyLayer<St> {
     }
 }
 
-impl IdempotencyLayer<AnyStore> {
-    /// Opens the store at `location` (`sqlite://PATH` or `postgres://URL`) with
-    /// the config's lease and retention, and makes a layer over it.
-    pub async fn open(location: &StoreLocation, config: IdempotencyConfig) -> Result<Self, Error> {
-        let store =
-            AnyStore::open_with(location, config.store_settings(), Arc::new(SystemClock)).await?;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "redis")))
+)]
+impl IdempotencyLayer<idem::AnyStore> {
+    /// Opens the store at `location` (`sqlite://PATH`, `postgres://URL` or
+    /// `redis://HOST:PORT/DB`, as the crate features allow) with the config's
+    /// lease and retention, and makes a layer over it.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_http::{IdempotencyConfig, IdempotencyLayer};
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let location = format!("sqlite://{}", dir.path().join("idem.db").display()).parse()?;
+    /// let layer = IdempotencyLayer::open(&location, IdempotencyConfig::default()).await?;
+    /// # drop(layer); Ok(()) }
+    /// ```
+    pub async fn open(
+        location: &idem::StoreLocation,
+        config: IdempotencyConfig,
+    ) -> Result<Self, idem_core::Error> {
+        let store = idem::AnyStore::open_with(
+            location,
+            config.store_settings(),
+            Arc::new(idem_core::SystemClock),
+        )
+        .await?;
         Ok(Self::new(store, config))
     }
 }

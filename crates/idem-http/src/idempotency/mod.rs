@@ -99,7 +99,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::{HeaderValue, Request};
 use http_body_util::BodyExt;
-use idem::{Claim, Claimed, Error, LeaseStore, Outcome};
+use idem_core::{Claim, Claimed, Error, LeaseStore, Outcome};
 use tower::Service;
 use tracing::Instrument;
 
@@ -315,9 +315,9 @@ async fn keyed<S, St, ResBody>(
     inner: S,
     parts: http::request::Parts,
     body: Bytes,
-    scope: idem::Scope,
-    key: idem::IdempotencyKey,
-    fingerprint: idem::Fingerprint,
+    scope: idem_core::Scope,
+    key: idem_core::IdempotencyKey,
+    fingerprint: idem_core::Fingerprint,
 ) -> Result<Response, S::Error>
 where
     S: Service<Request<Body>, Response = Response<ResBody>> + Send + 'static,
@@ -329,7 +329,7 @@ where
 {
     let mode = shared.config.mode;
     if let Some(cached) = shared.cache.get(&scope, &key, shared.store.now())
-        && fingerprint.compare(&cached.fingerprint) == idem::FingerprintMatch::Same
+        && fingerprint.compare(&cached.fingerprint) == idem_core::FingerprintMatch::Same
     {
         // A settled answer this process has seen, inside its window: the
         // store would replay it too.
@@ -375,9 +375,9 @@ async fn claim_and_answer<S, St, ResBody>(
     inner: S,
     parts: http::request::Parts,
     body: Bytes,
-    scope: idem::Scope,
-    key: idem::IdempotencyKey,
-    fingerprint: idem::Fingerprint,
+    scope: idem_core::Scope,
+    key: idem_core::IdempotencyKey,
+    fingerprint: idem_core::Fingerprint,
 ) -> Result<Response, S::Error>
 where
     S: Service<Request<Body>, Response = Response<ResBody>> + Send + 'static,
@@ -419,7 +419,7 @@ where
         Err(refused) => return Ok(Refusal::from_store(refused, true).to_response(mode)),
     };
 
-    idem::crash::point(idem::crash::AFTER_CLAIM);
+    idem_core::crash::point(idem_core::crash::AFTER_CLAIM);
     let request = Request::from_parts(parts, Body::from(body));
     // Tells waiting duplicates what became of this original, however it ends.
     let announce = wait::Announce::new(&shared, &scope, &key, fingerprint);
@@ -599,13 +599,13 @@ where
         }
     };
     let stored = StoredResponse::from_parts(parts.status, parts.headers.clone(), body.clone());
-    idem::crash::point(idem::crash::INSIDE_EFFECT);
+    idem_core::crash::point(idem_core::crash::INSIDE_EFFECT);
     // The effect happened and this is its answer: it is stored before the
     // client gets it, or kept (spooled) and stored as soon as the store
     // takes it.
     shared.held.forget(&claim.scope, &claim.key);
     keep::store_answer(&shared, claim, stored.to_outcome(), announce).await;
-    idem::crash::point(idem::crash::BEFORE_ANSWER);
+    idem_core::crash::point(idem_core::crash::BEFORE_ANSWER);
     let answer = Response::from_parts(parts, Body::from(body)).into_response();
     Ok(judged(answer, Verdict::Store))
 }

@@ -15,7 +15,7 @@
 
 use std::time::Duration;
 
-use idem::{AnyStore, LeaseStore, RecordStore};
+use idem_core::{LeaseStore, RecordStore};
 
 /// A key's hash: what slots and notifications are known by.
 pub(crate) type KeyId = [u8; 32];
@@ -39,7 +39,8 @@ pub enum Notices {
     Reread,
     /// PostgreSQL `LISTEN`/`NOTIFY` through this pool.
     #[cfg(feature = "postgres")]
-    Postgres(idem::sqlx::PgPool),
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+    Postgres(idem_postgres::sqlx::PgPool),
 }
 
 impl std::fmt::Debug for Notices {
@@ -56,8 +57,9 @@ impl std::fmt::Debug for Notices {
 /// ([`Concurrent::Wait`](crate::Concurrent::Wait)): one that reads a record
 /// without claiming it ([`RecordStore::get`]). Every [`LeaseStore`] that is
 /// also a [`RecordStore`] is one. Waiters hear of other processes'
-/// settlements through PostgreSQL's notifications on a [`idem::PgStore`]
-/// (or an [`AnyStore`] on PostgreSQL); on any other store they re-read.
+/// settlements through PostgreSQL's notifications on an
+/// `idem_postgres::PgStore` (or the facade's `idem::AnyStore` on PostgreSQL),
+/// with the crate feature `postgres`; on any other store they re-read.
 pub trait WaitableStore: LeaseStore + RecordStore + 'static {
     /// How waiters hear that another process settled a key.
     fn notices(&self) -> Notices;
@@ -65,17 +67,15 @@ pub trait WaitableStore: LeaseStore + RecordStore + 'static {
 
 impl<T: LeaseStore + RecordStore + 'static> WaitableStore for T {
     fn notices(&self) -> Notices {
-        let any: &dyn std::any::Any = self;
-        if let Some(store) = any.downcast_ref::<AnyStore>() {
-            return match store {
-                #[cfg(feature = "postgres")]
-                AnyStore::Postgres(store) => Notices::Postgres(store.pool().clone()),
-                _ => Notices::Reread,
-            };
-        }
         #[cfg(feature = "postgres")]
-        if let Some(store) = any.downcast_ref::<idem::PgStore>() {
-            return Notices::Postgres(store.pool().clone());
+        {
+            let any: &dyn std::any::Any = self;
+            if let Some(idem::AnyStore::Postgres(store)) = any.downcast_ref::<idem::AnyStore>() {
+                return Notices::Postgres(store.pool().clone());
+            }
+            if let Some(store) = any.downcast_ref::<idem_postgres::PgStore>() {
+                return Notices::Postgres(store.pool().clone());
+            }
         }
         Notices::Reread
     }
@@ -137,7 +137,7 @@ pub(crate) async fn announce(notices: &Notices, id: KeyId, settled: Settled) {
         }
         #[cfg(feature = "postgres")]
         Notices::Postgres(pool) => {
-            let sent = idem::sqlx::query("SELECT pg_notify($1, $2)")
+            let sent = idem_postgres::sqlx::query("SELECT pg_notify($1, $2)")
                 .bind(CHANNEL)
                 .bind(payload(&id, settled))
                 .execute(pool)

@@ -31,7 +31,7 @@ use axum::body::Body;
 use axum::response::Response;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, StatusCode};
-use idem::{Error, ErrorKind};
+use idem_core::{Error, ErrorKind};
 use serde_json::json;
 
 use super::config::Mode;
@@ -435,7 +435,7 @@ impl Refusal {
 
 #[cfg(test)]
 mod tests {
-    use idem::{ErrorKind, IdempotencyKey, Scope, StoreError};
+    use idem_core::{ErrorKind, IdempotencyKey, Scope, StoreError};
 
     use super::*;
 

@@ -20,7 +20,7 @@
 //! to the upstream.
 
 use futures::future::BoxFuture;
-use idem::{IdempotencyKey, Scope};
+use idem_core::{IdempotencyKey, Scope};
 
 use crate::StoredResponse;
 
@@ -66,9 +66,8 @@ pub enum Reconciled {
 /// }
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
-/// # let location = format!("sqlite://{}", dir.path().join("idem.db").display()).parse()?;
-/// let layer = idem_http::IdempotencyLayer::open(&location, Default::default())
-///     .await?
+/// # let store = idem::SqliteStore::open(dir.path().join("idem.db")).await?;
+/// let layer = idem_http::IdempotencyLayer::new(store, Default::default())
 ///     .with_reconcile(Ledger(Default::default()));
 /// # drop(layer); Ok(()) }
 /// ```

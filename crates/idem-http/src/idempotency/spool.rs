@@ -32,7 +32,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 
-use idem::{Claim, FencingToken, IdempotencyKey, Outcome, OutcomeKind, Scope, Timestamp};
+use idem_core::{Claim, FencingToken, IdempotencyKey, Outcome, OutcomeKind, Scope, Timestamp};
 use serde::{Deserialize, Serialize};
 
 /// Why a spool cannot be used.

@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use axum::response::Response;
-use idem::{Error, Fingerprint, IdempotencyKey, Outcome, RecordState, Scope, Timestamp};
+use idem_core::{Error, Fingerprint, IdempotencyKey, Outcome, RecordState, Scope, Timestamp};
 use tokio::sync::{Notify, OnceCell, watch};
 use tokio::task::AbortHandle;
 
@@ -263,18 +263,18 @@ fn finish(sender: &watch::Sender<Wake>, wake: Wake) {
 /// missed.
 #[cfg(feature = "postgres")]
 async fn listen_postgres(
-    pool: idem::sqlx::PgPool,
+    pool: idem_postgres::sqlx::PgPool,
     waiters: std::sync::Weak<Waiters>,
     ready: tokio::sync::oneshot::Sender<()>,
 ) {
-    use idem::sqlx::postgres::PgListener;
+    use idem_postgres::sqlx::postgres::PgListener;
     let mut ready = Some(ready);
     let mut pause = FIRST_REREAD;
     loop {
         let connected = async {
             let mut listener = PgListener::connect_with(&pool).await?;
             listener.listen(notices::CHANNEL).await?;
-            Ok::<_, idem::sqlx::Error>(listener)
+            Ok::<_, idem_postgres::sqlx::Error>(listener)
         }
         .await;
         let mut listener = match connected {
