@@ -58,19 +58,24 @@ static SEGMENTS: RwLock<BTreeSet<String>> = RwLock::new(BTreeSet::new());
 /// `METHOD /segment` for the first segment of `path`: `{id}` for an
 /// identifier, `{other}` past [`MAX_SEGMENT_LABELS`] distinct segments.
 pub fn first_segment_label(method: &Method, path: &str) -> String {
+    label_among(&SEGMENTS, method, path)
+}
+
+/// [`first_segment_label`], with the segments seen so far in `seen`.
+fn label_among(seen: &RwLock<BTreeSet<String>>, method: &Method, path: &str) -> String {
     let segment = path.split('/').find(|s| !s.is_empty()).unwrap_or("");
     let segment = if looks_like_an_id(segment) {
         "{id}"
     } else if segment.is_empty() {
         ""
-    } else if SEGMENTS
+    } else if seen
         .read()
         .unwrap_or_else(PoisonError::into_inner)
         .contains(segment)
     {
         segment
     } else {
-        let mut seen = SEGMENTS.write().unwrap_or_else(PoisonError::into_inner);
+        let mut seen = seen.write().unwrap_or_else(PoisonError::into_inner);
         if seen.contains(segment) || seen.len() < MAX_SEGMENT_LABELS {
             seen.insert(segment.to_owned());
             segment
@@ -152,8 +157,10 @@ mod tests {
 
     #[test]
     fn first_segments_are_bounded() {
+        // Segments of its own: the process's set stays for the other tests.
+        let seen = RwLock::new(BTreeSet::new());
         let labels: BTreeSet<String> = (0..MAX_SEGMENT_LABELS * 2)
-            .map(|i| first_segment_label(&Method::POST, &format!("/probe-{i}")))
+            .map(|i| label_among(&seen, &Method::POST, &format!("/probe-{i}")))
             .collect();
         assert!(labels.len() <= MAX_SEGMENT_LABELS + 1, "{}", labels.len());
         assert!(labels.contains("POST /{other}"));
