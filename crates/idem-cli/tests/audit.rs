@@ -3,6 +3,8 @@
 //! ledger rows through Idem's atomic apply (or, for the broken handler, a
 //! second time by hand), and the auditor reads them with an effects query.
 
+mod common;
+
 use std::process::Output;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,51 +13,18 @@ use idem::{
     AnyConnection, AnyStore, AtomicStore, Fingerprint, IdempotencyKey, ManualClock, Outcome, Scope,
     Settings, StoreLocation,
 };
-use idem_testkit::postgres::TestDatabase;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use common::store::TestStore;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 const QUERY: &str = "SELECT id, order_id AS key FROM ledger";
 
-/// A store of the test's own, with the service's ledger table.
-struct Backend {
-    url: String,
-    _dir: Option<tempfile::TempDir>,
-    _database: Option<TestDatabase>,
-}
-
-impl Backend {
-    fn sqlite() -> Backend {
-        let dir = tempfile::tempdir().unwrap();
-        Backend {
-            url: format!("sqlite://{}", dir.path().join("idem.db").display()),
-            _dir: Some(dir),
-            _database: None,
-        }
-    }
-
-    async fn postgres() -> Option<Backend> {
-        let database = TestDatabase::create("idem_t_audit").await?;
-        Some(Backend {
-            url: database.url().to_owned(),
-            _dir: None,
-            _database: Some(database),
-        })
-    }
-
-    /// Both stores (PostgreSQL unless it is missing and not required).
-    async fn all() -> Vec<Backend> {
-        let mut backends = vec![Backend::sqlite()];
-        backends.extend(Backend::postgres().await);
-        backends
-    }
-
-    fn location(&self) -> StoreLocation {
-        self.url.parse().unwrap()
-    }
-
+/// The tests' use of their store: the service's ledger table in its
+/// database, and `idem audit` run on it.
+impl TestStore {
     /// The store, its clock standing `ago` in the past, with the ledger.
     async fn store_at(&self, ago: Duration) -> AnyStore {
         let clock = ManualClock::starting_now();
@@ -228,7 +197,7 @@ fn read_rows(out: &Output) -> u64 {
 
 #[tokio::test]
 async fn a_handler_that_applies_twice_is_found_within_one_pass() {
-    for backend in Backend::all().await {
+    for backend in TestStore::sqlite_and_postgres("idem_t_audit").await {
         let store = backend.store().await;
         for key in ["order-1", "order-2", "order-3"] {
             assert!(deliver(&store, key, true).await);
@@ -261,7 +230,7 @@ async fn a_handler_that_applies_twice_is_found_within_one_pass() {
 
 #[tokio::test]
 async fn a_correct_handler_under_duplicates_yields_nothing() {
-    for backend in Backend::all().await {
+    for backend in TestStore::sqlite_and_postgres("idem_t_audit").await {
         let store = backend.store().await;
         let mut applied = 0;
         for n in 0..300 {
@@ -280,7 +249,7 @@ async fn a_correct_handler_under_duplicates_yields_nothing() {
 
 #[tokio::test]
 async fn a_completed_record_without_its_effect_is_found_only_after_the_grace() {
-    for backend in Backend::all().await {
+    for backend in TestStore::sqlite_and_postgres("idem_t_audit").await {
         // Completed ten minutes ago, without its row; and one with its row.
         let earlier = backend.store_at(Duration::from_secs(600)).await;
         assert!(deliver(&earlier, "order-lost", false).await);
@@ -302,7 +271,7 @@ async fn a_completed_record_without_its_effect_is_found_only_after_the_grace() {
 
 #[tokio::test]
 async fn a_start_cursor_reads_only_the_rows_past_it() {
-    for backend in Backend::all().await {
+    for backend in TestStore::sqlite_and_postgres("idem_t_audit").await {
         let store = backend.store().await;
         for n in 0..40 {
             deliver(&store, &format!("order-{n}"), true).await;
@@ -375,7 +344,7 @@ fn free_port() -> u16 {
 
 #[tokio::test]
 async fn a_running_auditor_reads_each_row_once_and_reports_each_finding_once() {
-    for backend in Backend::all().await {
+    for backend in TestStore::sqlite_and_postgres("idem_t_audit").await {
         let store = backend.store().await;
         for n in 0..30 {
             deliver(&store, &format!("order-{n}"), true).await;
@@ -449,7 +418,7 @@ async fn a_running_auditor_reads_each_row_once_and_reports_each_finding_once() {
 #[tokio::test]
 async fn record_pages_walk_each_record_of_the_scopes_once_in_window_order() {
     use idem::{ExpiryPosition, RecordScan};
-    for backend in Backend::all().await {
+    for backend in TestStore::sqlite_and_postgres("idem_t_audit").await {
         let store = backend.store().await;
         let other = Scope::new("refunds").unwrap();
         for n in 0..23 {

@@ -1,10 +1,14 @@
 //! `idem check`, run as a user would: its exit codes, its report and its JSON.
 
+mod common;
+
 use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
 use idem::rusqlite;
+
+use common::store::sqlite_url;
 
 fn idem(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_idem"))
@@ -107,7 +111,7 @@ fn the_effects_query_runs_on_the_store() {
            ('order-1', 'acc-7', 2), ('order-2', 'acc-7', 1);",
     )
     .unwrap();
-    let store = format!("sqlite://{}", db.display());
+    let store = sqlite_url(&db);
     let keys_only = "SELECT order_key AS key FROM ledger ORDER BY id";
     let out = idem(&[
         "--store",
@@ -177,13 +181,13 @@ fn input_that_cannot_be_read_exits_2_and_says_why() {
         ),
     );
     let missing = dir.path().join("missing.jsonl").display().to_string();
-    let store = format!("sqlite://{}", dir.path().join("absent.db").display());
+    let store = sqlite_url(&dir.path().join("absent.db"));
     let app = dir.path().join("app.db");
     rusqlite::Connection::open(&app)
         .unwrap()
         .execute_batch("CREATE TABLE t (id INTEGER);")
         .unwrap();
-    let app = format!("sqlite://{}", app.display());
+    let app = sqlite_url(&app);
     let cases: [(&[&str], &str); 7] = [
         (
             &["check", &broken, "--effects", &effects],

@@ -1,6 +1,10 @@
 //! The `idem` binary, run as a user would.
 
+mod common;
+
 use std::process::{Command, Output};
+
+use common::store::TestStore;
 
 fn idem(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_idem"))
@@ -52,18 +56,17 @@ fn demo_shows_double_effects_for_the_naive_handler_and_none_with_idem() {
 
 #[test]
 fn keys_migrate_and_gc_work_on_a_store_left_by_the_demo() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = format!("sqlite://{}", dir.path().join("idem.db").display());
-    let out = idem(&["--store", &store, "migrate"]);
+    let store = TestStore::sqlite();
+    let out = idem(&["--store", &store.url, "migrate"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("schema up to date"));
 
-    let out = idem(&["--store", &store, "demo", "--payments", "20"]);
+    let out = idem(&["--store", &store.url, "demo", "--payments", "20"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
 
     let out = idem(&[
         "--store",
-        &store,
+        &store.url,
         "keys",
         "ls",
         "--json",
@@ -77,14 +80,14 @@ fn keys_migrate_and_gc_work_on_a_store_left_by_the_demo() {
     let key = records[0]["key"].as_str().unwrap().to_owned();
     assert_eq!(records[0]["state"], "completed");
 
-    let out = idem(&["--store", &store, "keys", "ls", "--limit", "5"]);
+    let out = idem(&["--store", &store.url, "keys", "ls", "--limit", "5"]);
     let table = text(&out.stdout);
     assert!(
         table.contains("payments") && table.contains("--limit"),
         "{table}"
     );
 
-    let out = idem(&["--store", &store, "keys", "show", "payments", &key]);
+    let out = idem(&["--store", &store.url, "keys", "show", "payments", &key]);
     let shown = text(&out.stdout);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
@@ -92,11 +95,18 @@ fn keys_migrate_and_gc_work_on_a_store_left_by_the_demo() {
         "{shown}"
     );
 
-    let out = idem(&["--store", &store, "keys", "show", "payments", "no-such-key"]);
+    let out = idem(&[
+        "--store",
+        &store.url,
+        "keys",
+        "show",
+        "payments",
+        "no-such-key",
+    ]);
     assert!(!out.status.success());
     assert!(text(&out.stderr).contains("no record for key no-such-key"));
 
-    let out = idem(&["--store", &store, "gc"]);
+    let out = idem(&["--store", &store.url, "gc"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("deleted 0 expired records; 20 records remain"));
 }
@@ -131,19 +141,18 @@ fn bad_input_gets_a_clear_error_and_no_panic() {
         ],
         "database unavailable",
     );
-    let dir = tempfile::tempdir().unwrap();
-    let store = format!("sqlite://{}", dir.path().join("idem.db").display());
+    let store = TestStore::sqlite();
     fails_clearly(
-        &["--store", &store, "keys", "show", "payments", ""],
+        &["--store", &store.url, "keys", "show", "payments", ""],
         "idempotency key is empty",
     );
     let long = "k".repeat(256);
     fails_clearly(
-        &["--store", &store, "keys", "show", "payments", &long],
+        &["--store", &store.url, "keys", "show", "payments", &long],
         "256 characters long",
     );
     fails_clearly(
-        &["--store", &store, "keys", "show", "payments", "a\u{1}b"],
+        &["--store", &store.url, "keys", "show", "payments", "a\u{1}b"],
         "not visible ASCII",
     );
     fails_clearly(

@@ -3,6 +3,8 @@
 //! report), and against that upstream alone, which applies every request
 //! (exit 1, the failed rules named).
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Output, Stdio};
@@ -18,6 +20,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use serde_json::Value;
+
+use common::store::TestStore;
 
 fn idem() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_idem"));
@@ -190,9 +194,8 @@ fn every_rule(server: SocketAddr, upstream: SocketAddr, json: bool) -> Vec<Strin
 async fn idem_serve_passes_every_rule_and_exits_0() {
     let applied = Arc::new(AtomicU64::new(0));
     let upstream = start_orders(Arc::clone(&applied)).await;
-    let dir = tempfile::tempdir().unwrap();
-    let store = format!("sqlite://{}", dir.path().join("idem.db").display());
-    let serve = Serve::start(&store, upstream);
+    let store = TestStore::sqlite();
+    let serve = Serve::start(&store.url, upstream);
 
     let mut args = every_rule(serve.addr, upstream, true);
     args.extend(["--mode".into(), "ietf".into()]);

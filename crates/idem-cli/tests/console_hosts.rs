@@ -4,10 +4,14 @@
 //! `IDEM_ALLOW_HOSTS` or `allow_hosts` in the config file are answered; and
 //! `idem console --tls-cert` marks its sign-in cookies `Secure`.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use common::store::{TestStore, sqlite_in};
 
 /// A running `idem`, killed when dropped.
 struct Running {
@@ -86,14 +90,13 @@ fn get(addr: SocketAddr, path: &str, host: Option<&str>) -> (u16, String) {
 
 #[test]
 fn idem_console_answers_to_loopback_names_and_those_allowed_only() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = format!("sqlite://{}", dir.path().join("idem.db").display());
+    let store = TestStore::sqlite();
     let prefix = "idem console: on http://";
     let console = start(
         &[
             "console",
             "--store",
-            &store,
+            &store.url,
             "--listen",
             "127.0.0.1:0",
             "--allow-host",
@@ -114,7 +117,7 @@ fn idem_console_answers_to_loopback_names_and_those_allowed_only() {
     drop(console);
 
     let listed = start(
-        &["console", "--store", &store, "--listen", "127.0.0.1:0"],
+        &["console", "--store", &store.url, "--listen", "127.0.0.1:0"],
         &[("IDEM_ALLOW_HOSTS", "a.internal,*.ops.example")],
         prefix,
     );
@@ -131,7 +134,7 @@ fn idem_console_answers_to_loopback_names_and_those_allowed_only() {
 #[test]
 fn idem_serve_admin_listener_answers_to_the_names_allowed_only() {
     let dir = tempfile::tempdir().unwrap();
-    let store = format!("sqlite://{}", dir.path().join("idem.db").display());
+    let store = sqlite_in(dir.path());
     let config = dir.path().join("idem.toml");
     std::fs::write(&config, "allow_hosts = [\"cfg.internal\"]\n").unwrap();
     let serve = |extra: &[&str]| {
@@ -176,7 +179,7 @@ fn idem_serve_admin_listener_answers_to_the_names_allowed_only() {
 #[test]
 fn idem_console_over_tls_marks_its_cookies_secure() {
     let dir = tempfile::tempdir().unwrap();
-    let store = format!("sqlite://{}", dir.path().join("idem.db").display());
+    let store = sqlite_in(dir.path());
     let files = idem_testkit::tls::TlsFiles::generate();
     let token = dir.path().join("token");
     std::fs::write(&token, "op-token\n").unwrap();

@@ -6,6 +6,7 @@
 mod common;
 
 use common::free_port;
+use common::store::TestStore;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -92,13 +93,12 @@ async fn idem_forward_outlives_a_cut_broker_connection_and_says_so_on_healthz() 
     let proxy = FaultProxy::start("127.0.0.1:5672".parse().unwrap())
         .await
         .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let store = format!("sqlite://{}", dir.path().join("idem.db").display());
+    let store = TestStore::sqlite();
     let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let from = format!("amqp://guest:guest@{}/{}", proxy.addr(), queue.name);
     let mut forward = Running(
         Command::new(env!("CARGO_BIN_EXE_idem"))
-            .args(["--store", &store, "forward", "--from", &from])
+            .args(["--store", &store.url, "forward", "--from", &from])
             .args(["--to", &format!("http://{hook}/hook")])
             .args(["--admin-listen", &admin.to_string()])
             .args(["--reconnect-min", "50ms", "--reconnect-max", "300ms"])
@@ -155,15 +155,14 @@ async fn idem_forward_exits_for_a_missing_queue_saying_what_to_do() {
     if !common::rabbitmq_answers().await {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let store = format!("sqlite://{}", dir.path().join("idem.db").display());
+    let store = TestStore::sqlite();
     let from = format!(
         "amqp://guest:guest@127.0.0.1:5672/no-such-queue-{}",
         free_port()
     );
     let out = tokio::task::spawn_blocking(move || {
         Command::new(env!("CARGO_BIN_EXE_idem"))
-            .args(["--store", &store, "forward", "--from", &from])
+            .args(["--store", &store.url, "forward", "--from", &from])
             .args(["--to", "http://127.0.0.1:9/hook"])
             .env_remove("IDEM_STORE")
             .output()

@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 
+use common::store::TestStore;
+
 /// Calls per key; keys starting with `bad-` are answered 500 while `failing`.
 #[derive(Default)]
 struct Endpoint {
@@ -77,19 +79,17 @@ async fn idem(store: &str, args: &[&str]) -> Output {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forward_counts_attempts_and_dead_letters_in_redis_and_dlq_redrives_them() {
-    if !idem_testkit::redis::machine_redis_answers() {
+    let Some(store) = TestStore::redis("forward") else {
         return;
-    }
+    };
     let Some(queue) = common::TestQueue::declare("idem-t-forward-redis").await else {
         return;
     };
     let (calls, hook) = endpoint().await;
-    let prefix = idem_testkit::redis::test_prefix("forward");
-    let store = format!("{}?prefix={prefix}", idem_testkit::redis::redis_url());
     let from = format!("amqp://guest:guest@127.0.0.1:5672/{}", queue.name);
     let _forward = Running(
         Command::new(env!("CARGO_BIN_EXE_idem"))
-            .args(["--store", &store, "forward", "--from", &from])
+            .args(["--store", &store.url, "forward", "--from", &from])
             .args(["--to", &format!("http://{hook}/hook")])
             .args(["--max-attempts", "3"])
             .env_remove("IDEM_STORE")
@@ -104,7 +104,7 @@ async fn forward_counts_attempts_and_dead_letters_in_redis_and_dlq_redrives_them
 
     let deadline = Instant::now() + Duration::from_secs(60);
     let letters = loop {
-        let out = idem(&store, &["dlq", "ls", "--json"]).await;
+        let out = idem(&store.url, &["dlq", "ls", "--json"]).await;
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
         assert!(out.status.success(), "{stderr}");
         let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -130,7 +130,7 @@ async fn forward_counts_attempts_and_dead_letters_in_redis_and_dlq_redrives_them
 
     calls.lock().unwrap().healed = true;
     let id = letter["id"].as_i64().unwrap().to_string();
-    let out = idem(&store, &["dlq", "redrive", &id]).await;
+    let out = idem(&store.url, &["dlq", "redrive", &id]).await;
     assert!(
         out.status.success(),
         "{}",
@@ -152,7 +152,7 @@ async fn forward_counts_attempts_and_dead_letters_in_redis_and_dlq_redrives_them
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(calls.lock().unwrap().calls.get("bad-1"), Some(&4));
-    let out = idem(&store, &["dlq", "ls"]).await;
+    let out = idem(&store.url, &["dlq", "ls"]).await;
     let listed = String::from_utf8_lossy(&out.stdout);
     assert!(listed.contains("0 waiting, 1 redriven"), "{listed}");
     queue.delete().await;

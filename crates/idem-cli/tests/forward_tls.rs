@@ -21,6 +21,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
+use common::store::sqlite_in;
+
 /// Calls per key.
 type Calls = Arc<Mutex<HashMap<String, u32>>>;
 
@@ -162,7 +164,7 @@ async fn idem_forward_reaches_an_https_endpoint_with_to_ca_and_refuses_another_c
     std::fs::write(&ca_file, ca.pem()).unwrap();
     let other_ca_file = dir.path().join("other-ca.pem");
     std::fs::write(&other_ca_file, TestCa::new("Idem other CA").pem()).unwrap();
-    let store = format!("sqlite://{}", dir.path().join("idem.db").display());
+    let store = sqlite_in(dir.path());
     let from = format!("amqp://guest:guest@127.0.0.1:5672/{}", queue.name);
     let to = format!("https://127.0.0.1:{}/hook", addr.port());
 

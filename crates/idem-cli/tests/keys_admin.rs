@@ -2,75 +2,22 @@
 //! `idem audit-log`, run as a user would, on every store; the store is
 //! filled and used through the library, as an application would.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::process::Output;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use idem::{
     AnyStore, Applied, Claimed, DeadLetterStore, Error, Fingerprint, IdempotencyKey, LeaseStore,
-    NewDeadLetter, Outcome, RecordState, RecordStore, Scope, StoreLocation, Timestamp,
+    NewDeadLetter, Outcome, RecordState, RecordStore, Scope, Timestamp,
 };
-use idem_testkit::postgres::TestDatabase;
 use serde_json::Value;
 
-/// A store of the test's own, kept alive as long as the value.
-struct Backend {
-    url: String,
-    _dir: Option<tempfile::TempDir>,
-    _database: Option<TestDatabase>,
-}
+use common::store::TestStore;
 
-impl Backend {
-    fn sqlite() -> Backend {
-        let dir = tempfile::tempdir().unwrap();
-        Backend {
-            url: format!("sqlite://{}", dir.path().join("idem.db").display()),
-            _dir: Some(dir),
-            _database: None,
-        }
-    }
-
-    async fn postgres() -> Option<Backend> {
-        let database = TestDatabase::create("idem_t_keys_admin").await?;
-        Some(Backend {
-            url: database.url().to_owned(),
-            _dir: None,
-            _database: Some(database),
-        })
-    }
-
-    fn redis() -> Option<Backend> {
-        if !idem_testkit::redis::machine_redis_answers() {
-            return None;
-        }
-        let prefix = idem_testkit::redis::test_prefix("keys-admin");
-        Some(Backend {
-            url: format!("{}?prefix={prefix}", idem_testkit::redis::redis_url()),
-            _dir: None,
-            _database: None,
-        })
-    }
-
-    fn redis_cluster() -> Option<Backend> {
-        if !idem_testkit::redis::machine_cluster_answers() {
-            return None;
-        }
-        let prefix = idem_testkit::redis::test_prefix("keys-admin");
-        Some(Backend {
-            url: format!(
-                "{}?prefix={prefix}",
-                idem_testkit::redis::redis_cluster_url()
-            ),
-            _dir: None,
-            _database: None,
-        })
-    }
-
-    async fn store(&self) -> AnyStore {
-        let location: StoreLocation = self.url.parse().unwrap();
-        AnyStore::open(&location).await.unwrap()
-    }
-
+/// The tests' use of their store: `idem` run on it.
+impl TestStore {
     /// Runs `idem --store URL ARGS…` with no terminal on its input.
     async fn idem(&self, args: &[&str]) -> Output {
         let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_idem"));
@@ -108,7 +55,7 @@ fn refused(out: &Output) -> (String, String) {
     (text(&out.stdout), text(&out.stderr))
 }
 
-async fn audit_log(backend: &Backend) -> Vec<Value> {
+async fn audit_log(backend: &TestStore) -> Vec<Value> {
     let out = backend.idem(&["audit-log", "--json"]).await;
     let log: Value = serde_json::from_str(&ok(&out)).unwrap();
     log.as_array().unwrap().clone()
@@ -127,8 +74,8 @@ async fn apply(store: &AnyStore, scope: &Scope, key: &IdempotencyKey, runs: &Ato
 
 /// An evicted key applies again: a new effect. Without --yes and without a
 /// terminal nothing is removed; the audit log keeps the record as it was.
-async fn eviction(backend: &Backend) {
-    let store = backend.store().await;
+async fn eviction(backend: &TestStore) {
+    let store = backend.open().await;
     // A scope as the HTTP layer writes it, a principal's hash in it.
     let scope = Scope::new("http:3f9a1c27b0e4d5a6:POST:/payments").unwrap();
     let key = IdempotencyKey::new("pay-42").unwrap();
@@ -202,8 +149,8 @@ async fn eviction(backend: &Backend) {
 
 /// An ended claim: its holder's completion is refused, the next claim runs
 /// at once with a greater token. A settled record has no claim to end.
-async fn release(backend: &Backend) {
-    let store = backend.store().await;
+async fn release(backend: &TestStore) {
+    let store = backend.open().await;
     let scope = Scope::new("emails").unwrap();
     let key = IdempotencyKey::new("welcome/7").unwrap();
     let fp = Fingerprint::of_bytes(b"welcome");
@@ -292,7 +239,7 @@ async fn letter(store: &AnyStore, key: &str, error: &str) -> i64 {
         .unwrap()
 }
 
-async fn waiting_ids(backend: &Backend, all: bool) -> Vec<i64> {
+async fn waiting_ids(backend: &TestStore, all: bool) -> Vec<i64> {
     let mut args = vec!["dlq", "ls", "--json"];
     if all {
         args.push("--all");
@@ -308,8 +255,8 @@ async fn waiting_ids(backend: &Backend, all: bool) -> Vec<i64> {
 
 /// Archive sets a letter aside (kept, not waiting); discard deletes; both
 /// by id or by cause, only once confirmed, each logged.
-async fn dead_letters(backend: &Backend) {
-    let store = backend.store().await;
+async fn dead_letters(backend: &TestStore) {
+    let store = backend.open().await;
     let a = letter(&store, "order-1", "handler failed: 500\nat line 2").await;
     let b = letter(&store, "order-2", "handler failed: 500").await;
     let c = letter(&store, "order-3", "no such customer").await;
@@ -397,78 +344,78 @@ async fn dead_letters(backend: &Backend) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_rm_evicts_on_sqlite() {
-    eviction(&Backend::sqlite()).await;
+    eviction(&TestStore::sqlite()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_rm_evicts_on_postgres() {
-    if let Some(backend) = Backend::postgres().await {
+    if let Some(backend) = TestStore::postgres("idem_t_keys_admin").await {
         eviction(&backend).await;
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_rm_evicts_on_redis() {
-    if let Some(backend) = Backend::redis() {
+    if let Some(backend) = TestStore::redis("keys-admin") {
         eviction(&backend).await;
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_rm_evicts_on_redis_cluster() {
-    if let Some(backend) = Backend::redis_cluster() {
+    if let Some(backend) = TestStore::redis_cluster("keys-admin") {
         eviction(&backend).await;
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_release_fences_the_holder_on_sqlite() {
-    release(&Backend::sqlite()).await;
+    release(&TestStore::sqlite()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_release_fences_the_holder_on_postgres() {
-    if let Some(backend) = Backend::postgres().await {
+    if let Some(backend) = TestStore::postgres("idem_t_keys_admin").await {
         release(&backend).await;
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_release_fences_the_holder_on_redis() {
-    if let Some(backend) = Backend::redis() {
+    if let Some(backend) = TestStore::redis("keys-admin") {
         release(&backend).await;
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_release_fences_the_holder_on_redis_cluster() {
-    if let Some(backend) = Backend::redis_cluster() {
+    if let Some(backend) = TestStore::redis_cluster("keys-admin") {
         release(&backend).await;
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dlq_archive_and_discard_on_sqlite() {
-    dead_letters(&Backend::sqlite()).await;
+    dead_letters(&TestStore::sqlite()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dlq_archive_and_discard_on_postgres() {
-    if let Some(backend) = Backend::postgres().await {
+    if let Some(backend) = TestStore::postgres("idem_t_keys_admin").await {
         dead_letters(&backend).await;
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dlq_archive_and_discard_on_redis() {
-    if let Some(backend) = Backend::redis() {
+    if let Some(backend) = TestStore::redis("keys-admin") {
         dead_letters(&backend).await;
     }
 }
 
 /// `idem ARGS…` on a pseudo-terminal (util-linux `script`), typing `answer`
 /// at its question.
-fn on_a_terminal(backend: &Backend, args: &[&str], answer: &str) -> Output {
+fn on_a_terminal(backend: &TestStore, args: &[&str], answer: &str) -> Output {
     use std::io::Write;
     let mut line = format!("'{}' --store '{}'", env!("CARGO_BIN_EXE_idem"), backend.url);
     for arg in args {
@@ -494,8 +441,8 @@ fn on_a_terminal(backend: &Backend, args: &[&str], answer: &str) -> Output {
 /// On a terminal, idem asks: anything but `y` changes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_rm_asks_on_a_terminal() {
-    let backend = Backend::sqlite();
-    let store = backend.store().await;
+    let backend = TestStore::sqlite();
+    let store = backend.open().await;
     let (scope, key) = (Scope::new("s").unwrap(), IdempotencyKey::new("k").unwrap());
     let runs = AtomicU32::new(0);
     apply(&store, &scope, &key, &runs).await;

@@ -4,6 +4,8 @@
 //! receiver keeps one effect; a dead letter is listed, shown and redriven with
 //! its key.
 
+mod common;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::process::{Command, Output, Stdio};
@@ -12,9 +14,11 @@ use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use idem::{AnyStore, IdempotencyKey, StoreLocation};
+use idem::IdempotencyKey;
 use idem_broker::outbox::{self, Route};
 use idem_broker::publish::{Destination, Message};
+
+use common::store::TestStore;
 
 #[derive(Default)]
 struct Hook {
@@ -92,18 +96,18 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-async fn store_with(dir: &tempfile::TempDir, to: &Destination, keys: &[&str]) -> String {
-    let path = dir.path().join("idem.db");
-    let store = AnyStore::open(&StoreLocation::Sqlite(path.clone()))
-        .await
-        .unwrap();
+/// An SQLite store of the test's own whose outbox holds a row to `to` for
+/// each of `keys`.
+async fn store_with(to: &Destination, keys: &[&str]) -> TestStore {
+    let store = TestStore::sqlite();
+    let any = store.open().await;
     for key in keys {
         let message = Message::new(IdempotencyKey::new(*key).unwrap(), b"{}".to_vec());
-        outbox::enqueue_now(&store, Route::To(to), &message)
+        outbox::enqueue_now(&any, Route::To(to), &message)
             .await
             .unwrap();
     }
-    format!("sqlite://{}", path.display())
+    store
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -111,12 +115,11 @@ async fn a_relay_killed_mid_publish_is_republished_and_the_receiver_keeps_one_ef
     let (hook, addr) = start_hook(200).await;
     hook.lock().unwrap().hang = true;
     let to: Destination = format!("http://{addr}/hook").parse().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let store = store_with(&dir, &to, &["order-1/receipt"]).await;
+    let store = store_with(&to, &["order-1/receipt"]).await;
 
     let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
         .args([
-            "--store", &store, "relay", "--lease", "4s", "--poll", "100ms",
+            "--store", &store.url, "relay", "--lease", "4s", "--poll", "100ms",
         ])
         .env_remove("IDEM_STORE")
         .stdout(Stdio::null())
@@ -140,7 +143,7 @@ async fn a_relay_killed_mid_publish_is_republished_and_the_receiver_keeps_one_ef
     // The lease runs out; the next relay publishes the row again.
     hook.lock().unwrap().hang = false;
     tokio::time::sleep(Duration::from_millis(4100)).await;
-    let out = idem_async(&store, &["relay", "--once"]).await;
+    let out = idem_async(&store.url, &["relay", "--once"]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
         text(&out.stdout).contains("sent 1"),
@@ -161,10 +164,9 @@ async fn a_relay_killed_mid_publish_is_republished_and_the_receiver_keeps_one_ef
 async fn dlq_lists_shows_and_redrives_with_the_original_key() {
     let (hook, addr) = start_hook(500).await;
     let to: Destination = format!("http://{addr}/hook").parse().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let store = store_with(&dir, &to, &["refund-4/notice"]).await;
+    let store = store_with(&to, &["refund-4/notice"]).await;
 
-    let out = idem_async(&store, &["relay", "--once", "--max-attempts", "1"]).await;
+    let out = idem_async(&store.url, &["relay", "--once", "--max-attempts", "1"]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
         text(&out.stdout).contains("dead-lettered 1"),
@@ -172,7 +174,7 @@ async fn dlq_lists_shows_and_redrives_with_the_original_key() {
         text(&out.stdout)
     );
 
-    let out = idem_async(&store, &["dlq", "ls", "--json"]).await;
+    let out = idem_async(&store.url, &["dlq", "ls", "--json"]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let letter = &listed[0];
@@ -181,13 +183,13 @@ async fn dlq_lists_shows_and_redrives_with_the_original_key() {
     assert!(letter["last_error"].as_str().unwrap().contains("500"));
     let id = letter["id"].as_i64().unwrap().to_string();
 
-    let out = idem_async(&store, &["dlq", "show", &id]).await;
+    let out = idem_async(&store.url, &["dlq", "show", &id]).await;
     assert!(
         text(&out.stdout).contains("refund-4/notice"),
         "{}",
         text(&out.stdout)
     );
-    let out = idem_async(&store, &["dlq", "ls"]).await;
+    let out = idem_async(&store.url, &["dlq", "ls"]).await;
     assert!(
         text(&out.stdout).contains("1 waiting, 0 redriven"),
         "{}",
@@ -195,7 +197,7 @@ async fn dlq_lists_shows_and_redrives_with_the_original_key() {
     );
 
     hook.lock().unwrap().answer = 200;
-    let out = idem_async(&store, &["dlq", "redrive", &id]).await;
+    let out = idem_async(&store.url, &["dlq", "redrive", &id]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
         text(&out.stdout).contains("with key refund-4/notice"),
@@ -204,19 +206,19 @@ async fn dlq_lists_shows_and_redrives_with_the_original_key() {
     );
     assert_eq!(hook.lock().unwrap().calls.get("refund-4/notice"), Some(&2));
 
-    let out = idem_async(&store, &["dlq", "ls"]).await;
+    let out = idem_async(&store.url, &["dlq", "ls"]).await;
     assert!(
         text(&out.stdout).contains("0 waiting, 1 redriven"),
         "{}",
         text(&out.stdout)
     );
-    let out = idem_async(&store, &["dlq", "redrive", "--all"]).await;
+    let out = idem_async(&store.url, &["dlq", "redrive", "--all"]).await;
     assert!(
         text(&out.stdout).contains("0 redriven, 0 failed"),
         "{}",
         text(&out.stdout)
     );
-    let out = idem_async(&store, &["dlq", "redrive", "999"]).await;
+    let out = idem_async(&store.url, &["dlq", "redrive", "999"]).await;
     assert!(!out.status.success());
     assert!(
         text(&out.stderr).contains("no dead letter with id 999"),
@@ -234,13 +236,12 @@ async fn the_relay_serves_its_metrics_and_health() {
 
     let (hook, addr) = start_hook(200).await;
     let to: Destination = format!("http://{addr}/hook").parse().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let store = store_with(&dir, &to, &["order-7/receipt"]).await;
+    let store = store_with(&to, &["order-7/receipt"]).await;
 
     let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
         .args([
             "--store",
-            &store,
+            &store.url,
             "relay",
             "--poll",
             "100ms",
@@ -323,10 +324,9 @@ async fn a_relay_aborted_after_publish_republishes_with_the_same_key() {
 
     let (hook, addr) = start_hook(200).await;
     let to: Destination = format!("http://{addr}/hook").parse().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let store = store_with(&dir, &to, &["order-8/receipt"]).await;
+    let store = store_with(&to, &["order-8/receipt"]).await;
 
-    let store_arg = store.clone();
+    let store_arg = store.url.clone();
     let aborted = tokio::task::spawn_blocking(move || {
         Command::new(env!("CARGO_BIN_EXE_idem"))
             .args([
@@ -350,7 +350,7 @@ async fn a_relay_aborted_after_publish_republishes_with_the_same_key() {
 
     // The dead relay's claim on the row runs out; the next relay takes it.
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    let out = idem_async(&store, &["relay", "--once"]).await;
+    let out = idem_async(&store.url, &["relay", "--once"]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
         text(&out.stdout).contains("sent 1"),
@@ -366,22 +366,20 @@ async fn a_relay_aborted_after_publish_republishes_with_the_same_key() {
 async fn dlq_groups_letters_by_cause_and_redrives_one_group_only_when_told_yes() {
     let (hook, addr) = start_hook(500).await;
     let to: Destination = format!("http://{addr}/hook").parse().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let store = store_with(&dir, &to, &["a/1", "b/2"]).await;
-    let out = idem_async(&store, &["relay", "--once", "--max-attempts", "1"]).await;
+    let store = store_with(&to, &["a/1", "b/2"]).await;
+    let out = idem_async(&store.url, &["relay", "--once", "--max-attempts", "1"]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     // A third letter dies of another cause.
     hook.lock().unwrap().answer = 422;
-    let path = dir.path().join("idem.db");
-    let any = AnyStore::open(&StoreLocation::Sqlite(path)).await.unwrap();
+    let any = store.open().await;
     let message = Message::new(IdempotencyKey::new("c/3").unwrap(), b"{}".to_vec());
     outbox::enqueue_now(&any, Route::To(&to), &message)
         .await
         .unwrap();
-    let out = idem_async(&store, &["relay", "--once", "--max-attempts", "1"]).await;
+    let out = idem_async(&store.url, &["relay", "--once", "--max-attempts", "1"]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
 
-    let out = idem_async(&store, &["dlq", "groups", "--json"]).await;
+    let out = idem_async(&store.url, &["dlq", "groups", "--json"]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     let groups: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let groups = groups.as_array().unwrap();
@@ -390,7 +388,7 @@ async fn dlq_groups_letters_by_cause_and_redrives_one_group_only_when_told_yes()
     assert_eq!(groups[1]["letters"], 1);
     let five_hundred = groups[0]["cause"].as_str().unwrap().to_owned();
     assert!(five_hundred.contains("500"), "{five_hundred}");
-    let table = idem_async(&store, &["dlq", "groups"]).await;
+    let table = idem_async(&store.url, &["dlq", "groups"]).await;
     assert!(
         text(&table.stdout).contains("3 letters in 2 groups"),
         "{}",
@@ -399,7 +397,7 @@ async fn dlq_groups_letters_by_cause_and_redrives_one_group_only_when_told_yes()
 
     // Without --yes: what would happen, and nothing redriven.
     hook.lock().unwrap().answer = 200;
-    let out = idem_async(&store, &["dlq", "redrive", "--group", &five_hundred]).await;
+    let out = idem_async(&store.url, &["dlq", "redrive", "--group", &five_hundred]).await;
     assert!(!out.status.success());
     assert!(
         text(&out.stdout).contains("would redrive 2 waiting letters"),
@@ -409,7 +407,7 @@ async fn dlq_groups_letters_by_cause_and_redrives_one_group_only_when_told_yes()
     assert_eq!(hook.lock().unwrap().calls.get("a/1"), Some(&1));
 
     // A cause nobody has is an error that says where to look.
-    let out = idem_async(&store, &["dlq", "redrive", "--group", "no such cause"]).await;
+    let out = idem_async(&store.url, &["dlq", "redrive", "--group", "no such cause"]).await;
     assert!(!out.status.success());
     assert!(
         text(&out.stderr).contains("idem dlq groups"),
@@ -418,7 +416,7 @@ async fn dlq_groups_letters_by_cause_and_redrives_one_group_only_when_told_yes()
     );
 
     let out = idem_async(
-        &store,
+        &store.url,
         &["dlq", "redrive", "--group", &five_hundred, "--yes"],
     )
     .await;
@@ -434,7 +432,7 @@ async fn dlq_groups_letters_by_cause_and_redrives_one_group_only_when_told_yes()
         assert_eq!(hook.calls.get("b/2"), Some(&2));
         assert_eq!(hook.calls.get("c/3"), Some(&1), "the other group is left");
     }
-    let out = idem_async(&store, &["dlq", "ls"]).await;
+    let out = idem_async(&store.url, &["dlq", "ls"]).await;
     assert!(
         text(&out.stdout).contains("1 waiting, 2 redriven"),
         "{}",

@@ -2,6 +2,8 @@
 //! connection cut through a fault proxy of the test's own), waits for the
 //! store instead of exiting, and relays the outbox once it answers.
 
+mod common;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
@@ -14,7 +16,8 @@ use idem::{AnyStore, IdempotencyKey, PgStore};
 use idem_broker::outbox::{self, Route};
 use idem_broker::publish::{Destination, Message};
 use idem_testkit::faultproxy::{FaultProxy, Mode};
-use idem_testkit::postgres::TestDatabase;
+
+use common::store::{TestStore, sqlite_in};
 
 /// Calls per key.
 type Calls = Arc<Mutex<HashMap<String, u32>>>;
@@ -44,12 +47,12 @@ async fn endpoint() -> (Calls, SocketAddr) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_started_while_the_store_is_cut_waits_for_it_and_relays() {
-    let Some(db) = TestDatabase::create("relay_waits").await else {
+    let Some(db) = TestStore::postgres("relay_waits").await else {
         return;
     };
     let (calls, addr) = endpoint().await;
     let to: Destination = format!("http://{addr}/hook").parse().unwrap();
-    let direct = AnyStore::Postgres(PgStore::connect(db.url()).await.unwrap());
+    let direct = AnyStore::Postgres(PgStore::connect(&db.url).await.unwrap());
     outbox::migrate(&direct).await.unwrap();
     for key in ["order-7/receipt", "order-8/receipt"] {
         let message = Message::new(IdempotencyKey::new(key).unwrap(), b"{}".to_vec());
@@ -62,7 +65,7 @@ async fn a_relay_started_while_the_store_is_cut_waits_for_it_and_relays() {
         .await
         .unwrap();
     proxy.set(Mode::Drop);
-    let mut url = url::Url::parse(db.url()).unwrap();
+    let mut url = url::Url::parse(&db.url).unwrap();
     url.set_port(Some(proxy.addr().port())).unwrap();
     let mut relay = Command::new(env!("CARGO_BIN_EXE_idem"))
         .args(["--store", url.as_str(), "relay", "--poll", "100ms"])
@@ -105,7 +108,7 @@ fn a_store_that_waiting_cannot_fix_ends_the_relay_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("a-file");
     std::fs::write(&file, b"not a directory").unwrap();
-    let store = format!("sqlite://{}/idem.db", file.display());
+    let store = sqlite_in(&file);
     let mut relay = Command::new(env!("CARGO_BIN_EXE_idem"))
         .args(["--store", &store, "relay", "--once"])
         .env_remove("IDEM_STORE")

@@ -1,6 +1,8 @@
 //! `idem serve` run as a user runs it: a child process in front of an
 //! upstream this test starts, killed, stopped and restarted on the same file.
 
+mod common;
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -18,6 +20,8 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tokio::sync::Semaphore;
+
+use common::store::sqlite_in;
 
 /// An upstream that dedupes on the forwarded `Idempotency-Key`: the first
 /// request with a key applies the effect and then waits for the gate; later
@@ -240,14 +244,11 @@ async fn send(
     })
 }
 
-fn store_in(dir: &tempfile::TempDir) -> String {
-    format!("sqlite://{}", dir.path().join("idem.db").display())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn killed_mid_request_and_restarted_on_the_same_file_the_effect_is_applied_once() {
     let dir = tempfile::tempdir().unwrap();
-    killed_mid_request_and_restarted_the_effect_is_applied_once(&store_in(&dir), "order-1").await;
+    killed_mid_request_and_restarted_the_effect_is_applied_once(&sqlite_in(dir.path()), "order-1")
+        .await;
 }
 
 /// The same on Redis: the claim of the killed gateway is in Redis, and the
@@ -350,7 +351,7 @@ async fn sigterm_lets_the_request_in_flight_finish_and_its_answer_is_kept() {
     let upstream = Upstream::new();
     let up = upstream.start().await;
     let dir = tempfile::tempdir().unwrap();
-    let store = store_in(&dir);
+    let store = sqlite_in(dir.path());
     let upstream_url = format!("http://{up}");
     let args = [
         "--store",
@@ -418,7 +419,7 @@ async fn the_admin_listener_serves_the_operator_console() {
     upstream.gate.add_permits(10);
     let up = upstream.start().await;
     let dir = tempfile::tempdir().unwrap();
-    let store = store_in(&dir);
+    let store = sqlite_in(dir.path());
     let upstream_url = format!("http://{up}");
     let args = [
         "--store",
@@ -465,7 +466,7 @@ fn settings_come_from_flags_then_environment_then_file() {
         "upstream = \"http://127.0.0.1:9\"\nlisten = \"127.0.0.1:0\"\nmax_body = \"10KiB\"\nlease = \"5s\"\nmode = \"stripe\"\n",
     )
     .unwrap();
-    let store = store_in(&dir);
+    let store = sqlite_in(dir.path());
     let config = config.display().to_string();
     let base = ["--store", &store, "serve", "--config", &config];
 
@@ -540,7 +541,7 @@ fn bad_settings_are_refused_with_what_to_fix() {
     std::fs::write(&garbage, "not PEM").unwrap();
     let garbage = garbage.display().to_string();
     let missing = dir.path().join("missing.pem").display().to_string();
-    let store = store_in(&dir);
+    let store = sqlite_in(dir.path());
     for (args, expected) in [
         (vec!["serve", "--config", &config], "retension"),
         (
@@ -672,7 +673,7 @@ fn bad_settings_are_refused_with_what_to_fix() {
 #[test]
 fn the_upstream_password_is_never_printed_at_start_up() {
     let dir = tempfile::tempdir().unwrap();
-    let store = store_in(&dir);
+    let store = sqlite_in(dir.path());
     let mut serve = Serve::start(
         &[
             "--store",
@@ -702,7 +703,7 @@ fn the_upstream_password_is_never_printed_at_start_up() {
 #[test]
 fn fingerprint_flags_are_read_and_bad_ones_refused_with_what_to_fix() {
     let dir = tempfile::tempdir().unwrap();
-    let store = store_in(&dir);
+    let store = sqlite_in(dir.path());
     let base = [
         "--store",
         &store,
@@ -780,7 +781,7 @@ fn fingerprint_flags_are_read_and_bad_ones_refused_with_what_to_fix() {
 #[test]
 fn a_bad_probe_and_a_spool_in_use_are_refused_with_what_to_fix() {
     let dir = tempfile::tempdir().unwrap();
-    let store = store_in(&dir);
+    let store = sqlite_in(dir.path());
     let out = idem()
         .args([
             "--store",
@@ -843,7 +844,7 @@ async fn a_short_retention_under_steady_load_keeps_the_table_bounded() {
     upstream.gate.add_permits(1 << 20);
     let up = upstream.start().await;
     let dir = tempfile::tempdir().unwrap();
-    let store = store_in(&dir);
+    let store = sqlite_in(dir.path());
     let upstream_url = format!("http://{up}");
     let serve = Serve::start(
         &[
@@ -915,7 +916,7 @@ async fn a_late_retry_is_refused_with_410_while_the_tombstone_lasts() {
     upstream.gate.add_permits(1 << 20);
     let up = upstream.start().await;
     let dir = tempfile::tempdir().unwrap();
-    let store = store_in(&dir);
+    let store = sqlite_in(dir.path());
     let upstream_url = format!("http://{up}");
     let serve = Serve::start(
         &[
@@ -978,7 +979,7 @@ async fn a_late_retry_is_refused_with_410_while_the_tombstone_lasts() {
 /// logging at info with `extra` flags.
 fn logs_until_stopped(extra: &[&str]) -> String {
     let dir = tempfile::tempdir().unwrap();
-    let store = store_in(&dir);
+    let store = sqlite_in(dir.path());
     let mut args = vec!["--store", &store];
     args.extend_from_slice(extra);
     args.extend_from_slice(&[
@@ -1038,7 +1039,7 @@ async fn a_crash_point_between_the_stored_answer_and_the_response_loses_nothing(
     upstream.gate.add_permits(16);
     let up = upstream.start().await;
     let dir = tempfile::tempdir().unwrap();
-    let store = store_in(&dir);
+    let store = sqlite_in(dir.path());
     let upstream_url = format!("http://{up}");
     let args = [
         "--store",
@@ -1117,7 +1118,7 @@ async fn serve_over_tls_reloads_its_certificate_on_sighup_and_guards_its_admin_l
     std::fs::write(&key, &first.key_pem).unwrap();
     let token = dir.path().join("admin-token");
     std::fs::write(&token, "t0ken\n").unwrap();
-    let store = store_in(&dir);
+    let store = sqlite_in(dir.path());
     let (cert, key, token) = (
         cert.display().to_string(),
         key.display().to_string(),
@@ -1267,7 +1268,7 @@ async fn grpc_calls_through_serve_over_http2_are_replayed_with_their_trailers() 
     let serve = Serve::start(
         &[
             "--store",
-            &store_in(&dir),
+            &sqlite_in(dir.path()),
             "serve",
             "--listen",
             "127.0.0.1:0",

@@ -1,8 +1,10 @@
-//! What several process-level tests share: a RabbitMQ queue of the test's
-//! own, and free loopback ports.
+//! What several process-level tests share: the store a test runs on
+//! ([`store`]), a RabbitMQ queue of the test's own, and free loopback ports.
 
 // Each test binary uses a part of this module.
 #![allow(dead_code)]
+
+pub(crate) mod store;
 
 use lapin::options::{BasicPublishOptions, QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::FieldTable;
