@@ -9,12 +9,15 @@
 //! - `atomic`: the same service with its charge as an atomic handler, the
 //!   charge committed with the key's record in the store's own database;
 //! - `process`: a server in a process of its own, for the tests that kill it
-//!   in the middle of a call.
+//!   in the middle of a call;
+//! - `reconcile`: the service with its `Lookup` method asked before a call
+//!   whose outcome is unknown runs again, and a run of such calls.
 
 #![allow(dead_code)]
 
 pub(crate) mod atomic;
 pub(crate) mod process;
+pub(crate) mod reconcile;
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
