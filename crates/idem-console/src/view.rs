@@ -1,7 +1,10 @@
 //! Records, dead letters, cause groups and audit entries as the API returns
 //! them and the pages show them: times in milliseconds since the epoch,
 //! bodies as text and cut to a length, destinations with their passwords
-//! removed, scopes as stored (a principal's hash stays a hash).
+//! removed, scopes as stored (a principal's hash stays a hash). `idem keys
+//! --json` and `idem dlq --json` print the same views, bodies whole
+//! ([`WHOLE_BODY`]), so an operator's scripts read one shape from the API and
+//! from the command line.
 
 use std::collections::BTreeMap;
 
@@ -15,6 +18,8 @@ use utoipa::ToSchema;
 pub const DETAIL_BODY: usize = 4096;
 /// How much of a body or error a listing shows.
 pub const LIST_TEXT: usize = 80;
+/// A body shown whole, as the command line prints it for scripts.
+pub const WHOLE_BODY: usize = usize::MAX;
 
 /// Headers whose values are credentials: shown as `<redacted>`.
 const SECRET_HEADERS: [&str; 5] = [
@@ -69,6 +74,9 @@ pub enum LeaseState {
 pub struct OutcomeView {
     /// `success` or `terminal_failure`.
     pub kind: String,
+    /// Whether `kind` is `terminal_failure` (the name `idem keys --json`
+    /// gives it).
+    pub failure: bool,
     /// Stored metadata (status, headers of a stored response).
     pub meta: BTreeMap<String, String>,
     /// The body as text, cut; binary bodies are described by their length.
@@ -86,6 +94,7 @@ impl OutcomeView {
         let (body, truncated, binary) = body_text(&outcome.body, at);
         Self {
             kind: outcome.kind.as_str().to_owned(),
+            failure: outcome.is_failure(),
             meta: outcome.meta.clone(),
             body,
             body_bytes: outcome.body.len(),
@@ -348,4 +357,54 @@ pub fn time(ms: i64) -> String {
 pub fn span(ms: i64) -> String {
     let seconds = (ms.max(0) + 999) / 1000;
     humantime::format_duration(std::time::Duration::from_secs(seconds.unsigned_abs())).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use idem::{FencingToken, Fingerprint, IdempotencyKey, Scope};
+
+    use super::*;
+
+    /// The names scripts read, from the API and from `idem keys --json`
+    /// alike: the outcome says its kind both ways (`kind`, `failure`), and a
+    /// whole body is not cut.
+    #[test]
+    fn a_record_view_carries_the_names_of_the_api_and_of_the_command_line() {
+        let record = Record {
+            scope: Scope::new("payments").unwrap(),
+            key: IdempotencyKey::new("order-1").unwrap(),
+            fingerprint: Fingerprint::of_bytes(b"10 EUR"),
+            state: RecordState::Failed,
+            token: FencingToken::new(3).unwrap(),
+            lease_until: None,
+            outcome: Some(Outcome::terminal_failure("x".repeat(100))),
+            created_at: Timestamp(1),
+            updated_at: Timestamp(2),
+            expires_at: Timestamp(3),
+        };
+        let json = serde_json::to_value(RecordView::of(&record, Timestamp(2), WHOLE_BODY)).unwrap();
+        for name in [
+            "scope",
+            "key",
+            "state",
+            "token",
+            "fingerprint",
+            "lease",
+            "lease_until_ms",
+            "lease_remaining_ms",
+            "created_at_ms",
+            "updated_at_ms",
+            "expires_at_ms",
+            "outcome",
+        ] {
+            assert!(json.get(name).is_some(), "no {name} in {json}");
+        }
+        let outcome = &json["outcome"];
+        assert_eq!(outcome["kind"], "terminal_failure");
+        assert_eq!(outcome["failure"], true);
+        assert_eq!(outcome["body"], "x".repeat(100));
+        assert_eq!(outcome["truncated"], false);
+        let listed = RecordView::of(&record, Timestamp(2), LIST_TEXT);
+        assert!(listed.outcome.unwrap().truncated);
+    }
 }

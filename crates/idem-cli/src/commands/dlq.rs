@@ -20,7 +20,7 @@ use idem_broker::dead_letter::{
     self, CauseGroup, DeadLetter, DeadLetterStore, RedriveError, cause, group_by_cause,
 };
 use idem_broker::publish::{self, Publisher};
-use serde_json::{Value, json};
+use idem_console::view::{GroupView, LetterView, WHOLE_BODY};
 
 use super::args::ConfirmArgs;
 
@@ -147,22 +147,9 @@ fn shorten(text: &str, at: usize) -> String {
     }
 }
 
-fn to_json(letter: &DeadLetter) -> Value {
-    json!({
-        "id": letter.id,
-        "origin": letter.origin,
-        "destination": publish::redact(&letter.destination),
-        "key": letter.key.as_str(),
-        "payload": payload_text(&letter.payload),
-        "payload_bytes": letter.payload.len(),
-        "headers": letter.headers,
-        "attempts": letter.attempts,
-        "last_error": letter.last_error,
-        "first_seen_at_ms": letter.first_seen_at.0,
-        "dead_at_ms": letter.dead_at.0,
-        "redriven_at_ms": letter.redriven_at.map(|t| t.0),
-        "archived_at_ms": letter.archived_at.map(|t| t.0),
-    })
+/// The letter as scripts get it: the console's view, its payload whole.
+fn to_json(letter: &DeadLetter) -> LetterView {
+    LetterView::of(letter, WHOLE_BODY)
 }
 
 async fn list(store: &AnyStore, args: &LsArgs) -> anyhow::Result<()> {
@@ -171,7 +158,7 @@ async fn list(store: &AnyStore, args: &LsArgs) -> anyhow::Result<()> {
         .await
         .context("cannot list dead letters")?;
     if args.json {
-        let all: Vec<Value> = letters.iter().map(to_json).collect();
+        let all: Vec<LetterView> = letters.iter().map(to_json).collect();
         println!("{}", serde_json::to_string_pretty(&all)?);
         return Ok(());
     }
@@ -292,19 +279,7 @@ async fn groups(store: &AnyStore, args: &GroupsArgs) -> anyhow::Result<()> {
         .context("cannot list dead letters")?;
     let groups = group_by_cause(&letters);
     if args.json {
-        let all: Vec<Value> = groups
-            .iter()
-            .map(|group| {
-                json!({
-                    "cause": group.cause,
-                    "letters": group.letters,
-                    "waiting": group.waiting,
-                    "origins": group.origins,
-                    "oldest_dead_at_ms": group.oldest.0,
-                    "newest_dead_at_ms": group.newest.0,
-                })
-            })
-            .collect();
+        let all: Vec<GroupView> = groups.iter().map(GroupView::from).collect();
         println!("{}", serde_json::to_string_pretty(&all)?);
         return Ok(());
     }

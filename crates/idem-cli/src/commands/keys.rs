@@ -12,7 +12,7 @@ use idem::{
     AdminStore, AnyStore, IdempotencyKey, Outcome, Record, RecordAction, RecordFilter, RecordState,
     RecordStore, Scope, Timestamp,
 };
-use serde_json::{Value, json};
+use idem_console::view::{RecordView, WHOLE_BODY};
 
 use super::args::{ConfirmArgs, OutputArgs};
 use super::confirm::{actor, confirm};
@@ -140,23 +140,9 @@ fn preview(outcome: Option<&Outcome>) -> String {
     }
 }
 
-fn to_json(record: &Record) -> Value {
-    json!({
-        "scope": record.scope.as_str(),
-        "key": record.key.as_str(),
-        "state": record.state.as_str(),
-        "token": record.token.get(),
-        "fingerprint": record.fingerprint.to_hex(),
-        "lease_until_ms": record.lease_until.map(|t| t.0),
-        "created_at_ms": record.created_at.0,
-        "updated_at_ms": record.updated_at.0,
-        "expires_at_ms": record.expires_at.0,
-        "outcome": record.outcome.as_ref().map(|o| json!({
-            "failure": o.is_failure(),
-            "body": body_text(o),
-            "meta": o.meta,
-        })),
-    })
+/// The record as scripts get it: the console's view, its body whole.
+fn to_json(record: &Record) -> RecordView {
+    RecordView::of(record, idem::Clock::now(&idem::SystemClock), WHOLE_BODY)
 }
 
 async fn list(store: &AnyStore, args: &LsArgs) -> anyhow::Result<()> {
@@ -168,7 +154,7 @@ async fn list(store: &AnyStore, args: &LsArgs) -> anyhow::Result<()> {
     };
     let records = store.list(&filter).await.context("cannot list records")?;
     if args.output.json {
-        let all: Vec<Value> = records.iter().map(to_json).collect();
+        let all: Vec<RecordView> = records.iter().map(to_json).collect();
         println!("{}", serde_json::to_string_pretty(&all)?);
         return Ok(());
     }
