@@ -181,6 +181,7 @@ impl Ledger for SqliteStore {
 }
 
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 impl Ledger for PgStore {
     async fn create(
         tx: &mut PgConnection,

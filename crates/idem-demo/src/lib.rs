@@ -16,6 +16,7 @@
 //!   file removed after the run.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod demo;
 pub mod ledger;

@@ -23,7 +23,7 @@ use idem_http::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 use idem_http::{Judged, Verdict};
 
 /// Requests answered by the gateway, labelled `outcome` and `route` (see
-/// [`crate::observe`] for the route's bounded form).
+/// [`idem_http::observe`] for the route's bounded form).
 pub const REQUESTS_TOTAL: &str = "gateway_requests_total";
 
 /// Whether the layer treats `request` as keyed (a malformed key counts: the

@@ -24,10 +24,12 @@
 //!   need none of.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod conformance;
 pub mod dup_proxy;
 #[cfg(feature = "torture")]
+#[cfg_attr(docsrs, doc(cfg(feature = "torture")))]
 pub mod torture;
 
 pub use conformance::ConformanceArgs;
@@ -35,4 +37,5 @@ pub use conformance::command::run as conformance;
 pub use dup_proxy::DupProxyArgs;
 pub use dup_proxy::command::run as dup_proxy;
 #[cfg(feature = "torture")]
+#[cfg_attr(docsrs, doc(cfg(feature = "torture")))]
 pub use torture::{TortureArgs, run as torture};

@@ -48,6 +48,7 @@
 //! Redis deleted the record in between.
 
 #![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod admin;
 mod attempts;

@@ -27,6 +27,7 @@
 //! 10 % of requests over 10 s with at least 10 retries per second ([`budget`]).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod backoff;
 pub mod budget;
@@ -37,6 +38,7 @@ pub mod retrier;
 pub mod retry_after;
 pub mod timer;
 #[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod tower_policy;
 
 pub use backoff::{Backoff, DEFAULT_BASE, DEFAULT_CAP, DEFAULT_MAX_ATTEMPTS, FullJitter};
@@ -46,12 +48,14 @@ pub use budget::{
 };
 pub use error::{GaveUp, RetryError, StopReason};
 #[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub use policy::HttpPolicy;
 pub use policy::{Classify, ProtocolErrorPolicy, Verdict};
 pub use retrier::{Attempt, Retrier, RetryConfig, retry};
 pub use retry_after::{DeadlineReached, InvalidRetryAfter, RetryAfter, next_delay};
 pub use timer::{Sleep, Timer, TokioTimer, VirtualTimer};
 #[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub use tower_policy::{
     AttemptFuture, AttemptService, BoxError, HttpRetryError, HttpRetryLayer, HttpRetryPolicy,
     IDEMPOTENCY_KEY, RetryingClient, key_header_value, with_idempotency_key,

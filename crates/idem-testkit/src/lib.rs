@@ -24,6 +24,7 @@
 //! [`conformance_suite!`] once; that expands to one test per case.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod conformance;
 pub mod crash;
@@ -40,6 +41,7 @@ pub mod rabbitmq;
 pub mod redis;
 pub mod services;
 #[cfg(feature = "spans")]
+#[cfg_attr(docsrs, doc(cfg(feature = "spans")))]
 pub mod spans;
 pub mod tls;
 pub mod tls_postgres;

@@ -62,12 +62,15 @@ use crate::StoreLocation;
 pub enum AnyStore {
     /// The embedded SQLite store.
     #[cfg(feature = "sqlite")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
     Sqlite(idem_sqlite::SqliteStore),
     /// The PostgreSQL store.
     #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     Postgres(idem_postgres::PgStore),
     /// The Redis store (one node or a cluster): leased mode only.
     #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     Redis(idem_redis::RedisStore),
     /// No store at all: a build with none of the store features has no value
     /// of this type ([`AnyStore::open`] refuses every location).
@@ -286,9 +289,11 @@ pub trait AnyTx: Send {
 pub enum AnyConnection<'c> {
     /// The embedded store's writer connection, inside `BEGIN IMMEDIATE`.
     #[cfg(feature = "sqlite")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
     Sqlite(&'c mut idem_sqlite::rusqlite::Connection),
     /// The PostgreSQL store's connection, inside its transaction.
     #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     Postgres(&'c mut idem_postgres::sqlx::PgConnection),
     /// No connection: a build without SQLite and PostgreSQL has no value of
     /// this type.
@@ -301,6 +306,7 @@ pub enum AnyConnection<'c> {
 }
 
 #[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 impl AnyTx for idem_sqlite::rusqlite::Connection {
     fn connection(&mut self) -> AnyConnection<'_> {
         AnyConnection::Sqlite(self)
@@ -308,6 +314,7 @@ impl AnyTx for idem_sqlite::rusqlite::Connection {
 }
 
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 impl AnyTx for idem_postgres::sqlx::PgConnection {
     fn connection(&mut self) -> AnyConnection<'_> {
         AnyConnection::Postgres(self)

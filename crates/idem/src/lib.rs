@@ -35,6 +35,7 @@
 //! ```
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod any;
 mod location;
@@ -82,10 +83,13 @@ pub use location::{LocationError, StoreLocation};
 pub use sweeper::{SweepPass, Sweeper, SweeperTask};
 
 #[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use idem_sqlite::{self as sqlite, SqliteStore, rusqlite};
 
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use idem_postgres::{self as postgres, PgStore, sqlx};
 
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use idem_redis::{self as redis, Durability, RedisStore};

@@ -25,6 +25,7 @@ pub trait EffectLog: Send {
 }
 
 #[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 impl EffectLog for crate::effects::query::SqlitePages {
     async fn page(&mut self, after: i64, limit: usize) -> Result<Vec<LoggedEffect>, QueryError> {
         crate::effects::query::SqlitePages::page(self, after, limit).await
@@ -32,6 +33,7 @@ impl EffectLog for crate::effects::query::SqlitePages {
 }
 
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 impl EffectLog for crate::effects::query::PgPages {
     async fn page(&mut self, after: i64, limit: usize) -> Result<Vec<LoggedEffect>, QueryError> {
         crate::effects::query::PgPages::page(self, after, limit).await
@@ -44,9 +46,11 @@ impl EffectLog for crate::effects::query::PgPages {
 pub enum SqlLog {
     /// Pages of a query on a SQLite file.
     #[cfg(feature = "sqlite")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
     Sqlite(crate::effects::query::SqlitePages),
     /// Pages of a query on a PostgreSQL database.
     #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     Postgres(crate::effects::query::PgPages),
 }
 

@@ -22,8 +22,10 @@ mod sqlite;
 
 pub use pages::Pages;
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use postgres::{PgPages, postgres};
 #[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use sqlite::{SqlitePages, sqlite};
 
 use super::Effect;

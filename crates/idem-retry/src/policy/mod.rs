@@ -21,6 +21,7 @@ mod http;
 mod protocol;
 
 #[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub use http::HttpPolicy;
 pub use protocol::ProtocolErrorPolicy;
 
