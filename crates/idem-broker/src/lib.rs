@@ -35,6 +35,7 @@
 //! feature to enable.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[cfg(not(any(
     feature = "amqp",
@@ -50,6 +51,10 @@ compile_error!(
 pub mod consume;
 pub mod dead_letter;
 #[cfg(all(feature = "webhook", any(feature = "amqp", feature = "nats")))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(all(feature = "webhook", any(feature = "amqp", feature = "nats"))))
+)]
 pub mod forward;
 pub mod outbox;
 pub mod publish;

@@ -85,6 +85,10 @@ pub use reconnect::{
 };
 pub use runtime::Consumer;
 #[cfg(any(feature = "amqp", feature = "nats", feature = "kafka", feature = "sqs"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "amqp", feature = "nats", feature = "kafka", feature = "sqs")))
+)]
 pub use source::{AnySettle, AnyTransport, InvalidSource, Source, SourceOptions};
 pub use stats::{Stats, StatsSnapshot};
 pub use store::ConsumerStore;
@@ -92,11 +96,15 @@ pub use transport::{Delivery, Route, Settle, Transport, TransportError, Transpor
 pub use window::{BrokerHorizon, DeliveryLimit, WindowTerms};
 
 #[cfg(feature = "amqp")]
+#[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
 pub use crate::transport::amqp::consume::{AmqpSettle, AmqpTransport};
 #[cfg(feature = "kafka")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
 pub use crate::transport::kafka::consume::{KafkaOptions, KafkaSettle, KafkaTransport};
 #[cfg(feature = "nats")]
+#[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
 pub use crate::transport::nats::consume::{NatsOptions, NatsSettle, NatsTransport};
 pub use crate::transport::sqs::KEY_ATTRIBUTE as SQS_KEY_ATTRIBUTE;
 #[cfg(feature = "sqs")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqs")))]
 pub use crate::transport::sqs::consume::{SqsOptions, SqsSettle, SqsTransport};

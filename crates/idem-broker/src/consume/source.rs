@@ -370,15 +370,19 @@ fn left_out(broker: &str, feature: &str) -> TransportError {
 pub enum AnyTransport {
     /// RabbitMQ.
     #[cfg(feature = "amqp")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
     Amqp(AmqpTransport),
     /// NATS JetStream.
     #[cfg(feature = "nats")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
     Nats(NatsTransport),
     /// Kafka.
     #[cfg(feature = "kafka")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
     Kafka(KafkaTransport),
     /// Amazon SQS.
     #[cfg(feature = "sqs")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqs")))]
     Sqs(SqsTransport),
 }
 
@@ -388,15 +392,19 @@ pub enum AnyTransport {
 pub enum AnySettle {
     /// RabbitMQ.
     #[cfg(feature = "amqp")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
     Amqp(AmqpSettle),
     /// NATS JetStream.
     #[cfg(feature = "nats")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
     Nats(NatsSettle),
     /// Kafka.
     #[cfg(feature = "kafka")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
     Kafka(KafkaSettle),
     /// Amazon SQS.
     #[cfg(feature = "sqs")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqs")))]
     Sqs(SqsSettle),
 }
 

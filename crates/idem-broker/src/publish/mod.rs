@@ -38,16 +38,21 @@ pub use self::destination::{Destination, DestinationError, RecordKey, SqsGroup, 
 pub use self::error::{PublishError, PublishErrorKind, classify};
 pub use self::message::{Message, Publish};
 #[cfg(feature = "amqp")]
+#[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
 pub use crate::transport::amqp::publish::AmqpPublisher;
 #[cfg(feature = "webhook")]
+#[cfg_attr(docsrs, doc(cfg(feature = "webhook")))]
 pub use crate::transport::http::publish::HttpPublisher;
 #[cfg(feature = "kafka")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
 pub use crate::transport::kafka::publish::KafkaPublisher;
 /// The header JetStream dedupes on.
 pub use crate::transport::nats::MSG_ID_HEADER as NATS_MSG_ID_HEADER;
 #[cfg(feature = "nats")]
+#[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
 pub use crate::transport::nats::publish::NatsPublisher;
 #[cfg(feature = "sqs")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqs")))]
 pub use crate::transport::sqs::publish::SqsPublisher;
 
 /// A publisher for any [`Destination`], made by [`connect`].
@@ -56,18 +61,23 @@ pub use crate::transport::sqs::publish::SqsPublisher;
 pub enum Publisher {
     /// RabbitMQ with publisher confirms.
     #[cfg(feature = "amqp")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
     Amqp(AmqpPublisher),
     /// NATS JetStream.
     #[cfg(feature = "nats")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
     Nats(NatsPublisher),
     /// An HTTP webhook.
     #[cfg(feature = "webhook")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "webhook")))]
     Http(HttpPublisher),
     /// Kafka, with the idempotent producer.
     #[cfg(feature = "kafka")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
     Kafka(KafkaPublisher),
     /// Amazon SQS.
     #[cfg(feature = "sqs")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqs")))]
     Sqs(SqsPublisher),
 }
 
@@ -125,6 +135,7 @@ pub struct ConnectOptions {
     /// certificate is checked against, a client certificate); `None`:
     /// webpki's bundled roots.
     #[cfg(feature = "webhook")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "webhook")))]
     pub webhook_tls: Option<std::sync::Arc<rustls::ClientConfig>>,
 }
 

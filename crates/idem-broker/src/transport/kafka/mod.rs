@@ -27,6 +27,7 @@ pub(crate) mod publish;
 #[cfg(feature = "kafka")]
 mod refusal;
 #[cfg(feature = "kafka")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
 pub mod transact;
 
 mod settings;
