@@ -8,7 +8,6 @@
 //! `--once` runs a single pass and exits 0 when it found nothing, 1 when it
 //! found something (for cron and tests).
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,7 +18,9 @@ use idem_check::audit::{
     Audit, AuditSettings, EffectLog, Finding, FindingKind, PassLimits, PassReport, SqlLog,
 };
 use idem_check::effects::query::{Pages, PgPages, SqlitePages};
-use idem_gateway::admin::{self, AdminToken};
+use idem_gateway::admin;
+
+use super::upkeep::AdminArgs;
 
 /// `idem audit`
 #[derive(Debug, Args)]
@@ -70,23 +71,8 @@ pub(crate) struct AuditArgs {
     /// Write each finding as one JSON object per line.
     #[arg(long)]
     pub json: bool,
-    /// Serve /metrics (Prometheus) and /healthz on this address [default: off].
-    #[arg(long, value_name = "ADDR")]
-    pub admin_listen: Option<SocketAddr>,
-    /// A file holding the bearer token the admin listener requires on
-    /// /metrics; needed when --admin-listen is not a loopback address.
-    #[arg(long, value_name = "FILE")]
-    pub admin_token_file: Option<std::path::PathBuf>,
-    /// Another Host name the admin listener answers to besides the loopback
-    /// ones; a request naming any other is refused (421). Repeat the flag or
-    /// separate names with commas [default: loopback names only].
-    #[arg(
-        long = "allow-host",
-        env = "IDEM_ALLOW_HOSTS",
-        value_name = "NAME",
-        value_delimiter = ','
-    )]
-    pub allow_hosts: Vec<String>,
+    #[command(flatten)]
+    pub admin: AdminArgs,
 }
 
 /// The effect log on the store's own database: `query` read in pages by
@@ -167,16 +153,9 @@ pub(crate) async fn run(
     let log = open_log(location, &args.effects_query, &args.cursor_column)
         .await
         .context("cannot read the effect log (--effects-query, --cursor-column)")?;
-    let admin = match args.admin_listen {
+    let admin = match args.admin.admin_listen {
         Some(addr) => {
-            let token = args
-                .admin_token_file
-                .as_deref()
-                .map(AdminToken::read)
-                .transpose()
-                .context("--admin-token-file")?;
-            let hosts = admin::AllowedHosts::parse(args.allow_hosts.iter().map(String::as_str))
-                .context("--allow-host")?;
+            let (token, hosts) = args.admin.access()?;
             let server = admin::start_admin_with_hosts(
                 addr,
                 store.clone(),

@@ -13,10 +13,10 @@ use idem::{AnyStore, AttemptStore, DeadLetterStore, Sweeper, SweeperTask};
 use idem_console::{Access, Console};
 use idem_gateway::admin::{self, AdminServer, AdminToken, AllowedHosts};
 
-/// The flags `idem relay` and `idem forward` share (`idem serve` has the same
-/// two among its settings).
+/// The admin listener's flags, shared by `idem relay`, `idem forward` and
+/// `idem audit` (`idem serve` has the same among its settings).
 #[derive(Debug, Clone, Args)]
-pub(crate) struct UpkeepArgs {
+pub(crate) struct AdminArgs {
     /// Serve /metrics (Prometheus) and /healthz on this address [default: off].
     #[arg(long, env = "IDEM_ADMIN_LISTEN", value_name = "ADDR")]
     pub admin_listen: Option<SocketAddr>,
@@ -42,6 +42,30 @@ pub(crate) struct UpkeepArgs {
         value_delimiter = ','
     )]
     pub allow_hosts: Vec<String>,
+}
+
+impl AdminArgs {
+    /// The token file read and the `Host` names checked: what starting the
+    /// listener needs besides its address.
+    pub(crate) fn access(&self) -> anyhow::Result<(Option<AdminToken>, AllowedHosts)> {
+        let token = self
+            .admin_token_file
+            .as_deref()
+            .map(AdminToken::read)
+            .transpose()
+            .context("--admin-token-file")?;
+        let hosts = AllowedHosts::parse(self.allow_hosts.iter().map(String::as_str))
+            .context("--allow-host")?;
+        Ok((token, hosts))
+    }
+}
+
+/// The flags `idem relay` and `idem forward` share: the admin listener and
+/// the sweeper.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct UpkeepArgs {
+    #[command(flatten)]
+    pub admin: AdminArgs,
     /// How often expired idempotency records are swept, ±50 % jitter, such as
     /// 60s or 10m; `off` when a cron job runs `idem gc` instead.
     #[arg(
@@ -88,15 +112,15 @@ pub(super) struct Upkeep {
 impl Upkeep {
     /// Starts what `args` ask for.
     pub(super) async fn start(store: &AnyStore, args: &UpkeepArgs) -> anyhow::Result<Self> {
-        let token = args
-            .admin_token_file
-            .as_deref()
-            .map(AdminToken::read)
-            .transpose()
-            .context("--admin-token-file")?;
-        let hosts = AllowedHosts::parse(args.allow_hosts.iter().map(String::as_str))
-            .context("--allow-host")?;
-        Self::start_with_token(store, args.admin_listen, token, hosts, args.sweep_every.0).await
+        let (token, hosts) = args.admin.access()?;
+        Self::start_with_token(
+            store,
+            args.admin.admin_listen,
+            token,
+            hosts,
+            args.sweep_every.0,
+        )
+        .await
     }
 
     /// Starts what is asked for.
