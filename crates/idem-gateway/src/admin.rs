@@ -6,7 +6,7 @@
 //!
 //! ```no_run
 //! # async fn demo(store: idem::AnyStore) -> Result<(), Box<dyn std::error::Error>> {
-//! let admin = crate::admin::start_admin("127.0.0.1:9090".parse()?, store).await?;
+//! let admin = idem_gateway::admin::start_admin("127.0.0.1:9090".parse()?, store).await?;
 //! println!("metrics on http://{}/metrics", admin.local_addr());
 //! // ... run consumers, the relay, handlers: their metrics show up there ...
 //! admin.stop().await;

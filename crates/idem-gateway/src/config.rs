@@ -39,7 +39,7 @@ const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// is never shown: `Display` and `Debug` write it as `***`.
 ///
 /// ```
-/// use crate::Upstream;
+/// use idem_gateway::Upstream;
 ///
 /// let upstream: Upstream = "http://127.0.0.1:9000/api/".parse()?;
 /// assert_eq!(upstream.to_string(), "http://127.0.0.1:9000/api");
@@ -50,7 +50,7 @@ const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// let grpc: Upstream = "h2c://127.0.0.1:50051".parse()?;
 /// assert!(grpc.is_http2());
 /// assert!("ftp://example.com".parse::<Upstream>().is_err());
-/// # Ok::<(), crate::UpstreamError>(())
+/// # Ok::<(), idem_gateway::UpstreamError>(())
 /// ```
 #[derive(Clone, PartialEq, Eq)]
 pub struct Upstream {
@@ -327,12 +327,12 @@ impl fmt::Debug for Upstream {
 ///
 /// ```
 /// use std::time::Duration;
-/// use crate::GatewayConfig;
+/// use idem_gateway::GatewayConfig;
 ///
 /// let config = GatewayConfig::new("http://127.0.0.1:9000".parse()?)
 ///     .upstream_timeout(Duration::from_secs(10));
 /// assert_eq!(config.shutdown_grace_period(), Duration::from_secs(15));
-/// # Ok::<(), crate::UpstreamError>(())
+/// # Ok::<(), idem_gateway::UpstreamError>(())
 /// ```
 #[derive(Debug, Clone)]
 pub struct GatewayConfig {

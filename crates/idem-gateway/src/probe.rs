@@ -51,12 +51,12 @@ const KEY_SLOT: &str = "{key}";
 /// (percent-encoded) key goes.
 ///
 /// ```
-/// use crate::Probe;
+/// use idem_gateway::Probe;
 ///
 /// let probe: Probe = "GET /payments/by-key/{key}".parse()?;
 /// assert_eq!(probe.to_string(), "GET /payments/by-key/{key}");
 /// assert!("GET /payments".parse::<Probe>().unwrap_err().to_string().contains("{key}"));
-/// # Ok::<(), crate::ProbeError>(())
+/// # Ok::<(), idem_gateway::ProbeError>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Probe {

@@ -128,7 +128,7 @@ pub struct BadHostName {
 /// operator adds.
 ///
 /// ```
-/// use crate::admin::AllowedHosts;
+/// use idem_gateway::admin::AllowedHosts;
 /// let hosts = AllowedHosts::parse(["console.example.com, *.corp.example"]).unwrap();
 /// assert!(hosts.admits("localhost:9300"));
 /// assert!(hosts.admits("127.0.0.1:9300"));
