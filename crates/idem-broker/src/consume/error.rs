@@ -23,8 +23,8 @@ pub enum ConsumeError {
     #[error("an effect panicked: {0}")]
     Panicked(String),
     /// The dedupe window is shorter than the producer's retry horizon
-    /// ([`ConsumerConfig::producer_horizon`]) or the allowance for manual
-    /// replays ([`ConsumerConfig::manual_replay_allowance`]); the consumer did
+    /// ([`ConsumerConfig::producer_horizon`](super::ConsumerConfig::producer_horizon)) or the allowance for manual
+    /// replays ([`ConsumerConfig::manual_replay_allowance`](super::ConsumerConfig::manual_replay_allowance)); the consumer did
     /// not start. The message names every term.
     #[error(
         "the dedupe window ({}, the store's retention) is shorter than {}, the longest a copy of a message may still arrive; {}. A copy arriving after the window closed would be applied twice: raise the store's retention to at least {}, or shorten the term marked longer",
@@ -42,7 +42,7 @@ pub enum ConsumeError {
         terms: Box<WindowTerms>,
     },
     /// The watchdog found the consumer holding deliveries without progress
-    /// for its limit ([`ConsumerConfig::watchdog`]) and the transport cannot
+    /// for its limit ([`ConsumerConfig::watchdog`](super::ConsumerConfig::watchdog)) and the transport cannot
     /// restart; the deliveries go back to the broker when the process ends.
     #[error(
         "the consumer held {held} deliveries without settling any for {}: an effect hangs or the broker stopped answering; restart the process (a transport that reconnects, such as Source::connect_reconnecting, is restarted in place)",

@@ -24,9 +24,9 @@
 //! and [`Publisher`] and [`connect`] here, choosing among the transports. The
 //! publishers themselves live in the crate's transport folders, one per
 //! broker, each behind its crate feature, and are re-exported here:
-//! [`AmqpPublisher`] (feature `amqp`), [`NatsPublisher`] (feature `nats`),
-//! [`HttpPublisher`] (feature `webhook`), [`KafkaPublisher`] (feature
-//! `kafka`), [`SqsPublisher`] (feature `sqs`). Every destination parses
+//! `AmqpPublisher` (feature `amqp`), `NatsPublisher` (feature `nats`),
+//! `HttpPublisher` (feature `webhook`), `KafkaPublisher` (feature `kafka`),
+//! `SqsPublisher` (feature `sqs`). Every destination parses
 //! whatever the features; connecting to one whose transport was left out is
 //! a [`PublishErrorKind::Config`] error.
 
@@ -46,7 +46,6 @@ pub use crate::transport::http::publish::HttpPublisher;
 #[cfg(feature = "kafka")]
 #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
 pub use crate::transport::kafka::publish::KafkaPublisher;
-/// The header JetStream dedupes on.
 pub use crate::transport::nats::MSG_ID_HEADER as NATS_MSG_ID_HEADER;
 #[cfg(feature = "nats")]
 #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
