@@ -1,5 +1,6 @@
 //! Why a consumer stopped: [`ConsumeError`], one variant per reason, each
-//! saying what to change.
+//! saying what to change; and why one message's apply gave no answer to ack
+//! (`Failure`), which settling turns into a retry or a dead letter.
 
 use std::time::Duration;
 
@@ -73,5 +74,21 @@ pub enum ConsumeError {
         origin: String,
         /// Every term, as found at start-up.
         terms: Box<WindowTerms>,
+    },
+}
+
+/// Why an apply did not produce an answer to ack.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// Another consumer holds the key right now.
+    Busy { retry_after: Duration },
+    /// The store is unreachable or busy; not the message's fault.
+    Unavailable { error: String },
+    /// The key was first used with another payload.
+    KeyReuse { error: String },
+    /// The effect failed (or the store failed for this message).
+    Failed {
+        error: String,
+        hint: Option<Duration>,
     },
 }

@@ -10,27 +10,11 @@ use idem_core::{Applied, ApplyError, Error};
 use tracing::Instrument;
 
 use super::apply::Apply;
-use super::error::ConsumeError;
+use super::error::{ConsumeError, Failure};
 use super::message::{KeyedMessage, Message};
 use super::runtime::Shared;
 use super::settle::jitter;
 use super::transport::{Delivery, Settle};
-
-/// Why an apply did not produce an answer to ack.
-#[derive(Debug)]
-pub(crate) enum Failure {
-    /// Another consumer holds the key right now.
-    Busy { retry_after: Duration },
-    /// The store is unreachable or busy; not the message's fault.
-    Unavailable { error: String },
-    /// The key was first used with another payload.
-    KeyReuse { error: String },
-    /// The effect failed (or the store failed for this message).
-    Failed {
-        error: String,
-        hint: Option<Duration>,
-    },
-}
 
 impl<A: Apply> Shared<A> {
     /// The message with its scope, key and fingerprint, or the reason it has

@@ -21,9 +21,8 @@ use rand::Rng;
 
 use super::apply::Apply;
 use super::config::Checkpoint;
-use super::error::ConsumeError;
+use super::error::{ConsumeError, Failure};
 use super::message::{KeyedMessage, Message};
-use super::process::Failure;
 use super::runtime::Shared;
 use super::stats::Settled;
 use super::transport::{Settle, TransportError};

@@ -30,9 +30,9 @@
 //! whatever the features; connecting to one whose transport was left out is
 //! a [`PublishErrorKind::Config`] error.
 
-mod destination;
-mod error;
-mod message;
+pub(crate) mod destination;
+pub(crate) mod error;
+pub(crate) mod message;
 
 pub use self::destination::{Destination, DestinationError, RecordKey, SqsGroup, redact};
 pub use self::error::{PublishError, PublishErrorKind, classify};

@@ -15,7 +15,9 @@ use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use tokio::sync::Mutex;
 
 use super::connect::{ConnectFailure, connect};
-use crate::publish::{Destination, Message, Publish, PublishError, PublishErrorKind};
+use crate::publish::destination::Destination;
+use crate::publish::error::{PublishError, PublishErrorKind};
+use crate::publish::message::{Message, Publish};
 
 /// Persistent delivery (survives a broker restart on a durable queue).
 const PERSISTENT: u8 = 2;

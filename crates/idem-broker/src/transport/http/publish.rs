@@ -18,7 +18,9 @@ use idem_core::error_chain;
 use idem_retry::{HttpPolicy, IDEMPOTENCY_KEY, Verdict, key_header_value};
 
 use super::{HttpClient, client};
-use crate::publish::{Destination, Message, Publish, PublishError, PublishErrorKind};
+use crate::publish::destination::Destination;
+use crate::publish::error::{PublishError, PublishErrorKind};
+use crate::publish::message::{Message, Publish};
 
 /// How long one webhook call may take, answer included.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);

@@ -23,7 +23,9 @@ use rdkafka::util::Timeout;
 
 use super::KEY_HEADER;
 use super::refusal::{Reasons, report_failures};
-use crate::publish::{Destination, Message, Publish, PublishError, PublishErrorKind, RecordKey};
+use crate::publish::destination::{Destination, RecordKey};
+use crate::publish::error::{PublishError, PublishErrorKind};
+use crate::publish::message::{Message, Publish};
 
 /// What the producer's librdkafka calls back into: the reasons of its
 /// errors, kept to explain a refused handshake or authentication.

@@ -12,7 +12,9 @@ use async_nats::{Client, HeaderMap};
 
 use super::MSG_ID_HEADER;
 use super::connect::{Failure, connect};
-use crate::publish::{Destination, Message, Publish, PublishError, PublishErrorKind};
+use crate::publish::destination::Destination;
+use crate::publish::error::{PublishError, PublishErrorKind};
+use crate::publish::message::{Message, Publish};
 
 /// Publishes to one JetStream subject.
 #[derive(Debug)]

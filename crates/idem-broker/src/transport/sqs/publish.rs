@@ -20,7 +20,9 @@ use aws_sdk_sqs::types::MessageAttributeValue;
 
 use super::connect::{self, FailureKind};
 use super::{KEY_ATTRIBUTE, SqsUrl};
-use crate::publish::{Destination, Message, Publish, PublishError, PublishErrorKind, SqsGroup};
+use crate::publish::destination::{Destination, SqsGroup};
+use crate::publish::error::{PublishError, PublishErrorKind};
+use crate::publish::message::{Message, Publish};
 
 /// SQS's limit on a message's attributes.
 const MAX_ATTRIBUTES: usize = 10;
