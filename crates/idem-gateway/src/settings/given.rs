@@ -121,8 +121,8 @@ pub struct GivenSettings {
     )]
     pub admin_token_file: Option<String>,
     /// Another Host name the admin listener and its console answer to
-    /// besides the loopback ones (localhost, *.localhost, 127.0.0.0/8,
-    /// [::1]); a request naming any other is refused (421), so a web page
+    /// besides the loopback ones (localhost, *.localhost, 127.0.0.0/8 and
+    /// ::1); a request naming any other is refused (421), so a web page
     /// cannot reach them through DNS rebinding. Repeat the flag or separate
     /// names with commas; *.example.com allows the names under example.com
     /// [default: loopback names only].

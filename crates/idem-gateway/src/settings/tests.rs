@@ -4,7 +4,7 @@ use super::*;
 use crate::{DEFAULT_BODY_TIMEOUT, TLS_SUBJECT_HEADER};
 
 #[cfg(test)]
-mod tests {
+mod resolution {
     use super::*;
 
     fn upstream() -> GivenSettings {
@@ -844,7 +844,7 @@ mod tests {
 }
 
 #[cfg(test)]
-mod allow_hosts_tests {
+mod allow_hosts {
     use super::{GatewaySettings, GivenSettings, SettingsFile};
 
     fn resolve(given: &GivenSettings, text: &str) -> Result<GatewaySettings, String> {
