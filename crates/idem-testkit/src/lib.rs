@@ -11,6 +11,7 @@
 //! - [`errors`]: an application's error wrapping a driver's, for error classification tests;
 //! - [`deliveries`]: at-least-once delivery simulated (duplicates, shuffles);
 //! - [`postgres`]: a fresh PostgreSQL database per test;
+//! - `http` (feature `http`): a loopback server and a client for HTTP tests;
 //! - [`redis`]: the machine's Redis, a private `redis-server` a test restarts, a Redis Cluster;
 //! - [`services`]: whether a missing database fails or skips a test;
 //! - [`tls_postgres`]: a throwaway PostgreSQL that requires TLS and a password;
@@ -33,6 +34,9 @@ pub mod errors;
 pub mod faultproxy;
 pub mod fencing;
 pub mod harness;
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+pub mod http;
 pub mod leased;
 pub mod migrations;
 pub mod nats;
