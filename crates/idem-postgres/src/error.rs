@@ -46,6 +46,12 @@ impl Endpoint {
         }
     }
 
+    /// The same, at the servers of a multi-host URL (`h1:5432,h2:5432`).
+    pub(crate) fn at(mut self, address: String) -> Self {
+        self.address = address;
+        self
+    }
+
     /// A connection the caller handed in (the one of its transaction), whose
     /// server this crate was not told about.
     pub(crate) fn callers_connection() -> Self {
@@ -250,7 +256,9 @@ fn classify(error: &sqlx::Error, at: &Endpoint) -> (ErrorKind, String) {
                 "23505" => ErrorKind::UniqueViolation,
                 "40001" | "40P01" => ErrorKind::SerializationFailure,
                 "55P03" => ErrorKind::Busy,
-                "57P01" | "57P02" | "57P03" | "53300" => ErrorKind::Unavailable,
+                // 25006: a write sent to a standby (the primary it was
+                // before a failover); retried once the primary is found.
+                "57P01" | "57P02" | "57P03" | "53300" | "25006" => ErrorKind::Unavailable,
                 c if c.starts_with("08") => ErrorKind::Unavailable,
                 "3D000" | "28000" | "28P01" => ErrorKind::Config,
                 "42P01" | "42703" | "42883" => ErrorKind::Corrupt,
@@ -264,6 +272,9 @@ fn classify(error: &sqlx::Error, at: &Endpoint) -> (ErrorKind, String) {
                     "PostgreSQL aborted the transaction to keep it consistent; run the operation again".to_owned()
                 }
                 (_, ErrorKind::Busy) => "a lock was not available; retry shortly".to_owned(),
+                ("25006", _) => {
+                    "the server is read-only: a standby, or a primary demoted in a failover; with several hosts in the URL and target_session_attrs=read-write the store looks for the primary again, so retry".to_owned()
+                }
                 (_, ErrorKind::Unavailable) => {
                     "the server is shutting down, starting up or out of connections; retry once it is back".to_owned()
                 }

@@ -8,6 +8,10 @@
 //! # Modules
 //!
 //! - `store`: [`PgStore`] and [`PgStoreBuilder`]: connecting, the pool, settings, clock;
+//! - `hosts`: several servers in one URL (libpq's `host1:port1,host2:port2`)
+//!   and `target_session_attrs`, taken out of the URL before sqlx reads it;
+//! - `connect`: which of those servers each new connection goes to, searched
+//!   again when the current one goes away or turns read-only (a failover);
 //! - `atomic`: [`AtomicStore`](idem_core::AtomicStore) — `apply`, `apply_replay_first`,
 //!   `complete_with`, `transaction` — the effect and the record in one transaction,
 //!   and (in `atomic::locked`) the two simple-query round trips around the effect;
@@ -98,12 +102,14 @@ mod admin;
 mod atomic;
 mod attempts;
 mod batch;
+mod connect;
 mod dead_letters;
 mod decision;
 mod error;
 mod fences;
 mod group;
 mod headers;
+mod hosts;
 mod inspect;
 mod leased;
 mod literal;

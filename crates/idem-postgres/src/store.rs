@@ -16,6 +16,7 @@ use idem_core::{
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, Postgres};
 use sqlx::{ConnectOptions, Connection, Transaction};
 
+use crate::connect::Failover;
 use crate::error::{Endpoint, commit_error, kind_of_cause, store_error};
 use crate::group::queues::Groups;
 use crate::{lock, records};
@@ -46,6 +47,8 @@ pub(crate) struct Inner {
     /// Whether leased claims and completions are committed in groups.
     group_commit: bool,
     groups: Groups,
+    /// The servers of a multi-host URL, or `target_session_attrs`.
+    failover: Option<Arc<Failover>>,
 }
 
 impl fmt::Debug for PgStore {
@@ -92,7 +95,7 @@ impl PgStore {
     /// [`PgStoreBuilder::group_commit`]'s default.
     pub fn from_pool(pool: PgPool, settings: Settings, clock: SharedClock) -> PgStore {
         let endpoint = Endpoint::of_pool(&pool);
-        PgStore::of(pool, settings, clock, endpoint, true)
+        PgStore::of(pool, settings, clock, endpoint, true, None)
     }
 
     fn of(
@@ -101,6 +104,7 @@ impl PgStore {
         clock: SharedClock,
         endpoint: Endpoint,
         group_commit: bool,
+        failover: Option<Arc<Failover>>,
     ) -> PgStore {
         PgStore {
             inner: Arc::new(Inner {
@@ -110,6 +114,7 @@ impl PgStore {
                 endpoint,
                 group_commit,
                 groups: Groups::default(),
+                failover,
             }),
         }
     }
@@ -126,6 +131,7 @@ impl PgStore {
             inner.clock.clone(),
             inner.endpoint.clone(),
             group,
+            inner.failover.clone(),
         )
     }
 
@@ -166,7 +172,18 @@ impl PgStore {
 
     /// Maps a sqlx error (the only place a driver error becomes an Idem error).
     pub(crate) fn fail(&self, error: sqlx::Error) -> Error {
-        Error::Store(store_error(error, &self.inner.endpoint))
+        let error = store_error(error, &self.inner.endpoint);
+        self.notice(&error);
+        Error::Store(error)
+    }
+
+    /// Looks for the server to use again when `error` says the current one
+    /// went away or refuses writes (with a multi-host URL or
+    /// `target_session_attrs`; see `connect`).
+    fn notice(&self, error: &StoreError) {
+        if let Some(failover) = &self.inner.failover {
+            failover.noticed(error.kind(), error);
+        }
     }
 
     /// Opens a READ COMMITTED transaction on the store's pool, for the
@@ -191,7 +208,9 @@ impl PgStore {
     /// Maps an error met while committing: a broken connection leaves the
     /// commit's fate unknown ([`ErrorKind::CommitUnknown`](idem_core::ErrorKind::CommitUnknown)).
     pub(crate) fn fail_commit(&self, error: sqlx::Error) -> Error {
-        Error::Store(commit_error(error, &self.inner.endpoint))
+        let error = commit_error(error, &self.inner.endpoint);
+        self.notice(&error);
+        Error::Store(error)
     }
 
     /// The kind of the sqlx error behind an effect's error, if there is one.
@@ -199,7 +218,11 @@ impl PgStore {
         &self,
         error: &(dyn std::error::Error + 'static),
     ) -> Option<idem_core::ErrorKind> {
-        kind_of_cause(error, &self.inner.endpoint)
+        let kind = kind_of_cause(error, &self.inner.endpoint);
+        if let (Some(failover), Some(kind)) = (&self.inner.failover, kind) {
+            failover.noticed(kind, error);
+        }
+        kind
     }
 
     /// Rolls back now rather than when the connection is next used, so the key's
@@ -370,8 +393,16 @@ impl PgStoreBuilder {
     /// The URL may end with `group_commit=off` (or `on`) among its query
     /// parameters, which sets [`group_commit`](Self::group_commit): a way to
     /// choose it where only a URL is given, as with `idem --store`.
+    ///
+    /// The URL may name several servers as libpq does
+    /// (`postgres://user@host1:5432,host2:5432/db`, or
+    /// `?host=host1,host2&port=5432,5432`) and say which to use with
+    /// `target_session_attrs` (`any`, `read-write`, `read-only`, `primary`,
+    /// `standby`, `prefer-standby`): they are tried in order, on every new
+    /// connection, so that the pool follows a failover.
     pub async fn connect(mut self) -> Result<PgStore, Error> {
-        let (url, params) = take_idem_params(&self.url)?;
+        let (url, hosts) = crate::hosts::take_hosts(&self.url)?;
+        let (url, params) = take_idem_params(&url)?;
         if let Some(group) = params.group_commit {
             self.group_commit = group;
         }
@@ -386,15 +417,37 @@ impl PgStoreBuilder {
                 e,
             ))
         })?;
+        let mut endpoint = Endpoint::new(&options, self.max_connections, self.acquire_timeout);
+        let failover = match hosts {
+            None => None,
+            Some(list) => {
+                let servers = if list.hosts.is_empty() {
+                    vec![options.clone()]
+                } else {
+                    list.servers(&options)
+                };
+                let servers = servers
+                    .into_iter()
+                    .map(|server| apply_passfile(server, &params))
+                    .collect::<Result<Vec<_>, _>>()?;
+                if !list.hosts.is_empty() {
+                    endpoint = endpoint.at(list.describe());
+                }
+                Some(Arc::new(Failover::new(list, servers, self.acquire_timeout)))
+            }
+        };
         let options = apply_passfile(options, &params)?;
-        let endpoint = Endpoint::new(&options, self.max_connections, self.acquire_timeout);
         let fail = |e| Error::Store(store_error(e, &endpoint));
 
         // A server behind a partition may accept the connection and never
-        // answer: the first connection is bounded like any other acquire.
-        let mut first = match tokio::time::timeout(self.acquire_timeout, options.connect()).await {
-            Ok(connected) => connected.map_err(fail)?,
-            Err(_elapsed) => return Err(fail(sqlx::Error::PoolTimedOut)),
+        // answer: the first connection is bounded like any other acquire
+        // (each server of a list is given that long).
+        let mut first = match &failover {
+            Some(failover) => failover.find().await.map_err(fail)?,
+            None => match tokio::time::timeout(self.acquire_timeout, options.connect()).await {
+                Ok(connected) => connected.map_err(fail)?,
+                Err(_elapsed) => return Err(fail(sqlx::Error::PoolTimedOut)),
+            },
         };
         if self.migrate {
             // `run_direct` on the connection itself: `run(&mut conn)` goes through
@@ -408,11 +461,16 @@ impl PgStoreBuilder {
             tracing::debug!(%error, "closing the start-up connection failed");
         }
 
-        let pool = PgPoolOptions::new()
+        let checked = failover.clone();
+        let mut pool = PgPoolOptions::new()
             .max_connections(self.max_connections)
             .acquire_timeout(self.acquire_timeout)
-            .after_connect(|conn, _| {
+            .after_connect(move |conn, _| {
+                let checked = checked.clone();
                 Box::pin(async move {
+                    if let Some(failover) = checked {
+                        failover.check(conn).await?;
+                    }
                     // Best effort: without the schema (`migrate(false)`) this
                     // fails, and apply prepares on first use instead.
                     if let Err(error) = records::prepare_session(conn).await {
@@ -420,15 +478,29 @@ impl PgStoreBuilder {
                     }
                     Ok(())
                 })
-            })
-            .connect_lazy_with(options);
-        Ok(PgStore::of(
+            });
+        if let Some(failover) = failover.clone() {
+            pool = pool.before_acquire(move |_, meta| {
+                let fresh = failover.is_fresh(meta.age);
+                Box::pin(async move { Ok(fresh) })
+            });
+        }
+        let pool = pool.connect_lazy_with(match &failover {
+            Some(failover) => failover.current_server(),
+            None => options,
+        });
+        let store = PgStore::of(
             pool,
             self.settings,
             self.clock,
             endpoint,
             self.group_commit,
-        ))
+            failover.clone(),
+        );
+        if let Some(failover) = &failover {
+            failover.attach(store.downgrade());
+        }
+        Ok(store)
     }
 }
 
