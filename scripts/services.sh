@@ -21,7 +21,9 @@
 # environment in the cache. etcd (Debian's etcd-server) runs on
 # 127.0.0.1:2379 with its data in /var/lib/idem-etcd, and protoc (Debian's
 # protobuf-compiler) is installed for the build of the etcd client, which
-# compiles etcd's protobuf files. Exits non-zero, naming the service, if one
+# compiles etcd's protobuf files. The PgBouncer tests start private pgbouncer
+# processes of their own (idem-testkit's pgbouncer module), so Debian's
+# pgbouncer package is installed, not started. Exits non-zero, naming the service, if one
 # still does not answer.
 set -uo pipefail
 
@@ -169,11 +171,12 @@ MOTO_VERSION=5.2.5
 MOTO_PORT=5000
 
 start_moto() {
-  if ! [ -x "$moto/bin/moto_server" ]; then
-    log "installing moto[server] $MOTO_VERSION (an SQS-compatible server) from PyPI into $moto"
+  # The dynamodb extra brings the PartiQL parser moto's DynamoDB imports.
+  if ! [ -x "$moto/bin/moto_server" ] || ! "$moto/bin/python" -c 'import py_partiql_parser' 2>/dev/null; then
+    log "installing moto[server,dynamodb] $MOTO_VERSION (an SQS- and DynamoDB-compatible server) from PyPI into $moto"
     command -v python3 >/dev/null || install_packages python3 python3-venv || return 1
     python3 -m venv "$moto" >&2 || { install_packages python3-venv && python3 -m venv "$moto" >&2; } || return 1
-    "$moto/bin/pip" install --quiet "moto[server]==$MOTO_VERSION" >&2 || return 1
+    "$moto/bin/pip" install --quiet "moto[server,dynamodb]==$MOTO_VERSION" >&2 || return 1
   fi
   local data=/var/lib/idem-moto
   mkdir -p "$data"
@@ -247,6 +250,10 @@ else
 fi
 
 ensure etcd 2379 start_etcd 60 || failed=1
+if ! command -v pgbouncer >/dev/null && [ ! -x /usr/sbin/pgbouncer ] && ! install_packages pgbouncer; then
+  log "ERROR: pgbouncer is missing and Debian's pgbouncer package could not be installed; the PostgreSQL tests through a transaction pooler need it"
+  failed=1
+fi
 if ! command -v protoc >/dev/null && ! install_packages protobuf-compiler; then
   log "ERROR: protoc is missing and Debian's protobuf-compiler could not be installed; the etcd client's build needs it"
   failed=1
