@@ -21,7 +21,9 @@
 //! Batches claim each new key, run the effects into one [`Transaction`] and
 //! commit once; DynamoDB's 100 items per transaction bound a batch's effect
 //! writes and records together. One item may appear only once in a
-//! transaction: an effect must not write the records' own items.
+//! transaction (DynamoDB refuses the transaction otherwise): an effect must
+//! not write the records' own items, and the effects of one batch must not
+//! write the same item twice.
 
 use aws_sdk_dynamodb::types::{TransactWriteItem, Update};
 use idem_core::{
