@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Makes sure the services the test suite talks to answer on loopback:
 # PostgreSQL (5432), RabbitMQ (5672), NATS with JetStream (4222), a
-# Kafka-compatible broker (9092), an SQS-compatible server (5000) and Redis
+# Kafka-compatible broker (9092), an SQS- and DynamoDB-compatible server (5000) and Redis
 # (6379), and a Redis Cluster of three primaries on 7001-7003, made with
 # redis-cli --cluster create from the same redis-server binary, its nodes'
 # files in the cache (IDEM_CACHE, below). The Redis tests also start private
@@ -14,9 +14,10 @@
 # repository (IDEM_CACHE, default ~/.cache/idem) and started on SQLite
 # storage in /var/lib/idem-kafka, which keeps records and committed offsets
 # across its own restarts. No Amazon endpoint is reachable from the test
-# machines, so SQS is served by moto's server, installed from PyPI into a
-# virtual environment in the same cache and started on 127.0.0.1:5000; it must
-# answer an SQS request, not only accept connections. The gateway's gRPC tests
+# machines, so SQS and DynamoDB are served by moto's server, installed from
+# PyPI into a virtual environment in the same cache and started on
+# 127.0.0.1:5000; it must answer an SQS and a DynamoDB request, not only accept
+# connections. The gateway's gRPC tests
 # call it from another language: grpcio from PyPI, in its own virtual
 # environment in the cache. etcd (Debian's etcd-server) runs on
 # 127.0.0.1:2379 with its data in /var/lib/idem-etcd, and protoc (Debian's
@@ -194,6 +195,16 @@ sqs_answers() {
     -d '{}' >/dev/null
 }
 
+# The same server must answer DynamoDB's JSON protocol too (ListTables), for
+# the DynamoDB store's tests.
+dynamodb_answers() {
+  curl -sf --max-time 5 -X POST "http://127.0.0.1:$MOTO_PORT/" \
+    -H 'Content-Type: application/x-amz-json-1.0' \
+    -H 'X-Amz-Target: DynamoDB_20120810.ListTables' \
+    -H 'Authorization: AWS4-HMAC-SHA256 Credential=test/20260101/us-east-1/dynamodb/aws4_request, SignedHeaders=host, Signature=0' \
+    -d '{}' >/dev/null
+}
+
 start_etcd() {
   command -v etcd >/dev/null || install_packages etcd-server || return 1
   local data=/var/lib/idem-etcd
@@ -243,6 +254,9 @@ ensure Kafka 9092 start_kafka 60 || failed=1
 if ensure "SQS (moto)" "$MOTO_PORT" start_moto 120; then
   if ! sqs_answers; then
     log "ERROR: something answers on 127.0.0.1:$MOTO_PORT but not SQS's ListQueues; stop it or free the port for moto's server"
+    failed=1
+  elif ! dynamodb_answers; then
+    log "ERROR: moto answers SQS on 127.0.0.1:$MOTO_PORT but not DynamoDB's ListTables; reinstall it with the dynamodb extra (delete $moto and run this script again)"
     failed=1
   fi
 else
