@@ -207,11 +207,11 @@ impl AdminStore for PgStore {
     }
 
     async fn audit_log(&self, limit: usize) -> Result<Vec<AuditEntry>, Error> {
-        sqlx::query(LIST)
+        crate::pooler::one_shot!(self, |conn| sqlx::query(LIST)
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .fetch_all(self.pool())
+            .fetch_all(conn)
             .await
             .and_then(|rows| rows.iter().map(entry).collect())
-            .map_err(|e| self.fail(e))
+            .map_err(|e| self.fail(e)))
     }
 }

@@ -23,14 +23,15 @@ impl AttemptStore for PgStore {
         key: &IdempotencyKey,
         error: &str,
     ) -> Result<Failures, Error> {
-        let (attempts, first_at): (i32, i64) = sqlx::query_as(RECORD)
-            .bind(scope.as_str())
-            .bind(key.as_str())
-            .bind(self.clock().now().0)
-            .bind(error)
-            .fetch_one(self.pool())
-            .await
-            .map_err(|e| self.fail(e))?;
+        let (attempts, first_at): (i32, i64) =
+            crate::pooler::one_shot!(self, |conn| sqlx::query_as(RECORD)
+                .bind(scope.as_str())
+                .bind(key.as_str())
+                .bind(self.clock().now().0)
+                .bind(error)
+                .fetch_one(conn)
+                .await
+                .map_err(|e| self.fail(e)))?;
         Ok(Failures {
             count: u32::try_from(attempts).unwrap_or(u32::MAX),
             first_at: Timestamp(first_at),
@@ -38,23 +39,23 @@ impl AttemptStore for PgStore {
     }
 
     async fn forget_failures(&self, scope: &Scope, key: &IdempotencyKey) -> Result<(), Error> {
-        sqlx::query(FORGET)
+        crate::pooler::one_shot!(self, |conn| sqlx::query(FORGET)
             .bind(scope.as_str())
             .bind(key.as_str())
-            .execute(self.pool())
+            .execute(conn)
             .await
             .map(drop)
-            .map_err(|e| self.fail(e))
+            .map_err(|e| self.fail(e)))
     }
 
     async fn sweep_failures(&self, before: Timestamp, limit: usize) -> Result<u64, Error> {
-        sqlx::query(SWEEP)
+        crate::pooler::one_shot!(self, |conn| sqlx::query(SWEEP)
             .bind(before.0)
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .execute(self.pool())
+            .execute(conn)
             .await
             .map(|done| done.rows_affected())
-            .map_err(|e| self.fail(e))
+            .map_err(|e| self.fail(e)))
     }
 
     fn now(&self) -> Timestamp {

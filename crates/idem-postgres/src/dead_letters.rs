@@ -92,10 +92,9 @@ fn limit(limit: usize) -> i64 {
 
 impl DeadLetterStore for PgStore {
     async fn record_dead_letter(&self, letter: &NewDeadLetter) -> Result<i64, Error> {
-        let mut conn = self.pool().acquire().await.map_err(|e| self.fail(e))?;
-        insert(&mut conn, letter, self.clock().now())
+        crate::pooler::one_shot!(self, |conn| insert(conn, letter, self.clock().now())
             .await
-            .map_err(|e| self.fail(e))
+            .map_err(|e| self.fail(e)))
     }
 
     async fn list_dead_letters(
@@ -103,32 +102,32 @@ impl DeadLetterStore for PgStore {
         limit_to: usize,
         include_redriven: bool,
     ) -> Result<Vec<DeadLetter>, Error> {
-        sqlx::query(LIST)
+        crate::pooler::one_shot!(self, |conn| sqlx::query(LIST)
             .bind(limit(limit_to))
             .bind(include_redriven)
-            .fetch_all(self.pool())
+            .fetch_all(conn)
             .await
             .and_then(|rows| rows.iter().map(letter).collect())
-            .map_err(|e| self.fail(e))
+            .map_err(|e| self.fail(e)))
     }
 
     async fn get_dead_letter(&self, id: i64) -> Result<Option<DeadLetter>, Error> {
-        sqlx::query(GET)
+        crate::pooler::one_shot!(self, |conn| sqlx::query(GET)
             .bind(id)
-            .fetch_optional(self.pool())
+            .fetch_optional(conn)
             .await
             .and_then(|row| row.as_ref().map(letter).transpose())
-            .map_err(|e| self.fail(e))
+            .map_err(|e| self.fail(e)))
     }
 
     async fn mark_redriven(&self, id: i64) -> Result<(), Error> {
-        let changed = sqlx::query(MARK_REDRIVEN)
+        let changed = crate::pooler::one_shot!(self, |conn| sqlx::query(MARK_REDRIVEN)
             .bind(id)
             .bind(self.clock().now().0)
-            .execute(self.pool())
+            .execute(conn)
             .await
-            .map_err(|e| self.fail(e))?
-            .rows_affected();
+            .map_err(|e| self.fail(e)))?
+        .rows_affected();
         if changed == 0 {
             return Err(no_such_dead_letter(id));
         }
@@ -137,10 +136,10 @@ impl DeadLetterStore for PgStore {
 
     async fn dead_letter_stats(&self) -> Result<DeadLetterStats, Error> {
         let (waiting, redriven, oldest, archived): (i64, i64, Option<i64>, i64) =
-            sqlx::query_as(STATS)
-                .fetch_one(self.pool())
+            crate::pooler::one_shot!(self, |conn| sqlx::query_as(STATS)
+                .fetch_one(conn)
                 .await
-                .map_err(|e| self.fail(e))?;
+                .map_err(|e| self.fail(e)))?;
         Ok(DeadLetterStats {
             waiting: waiting.unsigned_abs(),
             redriven: redriven.unsigned_abs(),
@@ -151,12 +150,12 @@ impl DeadLetterStore for PgStore {
 
     async fn sweep_dead_letters(&self, retention: Duration, limit_to: usize) -> Result<u64, Error> {
         let before = self.clock().now().minus(retention).0;
-        sqlx::query(SWEEP)
+        crate::pooler::one_shot!(self, |conn| sqlx::query(SWEEP)
             .bind(before)
             .bind(limit(limit_to))
-            .execute(self.pool())
+            .execute(conn)
             .await
             .map(|done| done.rows_affected())
-            .map_err(|e| self.fail(e))
+            .map_err(|e| self.fail(e)))
     }
 }

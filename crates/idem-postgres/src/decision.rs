@@ -52,6 +52,33 @@ impl PgStore {
         let found = records::fetch(db, scope, key)
             .await
             .map_err(|e| self.fail(e))?;
+        self.decide_peeked(found, scope, key, fingerprint)
+    }
+
+    /// [`peek`](Self::peek) through a pooler, on a connection outside any
+    /// transaction: the read is one self-contained simple query (see
+    /// `pooler`).
+    pub(crate) async fn peek_alone(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+    ) -> Result<Option<Replay>, Error> {
+        let found = records::fetch_alone(conn, scope, key)
+            .await
+            .map_err(|e| self.fail(e))?;
+        self.decide_peeked(found, scope, key, fingerprint)
+    }
+
+    /// What a peek that found `found` answers.
+    fn decide_peeked(
+        &self,
+        found: Option<idem_core::Record>,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+    ) -> Result<Option<Replay>, Error> {
         let Some(found) = found else {
             return Ok(None);
         };

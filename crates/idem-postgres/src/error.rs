@@ -252,6 +252,12 @@ fn classify(error: &sqlx::Error, at: &Endpoint) -> (ErrorKind, String) {
                     ),
                 );
             }
+            if let Some(advice) = crate::pooler::explain_refusal(&code, message) {
+                return (
+                    ErrorKind::Config,
+                    format!("PostgreSQL at {at} answered {code}: {message}; {advice}"),
+                );
+            }
             let kind = match &*code {
                 "23505" => ErrorKind::UniqueViolation,
                 "40001" | "40P01" => ErrorKind::SerializationFailure,

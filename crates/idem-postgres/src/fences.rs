@@ -27,25 +27,25 @@ const MOVE_END: &str = "UPDATE idem_fences SET lease_until = $1, updated_at = $2
 
 impl PgStore {
     async fn current_fence(&self, resource: &Resource) -> Result<Option<(i64, i64)>, Error> {
-        sqlx::query_as(CURRENT)
+        crate::pooler::one_shot!(self, |conn| sqlx::query_as(CURRENT)
             .bind(resource.as_str())
-            .fetch_optional(self.pool())
+            .fetch_optional(conn)
             .await
-            .map_err(|e| self.fail(e))
+            .map_err(|e| self.fail(e)))
     }
 
     /// Moves the end of `lease`; `Stale` when a newer holder has the resource.
     async fn move_lease_end(&self, lease: &Lease, until: Timestamp) -> Result<(), Error> {
         let now = self.clock().now();
-        let changed = sqlx::query(MOVE_END)
+        let changed = crate::pooler::one_shot!(self, |conn| sqlx::query(MOVE_END)
             .bind(until.0)
             .bind(now.0)
             .bind(lease.resource.as_str())
             .bind(lease.token.get())
-            .execute(self.pool())
+            .execute(conn)
             .await
-            .map_err(|e| self.fail(e))?
-            .rows_affected();
+            .map_err(|e| self.fail(e)))?
+        .rows_affected();
         if changed == 1 {
             return Ok(());
         }
@@ -108,13 +108,13 @@ impl FenceStore for PgStore {
     async fn acquire(&self, resource: &Resource, ttl: Duration) -> Result<Lease, Error> {
         let now = self.clock().now();
         let until = now.plus(ttl);
-        let taken: Option<i64> = sqlx::query_scalar(TAKE)
+        let taken: Option<i64> = crate::pooler::one_shot!(self, |conn| sqlx::query_scalar(TAKE)
             .bind(resource.as_str())
             .bind(until.0)
             .bind(now.0)
-            .fetch_optional(self.pool())
+            .fetch_optional(conn)
             .await
-            .map_err(|e| self.fail(e))?;
+            .map_err(|e| self.fail(e)))?;
         match taken {
             Some(token) => Ok(Lease {
                 resource: resource.clone(),

@@ -24,39 +24,45 @@ impl RecordStore for PgStore {
     }
 
     async fn migrate(&self) -> Result<(), Error> {
-        records::MIGRATOR
-            .run(self.pool())
+        if self.pooling().sessions() {
+            return records::MIGRATOR
+                .run(self.pool())
+                .await
+                .map_err(|e| self.fail(e.into()));
+        }
+        let mut conn = self.pool().acquire().await.map_err(|e| self.fail(e))?;
+        crate::pooler::migrate(&mut conn)
             .await
             .map_err(|e| self.fail(e.into()))
     }
 
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, Error> {
-        records::fetch(self.pool(), scope, key)
+        crate::pooler::one_shot!(self, |conn| records::fetch(conn, scope, key)
             .await
-            .map_err(|e| self.fail(e))
+            .map_err(|e| self.fail(e)))
     }
 
     async fn list(&self, filter: &RecordFilter) -> Result<Vec<Record>, Error> {
-        records::list(self.pool(), filter)
+        crate::pooler::one_shot!(self, |conn| records::list(conn, filter)
             .await
-            .map_err(|e| self.fail(e))
+            .map_err(|e| self.fail(e)))
     }
 
     async fn count(&self) -> Result<RecordCount, Error> {
-        records::count(self.pool(), self.clock().now())
+        crate::pooler::one_shot!(self, |conn| records::count(conn, self.clock().now())
             .await
-            .map_err(|e| self.fail(e))
+            .map_err(|e| self.fail(e)))
     }
 
     async fn sweep_batch(&self, limit: usize) -> Result<u64, Error> {
-        records::sweep(
-            self.pool(),
+        crate::pooler::one_shot!(self, |conn| records::sweep(
+            conn,
             self.clock().now(),
             limit,
             self.settings().tombstones,
         )
         .await
-        .map_err(|e| self.fail(e))
+        .map_err(|e| self.fail(e)))
     }
 
     async fn sweep_batch_alone(&self, limit: usize) -> Result<Option<u64>, Error> {
@@ -65,6 +71,7 @@ impl RecordStore for PgStore {
             self.clock().now(),
             limit,
             self.settings().tombstones,
+            self.pooling().begin(),
         )
         .await
         .map_err(|e| self.fail(e))
@@ -72,19 +79,18 @@ impl RecordStore for PgStore {
 
     async fn glance(&self) -> Result<RecordGlance, Error> {
         let now = self.clock().now();
-        records::glance(self.pool(), now)
+        crate::pooler::one_shot!(self, |conn| records::glance(conn, now)
             .await
-            .map_err(|e| self.fail(e))
+            .map_err(|e| self.fail(e)))
     }
 }
 
 impl RecordScan for PgStore {
     async fn records_of(&self, keys: &[(Scope, IdempotencyKey)]) -> Result<Vec<Record>, Error> {
         let pairs: Vec<(&Scope, &IdempotencyKey)> = keys.iter().map(|(s, k)| (s, k)).collect();
-        let mut conn = self.pool().acquire().await.map_err(|e| self.fail(e))?;
-        records::fetch_all(&mut conn, &pairs)
+        crate::pooler::one_shot!(self, |conn| records::fetch_all(conn, &pairs)
             .await
-            .map_err(|e| self.fail(e))
+            .map_err(|e| self.fail(e)))
     }
 
     async fn records_by_expiry(
@@ -95,8 +101,8 @@ impl RecordScan for PgStore {
     ) -> Result<Vec<Record>, Error> {
         let scopes: Vec<&str> = scopes.iter().map(Scope::as_str).collect();
         let after = after.map(|p| (p.expires_at, p.scope.as_str(), p.key.as_str()));
-        records::by_expiry(self.pool(), &scopes, after, limit)
+        crate::pooler::one_shot!(self, |conn| records::by_expiry(conn, &scopes, after, limit)
             .await
-            .map_err(|e| self.fail(e))
+            .map_err(|e| self.fail(e)))
     }
 }

@@ -101,7 +101,7 @@ impl PgStore {
         let now = self.clock().now();
         let sql = format!(
             "{}; SELECT pg_advisory_xact_lock({}); {}; COMMIT",
-            lock::BEGIN,
+            self.pooling().begin(),
             lock::lock_key(&claim.scope, &claim.key),
             records::execute_settle(claim, outcome, now),
         );

@@ -21,6 +21,9 @@
 //! - `inspect`: [`RecordStore`](idem_core::RecordStore): migrations, listing, counting, sweeping;
 //! - `decision`: the fast-path read and the locked read-and-decide every claim path shares;
 //! - `lock`: per-key advisory locks and the transactions they live in;
+//! - `pooler`: behind a transaction pooler (PgBouncer; `pgbouncer=true`,
+//!   `statement_cache=0` in the URL): no statement, lock or `LISTEN` outlives
+//!   its transaction;
 //! - `records`: the `idem_records` table: migrations and every SQL statement on it,
 //!   (in `records::row`) the conversion of rows to records and back to literals,
 //!   and (in `records::session`) the statements each session prepares for apply;
@@ -116,6 +119,7 @@ mod literal;
 mod lock;
 mod outbox;
 mod passfile;
+mod pooler;
 mod records;
 mod seed;
 mod store;

@@ -50,7 +50,8 @@ pub(crate) fn lock_key(scope: &Scope, key: &IdempotencyKey) -> i64 {
 /// lock is granted (see the module docs).
 pub(crate) const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 
-/// Opens a transaction with [`BEGIN`], on a task of its own.
+/// Opens a transaction with `begin` ([`BEGIN`], or what the store's
+/// pooling begins with: see `pooler`), on a task of its own.
 ///
 /// A `BEGIN` cut off before its answer (the caller's future dropped) would
 /// leave the pooled connection inside a transaction that sqlx does not count,
@@ -58,9 +59,12 @@ pub(crate) const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 /// run in it and commit only by chance. On its own task the `BEGIN` always
 /// finishes; if nobody waits for the transaction any more, dropping it rolls
 /// it back before the connection is reused.
-pub(crate) async fn begin(pool: &PgPool) -> sqlx::Result<Transaction<'static, Postgres>> {
+pub(crate) async fn begin(
+    pool: &PgPool,
+    begin: &'static str,
+) -> sqlx::Result<Transaction<'static, Postgres>> {
     let pool = pool.clone();
-    tokio::spawn(async move { pool.begin_with(BEGIN).await })
+    tokio::spawn(async move { pool.begin_with(begin).await })
         .await
         .map_err(|e| sqlx::Error::Protocol(format!("beginning a transaction failed: {e}")))?
 }

@@ -168,10 +168,9 @@ impl OutboxStore for PgStore {
     }
 
     async fn enqueue_now(&self, message: &OutboxMessage) -> Result<i64, Error> {
-        let mut conn = self.pool().acquire().await.map_err(|e| self.fail(e))?;
-        insert(&mut conn, message, self.clock().now())
+        crate::pooler::one_shot!(self, |conn| insert(conn, message, self.clock().now())
             .await
-            .map_err(|e| self.fail(e))
+            .map_err(|e| self.fail(e)))
     }
 
     async fn claim_outbox(
@@ -182,28 +181,28 @@ impl OutboxStore for PgStore {
         limit_to: usize,
         with_default: bool,
     ) -> Result<Vec<Pending>, Error> {
-        let mut claimed = sqlx::query(CLAIM)
+        let mut claimed = crate::pooler::one_shot!(self, |conn| sqlx::query(CLAIM)
             .bind(owner)
             .bind(now.plus(lease).0)
             .bind(now.0)
             .bind(limit(limit_to))
             .bind(with_default)
-            .fetch_all(self.pool())
+            .fetch_all(conn)
             .await
             .and_then(|rows| rows.iter().map(pending).collect::<sqlx::Result<Vec<_>>>())
-            .map_err(|e| self.fail(e))?;
+            .map_err(|e| self.fail(e)))?;
         claimed.sort_by_key(|p| p.id);
         Ok(claimed)
     }
 
     async fn mark_sent(&self, ids: &[i64], now: Timestamp) -> Result<u64, Error> {
-        sqlx::query(MARK_SENT)
+        crate::pooler::one_shot!(self, |conn| sqlx::query(MARK_SENT)
             .bind(ids)
             .bind(now.0)
-            .execute(self.pool())
+            .execute(conn)
             .await
             .map(|done| done.rows_affected())
-            .map_err(|e| self.fail(e))
+            .map_err(|e| self.fail(e)))
     }
 
     async fn retry_later(
@@ -214,16 +213,16 @@ impl OutboxStore for PgStore {
         due: Timestamp,
         error: &str,
     ) -> Result<bool, Error> {
-        sqlx::query(RETRY_LATER)
+        crate::pooler::one_shot!(self, |conn| sqlx::query(RETRY_LATER)
             .bind(id)
             .bind(owner)
             .bind(i32::try_from(attempts).unwrap_or(i32::MAX))
             .bind(due.0)
             .bind(error)
-            .execute(self.pool())
+            .execute(conn)
             .await
             .map(|done| done.rows_affected() == 1)
-            .map_err(|e| self.fail(e))
+            .map_err(|e| self.fail(e)))
     }
 
     async fn bury(
@@ -252,20 +251,21 @@ impl OutboxStore for PgStore {
     }
 
     async fn sweep_sent(&self, before: Timestamp, limit_to: usize) -> Result<u64, Error> {
-        sqlx::query(SWEEP_SENT)
+        crate::pooler::one_shot!(self, |conn| sqlx::query(SWEEP_SENT)
             .bind(before.0)
             .bind(limit(limit_to))
-            .execute(self.pool())
+            .execute(conn)
             .await
             .map(|done| done.rows_affected())
-            .map_err(|e| self.fail(e))
+            .map_err(|e| self.fail(e)))
     }
 
     async fn outbox_stats(&self) -> Result<OutboxStats, Error> {
-        let (pending, sent, oldest): (i64, i64, Option<i64>) = sqlx::query_as(STATS)
-            .fetch_one(self.pool())
-            .await
-            .map_err(|e| self.fail(e))?;
+        let (pending, sent, oldest): (i64, i64, Option<i64>) =
+            crate::pooler::one_shot!(self, |conn| sqlx::query_as(STATS)
+                .fetch_one(conn)
+                .await
+                .map_err(|e| self.fail(e)))?;
         Ok(OutboxStats {
             pending: pending.unsigned_abs(),
             sent: sent.unsigned_abs(),
@@ -274,15 +274,18 @@ impl OutboxStore for PgStore {
     }
 
     async fn recent_sends(&self, limit_to: usize) -> Result<Vec<SentMessage>, Error> {
-        sqlx::query(RECENT_SENDS)
+        crate::pooler::one_shot!(self, |conn| sqlx::query(RECENT_SENDS)
             .bind(limit(limit_to))
-            .fetch_all(self.pool())
+            .fetch_all(conn)
             .await
             .and_then(|rows| rows.iter().map(sent).collect())
-            .map_err(|e| self.fail(e))
+            .map_err(|e| self.fail(e)))
     }
 
     async fn wake_ups(&self) -> Result<Option<Box<dyn WakeUps>>, Error> {
+        if !self.can_listen("the outbox relay") {
+            return Ok(None);
+        }
         let mut listener = PgListener::connect_with(self.pool())
             .await
             .map_err(|e| self.fail(e))?;

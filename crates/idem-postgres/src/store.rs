@@ -19,6 +19,7 @@ use sqlx::{ConnectOptions, Connection, Transaction};
 use crate::connect::Failover;
 use crate::error::{Endpoint, commit_error, kind_of_cause, store_error};
 use crate::group::queues::Groups;
+use crate::pooler::{OneShot, Pooling};
 use crate::{lock, records};
 
 /// The default size of the connection pool.
@@ -47,6 +48,8 @@ pub(crate) struct Inner {
     /// Whether leased claims and completions are committed in groups.
     group_commit: bool,
     groups: Groups,
+    /// What stands between the store and the server (see `pooler`).
+    pooling: Pooling,
     /// The servers of a multi-host URL, or `target_session_attrs`.
     failover: Option<Arc<Failover>>,
 }
@@ -114,6 +117,7 @@ impl PgStore {
                 endpoint,
                 group_commit,
                 groups: Groups::default(),
+                pooling: Pooling::Direct,
                 failover,
             }),
         }
@@ -133,6 +137,29 @@ impl PgStore {
             group,
             inner.failover.clone(),
         )
+        .with_pooling(inner.pooling)
+    }
+
+    /// This store with `pooling`, for a store just made.
+    fn with_pooling(mut self, pooling: Pooling) -> PgStore {
+        match Arc::get_mut(&mut self.inner) {
+            Some(inner) => inner.pooling = pooling,
+            None => unreachable!("a store just made has no other handle"),
+        }
+        self
+    }
+
+    /// What stands between the store and the server (see `pooler`).
+    pub(crate) fn pooling(&self) -> Pooling {
+        self.inner.pooling
+    }
+
+    /// A connection for statements outside any transaction of the caller's
+    /// (see [`OneShot`]).
+    pub(crate) async fn one_shot(&self) -> Result<OneShot, Error> {
+        OneShot::open(self.pool(), self.pooling())
+            .await
+            .map_err(|e| self.fail(e))
     }
 
     /// Whether leased claims and completions are committed in groups.
@@ -197,7 +224,9 @@ impl PgStore {
 
     /// Opens a transaction for a locked read-then-write.
     pub(crate) async fn begin(&self) -> Result<Transaction<'static, Postgres>, Error> {
-        lock::begin(self.pool()).await.map_err(|e| self.fail(e))
+        lock::begin(self.pool(), self.pooling().begin())
+            .await
+            .map_err(|e| self.fail(e))
     }
 
     /// Commits.
@@ -400,14 +429,25 @@ impl PgStoreBuilder {
     /// `target_session_attrs` (`any`, `read-write`, `read-only`, `primary`,
     /// `standby`, `prefer-standby`): they are tried in order, on every new
     /// connection, so that the pool follows a failover.
+    ///
+    /// Behind a transaction pooler (PgBouncer with `pool_mode = transaction`)
+    /// the URL says `pgbouncer=true`: no prepared statement outlives its
+    /// transaction, nothing is sent outside a transaction, the migrations'
+    /// lock is transaction-scoped, nothing listens for notifications (waiters
+    /// poll) and `extra_float_digits` is not sent at start-up.
+    /// `statement_cache=0` asks for the statement choices alone.
     pub async fn connect(mut self) -> Result<PgStore, Error> {
+        let (url, pooling, cache) = Pooling::take(&self.url)?;
+        self.url = url;
         let (url, hosts) = crate::hosts::take_hosts(&self.url)?;
         let (url, params) = take_idem_params(&url)?;
         if let Some(group) = params.group_commit {
             self.group_commit = group;
         }
         check_files(&params.files)?;
-        let options = PgConnectOptions::from_str(&url).map_err(|e| {
+        let options = PgConnectOptions::from_str(&url)
+            .map(|options| pooling.apply(options, cache))
+            .map_err(|e| {
             // Said without the URL itself, which may hold a password.
             Error::Store(StoreError::with_source(
                 ErrorKind::Config,
@@ -452,8 +492,7 @@ impl PgStoreBuilder {
         if self.migrate {
             // `run_direct` on the connection itself: `run(&mut conn)` goes through
             // `Acquire`, which makes this future not provably `Send`.
-            records::MIGRATOR
-                .run_direct(None, &mut first, false)
+            crate::pooler::migrate_on(&mut first, pooling)
                 .await
                 .map_err(|e| fail(e.into()))?;
         }
@@ -473,7 +512,11 @@ impl PgStoreBuilder {
                     }
                     // Best effort: without the schema (`migrate(false)`) this
                     // fails, and apply prepares on first use instead.
-                    if let Err(error) = records::prepare_session(conn).await {
+                    // Through a pooler they are prepared by each
+                    // transaction instead (see `pooler`).
+                    if pooling.sessions()
+                        && let Err(error) = records::prepare_session(conn).await
+                    {
                         tracing::debug!(%error, "preparing apply's statements failed; they are prepared on first use");
                     }
                     Ok(())
@@ -496,7 +539,8 @@ impl PgStoreBuilder {
             endpoint,
             self.group_commit,
             failover.clone(),
-        );
+        )
+        .with_pooling(pooling);
         if let Some(failover) = &failover {
             failover.attach(store.downgrade());
         }

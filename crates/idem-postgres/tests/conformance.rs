@@ -2,7 +2,10 @@
 //! run twice: atomic apply claiming the key first (`AtomicStore::apply`) with
 //! leased claims and completions committed in groups, and atomic apply
 //! looking for a stored outcome first (`AtomicStore::apply_replay_first`) with
-//! each leased call in a transaction of its own.
+//! each leased call in a transaction of its own. Both run again through a
+//! private PgBouncer in transaction pooling mode (`idem_testkit::pgbouncer`),
+//! the store's URL saying `pgbouncer=true` (claim first) or
+//! `statement_cache=0` (replay first).
 
 mod common;
 
@@ -12,20 +15,23 @@ use std::time::Duration;
 use idem_core::{Error, Guard, ManualClock, Settings};
 use idem_postgres::PgStore;
 use idem_testkit::Harness;
+use idem_testkit::pgbouncer::PgBouncer;
 use sqlx::PgConnection;
 
 use common::TestDb;
 
 /// The store under test; `REPLAY_FIRST` picks which atomic apply the suite's
-/// operations go through.
-struct Postgres<const REPLAY_FIRST: bool> {
+/// operations go through, `BOUNCED` whether it talks to the server through a
+/// PgBouncer in transaction pooling mode.
+struct Postgres<const REPLAY_FIRST: bool, const BOUNCED: bool = false> {
     store: PgStore,
     clock: ManualClock,
     url: String,
     _db: Option<Arc<TestDb>>,
+    _bouncer: Option<Arc<PgBouncer>>,
 }
 
-impl<const REPLAY_FIRST: bool> Postgres<REPLAY_FIRST> {
+impl<const REPLAY_FIRST: bool, const BOUNCED: bool> Postgres<REPLAY_FIRST, BOUNCED> {
     async fn at(url: String, clock: ManualClock, db: Option<Arc<TestDb>>) -> Self {
         Self::with_settings(url, clock, db, Settings::default()).await
     }
@@ -58,17 +64,32 @@ impl<const REPLAY_FIRST: bool> Postgres<REPLAY_FIRST> {
             clock,
             url,
             _db: db,
+            _bouncer: None,
         }
     }
 }
 
-impl<const REPLAY_FIRST: bool> Harness for Postgres<REPLAY_FIRST> {
+impl<const REPLAY_FIRST: bool, const BOUNCED: bool> Harness for Postgres<REPLAY_FIRST, BOUNCED> {
     type Store = PgStore;
     const REPLAY_FIRST: bool = REPLAY_FIRST;
 
     async fn fresh() -> Option<Self> {
         let db = Arc::new(TestDb::new().await?);
-        Some(Self::at(db.url.clone(), ManualClock::starting_now(), Some(db)).await)
+        if !BOUNCED {
+            return Some(Self::at(db.url.clone(), ManualClock::starting_now(), Some(db)).await);
+        }
+        let bouncer = Arc::new(PgBouncer::start()?);
+        // Claim first says `pgbouncer=true`, replay first only
+        // `statement_cache=0` (this PgBouncer ignores `extra_float_digits`).
+        let param = if REPLAY_FIRST {
+            "statement_cache=0"
+        } else {
+            "pgbouncer=true"
+        };
+        let url = format!("{}?{param}", bouncer.route(&db.url));
+        let mut harness = Self::at(url, ManualClock::starting_now(), Some(db)).await;
+        harness._bouncer = Some(bouncer);
+        Some(harness)
     }
 
     async fn reopen(&self) -> Self {
@@ -77,6 +98,7 @@ impl<const REPLAY_FIRST: bool> Harness for Postgres<REPLAY_FIRST> {
             clock: self.clock.clone(),
             url: self.url.clone(),
             _db: self._db.clone(),
+            _bouncer: self._bouncer.clone(),
         }
     }
 
@@ -86,13 +108,15 @@ impl<const REPLAY_FIRST: bool> Harness for Postgres<REPLAY_FIRST> {
 
     async fn with_tombstones(&self, grace: Duration) -> Self {
         let settings = Settings::default().with_tombstones(Some(grace));
-        Self::with_settings(
+        let mut harness = Self::with_settings(
             self.url.clone(),
             self.clock.clone(),
             self._db.clone(),
             settings,
         )
-        .await
+        .await;
+        harness._bouncer = self._bouncer.clone();
+        harness
     }
 
     fn location(&self) -> String {
@@ -178,4 +202,16 @@ mod replay_first {
 /// The leased-mode rows alone, as a store without an atomic mode runs them.
 mod leased {
     idem_testkit::leased_conformance_suite!(super::Postgres<false>);
+}
+
+/// The whole suite again through a PgBouncer in transaction pooling mode,
+/// with both atomic applies.
+mod through_pgbouncer {
+    mod claim_first {
+        idem_testkit::conformance_suite!(super::super::Postgres<false, true>);
+    }
+
+    mod replay_first {
+        idem_testkit::conformance_suite!(super::super::Postgres<true, true>);
+    }
 }

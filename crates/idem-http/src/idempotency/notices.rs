@@ -8,7 +8,8 @@
 //! duplicate waits). The other stores have none: a process's own waiters are
 //! woken by the process itself, and those whose original runs elsewhere
 //! re-read the record, one read per key and process, with a backoff from
-//! 50 ms doubling to 1 s.
+//! 50 ms doubling to 1 s. So do PostgreSQL's behind a transaction pooler
+//! (`pgbouncer=true`), where `LISTEN` never hears anything.
 
 // Without PostgreSQL there are no notifications to hear or send.
 #![cfg_attr(not(feature = "postgres"), allow(dead_code))]
@@ -70,10 +71,14 @@ impl<T: LeaseStore + RecordStore + 'static> WaitableStore for T {
         #[cfg(feature = "postgres")]
         {
             let any: &dyn std::any::Any = self;
-            if let Some(idem::AnyStore::Postgres(store)) = any.downcast_ref::<idem::AnyStore>() {
-                return Notices::Postgres(store.pool().clone());
-            }
-            if let Some(store) = any.downcast_ref::<idem_postgres::PgStore>() {
+            let store = match any.downcast_ref::<idem::AnyStore>() {
+                Some(idem::AnyStore::Postgres(store)) => Some(store),
+                _ => any.downcast_ref::<idem_postgres::PgStore>(),
+            };
+            // Through a transaction pooler nothing is delivered: re-read.
+            if let Some(store) = store
+                && store.can_listen("waiting duplicates")
+            {
                 return Notices::Postgres(store.pool().clone());
             }
         }
@@ -137,9 +142,12 @@ pub(crate) async fn announce(notices: &Notices, id: KeyId, settled: Settled) {
         }
         #[cfg(feature = "postgres")]
         Notices::Postgres(pool) => {
-            let sent = idem_postgres::sqlx::query("SELECT pg_notify($1, $2)")
-                .bind(CHANNEL)
-                .bind(payload(&id, settled))
+            // One simple query: safe through a pooler, where the extended
+            // protocol's two exchanges could reach two server connections.
+            // The channel and the payload (hex and a fixed word) need no
+            // escaping.
+            let sql = format!("SELECT pg_notify('{CHANNEL}', '{}')", payload(&id, settled));
+            let sent = idem_postgres::sqlx::raw_sql(idem_postgres::sqlx::AssertSqlSafe(sql))
                 .execute(pool)
                 .await;
             if let Err(error) = sent {

@@ -87,7 +87,6 @@ use sqlx::{PgConnection, Postgres, Transaction};
 
 use self::locked::NotCommitted;
 use crate::decision::Next;
-use crate::lock;
 use crate::records;
 use crate::store::PgStore;
 
@@ -295,13 +294,18 @@ impl PgStore {
                 Ok(conn) => conn,
                 Err(error) => return W::failed(error),
             };
-            match self.peek(&mut *conn, scope, key, &fingerprint).await {
+            let peeked = if self.pooling().sessions() {
+                self.peek(&mut *conn, scope, key, &fingerprint).await
+            } else {
+                self.peek_alone(&mut conn, scope, key, &fingerprint).await
+            };
+            match peeked {
                 Ok(Some(replay)) => return W::replayed(replay),
                 Ok(None) => {}
                 Err(error) => return W::failed(error),
             }
             let mut beginning = locked::Beginning::new(conn);
-            return match beginning.begin(lock::BEGIN).await {
+            return match beginning.begin(self.pooling().begin()).await {
                 Ok(tx) => {
                     self.decide_locked_then(tx, scope, key, fingerprint, work)
                         .await
@@ -320,7 +324,7 @@ impl PgStore {
             },
         };
         let mut beginning = locked::Beginning::new(conn);
-        match beginning.begin(lock::BEGIN).await {
+        match beginning.begin(self.pooling().begin()).await {
             Ok(tx) => {
                 return self
                     .decide_locked_then(tx, scope, key, fingerprint, work)
@@ -337,7 +341,7 @@ impl PgStore {
             Err(error) => return W::failed(error),
         };
         let mut beginning = locked::Beginning::new(conn);
-        match beginning.begin(lock::BEGIN).await {
+        match beginning.begin(self.pooling().begin()).await {
             Ok(tx) => {
                 self.decide_locked_then(tx, scope, key, fingerprint, work)
                     .await

@@ -181,10 +181,15 @@ impl PgStore {
     /// Claims `op` in the next group, after a look-up of its own that
     /// answers replays and refusals without queueing.
     async fn claim_grouped(&self, op: Operation) -> Result<Claimed, Error> {
-        if let Some(replay) = self
-            .peek(self.pool(), &op.scope, &op.key, &op.fingerprint)
-            .await?
-        {
+        let peeked = if self.pooling().sessions() {
+            self.peek(self.pool(), &op.scope, &op.key, &op.fingerprint)
+                .await?
+        } else {
+            let mut conn = self.pool().acquire().await.map_err(|e| self.fail(e))?;
+            self.peek_alone(&mut conn, &op.scope, &op.key, &op.fingerprint)
+                .await?
+        };
+        if let Some(replay) = peeked {
             return Ok(Claimed::Replayed(replay));
         }
         let (reply, answer) = oneshot::channel();

@@ -48,7 +48,7 @@ mod session;
 
 pub(crate) use session::{
     INSERT_FAILED, REPLACE_FAILED, STATEMENT_MISSING, execute_fetch, execute_insert,
-    execute_replace, execute_settle, from_row, prepare_session,
+    execute_replace, execute_settle, fetch_alone, from_row, prepare_session, prepare_statements,
 };
 
 /// The record of `(scope, key)`, if any.
@@ -399,8 +399,9 @@ pub(crate) async fn sweep_alone(
     now: Timestamp,
     limit: usize,
     grace: Option<Duration>,
+    begin: &'static str,
 ) -> sqlx::Result<Option<u64>> {
-    let mut tx = pool.begin().await?;
+    let mut tx = crate::lock::begin(pool, begin).await?;
     let held: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
         .bind(SWEEP_LOCK)
         .fetch_one(&mut *tx)
@@ -417,19 +418,19 @@ pub(crate) async fn sweep_alone(
 /// The gauges' figures without a scan: the planner's row estimate (an exact
 /// count while the table has never been analysed) and the creation time of
 /// the record that expires first, read from the expiry index.
-pub(crate) async fn glance(pool: &sqlx::PgPool, now: Timestamp) -> sqlx::Result<RecordGlance> {
+pub(crate) async fn glance(conn: &mut PgConnection, now: Timestamp) -> sqlx::Result<RecordGlance> {
     let row = sqlx::query(
         "SELECT (SELECT reltuples::BIGINT FROM pg_class WHERE oid = 'idem_records'::regclass) AS estimate, \
                 (SELECT created_at FROM idem_records ORDER BY expires_at LIMIT 1) AS oldest",
     )
-    .fetch_one(pool)
+    .fetch_one(&mut *conn)
     .await?;
     let estimate: Option<i64> = row.try_get("estimate")?;
     let oldest: Option<i64> = row.try_get("oldest")?;
     let records = match estimate {
         Some(n) if n >= 0 => n.unsigned_abs(),
         _ => sqlx::query_scalar::<_, i64>("SELECT count(*) FROM idem_records")
-            .fetch_one(pool)
+            .fetch_one(conn)
             .await?
             .unsigned_abs(),
     };

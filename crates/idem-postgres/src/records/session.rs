@@ -132,6 +132,17 @@ pub(crate) const INSERT_FAILED: &str = "23505";
 /// its upsert wrote nothing.
 pub(crate) const REPLACE_FAILED: &str = "22012";
 
+/// Every statement's `PREPARE`, as one simple query's text: what a
+/// transaction through a pooler begins with, since it may be on a server
+/// connection that has none of them, or a stale set (see `pooler`).
+pub(crate) fn prepare_statements() -> String {
+    STATEMENTS
+        .iter()
+        .map(|(_, sql)| *sql)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 /// Prepares, on this session, whichever of the statements it does not have
 /// yet.
 pub(crate) async fn prepare_session(conn: &mut PgConnection) -> sqlx::Result<()> {
@@ -161,6 +172,40 @@ pub(crate) fn execute_fetch(scope: &Scope, key: &IdempotencyKey) -> String {
         literal::text(scope.as_str()),
         literal::text(key.as_str())
     )
+}
+
+/// Reads the record of `(scope, key)` in one self-contained simple query
+/// (its own `BEGIN` and `COMMIT`), for a connection outside any
+/// transaction through a pooler: the extended protocol's two exchanges
+/// could reach two server connections (see `pooler`). A failed query is
+/// rolled back before the error is returned, so the connection goes back
+/// to the pool outside any transaction.
+pub(crate) async fn fetch_alone(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    key: &IdempotencyKey,
+) -> sqlx::Result<Option<Record>> {
+    let sql = format!(
+        concat!(
+            "BEGIN; SET LOCAL bytea_output = hex; SELECT ",
+            record_columns!(),
+            " FROM idem_records WHERE scope = {} AND key = {}; COMMIT"
+        ),
+        literal::text(scope.as_str()),
+        literal::text(key.as_str())
+    );
+    match sqlx::raw_sql(AssertSqlSafe(sql))
+        .fetch_all(&mut *conn)
+        .await
+    {
+        Ok(rows) => rows.first().map(row::record).transpose(),
+        Err(error) => {
+            if let Err(rollback) = sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await {
+                tracing::debug!(%rollback, "rolling back a failed read failed");
+            }
+            Err(error)
+        }
+    }
 }
 
 /// Inserts `record` for a key that had none when it was read under the lock.
