@@ -37,7 +37,7 @@ impl Database {
                 Self::Sqlite(conn)
             }
             StoreLocation::Postgres(url) => Self::Postgres(PgConnection::connect(url).await?),
-            StoreLocation::Redis(_) => anyhow::bail!(
+            StoreLocation::Redis(_) | StoreLocation::DynamoDb(_) => anyhow::bail!(
                 "idem bench audit reads effects with SQL: give a sqlite:// or postgres:// --store"
             ),
         })
@@ -105,7 +105,9 @@ async fn open_log(location: &StoreLocation) -> anyhow::Result<Log> {
         StoreLocation::Postgres(url) => {
             Log::Postgres(PgPages::connect(url, &location.to_string(), pages).await?)
         }
-        StoreLocation::Redis(_) => unreachable!("refused when the database was opened"),
+        StoreLocation::Redis(_) | StoreLocation::DynamoDb(_) => {
+            unreachable!("refused when the database was opened")
+        }
     })
 }
 
@@ -119,7 +121,9 @@ async fn read_whole(location: &StoreLocation) -> anyhow::Result<(usize, Duration
             query::sqlite(path, &sql)?
         }
         StoreLocation::Postgres(url) => query::postgres(url, &location.to_string(), &sql).await?,
-        StoreLocation::Redis(_) => unreachable!("refused when the database was opened"),
+        StoreLocation::Redis(_) | StoreLocation::DynamoDb(_) => {
+            unreachable!("refused when the database was opened")
+        }
     };
     Ok((rows.len(), started.elapsed()))
 }

@@ -41,7 +41,7 @@ async fn demo(cli: Cli) -> anyhow::Result<()> {
     if let Some(location) = &location {
         anyhow::ensure!(
             location.offers_atomic_mode(),
-            "the demo needs atomic mode, where an effect and its record commit in one transaction of the store's database, and {location} is a Redis store, which holds records only: use a sqlite:// or postgres:// store"
+            "the demo needs atomic mode, where an effect and its record commit in one transaction of the store's database, and {location} is not an SQL store: use a sqlite:// or postgres:// store"
         );
     }
     idem_demo::run(location, &cli.demo).await

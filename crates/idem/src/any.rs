@@ -21,6 +21,11 @@
 //!             AnyConnection::Postgres(conn) => {
 //!                 idem::sqlx::raw_sql("INSERT INTO paid VALUES (10)").execute(conn).await?;
 //!             }
+//!             #[cfg(feature = "dynamodb")]
+//!             AnyConnection::DynamoDb(tx) => {
+//!                 use idem::dynamodb::aws_sdk_dynamodb::types::{AttributeValue, Put};
+//!                 tx.put(Put::builder().table_name("paid").item("id", AttributeValue::S("pay-1".into())).build()?);
+//!             }
 //!         }
 //!         Ok(Outcome::success("paid"))
 //!     })
@@ -29,8 +34,9 @@
 //! # Ok(()) }
 //! ```
 
-// Without SQLite and PostgreSQL the atomic calls refuse at once (on Redis)
-// or have no store to call at all: their arguments go unused.
+// Without SQLite and PostgreSQL the SQL stores' calls refuse at once (on
+// Redis and DynamoDB) or have no store to call at all: their arguments go
+// unused.
 #![cfg_attr(
     not(any(feature = "sqlite", feature = "postgres")),
     allow(unused_variables, unused_mut, dead_code)
@@ -54,9 +60,12 @@ use crate::StoreLocation;
 /// ([`RecordStore`]), failed attempts, dead letters and operators' changes
 /// with their audit log ([`AdminStore`](idem_core::AdminStore)). Atomic mode
 /// ([`AtomicStore`]), the outbox and fencing leases ([`FenceStore`]) write
-/// in the effect's own database, so only SQLite and PostgreSQL offer them: on a
-/// Redis store those calls fail with an [`ErrorKind::Config`] error saying
-/// so (check with [`AnyStore::require_atomic_mode`] before starting).
+/// in the effect's own database, so only SQLite and PostgreSQL offer them all:
+/// on a Redis store those calls fail with an [`ErrorKind::Config`] error
+/// saying so (check with [`AnyStore::require_atomic_mode`] before starting).
+/// A DynamoDB store offers atomic mode for effects that are DynamoDB writes
+/// ([`AnyConnection::DynamoDb`]), and refuses the outbox and fencing leases
+/// the same way.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum AnyStore {
@@ -72,9 +81,19 @@ pub enum AnyStore {
     #[cfg(feature = "redis")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     Redis(idem_redis::RedisStore),
+    /// The DynamoDB store: leased mode, and atomic mode for effects that are
+    /// DynamoDB writes.
+    #[cfg(feature = "dynamodb")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
+    DynamoDb(idem_dynamodb::DynamoStore),
     /// No store at all: a build with none of the store features has no value
     /// of this type ([`AnyStore::open`] refuses every location).
-    #[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "redis")))]
+    #[cfg(not(any(
+        feature = "sqlite",
+        feature = "postgres",
+        feature = "redis",
+        feature = "dynamodb"
+    )))]
     #[doc(hidden)]
     NoStore(std::convert::Infallible),
 }
@@ -117,6 +136,14 @@ impl AnyStore {
                     .connect()
                     .await?,
             )),
+            #[cfg(feature = "dynamodb")]
+            StoreLocation::DynamoDb(url) => Ok(Self::DynamoDb(
+                idem_dynamodb::DynamoStore::builder(url.clone())
+                    .settings(settings)
+                    .clock(clock)
+                    .open()
+                    .await?,
+            )),
             #[allow(unreachable_patterns)]
             other => {
                 let _ = (settings, clock);
@@ -129,12 +156,16 @@ impl AnyStore {
         }
     }
 
-    /// Whether this store offers atomic mode, the outbox and fencing
-    /// leases: SQLite and PostgreSQL do, Redis does not.
+    /// Whether this store offers atomic mode for SQL effects, the outbox
+    /// and fencing leases: SQLite and PostgreSQL do, Redis does not, and
+    /// DynamoDB offers atomic mode only for effects that are DynamoDB
+    /// writes, without the outbox or fencing leases.
     pub fn offers_atomic_mode(&self) -> bool {
         match self {
             #[cfg(feature = "redis")]
             Self::Redis(_) => false,
+            #[cfg(feature = "dynamodb")]
+            Self::DynamoDb(_) => false,
             #[allow(unreachable_patterns)]
             _ => true,
         }
@@ -144,6 +175,11 @@ impl AnyStore {
     /// [`ErrorKind::Config`] error saying that `what` (for example "idem
     /// relay") needs SQLite or PostgreSQL, and why.
     pub fn require_atomic_mode(&self, what: &str) -> Result<(), Error> {
+        #[cfg(feature = "dynamodb")]
+        #[allow(irrefutable_let_patterns)]
+        if let Self::DynamoDb(_) = self {
+            return Err(not_in_dynamodb(what));
+        }
         if self.offers_atomic_mode() {
             Ok(())
         } else {
@@ -163,6 +199,18 @@ fn not_in_redis(what: &str) -> Error {
     .into()
 }
 
+/// The refusal, on DynamoDB, of a call that needs an SQL store's tables.
+#[cfg(feature = "dynamodb")]
+fn not_in_dynamodb(what: &str) -> Error {
+    idem_core::StoreError::new(
+        ErrorKind::Config,
+        format!(
+            "{what} needs an SQL store (sqlite:// or postgres://): a DynamoDB store keeps records, attempts, dead letters and the audit log, and commits effects that are DynamoDB writes with their records, but has no outbox and no fencing leases on resources"
+        ),
+    )
+    .into()
+}
+
 macro_rules! each_store {
     ($self:ident, $store:ident => $body:expr) => {
         match $self {
@@ -172,15 +220,47 @@ macro_rules! each_store {
             AnyStore::Postgres($store) => $body,
             #[cfg(feature = "redis")]
             AnyStore::Redis($store) => $body,
-            #[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "redis")))]
+            #[cfg(feature = "dynamodb")]
+            AnyStore::DynamoDb($store) => $body,
+            #[cfg(not(any(
+                feature = "sqlite",
+                feature = "postgres",
+                feature = "redis",
+                feature = "dynamodb"
+            )))]
+            AnyStore::NoStore(never) => match *never {},
+        }
+    };
+}
+
+/// Like `each_store!` for atomic mode and the record scans, which SQLite,
+/// PostgreSQL and DynamoDB offer: on Redis, `Err` with the refusal for
+/// `$what`, turned into the call's error type.
+macro_rules! atomic_store {
+    ($self:ident, $what:expr, $store:ident => $body:expr) => {
+        match $self {
+            #[cfg(feature = "sqlite")]
+            AnyStore::Sqlite($store) => $body,
+            #[cfg(feature = "postgres")]
+            AnyStore::Postgres($store) => $body,
+            #[cfg(feature = "redis")]
+            AnyStore::Redis(_) => Err(not_in_redis($what).into()),
+            #[cfg(feature = "dynamodb")]
+            AnyStore::DynamoDb($store) => $body,
+            #[cfg(not(any(
+                feature = "sqlite",
+                feature = "postgres",
+                feature = "redis",
+                feature = "dynamodb"
+            )))]
             AnyStore::NoStore(never) => match *never {},
         }
     };
 }
 
 /// Like `each_store!` for the calls only SQLite and PostgreSQL offer: on
-/// Redis, `Err` with the refusal for `$what`, turned into the call's error
-/// type.
+/// Redis and DynamoDB, `Err` with the refusal for `$what`, turned into the
+/// call's error type; or, in the second form, `$other` on both.
 macro_rules! sql_store {
     ($self:ident, $what:expr, $store:ident => $body:expr) => {
         match $self {
@@ -190,7 +270,14 @@ macro_rules! sql_store {
             AnyStore::Postgres($store) => $body,
             #[cfg(feature = "redis")]
             AnyStore::Redis(_) => Err(not_in_redis($what).into()),
-            #[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "redis")))]
+            #[cfg(feature = "dynamodb")]
+            AnyStore::DynamoDb(_) => Err(not_in_dynamodb($what).into()),
+            #[cfg(not(any(
+                feature = "sqlite",
+                feature = "postgres",
+                feature = "redis",
+                feature = "dynamodb"
+            )))]
             AnyStore::NoStore(never) => match *never {},
         }
     };
@@ -202,7 +289,14 @@ macro_rules! sql_store {
             AnyStore::Postgres($store) => $body,
             #[cfg(feature = "redis")]
             AnyStore::Redis($redis) => $other,
-            #[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "redis")))]
+            #[cfg(feature = "dynamodb")]
+            AnyStore::DynamoDb($redis) => $other,
+            #[cfg(not(any(
+                feature = "sqlite",
+                feature = "postgres",
+                feature = "redis",
+                feature = "dynamodb"
+            )))]
             AnyStore::NoStore(never) => match *never {},
         }
     };
@@ -295,9 +389,14 @@ pub enum AnyConnection<'c> {
     #[cfg(feature = "postgres")]
     #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     Postgres(&'c mut idem_postgres::sqlx::PgConnection),
-    /// No connection: a build without SQLite and PostgreSQL has no value of
-    /// this type.
-    #[cfg(not(any(feature = "sqlite", feature = "postgres")))]
+    /// The DynamoDB store's transaction: the effect adds its items, and they
+    /// commit with the record in one `TransactWriteItems`.
+    #[cfg(feature = "dynamodb")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
+    DynamoDb(&'c mut idem_dynamodb::Transaction),
+    /// No connection: a build without SQLite, PostgreSQL and DynamoDB has no
+    /// value of this type.
+    #[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "dynamodb")))]
     #[doc(hidden)]
     NoConnection(
         std::convert::Infallible,
@@ -318,6 +417,14 @@ impl AnyTx for idem_sqlite::rusqlite::Connection {
 impl AnyTx for idem_postgres::sqlx::PgConnection {
     fn connection(&mut self) -> AnyConnection<'_> {
         AnyConnection::Postgres(self)
+    }
+}
+
+#[cfg(feature = "dynamodb")]
+#[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
+impl AnyTx for idem_dynamodb::Transaction {
+    fn connection(&mut self) -> AnyConnection<'_> {
+        AnyConnection::DynamoDb(self)
     }
 }
 
@@ -345,7 +452,7 @@ impl AtomicStore for AnyStore {
         F: AtomicEffect<dyn AnyTx, Outcome, E>,
         E: Send + 'static,
     {
-        sql_store!(self, "atomic mode (the effect and its record in one transaction)", s => s.apply(scope, key, fingerprint, on(effect)).await)
+        atomic_store!(self, "atomic mode (the effect and its record in one transaction)", s => s.apply(scope, key, fingerprint, on(effect)).await)
     }
 
     async fn apply_replay_first<F, E>(
@@ -359,7 +466,7 @@ impl AtomicStore for AnyStore {
         F: AtomicEffect<dyn AnyTx, Outcome, E>,
         E: Send + 'static,
     {
-        sql_store!(self, "atomic mode (the effect and its record in one transaction)", s => s.apply_replay_first(scope, key, fingerprint, on(effect)).await)
+        atomic_store!(self, "atomic mode (the effect and its record in one transaction)", s => s.apply_replay_first(scope, key, fingerprint, on(effect)).await)
     }
 
     async fn apply_batch<G, F, E>(&self, ops: &[Operation], mut effect_for: G) -> BatchApplied<E>
@@ -368,7 +475,7 @@ impl AtomicStore for AnyStore {
         F: AtomicEffect<dyn AnyTx, Outcome, E>,
         E: Send + 'static,
     {
-        sql_store!(self, "atomic mode (the effect and its record in one transaction)", s => s.apply_batch(ops, move |i| on(effect_for(i))).await)
+        atomic_store!(self, "atomic mode (the effect and its record in one transaction)", s => s.apply_batch(ops, move |i| on(effect_for(i))).await)
     }
 
     async fn apply_set<G, F, E>(&self, ops: &[Operation], effect_for: G) -> SetApplied<E>
@@ -377,7 +484,7 @@ impl AtomicStore for AnyStore {
         F: AtomicEffect<dyn AnyTx, Vec<Outcome>, E>,
         E: Send + 'static,
     {
-        sql_store!(self, "atomic mode (the effect and its record in one transaction)", s => s.apply_set(ops, move |new| on(effect_for(new))).await)
+        atomic_store!(self, "atomic mode (the effect and its record in one transaction)", s => s.apply_set(ops, move |new| on(effect_for(new))).await)
     }
 
     async fn complete_with<F, E>(&self, claim: &Claim, effect: F) -> Result<Outcome, ApplyError<E>>
@@ -385,7 +492,7 @@ impl AtomicStore for AnyStore {
         F: AtomicEffect<dyn AnyTx, Outcome, E>,
         E: Send + 'static,
     {
-        sql_store!(self, "atomic mode (the effect and its record in one transaction)", s => s.complete_with(claim, on(effect)).await)
+        atomic_store!(self, "atomic mode (the effect and its record in one transaction)", s => s.complete_with(claim, on(effect)).await)
     }
 
     async fn transaction<F, T, E>(&self, effect: F) -> Result<T, ApplyError<E>>
@@ -394,7 +501,7 @@ impl AtomicStore for AnyStore {
         T: Send + 'static,
         E: Send + 'static,
     {
-        sql_store!(self, "atomic mode (the effect and its record in one transaction)", s => s.transaction(on(effect)).await)
+        atomic_store!(self, "atomic mode (the effect and its record in one transaction)", s => s.transaction(on(effect)).await)
     }
 
     fn effect_error_kind(&self, error: &(dyn std::error::Error + 'static)) -> Option<ErrorKind> {
@@ -512,7 +619,7 @@ impl idem_core::DeadLetterStore for AnyStore {
 
 impl idem_core::RecordScan for AnyStore {
     async fn records_of(&self, keys: &[(Scope, IdempotencyKey)]) -> Result<Vec<Record>, Error> {
-        sql_store!(self, "the effect auditor", s => s.records_of(keys).await)
+        atomic_store!(self, "the effect auditor", s => s.records_of(keys).await)
     }
 
     async fn records_by_expiry(
@@ -521,7 +628,7 @@ impl idem_core::RecordScan for AnyStore {
         after: Option<&idem_core::ExpiryPosition>,
         limit: usize,
     ) -> Result<Vec<Record>, Error> {
-        sql_store!(self, "the effect auditor", s => s.records_by_expiry(scopes, after, limit).await)
+        atomic_store!(self, "the effect auditor", s => s.records_by_expiry(scopes, after, limit).await)
     }
 }
 
@@ -601,7 +708,12 @@ impl idem_core::AtomicOutbox for AnyStore {
             AnyConnection::Postgres(conn) => {
                 <idem_postgres::PgStore as idem_core::AtomicOutbox>::enqueue(conn, message).await
             }
-            #[cfg(not(any(feature = "sqlite", feature = "postgres")))]
+            #[cfg(feature = "dynamodb")]
+            AnyConnection::DynamoDb(_) => {
+                let _ = message;
+                Err(not_in_dynamodb("the transactional outbox"))
+            }
+            #[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "dynamodb")))]
             AnyConnection::NoConnection(never, _) => {
                 let _ = message;
                 match never {}

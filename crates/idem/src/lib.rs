@@ -5,10 +5,13 @@
 //! from `idem-core` (the root: what an application writes) and, by feature, the stores:
 //! - `sqlite` (default): `SqliteStore`, embedded, zero set-up;
 //! - `postgres`: `PgStore`, shared by many processes and machines;
-//! - `redis`: `RedisStore`, leased mode on Redis (`redis-cluster`: on Redis Cluster too).
+//! - `redis`: `RedisStore`, leased mode on Redis (`redis-cluster`: on Redis Cluster too);
+//! - `dynamodb`: `DynamoStore`, leased mode on DynamoDB, and atomic mode for
+//!   effects that are DynamoDB writes.
 //!
 //! Modules:
-//! - [`StoreLocation`]: `sqlite://PATH` / `postgres://URL` / `redis://HOST:PORT/DB` parsing;
+//! - [`StoreLocation`]: `sqlite://PATH` / `postgres://URL` / `redis://HOST:PORT/DB` /
+//!   `dynamodb:///TABLE` parsing;
 //! - [`AnyStore`]: a store chosen at run time, behind the shared traits, and
 //!   [`AnyTx`], the connection its atomic effects get;
 //! - [`redact_url`]: a URL with its password and query removed, for logs and errors;
@@ -93,3 +96,7 @@ pub use idem_postgres::{self as postgres, PgStore, sqlx};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use idem_redis::{self as redis, Durability, RedisStore};
+
+#[cfg(feature = "dynamodb")]
+#[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
+pub use idem_dynamodb::{self as dynamodb, DynamoStore};

@@ -1,5 +1,7 @@
 //! Where a store lives, written as a URL: `sqlite://PATH`, `postgres://...`,
-//! `redis://HOST:PORT/DB` or `redis+cluster://HOST:PORT,HOST:PORT`.
+//! `redis://HOST:PORT/DB`, `redis+cluster://HOST:PORT,HOST:PORT`, or
+//! `dynamodb:///TABLE` (`dynamodb+http://KEY:SECRET@HOST:PORT/TABLE` for an
+//! emulator).
 
 use std::fmt;
 use std::path::PathBuf;
@@ -18,14 +20,21 @@ pub enum StoreLocation {
     /// A Redis URL, one node (`redis://[USER:PASSWORD@]HOST:PORT/DB`) or a
     /// cluster (`redis+cluster://HOST:PORT,HOST:PORT`): leased mode only.
     Redis(String),
+    /// A DynamoDB table (`dynamodb:///TABLE` with the AWS chain's endpoint,
+    /// region and credentials, `dynamodb://HOST/TABLE`, or
+    /// `dynamodb+http://KEY:SECRET@HOST:PORT/TABLE` for an emulator): leased
+    /// mode, and atomic mode for effects that are DynamoDB writes.
+    DynamoDb(String),
 }
 
 impl StoreLocation {
-    /// Whether the store here offers atomic mode (the effect and its record
-    /// in one transaction): SQLite and PostgreSQL do; Redis holds records
-    /// only, so an effect cannot commit with them.
+    /// Whether the store here offers atomic mode for SQL effects (the
+    /// effect and its record in one transaction), with the outbox and
+    /// fencing leases: SQLite and PostgreSQL do. Redis holds records only,
+    /// so an effect cannot commit with them; DynamoDB commits only effects
+    /// that are DynamoDB writes, and keeps no outbox.
     pub fn offers_atomic_mode(&self) -> bool {
-        !matches!(self, Self::Redis(_))
+        !matches!(self, Self::Redis(_) | Self::DynamoDb(_))
     }
 }
 
@@ -35,7 +44,7 @@ impl StoreLocation {
 pub enum LocationError {
     /// The URL names a scheme Idem has no store for.
     #[error(
-        "unknown store URL scheme {scheme:?} in {url:?}: use sqlite://PATH for the embedded store, postgres://USER@HOST:PORT/DATABASE, or redis://HOST:PORT/DB (redis+cluster://HOST:PORT,HOST:PORT for a cluster) for leased mode"
+        "unknown store URL scheme {scheme:?} in {url:?}: use sqlite://PATH for the embedded store, postgres://USER@HOST:PORT/DATABASE, redis://HOST:PORT/DB (redis+cluster://HOST:PORT,HOST:PORT for a cluster) for leased mode, or dynamodb:///TABLE (dynamodb+http://KEY:SECRET@HOST:PORT/TABLE for an emulator)"
     )]
     UnknownScheme {
         /// The scheme found.
@@ -72,6 +81,14 @@ pub enum LocationError {
         "store URL {url:?} names no Redis host: write redis://HOST:PORT/DB, or redis+cluster://HOST:PORT,HOST:PORT for a cluster"
     )]
     NoHost {
+        /// The URL as given, through [`redact_url`].
+        url: String,
+    },
+    /// `dynamodb://` or `dynamodb+http://` naming no table.
+    #[error(
+        "store URL {url:?} names no DynamoDB table: write dynamodb:///TABLE, dynamodb://HOST/TABLE, or dynamodb+http://KEY:SECRET@HOST:PORT/TABLE for an emulator"
+    )]
+    NoTable {
         /// The URL as given, through [`redact_url`].
         url: String,
     },
@@ -112,6 +129,12 @@ impl FromStr for StoreLocation {
                 })
             }
             "redis" | "redis+cluster" => Ok(Self::Redis(url.to_owned())),
+            "dynamodb" | "dynamodb+http" if !names_a_table(&redact_url(url)) => {
+                Err(LocationError::NoTable {
+                    url: redact_url(url),
+                })
+            }
+            "dynamodb" | "dynamodb+http" => Ok(Self::DynamoDb(url.to_owned())),
             "rediss" | "rediss+cluster" => Err(LocationError::RedisTls {
                 url: redact_url(url),
             }),
@@ -134,11 +157,22 @@ fn names_a_host(url: &str) -> bool {
         .is_some_and(|hosts| !hosts.trim_matches(',').is_empty())
 }
 
+/// Whether a `dynamodb://` URL has a path naming a table (what the table's
+/// name may be, DynamoDB's rule, is checked when the store opens).
+fn names_a_table(url: &str) -> bool {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    rest.split_once('/')
+        .map(|(_, path)| path.split(['?', '#']).next().unwrap_or(""))
+        .is_some_and(|table| !table.trim_matches('/').is_empty())
+}
+
 impl fmt::Display for StoreLocation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Sqlite(path) => write!(f, "sqlite://{}", path.display()),
-            Self::Postgres(url) | Self::Redis(url) => f.write_str(&redact_url(url)),
+            Self::Postgres(url) | Self::Redis(url) | Self::DynamoDb(url) => {
+                f.write_str(&redact_url(url))
+            }
         }
     }
 }
@@ -230,6 +264,39 @@ mod tests {
         assert!(matches!(tls, LocationError::RedisTls { .. }));
         assert!(!tls.to_string().contains("hunter2"), "{tls}");
         assert!(StoreLocation::Sqlite("x.db".into()).offers_atomic_mode());
+    }
+
+    #[test]
+    fn parses_dynamodb_urls() {
+        let chain: StoreLocation = "dynamodb:///idem".parse().unwrap();
+        assert_eq!(chain, StoreLocation::DynamoDb("dynamodb:///idem".into()));
+        assert!(!chain.offers_atomic_mode());
+        let moto: StoreLocation =
+            "dynamodb+http://key:hunter2@127.0.0.1:5000/idem?region=eu-west-1"
+                .parse()
+                .unwrap();
+        assert_eq!(
+            moto.to_string(),
+            "dynamodb+http://key:***@127.0.0.1:5000/idem"
+        );
+        assert!(!format!("{moto:?}").contains("hunter2"));
+        for empty in [
+            "dynamodb://",
+            "dynamodb:///",
+            "dynamodb+http://k:pw@h:1/?region=x",
+        ] {
+            let err = empty.parse::<StoreLocation>().unwrap_err();
+            assert!(
+                matches!(err, LocationError::NoTable { .. }),
+                "{empty}: {err}"
+            );
+            assert!(!err.to_string().contains("pw@"), "{err}");
+        }
+        let unknown = "dynamo://h/t".parse::<StoreLocation>().unwrap_err();
+        assert!(
+            unknown.to_string().contains("dynamodb:///TABLE"),
+            "{unknown}"
+        );
     }
 
     #[test]

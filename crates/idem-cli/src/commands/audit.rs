@@ -96,6 +96,9 @@ pub(super) async fn open_log(
         StoreLocation::Redis(_) => anyhow::bail!(
             "the auditor reads the effects with SQL on the store's database, and {location} is a Redis store, which holds records only: point --store at the SQLite or PostgreSQL database the service writes its effects and records to"
         ),
+        StoreLocation::DynamoDb(_) => anyhow::bail!(
+            "the auditor reads the effects with SQL on the store's database, and {location} is a DynamoDB table: point --store at the SQLite or PostgreSQL database the service writes its effects and records to"
+        ),
     })
 }
 

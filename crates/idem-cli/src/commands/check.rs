@@ -106,6 +106,9 @@ async fn query(store: Option<&str>, sql: &str) -> anyhow::Result<Vec<Effect>> {
         StoreLocation::Postgres(url) => {
             effects::query::postgres(url, &location.to_string(), sql).await
         }
+        StoreLocation::DynamoDb(_) => anyhow::bail!(
+            "--effects-query runs SQL on the store's database, and {location} is a DynamoDB table: point --store at the SQLite or PostgreSQL database the effects were written to"
+        ),
         StoreLocation::Redis(_) => anyhow::bail!(
             "--effects-query runs SQL on the store's database, and {location} is a Redis store, which holds records only: point --store at the SQLite or PostgreSQL database the effects were written to"
         ),

@@ -67,7 +67,7 @@ pub(crate) fn atomic(store: Option<&str>, what: &str) -> anyhow::Result<Option<S
     };
     anyhow::ensure!(
         location.offers_atomic_mode(),
-        "{what} needs atomic mode, where an effect and its record commit in one transaction of the store's database, and {location} is a Redis store, which holds records only: use a sqlite:// or postgres:// store for it (Redis serves leased mode: idem serve, idem forward)"
+        "{what} needs atomic mode, where an effect's SQL and its record commit in one transaction of the store's database, and {location} is not an SQL store: use a sqlite:// or postgres:// store for it (Redis and DynamoDB serve leased mode: idem serve, idem forward)"
     );
     Ok(Some(location))
 }

@@ -530,7 +530,9 @@ fn default_spool(store: &StoreLocation) -> PathBuf {
             name.push(".spool");
             PathBuf::from(name)
         }
-        StoreLocation::Postgres(_) | StoreLocation::Redis(_) => PathBuf::from(DEFAULT_SPOOL),
+        StoreLocation::Postgres(_) | StoreLocation::Redis(_) | StoreLocation::DynamoDb(_) => {
+            PathBuf::from(DEFAULT_SPOOL)
+        }
     }
 }
 

@@ -20,7 +20,9 @@ impl GatewaySettings {
     pub fn to_toml(&self) -> String {
         let store = match &self.store {
             StoreLocation::Sqlite(path) => format!("sqlite://{}", path.display()),
-            StoreLocation::Postgres(url) | StoreLocation::Redis(url) => url.clone(),
+            StoreLocation::Postgres(url)
+            | StoreLocation::Redis(url)
+            | StoreLocation::DynamoDb(url) => url.clone(),
         };
         let mut lines = vec![
             format!(

@@ -66,9 +66,9 @@ pub(crate) async fn count(sender: &Sender, source: &EffectSource) -> Result<u64,
                 StoreLocation::Postgres(url) => {
                     idem_check::effects::query::postgres(url, &location.to_string(), sql).await
                 }
-                StoreLocation::Redis(_) => {
+                StoreLocation::Redis(_) | StoreLocation::DynamoDb(_) => {
                     return Err(error(
-                        "--effects-query runs SQL, and a Redis store holds no effects: give --effects-store as the sqlite://PATH or postgres://… database the effects are written to"
+                        "--effects-query runs SQL, and a Redis or DynamoDB store answers no SQL: give --effects-store as the sqlite://PATH or postgres://… database the effects are written to"
                             .to_owned(),
                     ));
                 }
