@@ -160,6 +160,20 @@ impl DynamoStore {
         }
     }
 
+    /// The record a batch's commit settled for `op` under `claim`, as the
+    /// later occurrences of its key are answered from it: the protocol's
+    /// settled record of the claim's window (which opened one retention
+    /// before its end).
+    fn settled(&self, op: &Operation, claim: &Claim, outcome: Outcome) -> idem_core::Record {
+        let plan = idem_core::Plan {
+            token: claim.token,
+            took_over: claim.took_over,
+            created_at: claim.expires_at.minus(self.settings().retention),
+            expires_at: claim.expires_at,
+        };
+        plan.settled(op, outcome, self.now())
+    }
+
     /// Answers the later occurrences of keys in a batch: from the record
     /// this batch settled for the key, or, when the first occurrence did
     /// not run, from the record as it is now.
@@ -284,15 +298,8 @@ impl AtomicStore for DynamoStore {
             return Err(error.into());
         }
         let mut records = vec![None; batch.slots()];
-        let now = self.now();
         for ((i, claim), (_, outcome)) in claims.iter().zip(&settled) {
-            let plan = idem_core::Plan {
-                token: claim.token,
-                took_over: claim.took_over,
-                created_at: claim.expires_at,
-                expires_at: claim.expires_at,
-            };
-            records[batch.slot_of(*i)] = Some(plan.settled(&ops[*i], outcome.clone(), now));
+            records[batch.slot_of(*i)] = Some(self.settled(&ops[*i], claim, outcome.clone()));
             results[*i] = Some(Ok(Applied::Fresh(outcome.clone())));
         }
         let mut answers = Vec::with_capacity(ops.len());
@@ -363,15 +370,8 @@ impl AtomicStore for DynamoStore {
                 self.release_all(&held(&claims)).await;
                 return Err(error.into());
             }
-            let now = self.now();
             for ((i, claim), (_, outcome)) in claims.iter().zip(settled) {
-                let plan = idem_core::Plan {
-                    token: claim.token,
-                    took_over: claim.took_over,
-                    created_at: claim.expires_at,
-                    expires_at: claim.expires_at,
-                };
-                records[batch.slot_of(*i)] = Some(plan.settled(&ops[*i], outcome.clone(), now));
+                records[batch.slot_of(*i)] = Some(self.settled(&ops[*i], claim, outcome.clone()));
                 results[*i] = Some(Ok(Applied::Fresh(outcome)));
             }
         }

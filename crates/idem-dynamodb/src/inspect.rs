@@ -33,10 +33,17 @@ impl RecordStore for DynamoStore {
         DynamoStore::settings(self)
     }
 
-    /// Creates the table when it is missing and checks its shape: what
-    /// opening the store did already, done again.
+    /// Creates the table when it is missing (unless the store was opened
+    /// without creating tables) and checks its shape: what opening the
+    /// store did already, done again.
     async fn migrate(&self) -> Result<(), Error> {
-        crate::table::open(self.client(), self.table(), self.shown(), true).await
+        crate::table::open(
+            self.client(),
+            self.table(),
+            self.shown(),
+            self.creates_table(),
+        )
+        .await
     }
 
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, Error> {

@@ -44,6 +44,7 @@ struct Inner {
     settings: Settings,
     clock: SharedClock,
     shown: String,
+    create: bool,
 }
 
 impl std::fmt::Debug for DynamoStore {
@@ -105,6 +106,11 @@ impl DynamoStore {
     pub fn shown(&self) -> &str {
         &self.inner.shown
     }
+
+    /// Whether the store creates its table when it is missing.
+    pub(crate) fn creates_table(&self) -> bool {
+        self.inner.create
+    }
 }
 
 /// Options of a [`DynamoStore`]; [`open`](Self::open) opens it.
@@ -150,6 +156,7 @@ impl DynamoStoreBuilder {
                 settings: self.settings,
                 clock: self.clock,
                 shown,
+                create: self.create,
             }),
         })
     }
