@@ -42,7 +42,7 @@ impl fmt::Display for StartError {
 
 impl std::error::Error for StartError {}
 
-fn fail(message: impl Into<String>) -> StartError {
+pub(crate) fn fail(message: impl Into<String>) -> StartError {
     StartError(message.into())
 }
 
@@ -309,7 +309,7 @@ impl Drop for TlsPostgres {
     }
 }
 
-fn write_file(
+pub(crate) fn write_file(
     path: &Path,
     text: &str,
     mode: u32,
@@ -326,7 +326,7 @@ fn write_file(
     written.map_err(|e| fail(format!("cannot write {}: {e}", path.display())))
 }
 
-fn append_file(path: &Path, text: &str) -> Result<(), StartError> {
+pub(crate) fn append_file(path: &Path, text: &str) -> Result<(), StartError> {
     std::fs::OpenOptions::new()
         .append(true)
         .open(path)
@@ -334,7 +334,7 @@ fn append_file(path: &Path, text: &str) -> Result<(), StartError> {
         .map_err(|e| fail(format!("cannot append to {}: {e}", path.display())))
 }
 
-fn check(program: &str, output: std::io::Result<Output>) -> Result<(), StartError> {
+pub(crate) fn check(program: &str, output: std::io::Result<Output>) -> Result<(), StartError> {
     let output = output.map_err(|e| fail(format!("cannot run {program}: {e}")))?;
     if !output.status.success() {
         return Err(fail(format!(
@@ -346,7 +346,7 @@ fn check(program: &str, output: std::io::Result<Output>) -> Result<(), StartErro
     Ok(())
 }
 
-fn binaries_under(root: &Path) -> Result<PathBuf, StartError> {
+pub(crate) fn binaries_under(root: &Path) -> Result<PathBuf, StartError> {
     crate::postgres::server_binaries(root).ok_or_else(|| {
         fail(format!(
             "the PostgreSQL server programs (initdb, pg_ctl, postgres under {}/VERSION/bin, or in ${BIN_VARIABLE}) are not installed; install the `postgresql` package",
@@ -355,7 +355,7 @@ fn binaries_under(root: &Path) -> Result<PathBuf, StartError> {
     })
 }
 
-fn running_as_root() -> Result<bool, StartError> {
+pub(crate) fn running_as_root() -> Result<bool, StartError> {
     let output = Command::new("id")
         .arg("-u")
         .output()
@@ -364,7 +364,7 @@ fn running_as_root() -> Result<bool, StartError> {
 }
 
 /// A system user's uid and gid.
-fn system_user(name: &str) -> Result<(u32, u32), StartError> {
+pub(crate) fn system_user(name: &str) -> Result<(u32, u32), StartError> {
     let id = |flag: &str| -> Option<u32> {
         let output = Command::new("id").args([flag, name]).output().ok()?;
         if !output.status.success() {
