@@ -11,6 +11,7 @@
 //! - [`errors`]: an application's error wrapping a driver's, for error classification tests;
 //! - [`deliveries`]: at-least-once delivery simulated (duplicates, shuffles);
 //! - [`postgres`]: a fresh PostgreSQL database per test;
+//! - [`pgbouncer`]: a private PgBouncer in transaction pooling mode in front of it;
 //! - `http` (feature `http`): a loopback server and a client for HTTP tests;
 //! - [`redis`]: the machine's Redis, a private `redis-server` a test restarts, a Redis Cluster;
 //! - [`services`]: whether a missing database fails or skips a test;
@@ -42,6 +43,7 @@ pub mod leased;
 pub mod migrations;
 pub mod nats;
 pub mod pg_cluster;
+pub mod pgbouncer;
 pub mod postgres;
 pub mod rabbitmq;
 pub mod redis;
