@@ -23,7 +23,7 @@
 //! outcome); this only makes the retry find the primary.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use sqlx::postgres::{PgConnectOptions, PgConnection};
@@ -52,9 +52,10 @@ pub(crate) struct Failover {
     probe_timeout: Duration,
     state: Mutex<State>,
     searching: AtomicBool,
-    /// The store, to point its pool at another server (weak: the pool's
-    /// hooks hold this value, and the store holds the pool).
-    store: OnceLock<Weak<Inner>>,
+    /// The handles on the store (one per `with_group_commit`), to point
+    /// their shared pool at another server (weak: the pool's hooks hold this
+    /// value, and the store holds the pool).
+    stores: Mutex<Vec<Weak<Inner>>>,
 }
 
 struct State {
@@ -80,7 +81,7 @@ impl Failover {
                 stale_before: None,
             }),
             searching: AtomicBool::new(false),
-            store: OnceLock::new(),
+            stores: Mutex::default(),
         }
     }
 
@@ -91,8 +92,15 @@ impl Failover {
 
     /// Lets the search point `store`'s pool at the server it finds.
     pub(crate) fn attach(&self, store: Weak<Inner>) {
-        // Set once, by the builder, right after the store is made.
-        let _ = self.store.set(store);
+        let mut stores = self.stores.lock().unwrap_or_else(|e| e.into_inner());
+        stores.retain(|store| store.strong_count() > 0);
+        stores.push(store);
+    }
+
+    /// A handle on the store, while one is open.
+    fn store(&self) -> Option<PgStore> {
+        let stores = self.stores.lock().unwrap_or_else(|e| e.into_inner());
+        stores.iter().find_map(PgStore::upgrade)
     }
 
     /// The first server, in the URL's order, that accepts a connection and
@@ -181,7 +189,7 @@ impl Failover {
                         break;
                     }
                 }
-                if failover.store.get().and_then(Weak::upgrade).is_none() {
+                if failover.store().is_none() {
                     break;
                 }
                 tokio::time::sleep(pause).await;
@@ -215,7 +223,7 @@ impl Failover {
                 "PostgreSQL: switching to another server of the URL"
             );
             metrics::counter!("store_server_switches_total").increment(1);
-            if let Some(store) = self.store.get().and_then(PgStore::upgrade) {
+            if let Some(store) = self.store() {
                 store
                     .pool()
                     .set_connect_options(self.servers[index].clone());

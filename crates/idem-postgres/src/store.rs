@@ -129,7 +129,7 @@ impl PgStore {
     /// made with [`from_pool`](Self::from_pool).
     pub fn with_group_commit(&self, group: bool) -> PgStore {
         let inner = &self.inner;
-        PgStore::of(
+        let store = PgStore::of(
             inner.pool.clone(),
             inner.settings.clone(),
             inner.clock.clone(),
@@ -137,7 +137,11 @@ impl PgStore {
             group,
             inner.failover.clone(),
         )
-        .with_pooling(inner.pooling)
+        .with_pooling(inner.pooling);
+        if let Some(failover) = &store.inner.failover {
+            failover.attach(store.downgrade());
+        }
+        store
     }
 
     /// This store with `pooling`, for a store just made.
