@@ -1,7 +1,8 @@
 //! The gateway over real sockets: a client, `idem serve`'s service on
 //! `127.0.0.1:0`, and an upstream on `127.0.0.1:0` that counts its effects.
-//! Each case runs on the embedded store and on Redis (`CASE::sqlite`,
-//! `CASE::redis`): the gateway answers the same on both.
+//! Each case runs on the embedded store, on Redis and on PostgreSQL through a
+//! PgBouncer in transaction pooling mode (`CASE::sqlite`, `CASE::redis`,
+//! `CASE::pgbouncer`): the gateway answers the same on all three.
 
 mod common;
 
@@ -11,15 +12,15 @@ use std::time::Duration;
 
 use axum::http::StatusCode;
 use bytes::Bytes;
-use common::gateway::{Gateway, Hangup, Options, StoreKind, Upstream};
+use common::gateway::{Gateway, Hangup, Keep, Options, StoreKind, Upstream};
 use common::{Client, Server};
 use idem::{ManualClock, SystemClock};
 use idem_http::{IdempotencyConfig, Mode};
 use serde_json::json;
 use tokio::task::JoinSet;
 
-/// Runs a case on each store the gateway is tested on, as two tests named
-/// after the store.
+/// Runs a case on each store the gateway is tested on, as tests named after
+/// the store.
 macro_rules! on_each_store {
     ($case:ident) => {
         mod $case {
@@ -31,6 +32,12 @@ macro_rules! on_each_store {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn redis() {
                 super::$case(super::StoreKind::Redis).await
+            }
+
+            #[cfg(feature = "postgres")]
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn pgbouncer() {
+                super::$case(super::StoreKind::PgBouncer).await
             }
         }
     };
@@ -44,13 +51,14 @@ struct Fixture {
     client: Client,
     clock: ManualClock,
     _upstream_server: Server,
+    _keep: Keep,
     _dir: tempfile::TempDir,
 }
 
 async fn start(kind: StoreKind, options: Options) -> Option<Fixture> {
     let dir = tempfile::tempdir().expect("temp dir");
     let clock = ManualClock::starting_now();
-    let store = kind
+    let (store, keep) = kind
         .open(dir.path(), &options.idempotency, Arc::new(clock.clone()))
         .await?;
     let upstream = Upstream::default();
@@ -62,6 +70,7 @@ async fn start(kind: StoreKind, options: Options) -> Option<Fixture> {
         gateway,
         clock,
         _upstream_server: upstream_server,
+        _keep: keep,
         _dir: dir,
     })
 }
@@ -406,7 +415,7 @@ async fn a_short_real_lease_ends_and_the_retry_is_forwarded_again(kind: StoreKin
     // after it has a second to be answered, on a busy machine too).
     let dir = tempfile::tempdir().unwrap();
     let idempotency = IdempotencyConfig::default().lease(Duration::from_millis(1500));
-    let Some(store) = kind
+    let Some((store, _keep)) = kind
         .open(dir.path(), &idempotency, Arc::new(SystemClock))
         .await
     else {
@@ -439,7 +448,7 @@ async fn a_connection_reset_after_sending_is_502_and_keeps_the_claim(kind: Store
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::starting_now();
     let idempotency = IdempotencyConfig::default();
-    let Some(store) = kind
+    let Some((store, _keep)) = kind
         .open(dir.path(), &idempotency, Arc::new(clock.clone()))
         .await
     else {
@@ -474,7 +483,7 @@ on_each_store!(an_unreachable_upstream_is_502_and_releases_the_key);
 async fn an_unreachable_upstream_is_502_and_releases_the_key(kind: StoreKind) {
     let dir = tempfile::tempdir().unwrap();
     let idempotency = IdempotencyConfig::default();
-    let Some(store) = kind
+    let Some((store, _keep)) = kind
         .open(dir.path(), &idempotency, Arc::new(SystemClock))
         .await
     else {

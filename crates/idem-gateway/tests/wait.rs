@@ -23,11 +23,14 @@ use tokio::task::JoinHandle;
 enum Kind {
     Sqlite,
     Postgres,
+    /// PostgreSQL through a private PgBouncer in transaction pooling mode
+    /// (`pgbouncer=true`): no notifications, waiters re-read.
+    PgBouncer,
     Redis,
 }
 
-/// Runs a case on SQLite and PostgreSQL (and Redis where named), one test
-/// each.
+/// Runs a case on SQLite, PostgreSQL and PostgreSQL through PgBouncer (and
+/// Redis where named), one test each.
 macro_rules! on_stores {
     ($case:ident $(, $redis:ident)?) => {
         mod $case {
@@ -39,6 +42,11 @@ macro_rules! on_stores {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn postgres() {
                 super::$case(super::Kind::Postgres).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn pgbouncer() {
+                super::$case(super::Kind::PgBouncer).await
             }
 
             $(
@@ -56,6 +64,7 @@ struct Place {
     location: StoreLocation,
     _dir: tempfile::TempDir,
     _database: Option<common::pg::PgDatabase>,
+    _bouncer: Option<idem_testkit::pgbouncer::PgBouncer>,
 }
 
 impl Place {
@@ -63,8 +72,16 @@ impl Place {
     /// services are not required).
     async fn new(kind: Kind) -> Option<Place> {
         let dir = tempfile::tempdir().expect("temp dir");
+        let mut bouncer = None;
         let (location, database) = match kind {
             Kind::Sqlite => (StoreLocation::Sqlite(dir.path().join("idem.db")), None),
+            Kind::PgBouncer => {
+                let database = common::pg::PgDatabase::create().await?;
+                let started = idem_testkit::pgbouncer::PgBouncer::start()?;
+                let url = format!("{}?pgbouncer=true", started.route(&database.url));
+                bouncer = Some(started);
+                (url.parse().expect("a store URL"), Some(database))
+            }
             Kind::Postgres => {
                 let database = common::pg::PgDatabase::create().await?;
                 (database.url.parse().expect("a store URL"), Some(database))
@@ -81,6 +98,7 @@ impl Place {
             location,
             _dir: dir,
             _database: database,
+            _bouncer: bouncer,
         })
     }
 

@@ -236,20 +236,51 @@ pub(crate) enum StoreKind {
     Embedded,
     /// The machine's Redis, under a key prefix of the case's own.
     Redis,
+    /// PostgreSQL through a private PgBouncer in transaction pooling mode
+    /// (`idem_testkit::pgbouncer`), a database of the case's own, the URL
+    /// saying `pgbouncer=true`.
+    #[cfg(feature = "postgres")]
+    PgBouncer,
+}
+
+/// What keeps a case's store alive besides its directory: its database and
+/// the PgBouncer in front of it; dropped (the database too) when the case
+/// ends.
+#[derive(Default)]
+pub(crate) struct Keep {
+    #[cfg(feature = "postgres")]
+    _bouncer: Option<idem_testkit::pgbouncer::PgBouncer>,
+    #[cfg(feature = "postgres")]
+    _db: Option<idem_testkit::http::PgDatabase>,
 }
 
 impl StoreKind {
     /// A fresh store of this kind with the config's lease and retention and
-    /// `clock`; `None` (after saying why) when Redis is not reachable and
-    /// services are not required.
+    /// `clock`, and what keeps it alive; `None` (after saying why) when its
+    /// server is not reachable and services are not required.
     pub(crate) async fn open(
         self,
         dir: &Path,
         config: &IdempotencyConfig,
         clock: SharedClock,
-    ) -> Option<AnyStore> {
-        match self {
-            Self::Embedded => Some(embedded(dir, config, clock).await),
+    ) -> Option<(AnyStore, Keep)> {
+        let opened = match self {
+            Self::Embedded => (embedded(dir, config, clock).await, Keep::default()),
+            #[cfg(feature = "postgres")]
+            Self::PgBouncer => {
+                let db = idem_testkit::http::PgDatabase::create().await?;
+                let bouncer = idem_testkit::pgbouncer::PgBouncer::start()?;
+                let url = format!("{}?pgbouncer=true", bouncer.route(&db.url));
+                let location: StoreLocation = url.parse().expect("a PostgreSQL URL");
+                let store = AnyStore::open_with(&location, config.store_settings(), clock)
+                    .await
+                    .expect("open the PostgreSQL store through PgBouncer");
+                let keep = Keep {
+                    _bouncer: Some(bouncer),
+                    _db: Some(db),
+                };
+                (store, keep)
+            }
             Self::Redis => {
                 if !idem_testkit::redis::machine_redis_answers() {
                     return None;
@@ -261,9 +292,10 @@ impl StoreKind {
                     .connect()
                     .await
                     .expect("connect the Redis store");
-                Some(AnyStore::Redis(store))
+                (AnyStore::Redis(store), Keep::default())
             }
-        }
+        };
+        Some(opened)
     }
 }
 

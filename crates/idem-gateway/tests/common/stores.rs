@@ -1,5 +1,6 @@
 //! A fresh store of each kind for the tests that run on SQLite, PostgreSQL
-//! and Redis alike, and the macro that runs a case on each.
+//! (directly and through a PgBouncer in transaction pooling mode) and Redis
+//! alike, and the macro that runs a case on each.
 
 use std::sync::Arc;
 
@@ -22,6 +23,12 @@ macro_rules! on_each_store {
                 super::$case($crate::common::stores::Kind::Postgres).await
             }
 
+            #[cfg(feature = "postgres")]
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn pgbouncer() {
+                super::$case($crate::common::stores::Kind::PgBouncer).await
+            }
+
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn redis() {
                 super::$case($crate::common::stores::Kind::Redis).await
@@ -35,6 +42,10 @@ pub(crate) enum Kind {
     Sqlite,
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     Postgres,
+    /// PostgreSQL through a private PgBouncer in transaction pooling mode,
+    /// the URL saying `pgbouncer=true`.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    PgBouncer,
     Redis,
 }
 
@@ -44,6 +55,8 @@ pub(crate) struct Store {
     _dir: tempfile::TempDir,
     #[cfg(feature = "postgres")]
     _db: Option<super::pg::PgDatabase>,
+    #[cfg(feature = "postgres")]
+    _bouncer: Option<idem_testkit::pgbouncer::PgBouncer>,
 }
 
 impl Store {
@@ -52,6 +65,8 @@ impl Store {
         let dir = tempfile::tempdir().expect("temp dir");
         #[cfg(feature = "postgres")]
         let mut db = None;
+        #[cfg(feature = "postgres")]
+        let mut bouncer = None;
         let location = match kind {
             Kind::Sqlite => StoreLocation::Sqlite(dir.path().join("idem.db")),
             Kind::Postgres => {
@@ -60,6 +75,19 @@ impl Store {
                     let created = super::pg::PgDatabase::create().await?;
                     let url = created.url.clone();
                     db = Some(created);
+                    url.parse().expect("a PostgreSQL URL")
+                }
+                #[cfg(not(feature = "postgres"))]
+                unreachable!("PostgreSQL cases are built with the postgres feature")
+            }
+            Kind::PgBouncer => {
+                #[cfg(feature = "postgres")]
+                {
+                    let created = super::pg::PgDatabase::create().await?;
+                    let started = idem_testkit::pgbouncer::PgBouncer::start()?;
+                    let url = format!("{}?pgbouncer=true", started.route(&created.url));
+                    db = Some(created);
+                    bouncer = Some(started);
                     url.parse().expect("a PostgreSQL URL")
                 }
                 #[cfg(not(feature = "postgres"))]
@@ -77,6 +105,8 @@ impl Store {
             _dir: dir,
             #[cfg(feature = "postgres")]
             _db: db,
+            #[cfg(feature = "postgres")]
+            _bouncer: bouncer,
         })
     }
 
