@@ -1,7 +1,7 @@
 //! The relay against the real services: no double claims across relays, no
 //! row lost to out-of-order commits, a crash between publish and "sent" is
-//! republished and deduped by the consumer, webhooks carry the key, and sent
-//! rows are swept by retention.
+//! republished and deduped by the consumer, webhooks carry the key, sent
+//! rows are swept by retention, and relays poll through PgBouncer.
 
 mod outbox_support;
 
@@ -293,6 +293,72 @@ async fn the_run_loop_wakes_on_notify_on_postgres() {
     }
     stop.send(()).unwrap();
     running.await.unwrap().unwrap();
+}
+
+/// Through a PgBouncer in transaction pooling mode (`pgbouncer=true`): two
+/// running relays, which cannot LISTEN there and poll instead, publish every
+/// row exactly once to a webhook, rows enqueued after they started included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_polling_relays_through_pgbouncer_publish_each_row_once() {
+    let Some(db) = PgDb::new().await else { return };
+    let Some(bouncer) = idem_testkit::pgbouncer::PgBouncer::start() else {
+        return;
+    };
+    let url = format!("{}?pgbouncer=true", bouncer.route(&db.url));
+    let hook = Hook::start().await;
+    let to = hook.destination();
+    let store = AnyStore::Postgres(idem::PgStore::connect(&url).await.unwrap());
+    outbox::migrate(&store).await.unwrap();
+    const ROWS: usize = 40;
+    for i in 0..ROWS / 2 {
+        outbox::enqueue_now(&store, Route::To(&to), &message(&format!("early-{i}")))
+            .await
+            .unwrap();
+    }
+    let config = RelayConfig {
+        poll_interval: Duration::from_millis(100),
+        ..RelayConfig::default()
+    };
+    let mut running = Vec::new();
+    let mut stops = Vec::new();
+    for _ in 0..2 {
+        let own = AnyStore::Postgres(idem::PgStore::connect(&url).await.unwrap());
+        let relay = Relay::new(own, config.clone());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        stops.push(stop);
+        running.push(tokio::spawn(async move {
+            relay
+                .run(async {
+                    stopped.await.ok();
+                })
+                .await
+        }));
+    }
+    for i in 0..ROWS / 2 {
+        outbox::enqueue_now(&store, Route::To(&to), &message(&format!("late-{i}")))
+            .await
+            .unwrap();
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while (hook.effects() as usize) < ROWS {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "only {} of {ROWS} rows published",
+            hook.effects()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for stop in stops {
+        stop.send(()).unwrap();
+    }
+    for relay in running {
+        relay.await.unwrap().unwrap();
+    }
+    assert_eq!(hook.effects() as usize, ROWS);
+    assert_eq!(hook.calls() as usize, ROWS, "no row published twice");
+    assert!(hook.keys().values().all(|&n| n == 1), "{:?}", hook.keys());
+    let stats = store.outbox_stats().await.unwrap();
+    assert_eq!((stats.pending, stats.sent), (0, ROWS as u64));
 }
 
 /// Waits (at most 60 s) until `rabbit` has handed out `count` messages of
