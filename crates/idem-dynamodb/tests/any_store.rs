@@ -1,7 +1,8 @@
 //! The facade's `AnyStore` on a DynamoDB table: opened from a
-//! `dynamodb+http://` location, atomic effects written through
-//! `AnyConnection::DynamoDb`, and the calls that need an SQL store refused
-//! with an explanation.
+//! `dynamodb+http://` location, leased mode and the records through the
+//! shared traits, atomic effects through the DynamoDB store inside it, and
+//! the calls that need an SQL store (atomic mode with an SQL connection, the
+//! outbox, fencing leases) refused with an explanation.
 
 mod common;
 mod effects;
@@ -10,21 +11,22 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use effects::{counter, create_id_table};
+use idem::dynamodb::Transaction;
 use idem::{
-    AnyConnection, AnyStore, Applied, AtomicStore, ErrorKind, FenceStore, Fingerprint,
-    IdempotencyKey, LeaseStore, ManualClock, OutboxMessage, OutboxStore, Outcome, RecordStore,
-    Resource, Scope, Settings, StoreLocation,
+    AnyStore, Applied, ApplyError, AtomicStore, ErrorKind, FenceStore, Fingerprint, IdempotencyKey,
+    LeaseStore, ManualClock, OutboxMessage, OutboxStore, Outcome, RecordStore, Resource, Scope,
+    Settings, StoreLocation,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn any_store_applies_dynamodb_effects_once_and_refuses_the_sql_calls() {
+async fn any_store_serves_a_dynamodb_table_and_refuses_the_sql_calls() {
     if !common::moto_answers() {
         return;
     }
     let table = common::unique_table("any");
     let location: StoreLocation = common::url_of(&table).parse().unwrap();
     assert!(matches!(location, StoreLocation::DynamoDb(_)));
-    assert!(!location.to_string().contains(":test@"), "{location}");
+    assert!(!location.offers_atomic_mode());
     let clock = ManualClock::starting_now();
     let store = AnyStore::open_with(&location, Settings::default(), Arc::new(clock.clone()))
         .await
@@ -35,23 +37,21 @@ async fn any_store_applies_dynamodb_effects_once_and_refuses_the_sql_calls() {
     let effects = format!("{table}-effects");
     create_id_table(dynamo, &effects).await;
 
+    // Atomic effects through the DynamoDB store; the record is read back
+    // through AnyStore.
     let (scope, key) = (
         Scope::new("payments").unwrap(),
         IdempotencyKey::new("p-1").unwrap(),
     );
     for _ in 0..3 {
         let effects = effects.clone();
-        let applied = store
+        let applied = dynamo
             .apply(
                 &scope,
                 &key,
                 Fingerprint::of_bytes(b"10"),
-                async move |tx| {
-                    match tx.connection() {
-                        AnyConnection::DynamoDb(tx) => {
-                            tx.update(effects::add(&effects, "alice", 10));
-                        }
-                    }
+                async move |tx: &mut Transaction| {
+                    tx.update(effects::add(&effects, "alice", 10));
                     Ok::<_, String>(Outcome::success("debited"))
                 },
             )
@@ -64,11 +64,10 @@ async fn any_store_applies_dynamodb_effects_once_and_refuses_the_sql_calls() {
     assert!(record.state.is_settled());
 
     // Leased mode, as on every store.
-    let other = IdempotencyKey::new("p-2").unwrap();
     let leased = store
         .apply_leased(
             &scope,
-            &other,
+            &IdempotencyKey::new("p-2").unwrap(),
             Fingerprint::of_bytes(b"x"),
             async |_claim| Ok::<_, String>(Outcome::success("sent")),
         )
@@ -76,7 +75,32 @@ async fn any_store_applies_dynamodb_effects_once_and_refuses_the_sql_calls() {
         .unwrap();
     assert!(matches!(leased, Applied::Fresh(_)));
 
-    // What needs an SQL store is refused, saying so.
+    // Through AnyStore, whose effects get an SQL connection, atomic mode is
+    // refused before anything is written; so are the outbox and fences.
+    let refused = store
+        .apply(
+            &scope,
+            &IdempotencyKey::new("p-3").unwrap(),
+            Fingerprint::of_bytes(b"1"),
+            async |_tx| Ok::<_, String>(Outcome::success("never")),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&refused, ApplyError::Protocol(idem::Error::Store(e)) if e.kind() == ErrorKind::Config),
+        "{refused}"
+    );
+    assert!(
+        refused.to_string().contains("DynamoDB store's own apply"),
+        "{refused}"
+    );
+    assert!(
+        store
+            .get(&scope, &IdempotencyKey::new("p-3").unwrap())
+            .await
+            .unwrap()
+            .is_none()
+    );
     assert!(!store.offers_atomic_mode());
     let refusal = store.require_atomic_mode("idem relay").unwrap_err();
     assert!(

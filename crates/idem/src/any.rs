@@ -21,11 +21,6 @@
 //!             AnyConnection::Postgres(conn) => {
 //!                 idem::sqlx::raw_sql("INSERT INTO paid VALUES (10)").execute(conn).await?;
 //!             }
-//!             #[cfg(feature = "dynamodb")]
-//!             AnyConnection::DynamoDb(tx) => {
-//!                 use idem::dynamodb::aws_sdk_dynamodb::types::{AttributeValue, Put};
-//!                 tx.put(Put::builder().table_name("paid").item("id", AttributeValue::S("pay-1".into())).build()?);
-//!             }
 //!         }
 //!         Ok(Outcome::success("paid"))
 //!     })
@@ -63,9 +58,10 @@ use crate::StoreLocation;
 /// in the effect's own database, so only SQLite and PostgreSQL offer them all:
 /// on a Redis store those calls fail with an [`ErrorKind::Config`] error
 /// saying so (check with [`AnyStore::require_atomic_mode`] before starting).
-/// A DynamoDB store offers atomic mode for effects that are DynamoDB writes
-/// ([`AnyConnection::DynamoDb`]), and refuses the outbox and fencing leases
-/// the same way.
+/// A DynamoDB store refuses them the same way: its own atomic mode, for
+/// effects that are DynamoDB writes, gives the effect a DynamoDB
+/// transaction rather than an SQL connection, so it is reached through the
+/// store itself (`AnyStore::DynamoDb(store)`, then `store.apply`).
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum AnyStore {
@@ -199,13 +195,13 @@ fn not_in_redis(what: &str) -> Error {
     .into()
 }
 
-/// The refusal, on DynamoDB, of a call that needs an SQL store's tables.
+/// The refusal, on DynamoDB, of a call that needs an SQL store.
 #[cfg(feature = "dynamodb")]
 fn not_in_dynamodb(what: &str) -> Error {
     idem_core::StoreError::new(
         ErrorKind::Config,
         format!(
-            "{what} needs an SQL store (sqlite:// or postgres://): a DynamoDB store keeps records, attempts, dead letters and the audit log, and commits effects that are DynamoDB writes with their records, but has no outbox and no fencing leases on resources"
+            "{what} needs an SQL store (sqlite:// or postgres://) here: a DynamoDB store keeps records, attempts, dead letters and the audit log, but no outbox and no fencing leases, and its atomic mode (for effects that are DynamoDB writes) is the DynamoDB store's own apply, whose effects get a DynamoDB transaction rather than an SQL connection"
         ),
     )
     .into()
@@ -233,10 +229,10 @@ macro_rules! each_store {
     };
 }
 
-/// Like `each_store!` for atomic mode and the record scans, which SQLite,
-/// PostgreSQL and DynamoDB offer: on Redis, `Err` with the refusal for
-/// `$what`, turned into the call's error type.
-macro_rules! atomic_store {
+/// Like `each_store!` for the record scans, which SQLite, PostgreSQL and
+/// DynamoDB offer: on Redis, `Err` with the refusal for `$what`, turned into
+/// the call's error type.
+macro_rules! scan_store {
     ($self:ident, $what:expr, $store:ident => $body:expr) => {
         match $self {
             #[cfg(feature = "sqlite")]
@@ -389,14 +385,9 @@ pub enum AnyConnection<'c> {
     #[cfg(feature = "postgres")]
     #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     Postgres(&'c mut idem_postgres::sqlx::PgConnection),
-    /// The DynamoDB store's transaction: the effect adds its items, and they
-    /// commit with the record in one `TransactWriteItems`.
-    #[cfg(feature = "dynamodb")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
-    DynamoDb(&'c mut idem_dynamodb::Transaction),
-    /// No connection: a build without SQLite, PostgreSQL and DynamoDB has no
-    /// value of this type.
-    #[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "dynamodb")))]
+    /// No connection: a build without SQLite and PostgreSQL has no value of
+    /// this type.
+    #[cfg(not(any(feature = "sqlite", feature = "postgres")))]
     #[doc(hidden)]
     NoConnection(
         std::convert::Infallible,
@@ -417,14 +408,6 @@ impl AnyTx for idem_sqlite::rusqlite::Connection {
 impl AnyTx for idem_postgres::sqlx::PgConnection {
     fn connection(&mut self) -> AnyConnection<'_> {
         AnyConnection::Postgres(self)
-    }
-}
-
-#[cfg(feature = "dynamodb")]
-#[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
-impl AnyTx for idem_dynamodb::Transaction {
-    fn connection(&mut self) -> AnyConnection<'_> {
-        AnyConnection::DynamoDb(self)
     }
 }
 
@@ -452,7 +435,7 @@ impl AtomicStore for AnyStore {
         F: AtomicEffect<dyn AnyTx, Outcome, E>,
         E: Send + 'static,
     {
-        atomic_store!(self, "atomic mode (the effect and its record in one transaction)", s => s.apply(scope, key, fingerprint, on(effect)).await)
+        sql_store!(self, "atomic mode (the effect and its record in one transaction)", s => s.apply(scope, key, fingerprint, on(effect)).await)
     }
 
     async fn apply_replay_first<F, E>(
@@ -466,7 +449,7 @@ impl AtomicStore for AnyStore {
         F: AtomicEffect<dyn AnyTx, Outcome, E>,
         E: Send + 'static,
     {
-        atomic_store!(self, "atomic mode (the effect and its record in one transaction)", s => s.apply_replay_first(scope, key, fingerprint, on(effect)).await)
+        sql_store!(self, "atomic mode (the effect and its record in one transaction)", s => s.apply_replay_first(scope, key, fingerprint, on(effect)).await)
     }
 
     async fn apply_batch<G, F, E>(&self, ops: &[Operation], mut effect_for: G) -> BatchApplied<E>
@@ -475,7 +458,7 @@ impl AtomicStore for AnyStore {
         F: AtomicEffect<dyn AnyTx, Outcome, E>,
         E: Send + 'static,
     {
-        atomic_store!(self, "atomic mode (the effect and its record in one transaction)", s => s.apply_batch(ops, move |i| on(effect_for(i))).await)
+        sql_store!(self, "atomic mode (the effect and its record in one transaction)", s => s.apply_batch(ops, move |i| on(effect_for(i))).await)
     }
 
     async fn apply_set<G, F, E>(&self, ops: &[Operation], effect_for: G) -> SetApplied<E>
@@ -484,7 +467,7 @@ impl AtomicStore for AnyStore {
         F: AtomicEffect<dyn AnyTx, Vec<Outcome>, E>,
         E: Send + 'static,
     {
-        atomic_store!(self, "atomic mode (the effect and its record in one transaction)", s => s.apply_set(ops, move |new| on(effect_for(new))).await)
+        sql_store!(self, "atomic mode (the effect and its record in one transaction)", s => s.apply_set(ops, move |new| on(effect_for(new))).await)
     }
 
     async fn complete_with<F, E>(&self, claim: &Claim, effect: F) -> Result<Outcome, ApplyError<E>>
@@ -492,7 +475,7 @@ impl AtomicStore for AnyStore {
         F: AtomicEffect<dyn AnyTx, Outcome, E>,
         E: Send + 'static,
     {
-        atomic_store!(self, "atomic mode (the effect and its record in one transaction)", s => s.complete_with(claim, on(effect)).await)
+        sql_store!(self, "atomic mode (the effect and its record in one transaction)", s => s.complete_with(claim, on(effect)).await)
     }
 
     async fn transaction<F, T, E>(&self, effect: F) -> Result<T, ApplyError<E>>
@@ -501,7 +484,7 @@ impl AtomicStore for AnyStore {
         T: Send + 'static,
         E: Send + 'static,
     {
-        atomic_store!(self, "atomic mode (the effect and its record in one transaction)", s => s.transaction(on(effect)).await)
+        sql_store!(self, "atomic mode (the effect and its record in one transaction)", s => s.transaction(on(effect)).await)
     }
 
     fn effect_error_kind(&self, error: &(dyn std::error::Error + 'static)) -> Option<ErrorKind> {
@@ -619,7 +602,7 @@ impl idem_core::DeadLetterStore for AnyStore {
 
 impl idem_core::RecordScan for AnyStore {
     async fn records_of(&self, keys: &[(Scope, IdempotencyKey)]) -> Result<Vec<Record>, Error> {
-        atomic_store!(self, "the effect auditor", s => s.records_of(keys).await)
+        scan_store!(self, "the effect auditor", s => s.records_of(keys).await)
     }
 
     async fn records_by_expiry(
@@ -628,7 +611,7 @@ impl idem_core::RecordScan for AnyStore {
         after: Option<&idem_core::ExpiryPosition>,
         limit: usize,
     ) -> Result<Vec<Record>, Error> {
-        atomic_store!(self, "the effect auditor", s => s.records_by_expiry(scopes, after, limit).await)
+        scan_store!(self, "the effect auditor", s => s.records_by_expiry(scopes, after, limit).await)
     }
 }
 
@@ -708,12 +691,7 @@ impl idem_core::AtomicOutbox for AnyStore {
             AnyConnection::Postgres(conn) => {
                 <idem_postgres::PgStore as idem_core::AtomicOutbox>::enqueue(conn, message).await
             }
-            #[cfg(feature = "dynamodb")]
-            AnyConnection::DynamoDb(_) => {
-                let _ = message;
-                Err(not_in_dynamodb("the transactional outbox"))
-            }
-            #[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "dynamodb")))]
+            #[cfg(not(any(feature = "sqlite", feature = "postgres")))]
             AnyConnection::NoConnection(never, _) => {
                 let _ = message;
                 match never {}

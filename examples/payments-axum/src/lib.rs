@@ -41,6 +41,9 @@ pub async fn app(location: &StoreLocation) -> anyhow::Result<Router> {
         StoreLocation::Redis(_) => anyhow::bail!(
             "{location} is a Redis store, which holds records only: the payments API debits in the transaction of its idempotency record (atomic mode), so give it a sqlite:// or postgres:// store"
         ),
+        StoreLocation::DynamoDb(_) => anyhow::bail!(
+            "{location} is a DynamoDB table: the payments API debits with SQL in the transaction of its idempotency record (atomic mode), so give it a sqlite:// or postgres:// store"
+        ),
     }
 }
 
