@@ -154,22 +154,29 @@ fn check_shape(
     )))
 }
 
-/// Turns the table's time to live on, on the `ttl` attribute; a table whose
-/// time to live reads another attribute keeps it, and only the sweeps
-/// delete old records there.
+/// Turns the table's time to live on, on the `ttl` attribute. Retention
+/// does not depend on it (reads treat items past their window as absent,
+/// and the sweeper deletes them), so a table whose time to live reads
+/// another attribute, or credentials that may not change it, only earn a
+/// warning.
 async fn enable_ttl(client: &Client, table: &str, shown: &str) -> Result<(), Error> {
-    let current = client
+    let current = match client
         .describe_time_to_live()
         .table_name(table)
         .send()
         .await
-        .map_err(|e| {
-            map_error(
+    {
+        Ok(current) => current,
+        Err(error) => {
+            let error = map_error(
                 &format!("reading the time to live of table {table:?} at {shown}"),
                 false,
-                e,
-            )
-        })?;
+                error,
+            );
+            tracing::warn!(%error, "DynamoDB will not delete old items by itself unless the table's time to live is on the ttl attribute; the sweeps still do");
+            return Ok(());
+        }
+    };
     let description = current.time_to_live_description();
     let status = description.and_then(|d| d.time_to_live_status());
     let attribute = description.and_then(|d| d.attribute_name());
@@ -182,7 +189,6 @@ async fn enable_ttl(client: &Client, table: &str, shown: &str) -> Result<(), Err
                     "the table's time to live reads another attribute than {TTL_ATTRIBUTE:?}: DynamoDB will not delete Idem's old items by itself, only the sweeps will"
                 );
             }
-            Ok(())
         }
         _ => {
             let spec = TimeToLiveSpecification::builder()
@@ -190,22 +196,23 @@ async fn enable_ttl(client: &Client, table: &str, shown: &str) -> Result<(), Err
                 .attribute_name(TTL_ATTRIBUTE)
                 .build()
                 .map_err(|e| config(format!("the time to live: {e}")))?;
-            client
+            if let Err(error) = client
                 .update_time_to_live()
                 .table_name(table)
                 .time_to_live_specification(spec)
                 .send()
                 .await
-                .map_err(|e| {
-                    map_error(
-                        &format!("turning on the time to live of table {table:?} at {shown}"),
-                        true,
-                        e,
-                    )
-                })?;
-            Ok(())
+            {
+                let error = map_error(
+                    &format!("turning on the time to live of table {table:?} at {shown}"),
+                    true,
+                    error,
+                );
+                tracing::warn!(%error, "DynamoDB will not delete old items by itself until the table's time to live is on the ttl attribute; the sweeps still do");
+            }
         }
     }
+    Ok(())
 }
 
 fn config(message: String) -> Error {
