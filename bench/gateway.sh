@@ -27,6 +27,11 @@
 #   - through `idem serve` on a private Redis Cluster of three primaries
 #     (append-only file, fsync every second, no replicas): replays and
 #     unique keys;
+#   - through `idem serve` on DynamoDB as moto's server emulates it (a
+#     private moto_server, installed from PyPI into $IDEM_CACHE/moto once):
+#     replays and unique keys. The emulator, a single Python process, is
+#     the bound there, not the gateway nor DynamoDB itself: the figures say
+#     what a DynamoDB store costs the gateway, not what DynamoDB serves;
 #   - through the nearest peer, idempotent-proxy-server (a Rust idempotency
 #     gateway, installed from crates.io with `cargo install` into
 #     $IDEM_CACHE/idempotent-proxy once), on the private Redis and with its
@@ -436,7 +441,7 @@ cpu_per_request() {
             if ($1 == "@idle") idle += d
             else if ($1 == "@busy") busy += d
             else if ($1 == "idem" || $1 ~ /^idempotent-pro/) g += d
-            else if ($1 == "postgres" || $1 == "redis-server") db += d
+            else if ($1 == "postgres" || $1 == "redis-server" || $1 == "moto_server") db += d
             else if ($1 == "nginx") ng += d
             else if ($1 == "wrk") w += d
         }
@@ -564,7 +569,7 @@ psql -q "$pg_url" -c "CREATE TABLE gwbench_insert (k TEXT PRIMARY KEY, body BYTE
 
 phases=(direct nginx nginx-keyed sqlite-pass sqlite-replay sqlite-unique pg-pass pg-replay pg-unique
     pgalone-replay pgalone-unique redis-replay redis-unique rwait-unique rcluster-replay rcluster-unique
-    ipxmem-replay ipxmem-unique ipxredis-replay ipxredis-unique pgbench-16 pgbench-32)
+    dynamo-replay dynamo-unique ipxmem-replay ipxmem-unique ipxredis-replay ipxredis-unique pgbench-16 pgbench-32)
 [[ -z $only_phases ]] || read -ra phases <<<"$only_phases"
 if ((!peer)); then
     kept=()
@@ -621,6 +626,25 @@ if wanted rcluster; then
     cluster_url="redis+cluster://$(IFS=,; echo "${cluster_nodes[*]}")"
 fi
 
+# DynamoDB as moto's server emulates it: a private moto_server of the same
+# version the test suite uses, installed once into the cache folder.
+if wanted dynamo; then
+    moto_root=${IDEM_CACHE:-$HOME/.cache/idem}/moto
+    moto_version=$(awk -F= '/^MOTO_VERSION=/ { print $2 }' "$(dirname "$0")/../scripts/services.sh")
+    if [[ ! -x $moto_root/bin/moto_server ]]; then
+        say "installing moto[server,dynamodb] $moto_version from PyPI into $moto_root (once)"
+        python3 -m venv "$moto_root" >&2 && "$moto_root/bin/pip" install --quiet "moto[server,dynamodb]==$moto_version" >&2 ||
+            die "could not install moto's server (leave the dynamo phases out with --phases)"
+    fi
+    free_port
+    moto_port=$port
+    mkdir -p "$work/moto"
+    (cd "$work/moto" && exec "$moto_root/bin/moto_server" -H 127.0.0.1 -p "$moto_port") >"$work/moto.log" 2>&1 &
+    pids+=("$!")
+    last_pid=$!
+    wait_http "http://127.0.0.1:$moto_port/moto-api/" moto "$last_pid"
+fi
+
 # The peer, idempotent-proxy-server, installed once into the cache folder.
 # Its answers are kept for REQUEST_TIMEOUT milliseconds (10 s unless set):
 # set to 7 days, Idem's default window, so that a replay is a replay.
@@ -662,7 +686,8 @@ store_url() {
     redis) echo "redis://127.0.0.1:$redis_port/0" ;;
     rwait) echo "redis://127.0.0.1:$redis_port/0?wait=1&wait_timeout_ms=1000&prefix=idem-wait:" ;;
     rcluster) echo "$cluster_url" ;;
-    *) die "no store named $1 (phases name sqlite, pg, pgalone, redis, rwait or rcluster)" ;;
+    dynamo) echo "dynamodb+http://bench:bench@127.0.0.1:$moto_port/idem-gwbench-$run_id" ;;
+    *) die "no store named $1 (phases name sqlite, pg, pgalone, redis, rwait, rcluster or dynamo)" ;;
     esac
 }
 
@@ -776,6 +801,8 @@ declare -A label=(
     [rwait-unique]="idem serve, Redis WAIT 1: unique keys"
     [rcluster-replay]="idem serve, Redis Cluster: replays"
     [rcluster-unique]="idem serve, Redis Cluster: unique keys"
+    [dynamo-replay]="idem serve, DynamoDB (moto): replays"
+    [dynamo-unique]="idem serve, DynamoDB (moto): unique keys"
     [ipxmem-replay]="idempotent-proxy, in memory: replays"
     [ipxmem-unique]="idempotent-proxy, in memory: unique keys"
     [ipxredis-replay]="idempotent-proxy, Redis: replays"
@@ -842,6 +869,8 @@ info_row "unique keys: Redis WAIT 1 / Redis" rwait-unique redis-unique
 info_row "unique keys: Redis Cluster / Redis" rcluster-unique redis-unique
 info_row "replays: Redis / nginx, keyed" redis-replay nginx-keyed
 info_row "replays: Redis Cluster / nginx, keyed" rcluster-replay nginx-keyed
+info_row "unique keys: DynamoDB (moto) / SQLite" dynamo-unique sqlite-unique
+info_row "replays: DynamoDB (moto) / nginx, keyed" dynamo-replay nginx-keyed
 info_row "unique keys: idem SQLite / idempotent-proxy Redis" sqlite-unique ipxredis-unique
 info_row "unique keys: idem Redis / idempotent-proxy Redis" redis-unique ipxredis-unique
 info_row "replays: idem SQLite / idempotent-proxy memory" sqlite-replay ipxmem-replay
