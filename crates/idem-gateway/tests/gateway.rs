@@ -240,6 +240,40 @@ async fn a_missing_key_is_400_where_required_and_other_methods_pass(kind: StoreK
     assert_eq!(f.upstream.calls(), 0);
 }
 
+on_each_store!(the_longest_key_is_forwarded_once_and_replayed);
+async fn the_longest_key_is_forwarded_once_and_replayed(kind: StoreKind) {
+    let Some(f) = start(kind, Options::default()).await else {
+        return;
+    };
+    // 255 visible ASCII characters, quotes and backslashes among them: the
+    // longest key there is.
+    let key = format!("{}\\\"{}", "k".repeat(200), "x".repeat(53));
+    let quoted = format!("\"{}\"", key.replace('\\', "\\\\").replace('"', "\\\""));
+    assert_eq!(key.len(), 255);
+    let body = json!({ "amount": 7 });
+    let first = f
+        .client
+        .post("/payments")
+        .raw_key(quoted.as_bytes())
+        .json(&body)
+        .send()
+        .await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    for _ in 0..2 {
+        let again = f
+            .client
+            .post("/payments")
+            .raw_key(quoted.as_bytes())
+            .json(&body)
+            .send()
+            .await;
+        assert_eq!(again.status, StatusCode::CREATED);
+        assert!(again.replayed());
+        assert_eq!(again.body, first.body);
+    }
+    assert_eq!(f.upstream.calls(), 1);
+}
+
 on_each_store!(malformed_keys_are_400_and_never_forwarded);
 async fn malformed_keys_are_400_and_never_forwarded(kind: StoreKind) {
     let Some(f) = start(kind, Options::default()).await else {
