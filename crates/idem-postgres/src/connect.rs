@@ -38,6 +38,10 @@ use crate::store::{Inner, PgStore};
 /// it stops; the next failure starts another.
 const SEARCH_FOR: Duration = Duration::from_secs(30);
 
+/// How long after a switch every pooled connection is checked when
+/// acquired (by then each one opened before it has been acquired, or closed).
+const STALE_FOR: Duration = Duration::from_secs(30);
+
 /// The longest pause between two rounds of the background search.
 const MOST_BETWEEN_ROUNDS: Duration = Duration::from_millis(500);
 
@@ -164,6 +168,7 @@ impl Failover {
         if read_only {
             // Every pooled connection may be on the now-standby.
             self.lock().stale_before = Some(Instant::now());
+            self.drop_idle();
         }
         if self.searching.swap(true, Ordering::AcqRel) {
             return;
@@ -199,6 +204,30 @@ impl Failover {
         });
     }
 
+    /// Whether the pool may still hold connections opened before the last
+    /// switch, which the store must not take without `before_acquire`'s
+    /// check (it takes idle connections with `try_acquire`, which skips it).
+    pub(crate) fn recently_switched(&self) -> bool {
+        self.lock()
+            .stale_before
+            .is_some_and(|switch| switch.elapsed() < STALE_FOR)
+    }
+
+    /// Closes the pool's idle connections (those in use are checked when
+    /// next acquired): after a switch, they may be on the old server.
+    fn drop_idle(&self) {
+        let Some(store) = self.store() else {
+            return;
+        };
+        let pool = store.pool();
+        for _ in 0..pool.num_idle() {
+            match pool.try_acquire() {
+                Some(mut conn) => conn.close_on_drop(),
+                None => break,
+            }
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -216,6 +245,9 @@ impl Failover {
             }
             changed
         };
+        if changed || drop_older {
+            self.drop_idle();
+        }
         if changed {
             tracing::warn!(
                 server = %self.list.hosts[index],

@@ -208,6 +208,20 @@ impl PgStore {
         Error::Store(error)
     }
 
+    /// An effect failed with `error`: when it is a sqlx error that says the
+    /// server went away or refuses writes (an effect's write is often the
+    /// first to meet a read-only server), the server is looked for again,
+    /// as for the store's own statements. Effects with errors of their own
+    /// type are noticed when the caller asks
+    /// [`effect_error_kind`](idem_core::AtomicStore::effect_error_kind).
+    pub(crate) fn notice_effect<E: 'static>(&self, error: &E) {
+        if self.inner.failover.is_some()
+            && let Some(error) = (error as &dyn std::any::Any).downcast_ref::<sqlx::Error>()
+        {
+            let _ = self.kind_of_cause(error);
+        }
+    }
+
     /// Looks for the server to use again when `error` says the current one
     /// went away or refuses writes (with a multi-host URL or
     /// `target_session_attrs`; see `connect`).
@@ -224,6 +238,16 @@ impl PgStore {
     /// `lock::begin`).
     pub async fn begin_transaction(&self) -> Result<Transaction<'static, Postgres>, Error> {
         self.begin().await
+    }
+
+    /// Whether an idle connection may be taken from the pool as it is
+    /// (`try_acquire`, without sqlx's checks): not for a while after a
+    /// failover, when it may still be one to the old server.
+    pub(crate) fn idle_connections_trusted(&self) -> bool {
+        self.inner
+            .failover
+            .as_ref()
+            .is_none_or(|failover| !failover.recently_switched())
     }
 
     /// Opens a transaction for a locked read-then-write.
@@ -277,6 +301,7 @@ impl PgStore {
     ) -> Result<(Transaction<'t, Postgres>, T), E>
     where
         F: AtomicEffect<sqlx::PgConnection, T, E>,
+        E: 'static,
     {
         let ran = AssertUnwindSafe(TxCall::call(effect, &mut *tx))
             .catch_unwind()
@@ -285,6 +310,7 @@ impl PgStore {
             Ok(Ok(done)) => Ok((tx, done)),
             Ok(Err(error)) => {
                 self.roll_back(tx).await;
+                self.notice_effect(&error);
                 Err(error)
             }
             Err(panic) => {

@@ -65,12 +65,11 @@ async fn pay(store: &PgStore, key: &str) -> Answer {
         Ok(_) => Answer::Paid,
         Err(ApplyError::Protocol(Error::Store(e))) => Answer::Failed(format!("{:?}", e.kind())),
         Err(ApplyError::Protocol(other)) => Answer::Failed(format!("protocol: {other}")),
-        Err(ApplyError::Effect(e)) => Answer::Failed(format!(
-            "effect: {}",
-            e.as_database_error()
-                .and_then(|d| d.code())
-                .map_or_else(|| "connection".to_owned(), |c| c.into_owned())
-        )),
+        // As the HTTP layer tells them apart: by the database error behind.
+        Err(ApplyError::Effect(e)) => Answer::Failed(match store.effect_error_kind(&e) {
+            Some(ErrorKind::Unavailable) => "Unavailable".to_owned(),
+            other => format!("effect: {other:?}: {e}"),
+        }),
     }
 }
 
@@ -286,6 +285,94 @@ async fn a_standby_alone_refuses_writes_as_retryable_and_a_primary_is_found_firs
         .unwrap_err();
     assert_eq!(store_kind(&err), ErrorKind::Unavailable, "{err}");
     assert!(err.to_string().contains("read-only"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_turned_read_only_sends_the_store_to_the_new_one_and_its_connections_are_dropped()
+{
+    let Some(cluster) = PgCluster::start() else {
+        return;
+    };
+    let store = PgStore::builder(cluster.url("target_session_attrs=read-write"))
+        .max_connections(4)
+        .connect()
+        .await
+        .unwrap();
+    pay_table(&store).await.unwrap();
+    // Every pooled connection on the first primary.
+    let warm: Vec<_> = (0..4)
+        .map(|n| {
+            let store = store.clone();
+            tokio::spawn(
+                async move { matches!(pay(&store, &format!("warm-{n}")).await, Answer::Paid) },
+            )
+        })
+        .collect();
+    for paid in warm {
+        assert!(paid.await.unwrap());
+    }
+
+    // A switchover: the standby is promoted, the old primary turned
+    // read-only (as a fencing step would), with the store's connections
+    // still open on it.
+    let promoting = Arc::new(cluster);
+    let cluster = promoting.clone();
+    tokio::task::spawn_blocking(move || promoting.promote_standby())
+        .await
+        .unwrap()
+        .unwrap();
+    let mut old = PgConnection::connect(&PgCluster::single_url(cluster.primary_port()))
+        .await
+        .unwrap();
+    sqlx::raw_sql("ALTER SYSTEM SET default_transaction_read_only = on")
+        .execute(&mut old)
+        .await
+        .unwrap();
+    sqlx::raw_sql("SELECT pg_reload_conf()")
+        .execute(&mut old)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    // The first write meets the read-only server: retryable, not a failure.
+    let first = pay(&store, "after-switch").await;
+    let mut answers = vec![match first {
+        Answer::Paid => "paid".to_owned(),
+        Answer::Failed(why) => why,
+    }];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while answers.last().is_some_and(|a| a != "paid") {
+        assert!(Instant::now() < deadline, "never paid: {answers:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        answers.push(match pay(&store, "after-switch").await {
+            Answer::Paid => "paid".to_owned(),
+            Answer::Failed(why) => why,
+        });
+    }
+    eprintln!("switchover: the first key after it was answered {answers:?}");
+    assert!(
+        answers.iter().all(|a| a == "paid" || a == "Unavailable"),
+        "a read-only refusal is retryable: {answers:?}"
+    );
+    // The connections left on the read-only server are not used again:
+    // every later call is paid at once.
+    for n in 0..12 {
+        let key = format!("later-{n}");
+        assert!(
+            matches!(pay(&store, &key).await, Answer::Paid),
+            "{key} after {answers:?}"
+        );
+    }
+    let mut new = PgConnection::connect(&PgCluster::single_url(cluster.standby_port()))
+        .await
+        .unwrap();
+    let on_new: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM payments WHERE key = 'after-switch' OR key LIKE 'later-%'",
+    )
+    .fetch_one(&mut new)
+    .await
+    .unwrap();
+    assert_eq!(on_new, 13);
 }
 
 async fn pay_table(store: &PgStore) -> Result<(), sqlx::Error> {

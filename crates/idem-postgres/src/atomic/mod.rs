@@ -175,6 +175,7 @@ impl AtomicStore for PgStore {
             }
             Ok(Err(error)) => {
                 self.roll_back(tx).await;
+                self.notice_effect(&error);
                 Err(ApplyError::Effect(error))
             }
             Err(panic) => {
@@ -316,7 +317,11 @@ impl PgStore {
         // An idle connection as it is, without the pool's ping: `BEGIN` is
         // the first statement, and safe to send again on a checked
         // connection if this one turns out to be dead.
-        let (conn, checked) = match self.pool().try_acquire() {
+        let idle = self
+            .idle_connections_trusted()
+            .then(|| self.pool().try_acquire())
+            .flatten();
+        let (conn, checked) = match idle {
             Some(idle) => (idle, false),
             None => match self.checked_connection().await {
                 Ok(conn) => (conn, true),
