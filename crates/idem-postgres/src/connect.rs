@@ -173,8 +173,14 @@ impl Failover {
         if self.searching.swap(true, Ordering::AcqRel) {
             return;
         }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // Outside a runtime (an error classified by synchronous code):
+            // the next failure inside one searches.
+            self.searching.store(false, Ordering::Release);
+            return;
+        };
         let failover = self.clone();
-        tokio::spawn(async move {
+        runtime.spawn(async move {
             let started = Instant::now();
             let mut pause = Duration::from_millis(20);
             loop {
@@ -250,7 +256,7 @@ impl Failover {
         }
         if changed {
             tracing::warn!(
-                server = %self.list.hosts[index],
+                server = %label(&self.servers[index]),
                 target_session_attrs = self.list.target.as_str(),
                 "PostgreSQL: switching to another server of the URL"
             );
@@ -280,7 +286,7 @@ impl Failover {
         let mut refusal = None;
         for &want in rounds {
             for (index, options) in self.servers.iter().enumerate() {
-                let host = &self.list.hosts[index];
+                let host = label(options);
                 let tried = tokio::time::timeout(self.probe_timeout, async {
                     let mut conn = options.connect().await?;
                     match suits(&mut conn, want).await {
@@ -325,6 +331,17 @@ impl Failover {
     }
 }
 
+/// `host:port` (`[::1]:5432`), or the socket directory, for messages.
+fn label(options: &PgConnectOptions) -> String {
+    match options.get_socket() {
+        Some(path) => path.display().to_string(),
+        None if options.get_host().contains(':') => {
+            format!("[{}]:{}", options.get_host(), options.get_port())
+        }
+        None => format!("{}:{}", options.get_host(), options.get_port()),
+    }
+}
+
 /// What a server that does not suit `want` is, for messages.
 fn describe_not(want: TargetSessionAttrs) -> &'static str {
     match want {
@@ -351,4 +368,48 @@ async fn suits(conn: &mut PgConnection, want: TargetSessionAttrs) -> Result<bool
     let row = sqlx::raw_sql(sql).fetch_one(&mut *conn).await?;
     let value: String = row.try_get(0)?;
     Ok(value == suiting)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::str::FromStr;
+
+    use super::*;
+    use crate::hosts::take_hosts;
+
+    fn failover(url: &str) -> Failover {
+        let (base, list) = take_hosts(url).unwrap();
+        let list = list.unwrap();
+        let servers = list.servers(&PgConnectOptions::from_str(&base).unwrap());
+        Failover::new(list, servers, Duration::from_secs(1))
+    }
+
+    #[test]
+    fn servers_are_labelled_as_the_url_names_them() {
+        let failover = failover("postgres://u:s3cret@db1:5433,[::1]:5434/db");
+        let labels: Vec<String> = failover.servers.iter().map(label).collect();
+        assert_eq!(labels, ["db1:5433", "[::1]:5434"]);
+        assert_eq!(failover.current_server().get_host(), "db1");
+    }
+
+    #[test]
+    fn a_switch_makes_older_connections_stale_and_newer_ones_fresh() {
+        let failover = failover("postgres://u@a:1,b:2/db?target_session_attrs=read-write");
+        assert!(failover.is_fresh(Duration::from_secs(3600)));
+        assert!(!failover.recently_switched());
+
+        failover.switch_to(1, false);
+        assert_eq!(failover.current_server().get_host(), "b");
+        assert!(failover.recently_switched());
+        assert!(
+            !failover.is_fresh(Duration::from_secs(3600)),
+            "opened before"
+        );
+        assert!(failover.is_fresh(Duration::ZERO), "opened after");
+
+        // Found again where it already was: nothing opened since is dropped.
+        std::thread::sleep(Duration::from_millis(5));
+        failover.switch_to(1, false);
+        assert!(failover.is_fresh(Duration::from_millis(1)));
+    }
 }

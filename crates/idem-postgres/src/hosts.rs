@@ -442,6 +442,15 @@ mod tests {
     }
 
     #[test]
+    fn a_target_without_hosts_is_for_the_default_server() {
+        let (url, list) = take_hosts("postgres:///db?target_session_attrs=primary").unwrap();
+        assert_eq!(url, "postgres:///db");
+        let list = list.unwrap();
+        assert!(list.hosts.is_empty());
+        assert_eq!(list.target, TargetSessionAttrs::Primary);
+    }
+
+    #[test]
     fn mistakes_are_config_errors_that_do_not_show_the_password() {
         for (url, said) in [
             (
