@@ -377,10 +377,18 @@ pub struct PgStoreBuilder {
 impl fmt::Debug for PgStoreBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // The URL may carry a password: show where it points, never the URL.
-        let target = take_idem_params(&self.url)
+        let target = crate::hosts::take_hosts(&self.url)
             .ok()
-            .and_then(|(url, _)| PgConnectOptions::from_str(&url).ok())
-            .map(|o| Endpoint::new(&o, self.max_connections, self.acquire_timeout).to_string())
+            .and_then(|(url, hosts)| {
+                let (url, _) = take_idem_params(&url).ok()?;
+                let options = PgConnectOptions::from_str(&url).ok()?;
+                let endpoint = Endpoint::new(&options, self.max_connections, self.acquire_timeout);
+                Some(match hosts {
+                    Some(list) if !list.hosts.is_empty() => endpoint.at(list.describe()),
+                    _ => endpoint,
+                })
+            })
+            .map(|endpoint| endpoint.to_string())
             .unwrap_or_else(|| "<URL not valid>".to_owned());
         f.debug_struct("PgStoreBuilder")
             .field("target", &target)
@@ -753,6 +761,19 @@ mod tests {
 
     fn group_commit(url: &str) -> Result<(String, Option<bool>), Error> {
         take_idem_params(url).map(|(url, params)| (url, params.group_commit))
+    }
+
+    #[test]
+    fn a_builder_shows_every_server_of_a_list_and_no_password() {
+        let builder = PgStore::builder(
+            "postgres://app:s3cret@db1:5432,db2:5433/orders?target_session_attrs=read-write",
+        );
+        let shown = format!("{builder:?}");
+        assert!(
+            shown.contains("db1:5432,db2:5433 (database orders, user app)"),
+            "{shown}"
+        );
+        assert!(!shown.contains("s3cret"), "{shown}");
     }
 
     #[test]
