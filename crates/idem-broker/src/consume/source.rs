@@ -73,7 +73,7 @@ pub enum Source {
 /// A source URL that could not be understood.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "source {url:?} not understood ({why}): write amqp[s]://[USER:PASSWORD@]HOST[:PORT]/[VHOST/]QUEUE[?cacertfile=FILE], nats://HOST[:PORT]/STREAM/CONSUMER (tls:// for TLS), kafka://HOST:PORT[,HOST:PORT]/TOPIC?group=GROUP or sqs://[HOST]/[ACCOUNT/]QUEUE[?region=REGION]"
+    "source {url:?} not understood ({why}): write amqp[s]://[USER:PASSWORD@]HOST[:PORT]/[VHOST/]QUEUE[?cacertfile=FILE], nats://HOST[:PORT][,HOST:PORT]/STREAM/CONSUMER (tls:// for TLS), kafka://HOST:PORT[,HOST:PORT]/TOPIC?group=GROUP or sqs://[HOST]/[ACCOUNT/]QUEUE[?region=REGION]"
 )]
 pub struct InvalidSource {
     url: String,
@@ -104,6 +104,9 @@ impl FromStr for Source {
                 url: text.to_owned(),
             });
         }
+        if nats::NatsUrl::has_nats_scheme(text) {
+            return nats_source(text).map_err(|why| invalid(&why));
+        }
         let parsed = url::Url::parse(text).map_err(|e| invalid(&e.to_string()))?;
         if !parsed.has_host() {
             return Err(invalid("no host"));
@@ -120,18 +123,32 @@ impl FromStr for Source {
             ("amqp" | "amqps", [queue]) => amqp_source(text, &base, "%2f", queue),
             ("amqp" | "amqps", [vhost, queue]) => amqp_source(text, &base, vhost, queue),
             ("amqp" | "amqps", _) => Err(invalid("an AMQP source names one queue")),
-            ("nats" | "tls", [stream, consumer]) => {
-                nats::NatsServer::parse(&parsed).map_err(|why| invalid(&why))?;
-                Ok(Self::Nats {
-                    url: nats::server_url(&parsed),
-                    stream: decode(stream),
-                    consumer: decode(consumer),
-                })
-            }
-            ("nats" | "tls", _) => Err(invalid("a NATS source names a stream and a consumer")),
             (other, _) => Err(invalid(&format!("unknown scheme {other:?}"))),
         }
     }
+}
+
+/// A JetStream source: the servers (one or a list) with the options, then
+/// the stream and the durable consumer as the path.
+fn nats_source(text: &str) -> Result<Source, String> {
+    let url = nats::NatsUrl::parse(text)?;
+    if url.hosts.is_empty() {
+        return Err("no host".into());
+    }
+    nats::NatsServer::parse(&url)?;
+    let segments: Vec<&str> = url
+        .url
+        .path_segments()
+        .map(|s| s.filter(|s| !s.is_empty()).collect())
+        .unwrap_or_default();
+    let [stream, consumer] = segments.as_slice() else {
+        return Err("a NATS source names a stream and a consumer".into());
+    };
+    Ok(Source::Nats {
+        url: url.server_url(),
+        stream: decode(stream),
+        consumer: decode(consumer),
+    })
 }
 
 /// An AMQP source: the broker's URL keeps the query (TLS files and the
@@ -595,6 +612,21 @@ mod tests {
             "{tls:?}"
         );
         assert_eq!(tls.to_string(), "tls://app:***@h:4222/S/C");
+        let cluster: Source = "nats://app:s3cret@n1:4222,n2:4222,n3:4222/ORDERS/billing?tls=true"
+            .parse()
+            .unwrap();
+        assert!(
+            matches!(&cluster, Source::Nats { url, stream, consumer }
+                if url == "nats://app:s3cret@n1:4222,n2:4222,n3:4222?tls=true"
+                    && stream == "ORDERS" && consumer == "billing"),
+            "{cluster:?}"
+        );
+        assert_eq!(
+            cluster.to_string(),
+            "nats://app:***@n1:4222,n2:4222,n3:4222/ORDERS/billing"
+        );
+        let err = "nats://n1:4222,n2:x/S/C".parse::<Source>().unwrap_err();
+        assert!(err.to_string().contains("\"n2:x\""), "{err}");
         let token: Source = "nats://h:4222/S/C?tls=true&token=s3cret".parse().unwrap();
         assert_eq!(format!("{token:?}"), "Source(nats://h:4222/S/C)");
         let err = "nats://u:s3cret@h/S/C?tls_ky=/k.pem"

@@ -5,7 +5,7 @@
 //! | --- | --- |
 //! | `amqp://user:pass@host:5672/%2f?exchange=orders&routing_key=created` | RabbitMQ: publish to `exchange` with `routing_key` |
 //! | `amqp://user:pass@host:5672/%2f?queue=orders` | RabbitMQ: the default exchange (`""`), routing key = the queue name |
-//! | `nats://host:4222/orders.created` | NATS JetStream: the path is the subject |
+//! | `nats://host:4222/orders.created` | NATS JetStream: the path is the subject; several servers of a cluster as `nats://h1:4222,h2:4222,h3:4222/orders.created` |
 //! | `tls://user:pass@host:4222/orders.created?tls_ca=/ca.pem` | NATS over TLS; the query may also hold `tls=true`, `tls_cert`, `tls_key`, `token`, `nkey`, `creds` |
 //! | `http://host/hooks/orders`, `https://...` | an HTTP webhook: `POST` to the URL |
 //! | `kafka://host:9092[,host2:9092]/orders?record_key=header:order-id` | Kafka: the idempotent producer to the topic; optional record key; other query pairs are librdkafka settings |
@@ -163,7 +163,7 @@ pub enum RecordKey {
 pub enum DestinationError {
     /// Not a URL at all.
     #[error(
-        "destination {text:?} is not a URL ({reason}); write amqp://USER:PASS@HOST:PORT/VHOST?queue=QUEUE, nats://HOST:PORT/SUBJECT, kafka://HOST:PORT/TOPIC, sqs://HOST/QUEUE or http(s)://HOST/PATH"
+        "destination {text:?} is not a URL ({reason}); write amqp://USER:PASS@HOST:PORT/VHOST?queue=QUEUE, nats://HOST:PORT[,HOST:PORT]/SUBJECT, kafka://HOST:PORT/TOPIC, sqs://HOST/QUEUE or http(s)://HOST/PATH"
     )]
     NotAUrl {
         /// The text, through [`redact_url`].
@@ -403,6 +403,10 @@ impl FromStr for Destination {
                 problem,
             });
         }
+        if nats::NatsUrl::has_nats_scheme(text) {
+            // Several servers (`n1:4222,n2:4222`) are no URL authority either.
+            return nats_destination(text);
+        }
         let parsed = Url::parse(text).map_err(|e| DestinationError::NotAUrl {
             text: redact_url(text),
             reason: e.to_string(),
@@ -413,36 +417,6 @@ impl FromStr for Destination {
         };
         match parsed.scheme() {
             "amqp" | "amqps" => amqp(text, &parsed).map_err(|p| invalid(&p)),
-            "nats" | "tls" => {
-                if parsed.host_str().is_none_or(str::is_empty) {
-                    return Err(invalid(
-                        "has no host; write nats://HOST:PORT/SUBJECT, e.g. nats://127.0.0.1:4222/orders.created",
-                    ));
-                }
-                let subject = parsed.path().trim_start_matches('/');
-                if subject.is_empty() {
-                    return Err(invalid(
-                        "has no subject; write it as the path: nats://HOST:PORT/SUBJECT, e.g. nats://127.0.0.1:4222/orders.created",
-                    ));
-                }
-                if subject.contains(['/', ' ', '*', '>']) {
-                    return Err(invalid(
-                        "the subject must be one concrete NATS subject (tokens separated by dots, no '/', spaces or wildcards)",
-                    ));
-                }
-                if parsed.fragment().is_some() {
-                    return Err(invalid("a NATS destination takes no fragment"));
-                }
-                nats::NatsServer::parse(&parsed).map_err(|p| invalid(&p))?;
-                // The server is the URL without its path, as parsed: the
-                // parser escapes what the text left raw, so the parsed path
-                // need not be a suffix of the text. Its query holds the
-                // connection's options (TLS, credentials).
-                Ok(Self::Nats {
-                    url: nats::server_url(&parsed),
-                    subject: subject.to_owned(),
-                })
-            }
             "sqs" | "sqs+http" => sqs(&parsed).map_err(|p| invalid(&p)),
             "http" | "https" => {
                 if parsed.host_str().is_none_or(str::is_empty) {
@@ -457,6 +431,48 @@ impl FromStr for Destination {
             }),
         }
     }
+}
+
+/// A JetStream destination: the servers (one or a list) with the options,
+/// then the subject as the path.
+fn nats_destination(text: &str) -> Result<Destination, DestinationError> {
+    let invalid = |problem: &str| DestinationError::Invalid {
+        text: redact_url(text),
+        problem: problem.to_owned(),
+    };
+    let url = nats::NatsUrl::parse(text).map_err(|reason| DestinationError::NotAUrl {
+        text: redact_url(text),
+        reason,
+    })?;
+    let parsed = &url.url;
+    if url.hosts.is_empty() {
+        return Err(invalid(
+            "has no host; write nats://HOST:PORT/SUBJECT, e.g. nats://127.0.0.1:4222/orders.created",
+        ));
+    }
+    let subject = parsed.path().trim_start_matches('/');
+    if subject.is_empty() {
+        return Err(invalid(
+            "has no subject; write it as the path: nats://HOST:PORT/SUBJECT, e.g. nats://127.0.0.1:4222/orders.created",
+        ));
+    }
+    if subject.contains(['/', ' ', '*', '>']) {
+        return Err(invalid(
+            "the subject must be one concrete NATS subject (tokens separated by dots, no '/', spaces or wildcards)",
+        ));
+    }
+    if parsed.fragment().is_some() {
+        return Err(invalid("a NATS destination takes no fragment"));
+    }
+    nats::NatsServer::parse(&url).map_err(|p| invalid(&p))?;
+    // The server part is the URL without its path, as parsed: the parser
+    // escapes what the text left raw, so the parsed path need not be a
+    // suffix of the text. Its query holds the connection's options (TLS,
+    // credentials).
+    Ok(Destination::Nats {
+        url: url.server_url(),
+        subject: subject.to_owned(),
+    })
 }
 
 fn amqp(text: &str, parsed: &Url) -> Result<Destination, String> {
@@ -553,6 +569,8 @@ mod tests {
             "nats://user:pw@127.0.0.1:4222/a.b",
             "tls://user:pw@127.0.0.1:4222/a.b?tls_ca=%2Ftmp%2Fca.pem",
             "nats://127.0.0.1:4222/a.b?tls=true&token=t0k",
+            "nats://n1:4222,n2:4222,n3:4222/orders.created",
+            "tls://u:p@n1:4222,n2:4222/a.b?tls_ca=%2Fca.pem",
             "http://127.0.0.1:8080/hooks/orders?tenant=7",
             "https://example.invalid/hook",
             "kafka://127.0.0.1:9092/orders",
@@ -612,6 +630,25 @@ mod tests {
             matches!(kept, Destination::Amqp { ref url, .. } if url == "amqp://h/v?heartbeat=5"),
             "{kept:?}"
         );
+    }
+
+    #[test]
+    fn a_nats_cluster_is_a_list_of_servers() {
+        assert_eq!(
+            parse("nats://app:pw@n1:4222,n2:4222,n3:4222/orders.created?tls=true"),
+            Destination::Nats {
+                url: "nats://app:pw@n1:4222,n2:4222,n3:4222?tls=true".into(),
+                subject: "orders.created".into(),
+            }
+        );
+        assert_eq!(
+            parse("nats://app:pw@n1:4222,n2:4222/orders.created").redacted(),
+            "nats://app:***@n1:4222,n2:4222/orders.created"
+        );
+        let error = "nats://n1:4222,,n3:4222/orders"
+            .parse::<Destination>()
+            .unwrap_err();
+        assert!(error.to_string().contains("an empty server"), "{error}");
     }
 
     #[test]

@@ -22,8 +22,9 @@ use super::upkeep::{Upkeep, UpkeepArgs};
 #[derive(Debug, Args)]
 pub(crate) struct ForwardArgs {
     /// Where messages come from: amqp://[USER:PASS@]HOST[:PORT]/[VHOST/]QUEUE,
-    /// nats://HOST[:PORT]/STREAM/CONSUMER (a durable pull consumer, created
-    /// with explicit acks if missing), or
+    /// nats://HOST[:PORT][,HOST:PORT]/STREAM/CONSUMER (a durable pull
+    /// consumer, created with explicit acks if missing; several servers of a
+    /// cluster, the client moving to another when one drops), or
     /// kafka://HOST:PORT[,HOST:PORT]/TOPIC?group=GROUP (offsets committed
     /// after each record was answered; other query pairs are librdkafka settings),
     /// or sqs://[HOST]/[ACCOUNT/]QUEUE[?region=REGION] (Amazon SQS; no host:

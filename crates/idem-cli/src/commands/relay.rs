@@ -24,7 +24,8 @@ use super::upkeep::{Upkeep, UpkeepArgs};
 pub(crate) struct RelayArgs {
     /// Where rows enqueued without a destination go:
     /// amqp://USER:PASS@HOST:PORT/VHOST?queue=Q (or ?exchange=X&routing_key=K),
-    /// nats://HOST:PORT/SUBJECT, kafka://HOST:PORT/TOPIC,
+    /// nats://HOST:PORT[,HOST:PORT]/SUBJECT (several servers of a cluster),
+    /// kafka://HOST:PORT/TOPIC,
     /// sqs://[HOST]/[ACCOUNT/]QUEUE[?region=R&group=G] (Amazon SQS; on a FIFO
     /// queue the key is the MessageDeduplicationId and group= the
     /// MessageGroupId: NAME, key or header:NAME), or http(s)://HOST/PATH. Rows that name their

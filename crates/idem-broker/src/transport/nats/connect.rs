@@ -3,9 +3,7 @@
 
 use std::path::PathBuf;
 
-use url::Url;
-
-use super::{Auth, NatsServer};
+use super::{Auth, NatsServer, NatsUrl};
 
 /// Why a connection to NATS was not made.
 #[derive(Debug)]
@@ -37,12 +35,14 @@ impl ConnectFailure {
 }
 
 /// Connects to the server `url` names (a source's or a destination's `url`),
-/// with TLS and the credentials it gives, on top of `options`.
+/// with TLS and the credentials it gives, on top of `options`. A URL that
+/// lists several servers hands the client all of them: it connects to one
+/// that answers, and reconnects to another when that one drops.
 pub(crate) async fn connect(
     url: &str,
     options: async_nats::ConnectOptions,
 ) -> Result<async_nats::Client, ConnectFailure> {
-    let parsed = Url::parse(url).map_err(|e| ConnectFailure::config(e.to_string()))?;
+    let parsed = NatsUrl::parse(url).map_err(ConnectFailure::config)?;
     let server = NatsServer::parse(&parsed).map_err(ConnectFailure::config)?;
     let readable = |what: &str, path: &PathBuf| -> Result<(), ConnectFailure> {
         std::fs::metadata(path)
@@ -94,7 +94,7 @@ pub(crate) async fn connect(
         }
     };
     options
-        .connect(server.server.as_str())
+        .connect(server.servers.as_slice())
         .await
         .map_err(|error| explain(&server, error))
 }

@@ -6,6 +6,7 @@
 //!
 //! | part | meaning |
 //! | --- | --- |
+//! | `nats://HOST1:4222,HOST2:4222,HOST3:4222` | several servers of one cluster: the client connects to one of them, and to another when it drops; the credentials and options apply to each |
 //! | `tls://HOST:PORT` or `?tls=true` | TLS required (the server's certificate is verified) |
 //! | `tls_ca=FILE` | PEM file of the CA(s) that signed the server's certificate (implies TLS) |
 //! | `tls_cert=FILE&tls_key=FILE` | client certificate and its key, PEM (implies TLS) |
@@ -40,11 +41,99 @@ pub const MSG_ID_HEADER: &str = "Nats-Msg-Id";
 pub(crate) const OPTIONS: &str =
     "tls=true, tls_ca=FILE, tls_cert=FILE, tls_key=FILE, token=TOKEN, nkey=FILE, creds=FILE";
 
+/// A NATS URL read apart. Its authority may list several servers
+/// (`nats://u:p@h1:4222,h2:4222/S/C`), which is no URL authority (a port
+/// list is no port): `url` is the text with the list cut down to its first
+/// server, for the scheme, user-info, path and query; `hosts` is the whole
+/// list, `HOST[:PORT]` each, checked one by one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct NatsUrl {
+    pub(crate) url: Url,
+    pub(crate) hosts: Vec<String>,
+}
+
+impl NatsUrl {
+    /// Whether `text` is written with a NATS scheme (`nats://`, `tls://`).
+    pub(crate) fn has_nats_scheme(text: &str) -> bool {
+        text.split_once("://").is_some_and(|(scheme, _)| {
+            scheme.eq_ignore_ascii_case("nats") || scheme.eq_ignore_ascii_case("tls")
+        })
+    }
+
+    /// Reads `text`: one server or a comma-separated list of them.
+    pub(crate) fn parse(text: &str) -> Result<Self, String> {
+        let Some((scheme, rest)) = text.split_once("://") else {
+            return Url::parse(text).map_err(|e| e.to_string()).map(|url| Self {
+                hosts: host(&url).into_iter().collect(),
+                url,
+            });
+        };
+        let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+        let (authority, tail) = rest.split_at(end);
+        let (user_info, list) = match authority.rfind('@') {
+            Some(at) => authority.split_at(at + 1),
+            None => ("", authority),
+        };
+        let entries: Vec<&str> = list.split(',').map(str::trim).collect();
+        if entries.len() > 1 && entries.iter().any(|entry| entry.is_empty()) {
+            return Err(
+                "an empty server in the server list: write nats://HOST1:PORT,HOST2:PORT".into(),
+            );
+        }
+        let url = Url::parse(&format!("{scheme}://{user_info}{}{tail}", entries[0]))
+            .map_err(|e| e.to_string())?;
+        let mut hosts = Vec::with_capacity(entries.len());
+        // No host at all is for the caller to explain.
+        for entry in entries.into_iter().filter(|entry| !entry.is_empty()) {
+            let one = Url::parse(&format!("{scheme}://{entry}"))
+                .ok()
+                .filter(|one| one.path().is_empty() && one.username().is_empty())
+                .as_ref()
+                .and_then(host)
+                .ok_or_else(|| format!("server {entry:?} in the server list is no HOST[:PORT]"))?;
+            hosts.push(one);
+        }
+        Ok(Self { url, hosts })
+    }
+
+    /// The URL's servers with their options, without the path: what the
+    /// source and destination keep as their `url`
+    /// (`nats://USER:PASSWORD@H1:4222,H2:4222?tls=true`).
+    pub(crate) fn server_url(&self) -> String {
+        let url = &self.url;
+        let mut text = format!("{}://", url.scheme());
+        if !url.username().is_empty() {
+            text.push_str(url.username());
+            if let Some(password) = url.password() {
+                text.push(':');
+                text.push_str(password);
+            }
+            text.push('@');
+        }
+        text.push_str(&self.hosts.join(","));
+        if let Some(query) = url.query().filter(|query| !query.is_empty()) {
+            text.push('?');
+            text.push_str(query);
+        }
+        text
+    }
+}
+
+/// `HOST[:PORT]` of a parsed URL.
+fn host(url: &Url) -> Option<String> {
+    let host = url.host_str().filter(|h| !h.is_empty())?;
+    Some(match url.port() {
+        Some(port) => format!("{host}:{port}"),
+        None => host.to_owned(),
+    })
+}
+
 /// How to reach a NATS server and prove who is calling.
 #[derive(Clone, PartialEq, Eq, Default)]
 pub(crate) struct NatsServer {
-    /// `nats://HOST:PORT` or `tls://HOST:PORT`: no user-info, no query.
-    pub(crate) server: String,
+    /// `nats://HOST:PORT` or `tls://HOST:PORT`, one per server of the URL's
+    /// list: no user-info, no query.
+    pub(crate) servers: Vec<String>,
     pub(crate) tls: bool,
     pub(crate) tls_ca: Option<PathBuf>,
     pub(crate) tls_cert: Option<(PathBuf, PathBuf)>,
@@ -64,17 +153,23 @@ pub(crate) enum Auth {
 
 impl NatsServer {
     /// Reads a server URL (its path is ignored: the caller reads it).
-    pub(crate) fn parse(url: &Url) -> Result<Self, String> {
+    pub(crate) fn parse(nats: &NatsUrl) -> Result<Self, String> {
+        let url = &nats.url;
         let scheme = url.scheme();
         if scheme != "nats" && scheme != "tls" {
             return Err(format!(
                 "scheme {scheme:?} is no NATS scheme: write nats:// or tls://"
             ));
         }
-        let host = url.host_str().filter(|h| !h.is_empty()).ok_or("no host")?;
-        let port = url.port().map(|p| format!(":{p}")).unwrap_or_default();
+        if nats.hosts.is_empty() {
+            return Err("no host".into());
+        }
         let mut found = Self {
-            server: format!("{scheme}://{host}{port}"),
+            servers: nats
+                .hosts
+                .iter()
+                .map(|host| format!("{scheme}://{host}"))
+                .collect(),
             tls: scheme == "tls",
             ..Self::default()
         };
@@ -149,40 +244,29 @@ fn decode(text: &str) -> String {
         .unwrap_or_default()
 }
 
-/// The URL's server part with its options, without the path: what the
-/// source and destination keep as their `url`.
-pub(crate) fn server_url(parsed: &Url) -> String {
-    let mut server = parsed.clone();
-    server.set_path("");
-    server.set_fragment(None);
-    let query = server.query().map(str::to_owned);
-    server.set_query(None);
-    let base = server.as_str().trim_end_matches('/').to_owned();
-    match query {
-        Some(query) if !query.is_empty() => format!("{base}?{query}"),
-        _ => base,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn parse(text: &str) -> Result<NatsServer, String> {
-        NatsServer::parse(&Url::parse(text).unwrap())
+        NatsServer::parse(&NatsUrl::parse(text)?)
+    }
+
+    fn server_url(text: &str) -> String {
+        NatsUrl::parse(text).unwrap().server_url()
     }
 
     #[test]
     fn reads_tls_and_each_kind_of_credentials() {
         let plain = parse("nats://127.0.0.1:4222").unwrap();
-        assert_eq!(plain.server, "nats://127.0.0.1:4222");
+        assert_eq!(plain.servers, ["nats://127.0.0.1:4222"]);
         assert!(!plain.tls && plain.auth == Auth::None);
         assert!(parse("tls://h:4222").unwrap().tls);
         assert!(parse("nats://h?tls=true").unwrap().tls);
         let full = parse("nats://app:p%40ss@h:4222?tls_ca=/ca.pem&tls_cert=/c.pem&tls_key=/k.pem")
             .unwrap();
         assert!(full.tls);
-        assert_eq!(full.server, "nats://h:4222");
+        assert_eq!(full.servers, ["nats://h:4222"]);
         assert_eq!(full.tls_ca, Some("/ca.pem".into()));
         assert_eq!(full.tls_cert, Some(("/c.pem".into(), "/k.pem".into())));
         assert!(full.auth == Auth::UserPassword("app".into(), "p@ss".into()));
@@ -200,6 +284,12 @@ mod tests {
             ("nats://u:secret@h?token=secret", "more than one way"),
             ("nats://secret@h", "no password"),
             ("nats://h?nkey=", "names no file"),
+            ("nats://h1:4222,,h3:4222", "an empty server"),
+            (
+                "nats://u:secret@h1:4222,h2:port",
+                "\"h2:port\" in the server list",
+            ),
+            ("tls://h1:4222,h2:99999", "in the server list"),
         ] {
             let error = parse(text).map(|_| ()).unwrap_err();
             assert!(error.contains(expected), "{text}: {error}");
@@ -209,9 +299,43 @@ mod tests {
 
     #[test]
     fn the_server_url_keeps_the_options_and_drops_the_path() {
-        let url = Url::parse("tls://u:p@h:4222/S/C?tls_ca=/ca.pem").unwrap();
-        assert_eq!(server_url(&url), "tls://u:p@h:4222?tls_ca=/ca.pem");
-        let url = Url::parse("nats://h:4222/S/C").unwrap();
-        assert_eq!(server_url(&url), "nats://h:4222");
+        assert_eq!(
+            server_url("tls://u:p@h:4222/S/C?tls_ca=/ca.pem"),
+            "tls://u:p@h:4222?tls_ca=/ca.pem"
+        );
+        assert_eq!(server_url("nats://h:4222/S/C"), "nats://h:4222");
+    }
+
+    #[test]
+    fn a_server_list_reaches_every_server_with_the_same_options() {
+        let text = "tls://app:p%40ss@n1.example:4222, n2.example:4223,10.0.0.3/ORDERS/billing?tls_ca=/ca.pem";
+        let url = NatsUrl::parse(text).unwrap();
+        assert_eq!(
+            url.hosts,
+            ["n1.example:4222", "n2.example:4223", "10.0.0.3"]
+        );
+        assert_eq!(url.url.path(), "/ORDERS/billing");
+        assert_eq!(
+            url.server_url(),
+            "tls://app:p%40ss@n1.example:4222,n2.example:4223,10.0.0.3?tls_ca=/ca.pem"
+        );
+        let server = NatsServer::parse(&url).unwrap();
+        assert_eq!(
+            server.servers,
+            [
+                "tls://n1.example:4222",
+                "tls://n2.example:4223",
+                "tls://10.0.0.3"
+            ]
+        );
+        assert!(server.tls && server.tls_ca == Some("/ca.pem".into()));
+        assert!(server.auth == Auth::UserPassword("app".into(), "p@ss".into()));
+        // IPv6 addresses keep their brackets; the list reads back as itself.
+        let six = NatsUrl::parse("nats://[::1]:4222,[::1]:4223").unwrap();
+        assert_eq!(six.hosts, ["[::1]:4222", "[::1]:4223"]);
+        let again = NatsUrl::parse(&url.server_url()).unwrap();
+        assert_eq!(again.hosts, url.hosts);
+        assert!(NatsUrl::has_nats_scheme("NATS://a,b") && NatsUrl::has_nats_scheme("tls://a"));
+        assert!(!NatsUrl::has_nats_scheme("kafka://a,b"));
     }
 }
