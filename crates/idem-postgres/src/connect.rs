@@ -9,14 +9,16 @@
 //!   (`after_connect`); one to a server that does not suit (the old primary,
 //!   back as a standby) is swapped for one found by trying the hosts in
 //!   order, as libpq does;
-//! - when an operation fails as if its server went away, or the server
-//!   refuses a write as read-only (SQLSTATE `25006`), the store calls
-//!   [`Failover::lost`]: the hosts are tried in the background until one
-//!   suits, and the pool is pointed at it (while its host refuses
-//!   connections, sqlx's pool retries that host and never reaches
-//!   `after_connect`);
-//! - a pooled connection opened before the switch is dropped when next
-//!   acquired (`before_acquire`), so none stays on the now-standby.
+//! - when an operation (the store's statements or an effect's) fails as if
+//!   its server went away, or the server refuses a write as read-only
+//!   (SQLSTATE `25006`), the store calls [`Failover::noticed`]: the hosts are
+//!   tried in the background until one suits, and the pool is pointed at it
+//!   (while its host refuses connections, sqlx's pool retries that host and
+//!   never reaches `after_connect`);
+//! - after a switch the pool's idle connections are closed, and a pooled
+//!   connection opened before it is dropped when next acquired
+//!   (`before_acquire`; for a while the store does not take idle connections
+//!   the quick way, which skips that hook), so none stays on the now-standby.
 //!
 //! Nothing here decides the fate of a key: the operation that failed has
 //! already been answered as retryable (or, past a COMMIT, as of unknown
