@@ -55,17 +55,16 @@ impl PgStore {
         self.decide_peeked(found, scope, key, fingerprint)
     }
 
-    /// [`peek`](Self::peek) through a pooler, on a connection outside any
-    /// transaction: the read is one self-contained simple query (see
-    /// `pooler`).
-    pub(crate) async fn peek_alone(
+    /// [`peek`](Self::peek) through a pooler, outside any transaction: the
+    /// read is one simple query (see `pooler`).
+    pub(crate) async fn peek_alone<'e>(
         &self,
-        conn: &mut sqlx::PgConnection,
+        db: impl PgExecutor<'e>,
         scope: &Scope,
         key: &IdempotencyKey,
         fingerprint: &Fingerprint,
     ) -> Result<Option<Replay>, Error> {
-        let found = records::fetch_alone(conn, scope, key)
+        let found = records::fetch_alone(db, scope, key)
             .await
             .map_err(|e| self.fail(e))?;
         self.decide_peeked(found, scope, key, fingerprint)

@@ -298,7 +298,7 @@ impl PgStore {
             let peeked = if self.pooling().sessions() {
                 self.peek(&mut *conn, scope, key, &fingerprint).await
             } else {
-                self.peek_alone(&mut conn, scope, key, &fingerprint).await
+                self.peek_alone(&mut *conn, scope, key, &fingerprint).await
             };
             match peeked {
                 Ok(Some(replay)) => return W::replayed(replay),

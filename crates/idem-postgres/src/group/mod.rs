@@ -185,8 +185,7 @@ impl PgStore {
             self.peek(self.pool(), &op.scope, &op.key, &op.fingerprint)
                 .await?
         } else {
-            let mut conn = self.pool().acquire().await.map_err(|e| self.fail(e))?;
-            self.peek_alone(&mut conn, &op.scope, &op.key, &op.fingerprint)
+            self.peek_alone(self.pool(), &op.scope, &op.key, &op.fingerprint)
                 .await?
         };
         if let Some(replay) = peeked {

@@ -174,38 +174,28 @@ pub(crate) fn execute_fetch(scope: &Scope, key: &IdempotencyKey) -> String {
     )
 }
 
-/// Reads the record of `(scope, key)` in one self-contained simple query
-/// (its own `BEGIN` and `COMMIT`), for a connection outside any
-/// transaction through a pooler: the extended protocol's two exchanges
-/// could reach two server connections (see `pooler`). A failed query is
-/// rolled back before the error is returned, so the connection goes back
-/// to the pool outside any transaction.
-pub(crate) async fn fetch_alone(
-    conn: &mut PgConnection,
+/// Reads the record of `(scope, key)` in one simple query, for a connection
+/// outside any transaction through a pooler: the extended protocol's two
+/// exchanges could reach two server connections (see `pooler`). The query's
+/// two statements run in one implicit transaction, which `SET LOCAL` lasts
+/// for, and which ends with the query, failed or not: the connection is
+/// never left inside a transaction.
+pub(crate) async fn fetch_alone<'e>(
+    db: impl sqlx::PgExecutor<'e>,
     scope: &Scope,
     key: &IdempotencyKey,
 ) -> sqlx::Result<Option<Record>> {
     let sql = format!(
         concat!(
-            "BEGIN; SET LOCAL bytea_output = hex; SELECT ",
+            "SET LOCAL bytea_output = hex; SELECT ",
             record_columns!(),
-            " FROM idem_records WHERE scope = {} AND key = {}; COMMIT"
+            " FROM idem_records WHERE scope = {} AND key = {}"
         ),
         literal::text(scope.as_str()),
         literal::text(key.as_str())
     );
-    match sqlx::raw_sql(AssertSqlSafe(sql))
-        .fetch_all(&mut *conn)
-        .await
-    {
-        Ok(rows) => rows.first().map(row::record).transpose(),
-        Err(error) => {
-            if let Err(rollback) = sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await {
-                tracing::debug!(%rollback, "rolling back a failed read failed");
-            }
-            Err(error)
-        }
-    }
+    let rows = sqlx::raw_sql(AssertSqlSafe(sql)).fetch_all(db).await?;
+    rows.first().map(row::record).transpose()
 }
 
 /// Inserts `record` for a key that had none when it was read under the lock.
