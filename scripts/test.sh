@@ -10,6 +10,17 @@ cd "$(dirname "$0")/.."
 bash scripts/services.sh
 
 export IDEM_REQUIRE_SERVICES=1
+
+# A run from a fresh clone gains nothing from incremental compilation, whose
+# caches take as much disk again as the test binaries (13 GiB beside 12).
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+
+# The build of every test binary takes about 15 GiB: say so at once when the
+# disk is short, rather than leave the linker to fail half an hour later.
+free_gib=$(( $(df --output=avail -k . | tail -n 1) / 1024 / 1024 ))
+if [ "$free_gib" -lt 20 ]; then
+  echo "[test] only ${free_gib} GiB free on $(df --output=target . | tail -n 1); the build needs about 15 GiB" >&2
+fi
 export IDEM_TEST_POSTGRES_URL="${IDEM_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
 
 if ! cargo nextest --version >/dev/null 2>&1; then
