@@ -43,6 +43,7 @@ doctests! {
     OrderingDoctests => "../../../docs/src/ordering.md",
     DefaultsDoctests => "../../../docs/src/defaults.md",
     StoresDoctests => "../../../docs/src/stores.md",
+    DynamoDbDoctests => "../../../docs/src/dynamodb.md",
     ObservabilityDoctests => "../../../docs/src/observability.md",
     TracingDoctests => "../../../docs/src/tracing.md",
     CheckDoctests => "../../../docs/src/check.md",
