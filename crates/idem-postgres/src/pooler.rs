@@ -37,12 +37,13 @@
 //! them).
 
 use std::sync::LazyLock;
+use std::time::Duration;
 
 use idem_core::{Error, ErrorKind, StoreError};
 use sqlx::migrate::Migrator;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, Postgres};
-use sqlx::{Connection, Transaction};
+use sqlx::{ConnectOptions, Connection, Transaction};
 
 use crate::{lock, records};
 
@@ -180,6 +181,46 @@ impl crate::PgStore {
             Pooling::explain_polling(waiter);
         }
         can
+    }
+}
+
+/// Opens the store's first connection, bounded by `timeout` like any other
+/// acquire, and finds out whether PgBouncer is in between: PgBouncer refuses
+/// the `extra_float_digits` start-up parameter that sqlx sends unless told to
+/// ignore it, with SQLSTATE `08P01` "unsupported startup parameter". That
+/// refusal turns on `pgbouncer=true` (said at `warn`, with how to say so in
+/// the URL) and the connection is tried again without the parameter. The
+/// pooling to use comes back with the connection.
+///
+/// A PgBouncer that ignores the parameter cannot be told from a server:
+/// its answers to an ordinary client are the server's.
+pub(crate) async fn connect_first(
+    options: &PgConnectOptions,
+    pooling: Pooling,
+    timeout: Duration,
+) -> sqlx::Result<(PgConnection, Pooling)> {
+    let connect =
+        async |options: &PgConnectOptions| match tokio::time::timeout(timeout, options.connect())
+            .await
+        {
+            Ok(connected) => connected,
+            Err(_elapsed) => Err(sqlx::Error::PoolTimedOut),
+        };
+    match connect(options).await {
+        Err(sqlx::Error::Database(refusal))
+            if pooling < Pooling::PgBouncer
+                && refusal.code().as_deref() == Some("08P01")
+                && refusal.message().contains("unsupported startup parameter") =>
+        {
+            tracing::warn!(
+                refusal = refusal.message(),
+                "PgBouncer refused a start-up parameter that sqlx sends: connecting as with pgbouncer=true (a transaction pooler is assumed); add pgbouncer=true to the store's URL to say so, or ignore_startup_parameters = extra_float_digits to pgbouncer.ini for a PgBouncer in session mode"
+            );
+            let found = Pooling::PgBouncer;
+            let first = connect(&found.apply(options.clone(), None)).await?;
+            Ok((first, found))
+        }
+        connected => connected.map(|first| (first, pooling)),
     }
 }
 

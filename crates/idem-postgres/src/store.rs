@@ -14,7 +14,7 @@ use idem_core::{
     SystemClock, TxCall, observe,
 };
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, Postgres};
-use sqlx::{ConnectOptions, Connection, Transaction};
+use sqlx::{Connection, Transaction};
 
 use crate::connect::Failover;
 use crate::error::{Endpoint, commit_error, kind_of_cause, store_error};
@@ -475,7 +475,7 @@ impl PgStoreBuilder {
     /// poll) and `extra_float_digits` is not sent at start-up.
     /// `statement_cache=0` asks for the statement choices alone.
     pub async fn connect(mut self) -> Result<PgStore, Error> {
-        let (url, pooling, cache) = Pooling::take(&self.url)?;
+        let (url, mut pooling, cache) = Pooling::take(&self.url)?;
         self.url = url;
         let (url, hosts) = crate::hosts::take_hosts(&self.url)?;
         let (url, params) = take_idem_params(&url)?;
@@ -514,7 +514,7 @@ impl PgStoreBuilder {
                 Some(Arc::new(Failover::new(list, servers, self.acquire_timeout)))
             }
         };
-        let options = apply_passfile(options, &params)?;
+        let mut options = apply_passfile(options, &params)?;
         let fail = |e| Error::Store(store_error(e, &endpoint));
 
         // A server behind a partition may accept the connection and never
@@ -522,10 +522,17 @@ impl PgStoreBuilder {
         // (each server of a list is given that long).
         let mut first = match &failover {
             Some(failover) => failover.find().await.map_err(fail)?,
-            None => match tokio::time::timeout(self.acquire_timeout, options.connect()).await {
-                Ok(connected) => connected.map_err(fail)?,
-                Err(_elapsed) => return Err(fail(sqlx::Error::PoolTimedOut)),
-            },
+            None => {
+                let (first, found) =
+                    crate::pooler::connect_first(&options, pooling, self.acquire_timeout)
+                        .await
+                        .map_err(fail)?;
+                if found != pooling {
+                    pooling = found;
+                    options = found.apply(options, cache);
+                }
+                first
+            }
         };
         if self.migrate {
             // `run_direct` on the connection itself: `run(&mut conn)` goes through
