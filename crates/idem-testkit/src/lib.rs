@@ -20,6 +20,7 @@
 //! - [`tls`]: a throwaway CA and the certificates it signs;
 //! - [`tlsproxy`]: a TLS-terminating proxy in front of a server without TLS;
 //! - [`nats`]: a `nats-server` of a test's own, also in operator mode (JWTs and `.creds` files);
+//! - [`nats_cluster`]: three routed `nats-server`s with JetStream, to kill and restart one by one;
 //! - `spans` (feature `spans`): the spans a test process finished, collected
 //!   in memory, to check trace context across hops.
 //!
@@ -42,6 +43,7 @@ pub mod http;
 pub mod leased;
 pub mod migrations;
 pub mod nats;
+pub mod nats_cluster;
 pub mod pg_cluster;
 pub mod pgbouncer;
 pub mod postgres;

@@ -121,7 +121,9 @@ impl Drop for NatsServer {
     }
 }
 
-fn binary() -> Option<PathBuf> {
+/// The `nats-server` binary: `$IDEM_NATS_SERVER`, else on the `PATH`,
+/// else `/usr/sbin/nats-server`.
+pub(crate) fn binary() -> Option<PathBuf> {
     if let Some(path) = std::env::var_os("IDEM_NATS_SERVER") {
         return Some(path.into());
     }
