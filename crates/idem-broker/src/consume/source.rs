@@ -73,7 +73,7 @@ pub enum Source {
 /// A source URL that could not be understood.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "source {url:?} not understood ({why}): write amqp[s]://[USER:PASSWORD@]HOST[:PORT]/[VHOST/]QUEUE[?cacertfile=FILE], nats://HOST[:PORT][,HOST:PORT]/STREAM/CONSUMER (tls:// for TLS), kafka://HOST:PORT[,HOST:PORT]/TOPIC?group=GROUP or sqs://[HOST]/[ACCOUNT/]QUEUE[?region=REGION]"
+    "source {url:?} not understood ({why}): write amqp[s]://[USER:PASSWORD@]HOST[:PORT][,HOST:PORT]/[VHOST/]QUEUE[?cacertfile=FILE], nats://HOST[:PORT][,HOST:PORT]/STREAM/CONSUMER (tls:// for TLS), kafka://HOST:PORT[,HOST:PORT]/TOPIC?group=GROUP or sqs://[HOST]/[ACCOUNT/]QUEUE[?region=REGION]"
 )]
 pub struct InvalidSource {
     url: String,
@@ -107,6 +107,10 @@ impl FromStr for Source {
         if nats::NatsUrl::has_nats_scheme(text) {
             return nats_source(text).map_err(|why| invalid(&why));
         }
+        // Several RabbitMQ nodes (`r1:5672,r2:5672`) are no URL authority:
+        // the first is parsed, and the list put back in the broker's URL.
+        let nodes = amqp::AmqpNodes::parse(text).map_err(|why| invalid(&why))?;
+        let text = nodes.urls[0].as_str();
         let parsed = url::Url::parse(text).map_err(|e| invalid(&e.to_string()))?;
         if !parsed.has_host() {
             return Err(invalid("no host"));
@@ -118,7 +122,7 @@ impl FromStr for Source {
         let mut base = parsed.clone();
         base.set_path("");
         base.set_query(None);
-        let base = base.as_str().trim_end_matches('/').to_owned();
+        let base = nodes.restore(base.as_str().trim_end_matches('/'));
         match (parsed.scheme(), segments.as_slice()) {
             ("amqp" | "amqps", [queue]) => amqp_source(text, &base, "%2f", queue),
             ("amqp" | "amqps", [vhost, queue]) => amqp_source(text, &base, vhost, queue),
@@ -594,6 +598,31 @@ mod tests {
             }
         );
         assert_eq!(tls.to_string(), "amqps://u:***@rabbit:5671/prod/orders");
+        let cluster: Source = "amqp://u:secret@r1:5672,r2,[::1]:5673/prod/orders?heartbeat=5"
+            .parse()
+            .unwrap();
+        assert_eq!(
+            cluster,
+            Source::Amqp {
+                url: "amqp://u:secret@r1:5672,r2,[::1]:5673/prod?heartbeat=5".into(),
+                queue: "orders".into()
+            }
+        );
+        assert_eq!(
+            cluster.to_string(),
+            "amqp://u:***@r1:5672,r2,[::1]:5673/prod/orders"
+        );
+        let default_vhost: Source = "amqp://r1,r2/orders".parse().unwrap();
+        assert!(
+            matches!(&default_vhost, Source::Amqp { url, .. } if url == "amqp://r1,r2/%2f"),
+            "{default_vhost:?}"
+        );
+        let err = "amqp://u:secret@r1,,r3/orders"
+            .parse::<Source>()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("an empty node"), "{err}");
+        assert!(!err.contains("secret"), "{err}");
         let err = "amqp://u:secret@rabbit/q?cacertfile=/ca.pem"
             .parse::<Source>()
             .unwrap_err();

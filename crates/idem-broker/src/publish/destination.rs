@@ -407,7 +407,13 @@ impl FromStr for Destination {
             // Several servers (`n1:4222,n2:4222`) are no URL authority either.
             return nats_destination(text);
         }
-        let parsed = Url::parse(text).map_err(|e| DestinationError::NotAUrl {
+        // Several RabbitMQ nodes (`r1:5672,r2:5672`) are no URL authority
+        // either: the first is parsed, the text (with the list) is kept.
+        let nodes = amqp::AmqpNodes::parse(text).map_err(|reason| DestinationError::NotAUrl {
+            text: redact_url(text),
+            reason,
+        })?;
+        let parsed = Url::parse(&nodes.urls[0]).map_err(|e| DestinationError::NotAUrl {
             text: redact_url(text),
             reason: e.to_string(),
         })?;
@@ -630,6 +636,31 @@ mod tests {
             matches!(kept, Destination::Amqp { ref url, .. } if url == "amqp://h/v?heartbeat=5"),
             "{kept:?}"
         );
+    }
+
+    #[test]
+    fn a_rabbitmq_cluster_is_a_list_of_nodes() {
+        let cluster =
+            parse("amqp://app:s3cret@r1:5672,r2:5673,[::1]/prod?queue=orders&heartbeat=5");
+        assert_eq!(
+            cluster,
+            Destination::Amqp {
+                url: "amqp://app:s3cret@r1:5672,r2:5673,[::1]/prod?heartbeat=5".into(),
+                exchange: String::new(),
+                routing_key: "orders".into(),
+            }
+        );
+        assert_eq!(parse(&cluster.to_string()), cluster);
+        assert_eq!(
+            cluster.redacted(),
+            "amqp://app:***@r1:5672,r2:5673,[::1]/prod?exchange=&routing_key=orders"
+        );
+        let error = "amqp://app:s3cret@r1,r2:x/prod?queue=q"
+            .parse::<Destination>()
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("\"r2:x\""), "{error}");
+        assert!(!error.contains("s3cret"), "{error}");
     }
 
     #[test]

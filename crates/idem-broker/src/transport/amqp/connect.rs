@@ -1,26 +1,32 @@
 //! Connecting to RabbitMQ: the TLS files the URL names are read, the
 //! connection is made with them, and a failure is explained in words that
 //! say what to change.
+//!
+//! A URL that lists several nodes of a cluster is tried node by node, in the
+//! order written, on every connection: the first that accepts the
+//! connection is kept. The client holds one connection and does not move it
+//! by itself; when it is lost, the transport or publisher above calls
+//! [`connect`] again, which starts from the first node once more, so a node
+//! back from a restart is used again for the next connection.
 
 use std::path::PathBuf;
 
+use idem_core::redact_url;
 use url::Url;
 
 use super::AmqpServer;
 
-impl AmqpServer {
-    /// The URL as the client's own type. The client's parser takes the host
-    /// from the URL's domain name only and puts `localhost` in place of an IP
-    /// address, so an address is set here from the URL itself.
-    fn client_uri(&self) -> Result<lapin::uri::AMQPUri, String> {
-        let mut uri: lapin::uri::AMQPUri = self.uri.parse()?;
-        match Url::parse(&self.uri).map_err(|e| e.to_string())?.host() {
-            Some(url::Host::Ipv4(ip)) => uri.authority.host = ip.to_string(),
-            Some(url::Host::Ipv6(ip)) => uri.authority.host = ip.to_string(),
-            _ => {}
-        }
-        Ok(uri)
+/// A node's URL as the client's own type. The client's parser takes the
+/// host from the URL's domain name only and puts `localhost` in place of an
+/// IP address, so an address is set here from the URL itself.
+fn client_uri(node: &str) -> Result<lapin::uri::AMQPUri, String> {
+    let mut uri: lapin::uri::AMQPUri = node.parse()?;
+    match Url::parse(node).map_err(|e| e.to_string())?.host() {
+        Some(url::Host::Ipv4(ip)) => uri.authority.host = ip.to_string(),
+        Some(url::Host::Ipv6(ip)) => uri.authority.host = ip.to_string(),
+        _ => {}
     }
+    Ok(uri)
 }
 
 /// Why a RabbitMQ connection was not made.
@@ -40,7 +46,7 @@ pub(crate) async fn connect(
     url: &str,
     properties: lapin::ConnectionProperties,
 ) -> Result<lapin::Connection, ConnectFailure> {
-    use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
+    use lapin::tcp::OwnedIdentity;
 
     let server = AmqpServer::parse(url).map_err(ConnectFailure::Config)?;
     let read = |what: &str, path: &PathBuf| {
@@ -63,12 +69,61 @@ pub(crate) async fn connect(
         }),
         None => None,
     };
-    let runtime = lapin::runtime::default_runtime().map_err(|e| ConnectFailure::Client(e, None))?;
     let tls = server.ca.is_some() || server.cert.is_some() || url.starts_with("amqps:");
+    let mut failure = None;
+    for (index, node) in server.uris.iter().enumerate() {
+        let tried = connect_node(
+            node,
+            properties.clone(),
+            &server,
+            tls,
+            cert_chain.clone(),
+            identity.clone(),
+        )
+        .await;
+        match tried {
+            Ok(connection) => {
+                if index > 0 {
+                    tracing::info!(
+                        node = %redact_url(node),
+                        "connected to RabbitMQ through node {} of {} of the URL",
+                        index + 1,
+                        server.uris.len()
+                    );
+                }
+                return Ok(connection);
+            }
+            // A wrong URL or file is wrong for every node.
+            Err(config @ ConnectFailure::Config(_)) => return Err(config),
+            Err(other) => {
+                if server.uris.len() > 1 {
+                    tracing::warn!(
+                        node = %redact_url(node),
+                        error = %other,
+                        "a RabbitMQ node of the URL did not take the connection; trying the next"
+                    );
+                }
+                failure = Some(other);
+            }
+        }
+    }
+    Err(failure.unwrap_or_else(|| ConnectFailure::Config("the URL names no node".into())))
+}
+
+/// One attempt on one node.
+async fn connect_node(
+    node: &str,
+    properties: lapin::ConnectionProperties,
+    server: &AmqpServer,
+    tls: bool,
+    cert_chain: Option<String>,
+    identity: Option<lapin::tcp::OwnedIdentity>,
+) -> Result<lapin::Connection, ConnectFailure> {
+    let runtime = lapin::runtime::default_runtime().map_err(|e| ConnectFailure::Client(e, None))?;
     lapin::Connection::connect_uri_with_config(
-        server.client_uri().map_err(ConnectFailure::Config)?,
+        client_uri(node).map_err(ConnectFailure::Config)?,
         properties,
-        OwnedTLSConfig {
+        lapin::tcp::OwnedTLSConfig {
             identity,
             cert_chain,
         },
@@ -102,6 +157,16 @@ pub(crate) async fn connect(
     })
 }
 
+impl std::fmt::Display for ConnectFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Config(why) | Self::Tls(why) => f.write_str(why),
+            Self::Client(error, None) => write!(f, "{error}"),
+            Self::Client(error, Some(advice)) => write!(f, "{error}; {advice}"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,18 +174,53 @@ mod tests {
     #[test]
     fn the_client_is_given_the_host_as_the_url_names_it() {
         let by_address = AmqpServer::parse("amqp://u:p@10.1.2.3:5673/v").unwrap();
-        let uri = by_address.client_uri().unwrap();
+        let uri = client_uri(&by_address.uris[0]).unwrap();
         assert_eq!(uri.authority.host, "10.1.2.3");
         assert_eq!(uri.authority.port, 5673);
-        let v6 = AmqpServer::parse("amqps://[::1]/v")
-            .unwrap()
-            .client_uri()
-            .unwrap();
+        let v6 = client_uri(&AmqpServer::parse("amqps://[::1]/v").unwrap().uris[0]).unwrap();
         assert_eq!(v6.authority.host, "::1");
-        let named = AmqpServer::parse("amqp://rabbit.internal/v")
-            .unwrap()
-            .client_uri()
-            .unwrap();
+        let named =
+            client_uri(&AmqpServer::parse("amqp://rabbit.internal/v").unwrap().uris[0]).unwrap();
         assert_eq!(named.authority.host, "rabbit.internal");
+    }
+
+    #[test]
+    fn each_node_of_a_list_gets_its_host_and_port_and_the_default_port() {
+        let server =
+            AmqpServer::parse("amqp://app:pw@10.0.0.1:5673,rabbit-2,[fd00::3]/prod?heartbeat=7")
+                .unwrap();
+        let nodes: Vec<(String, u16, String, u16)> = server
+            .uris
+            .iter()
+            .map(|node| {
+                let uri = client_uri(node).unwrap();
+                (
+                    uri.authority.host,
+                    uri.authority.port,
+                    uri.vhost,
+                    uri.query.heartbeat.unwrap_or_default(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            nodes,
+            [
+                ("10.0.0.1".into(), 5673, "prod".into(), 7),
+                ("rabbit-2".into(), 5672, "prod".into(), 7),
+                ("fd00::3".into(), 5672, "prod".into(), 7),
+            ]
+        );
+        for node in &server.uris {
+            let uri = client_uri(node).unwrap();
+            assert_eq!(uri.authority.userinfo.username, "app");
+            assert_eq!(uri.authority.userinfo.password, "pw");
+        }
+        let tls = AmqpServer::parse("amqps://a,b:5999/v").unwrap();
+        let ports: Vec<u16> = tls
+            .uris
+            .iter()
+            .map(|node| client_uri(node).unwrap().authority.port)
+            .collect();
+        assert_eq!(ports, [5671, 5999]);
     }
 }

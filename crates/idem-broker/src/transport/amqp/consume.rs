@@ -101,8 +101,10 @@ fn classified(context: impl Into<String>, error: lapin::Error) -> TransportError
 impl AmqpTransport {
     /// Connects to `url` (`amqp://USER:PASSWORD@HOST:PORT/VHOST`, the vhost
     /// percent-encoded: `%2f` for `/`; `amqps://` for TLS, with
-    /// `?cacertfile=FILE`, `certfile=FILE&keyfile=FILE`), sets the prefetch limit, and starts a
-    /// manual-ack consumer on `queue`, which must exist.
+    /// `?cacertfile=FILE`, `certfile=FILE&keyfile=FILE`; several nodes of a
+    /// cluster as `HOST1:PORT,HOST2:PORT`, tried in that order), sets the
+    /// prefetch limit, and starts a manual-ack consumer on `queue`, which
+    /// must exist.
     pub async fn connect(url: &str, queue: &str, prefetch: u16) -> Result<Self, TransportError> {
         // Named after its queue, so an operator finds it in RabbitMQ's
         // connection list.

@@ -18,6 +18,15 @@
 //! `connection_timeout`, `auth_mechanism`) go to the client as before. The
 //! URL is read in every build, so a destination or a source parses whatever
 //! the features; the rest of this folder needs the `amqp` feature.
+//!
+//! AMQP has no URL for several servers. A cluster's nodes are written as a
+//! list in the authority, `amqp://USER:PASS@HOST1:5672,HOST2:5672,HOST3/VHOST`
+//! (`[::1]:5672` for an IPv6 address, 5672 or 5671 when a node gives no
+//! port): the user, password, vhost and query apply to each, and every
+//! connection, the first and each one made again after a loss, tries the
+//! nodes in the order written and keeps the first that answers
+//! ([`AmqpNodes`]). `connection_timeout=MS` bounds how long one node may
+//! take to accept the TCP connection before the next is tried.
 
 #[cfg(feature = "amqp")]
 mod connect;
@@ -31,19 +40,106 @@ use std::path::PathBuf;
 use url::Url;
 use url::form_urlencoded;
 
+/// A RabbitMQ URL's nodes: the authority's host list cut apart, so that
+/// each node is a URL of its own with the user-info, path and query of the
+/// whole. A list (`h1:5672,h2:5672`) is no URL authority (a port list is no
+/// port), so the URL parser only ever sees one node at a time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct AmqpNodes {
+    /// One URL per node, in the order written.
+    pub(crate) urls: Vec<String>,
+    /// The nodes as written (`HOST[:PORT]`), when the URL lists several.
+    listed: Vec<String>,
+}
+
+impl AmqpNodes {
+    /// Cuts `text` into its nodes. A URL with one node, or not `amqp://` or
+    /// `amqps://`, is kept as it is; a
+    /// list with an empty entry, or an entry that is no `HOST[:PORT]`, is
+    /// refused, naming the entry (never the user-info, which holds the
+    /// password).
+    pub(crate) fn parse(text: &str) -> Result<Self, String> {
+        let one = || Self {
+            urls: vec![text.to_owned()],
+            listed: Vec::new(),
+        };
+        let Some((scheme, rest)) = text.split_once("://").filter(|(scheme, _)| {
+            scheme.eq_ignore_ascii_case("amqp") || scheme.eq_ignore_ascii_case("amqps")
+        }) else {
+            return Ok(one());
+        };
+        let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+        let (authority, tail) = rest.split_at(end);
+        let (user_info, list) = match authority.rfind('@') {
+            Some(at) => authority.split_at(at + 1),
+            None => ("", authority),
+        };
+        if !list.contains(',') {
+            return Ok(one());
+        }
+        let mut nodes = Self {
+            urls: Vec::new(),
+            listed: Vec::new(),
+        };
+        for entry in list.split(',').map(str::trim) {
+            if entry.is_empty() {
+                return Err(
+                    "an empty node in the node list: write amqp://USER:PASS@HOST1:5672,HOST2:5672/VHOST"
+                        .into(),
+                );
+            }
+            let alone = Url::parse(&format!("{scheme}://{entry}"))
+                .ok()
+                .filter(|url| {
+                    url.host_str().is_some_and(|h| !h.is_empty())
+                        && url.path().is_empty()
+                        && url.username().is_empty()
+                        && url.password().is_none()
+                });
+            if alone.is_none() {
+                return Err(format!(
+                    "node {entry:?} in the node list is no HOST[:PORT] (an IPv6 address in brackets: [::1]:5672)"
+                ));
+            }
+            nodes
+                .urls
+                .push(format!("{scheme}://{user_info}{entry}{tail}"));
+            nodes.listed.push(entry.to_owned());
+        }
+        Ok(nodes)
+    }
+
+    /// `url`, written for the first node, with the whole list in its place:
+    /// how a source or destination keeps the URL it was given.
+    pub(crate) fn restore(&self, url: &str) -> String {
+        if self.listed.is_empty() {
+            return url.to_owned();
+        }
+        let Some((scheme, rest)) = url.split_once("://") else {
+            return url.to_owned();
+        };
+        let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+        let (authority, tail) = rest.split_at(end);
+        let user_info = authority.rfind('@').map_or("", |at| &authority[..=at]);
+        format!("{scheme}://{user_info}{}{tail}", self.listed.join(","))
+    }
+}
+
 /// A RabbitMQ URL with its TLS options taken out.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct AmqpServer {
-    /// The URL the client is given: the TLS options removed.
-    pub(crate) uri: String,
+    /// The URL the client is given for each node, in the order to try them:
+    /// the TLS options removed.
+    pub(crate) uris: Vec<String>,
     pub(crate) ca: Option<PathBuf>,
     pub(crate) cert: Option<(PathBuf, PathBuf)>,
 }
 
 impl AmqpServer {
-    /// Reads `url` (`amqp://` or `amqps://`).
+    /// Reads `url` (`amqp://` or `amqps://`, one node or a list of them).
     pub(crate) fn parse(url: &str) -> Result<Self, String> {
-        let parsed = Url::parse(url).map_err(|e| e.to_string())?;
+        let nodes = AmqpNodes::parse(url)?;
+        let parsed = Url::parse(&nodes.urls[0]).map_err(|e| e.to_string())?;
         let tls = match parsed.scheme() {
             "amqps" => true,
             "amqp" => false,
@@ -85,18 +181,15 @@ impl AmqpServer {
                     .into(),
             );
         }
-        let mut uri = parsed;
-        uri.set_fragment(None);
-        if kept == 0 {
-            uri.set_query(None);
-        } else {
-            uri.set_query(Some(&rest.finish()));
+        let query = (kept > 0).then(|| rest.finish());
+        let mut uris = Vec::with_capacity(nodes.urls.len());
+        for node in &nodes.urls {
+            let mut uri = Url::parse(node).map_err(|e| e.to_string())?;
+            uri.set_fragment(None);
+            uri.set_query(query.as_deref());
+            uris.push(uri.to_string());
         }
-        Ok(Self {
-            uri: uri.to_string(),
-            ca,
-            cert,
-        })
+        Ok(Self { uris, ca, cert })
     }
 }
 
@@ -110,14 +203,54 @@ mod tests {
             "amqps://u:p@h:5671/%2f?heartbeat=10&cacertfile=/ca.pem&certfile=/c.pem&keyfile=/k.pem",
         )
         .unwrap();
-        assert_eq!(server.uri, "amqps://u:p@h:5671/%2f?heartbeat=10");
+        assert_eq!(server.uris, ["amqps://u:p@h:5671/%2f?heartbeat=10"]);
         assert_eq!(server.ca, Some("/ca.pem".into()));
         assert_eq!(server.cert, Some(("/c.pem".into(), "/k.pem".into())));
         let nats_names = AmqpServer::parse("amqps://h/v?tls_ca=/ca.pem").unwrap();
-        assert_eq!(nats_names.uri, "amqps://h/v");
+        assert_eq!(nats_names.uris, ["amqps://h/v"]);
         assert_eq!(nats_names.ca, Some("/ca.pem".into()));
         let plain = AmqpServer::parse("amqp://guest:guest@127.0.0.1:5672/%2f").unwrap();
-        assert_eq!(plain.uri, "amqp://guest:guest@127.0.0.1:5672/%2f");
+        assert_eq!(plain.uris, ["amqp://guest:guest@127.0.0.1:5672/%2f"]);
+    }
+
+    #[test]
+    fn a_node_list_is_one_url_per_node_with_the_same_credentials_vhost_and_query() {
+        let server = AmqpServer::parse(
+            "amqps://app:s3cret@r1:5671,r2,[::1]:5673/prod?heartbeat=10&cacertfile=/ca.pem",
+        )
+        .unwrap();
+        assert_eq!(
+            server.uris,
+            [
+                "amqps://app:s3cret@r1:5671/prod?heartbeat=10",
+                "amqps://app:s3cret@r2/prod?heartbeat=10",
+                "amqps://app:s3cret@[::1]:5673/prod?heartbeat=10",
+            ]
+        );
+        assert_eq!(server.ca, Some("/ca.pem".into()));
+        let nodes = AmqpNodes::parse("amqp://u:p@h1:5672, h2:5673/v").unwrap();
+        assert_eq!(nodes.urls, ["amqp://u:p@h1:5672/v", "amqp://u:p@h2:5673/v"]);
+        assert_eq!(
+            nodes.restore("amqp://u:p@h1:5672/v?heartbeat=5"),
+            "amqp://u:p@h1:5672,h2:5673/v?heartbeat=5"
+        );
+        let one = AmqpNodes::parse("amqp://u:p@h1/v").unwrap();
+        assert_eq!(one.urls, ["amqp://u:p@h1/v"]);
+        assert_eq!(one.restore("amqp://u:p@h1/v"), "amqp://u:p@h1/v");
+    }
+
+    #[test]
+    fn a_wrong_node_is_named_without_the_password() {
+        for (text, expected) in [
+            ("amqp://u:s3cret@h1:5672,,h3/v", "an empty node"),
+            ("amqp://u:s3cret@h1:5672,h2:x/v", "\"h2:x\""),
+            ("amqp://u:s3cret@h1,h2:5672:1/v", "\"h2:5672:1\""),
+            ("amqp://u:s3cret@h1,::1/v", "brackets"),
+        ] {
+            let error = AmqpServer::parse(text).unwrap_err();
+            assert!(error.contains(expected), "{text}: {error}");
+            assert!(!error.contains("s3cret"), "{text}: {error}");
+        }
     }
 
     #[test]
