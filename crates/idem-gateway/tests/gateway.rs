@@ -1,8 +1,9 @@
 //! The gateway over real sockets: a client, `idem serve`'s service on
 //! `127.0.0.1:0`, and an upstream on `127.0.0.1:0` that counts its effects.
-//! Each case runs on the embedded store, on Redis and on PostgreSQL through a
-//! PgBouncer in transaction pooling mode (`CASE::sqlite`, `CASE::redis`,
-//! `CASE::pgbouncer`): the gateway answers the same on all three.
+//! Each case runs on the embedded store, on Redis, on PostgreSQL through a
+//! PgBouncer in transaction pooling mode and on DynamoDB (moto's)
+//! (`CASE::sqlite`, `CASE::redis`, `CASE::pgbouncer`, `CASE::dynamodb`): the
+//! gateway answers the same on all four.
 
 mod common;
 
@@ -38,6 +39,11 @@ macro_rules! on_each_store {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn pgbouncer() {
                 super::$case(super::StoreKind::PgBouncer).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn dynamodb() {
+                super::$case(super::StoreKind::DynamoDb).await
             }
         }
     };

@@ -2,7 +2,7 @@
 //! `Idempotency-Key-Expires` header on fresh and replayed answers, and the
 //! tombstone that answers a retry past the window with 410 Gone until its
 //! grace period ends. A manual clock moves time; each case runs on SQLite,
-//! PostgreSQL and Redis.
+//! PostgreSQL, Redis and DynamoDB.
 
 #[macro_use]
 mod common;
@@ -187,9 +187,16 @@ async fn the_sweep_keeps_tombstones_for_the_grace_period_only(kind: Kind) {
     }
     clock.advance(WINDOW);
     assert_eq!(opened.count().await.unwrap().expired, 5);
-    // Five records become five tombstones; the records are gone.
-    assert_eq!(opened.sweep(2).await.unwrap(), 5);
-    assert_eq!(opened.count().await.unwrap().total, 0);
+    if matches!(kind, Kind::DynamoDb) {
+        // A DynamoDB record outlives its window by the grace period, as its
+        // own tombstone: nothing to sweep yet.
+        assert_eq!(opened.sweep(2).await.unwrap(), 0);
+        assert_eq!(opened.count().await.unwrap().total, 5);
+    } else {
+        // Five records become five tombstones; the records are gone.
+        assert_eq!(opened.sweep(2).await.unwrap(), 5);
+        assert_eq!(opened.count().await.unwrap().total, 0);
+    }
     for (i, k) in keys.iter().enumerate() {
         let reply = client
             .post("/payments")

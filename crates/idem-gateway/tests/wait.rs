@@ -1,6 +1,6 @@
 //! Concurrent duplicates that wait for their original (`--concurrent
 //! wait:DURATION`), through the gateway over real sockets, on SQLite,
-//! PostgreSQL and Redis: the replay when the original's answer is stored,
+//! PostgreSQL, Redis and DynamoDB: the replay when the original's answer is stored,
 //! 409 with `Retry-After` when the wait runs out or the original ends without
 //! an answer, the caps, a waiter on another gateway woken by the store, and
 //! the default that still answers 409 at once.
@@ -27,12 +27,14 @@ enum Kind {
     /// (`pgbouncer=true`): no notifications, waiters re-read.
     PgBouncer,
     Redis,
+    /// A table of the case's own on moto's DynamoDB: waiters re-read.
+    DynamoDb,
 }
 
 /// Runs a case on SQLite, PostgreSQL and PostgreSQL through PgBouncer (and
-/// Redis where named), one test each.
+/// on the other stores named, `redis: Redis`), one test each.
 macro_rules! on_stores {
-    ($case:ident $(, $redis:ident)?) => {
+    ($case:ident $(, $store:ident: $kind:ident)*) => {
         mod $case {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn sqlite() {
@@ -51,10 +53,10 @@ macro_rules! on_stores {
 
             $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $redis() {
-                super::$case(super::Kind::Redis).await
+            async fn $store() {
+                super::$case(super::Kind::$kind).await
             }
-            )?
+            )*
         }
     };
 }
@@ -93,6 +95,10 @@ impl Place {
                 // Keys unique to each case: every key below carries a random tag.
                 (StoreLocation::Redis(idem_testkit::redis::redis_url()), None)
             }
+            Kind::DynamoDb => (
+                StoreLocation::DynamoDb(idem_testkit::dynamodb::fresh_table_url("wait")?),
+                None,
+            ),
         };
         Some(Place {
             location,
@@ -189,7 +195,8 @@ async fn until(what: &str, done: impl Fn() -> bool) {
 
 on_stores!(
     a_duplicate_waits_for_the_original_and_gets_its_answer_as_a_replay,
-    redis
+    redis: Redis,
+    dynamodb: DynamoDb
 );
 async fn a_duplicate_waits_for_the_original_and_gets_its_answer_as_a_replay(kind: Kind) {
     let Some(f) = Fixture::new(kind).await else {
@@ -359,7 +366,11 @@ async fn a_waiter_is_answered_409_when_the_original_ends_without_an_answer(kind:
     f.upstream.open_gate(1);
 }
 
-on_stores!(a_waiter_on_another_gateway_gets_the_original_answer, redis);
+on_stores!(
+    a_waiter_on_another_gateway_gets_the_original_answer,
+    redis: Redis,
+    dynamodb: DynamoDb
+);
 async fn a_waiter_on_another_gateway_gets_the_original_answer(kind: Kind) {
     let Some(f) = Fixture::new(kind).await else {
         return;

@@ -32,9 +32,10 @@
 //! contracts ([`LeaseStore`](idem_core::LeaseStore),
 //! [`AtomicStore`](idem_core::AtomicStore)); no store is built in by default.
 //!
-//! - `sqlite`, `postgres`, `redis`: `IdempotencyLayer::open` for a store
-//!   named by its URL (`sqlite://PATH`, `postgres://URL`, `redis://HOST:PORT/DB`),
-//!   through the facade's `idem::AnyStore`;
+//! - `sqlite`, `postgres`, `redis`, `dynamodb`: `IdempotencyLayer::open`
+//!   for a store named by its URL (`sqlite://PATH`, `postgres://URL`,
+//!   `redis://HOST:PORT/DB`, `dynamodb:///TABLE`), through the facade's
+//!   `idem::AnyStore`;
 //! - `postgres` also lets concurrent duplicates that wait hear other
 //!   processes' answers through PostgreSQL's `LISTEN`/`NOTIFY` (on a
 //!   `PgStore`, or an `AnyStore` on PostgreSQL) instead of re-reading the

@@ -14,6 +14,7 @@
 //! - [`pgbouncer`]: a private PgBouncer in transaction pooling mode in front of it;
 //! - `http` (feature `http`): a loopback server and a client for HTTP tests;
 //! - [`redis`]: the machine's Redis, a private `redis-server` a test restarts, a Redis Cluster;
+//! - [`dynamodb`]: moto's DynamoDB on loopback and a table of the test's own;
 //! - [`services`]: whether a missing database fails or skips a test;
 //! - [`tls_postgres`]: a throwaway PostgreSQL that requires TLS and a password;
 //! - [`pg_cluster`]: a private PostgreSQL primary and its synchronous standby, to crash and promote;
@@ -33,6 +34,7 @@
 pub mod conformance;
 pub mod crash;
 pub mod deliveries;
+pub mod dynamodb;
 pub mod errors;
 pub mod faultproxy;
 pub mod fencing;

@@ -30,8 +30,8 @@ pub struct GivenSettings {
         )
     )]
     pub upstream: Option<String>,
-    /// The dedupe store's URL: `sqlite://PATH`, `postgres://…`, `redis://…`
-    /// [default: sqlite://idem.db]. On the command line it is the global
+    /// The dedupe store's URL: `sqlite://PATH`, `postgres://…`, `redis://…`,
+    /// `dynamodb:///TABLE` [default: sqlite://idem.db]. On the command line it is the global
     /// `--store` (or `IDEM_STORE`), which every command shares.
     #[cfg_attr(feature = "cli", arg(skip))]
     pub store: Option<String>,

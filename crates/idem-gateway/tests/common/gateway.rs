@@ -241,6 +241,9 @@ pub(crate) enum StoreKind {
     /// saying `pgbouncer=true`.
     #[cfg(feature = "postgres")]
     PgBouncer,
+    /// A table of the case's own on moto's DynamoDB
+    /// (`idem_testkit::dynamodb`), created when the store opens.
+    DynamoDb,
 }
 
 /// What keeps a case's store alive besides its directory: its database and
@@ -293,6 +296,17 @@ impl StoreKind {
                     .await
                     .expect("connect the Redis store");
                 (AnyStore::Redis(store), Keep::default())
+            }
+            Self::DynamoDb => {
+                let url = idem_testkit::dynamodb::fresh_table_url("gateway")?;
+                let store = AnyStore::open_with(
+                    &StoreLocation::DynamoDb(url),
+                    config.store_settings(),
+                    clock,
+                )
+                .await
+                .expect("open the DynamoDB store on moto");
+                (store, Keep::default())
             }
         };
         Some(opened)

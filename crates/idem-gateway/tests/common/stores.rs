@@ -1,6 +1,7 @@
 //! A fresh store of each kind for the tests that run on SQLite, PostgreSQL
-//! (directly and through a PgBouncer in transaction pooling mode) and Redis
-//! alike, and the macro that runs a case on each.
+//! (directly and through a PgBouncer in transaction pooling mode), Redis and
+//! DynamoDB (moto's, a table per test) alike, and the macro that runs a case
+//! on each.
 
 use std::sync::Arc;
 
@@ -33,6 +34,11 @@ macro_rules! on_each_store {
             async fn redis() {
                 super::$case($crate::common::stores::Kind::Redis).await
             }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn dynamodb() {
+                super::$case($crate::common::stores::Kind::DynamoDb).await
+            }
         }
     };
 }
@@ -47,6 +53,8 @@ pub(crate) enum Kind {
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     PgBouncer,
     Redis,
+    /// A table of the test's own on moto's DynamoDB, created on first open.
+    DynamoDb,
 }
 
 /// A fresh store, and what keeps it alive (its directory or database).
@@ -98,6 +106,9 @@ impl Store {
                     return None;
                 }
                 StoreLocation::Redis(idem_testkit::redis::redis_url())
+            }
+            Kind::DynamoDb => {
+                StoreLocation::DynamoDb(idem_testkit::dynamodb::fresh_table_url("gateway")?)
             }
         };
         Some(Store {

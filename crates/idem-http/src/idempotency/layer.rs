@@ -131,15 +131,26 @@ impl<St: LeaseStore> IdempotencyLayer<St> {
     }
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
+#[cfg(any(
+    feature = "sqlite",
+    feature = "postgres",
+    feature = "redis",
+    feature = "dynamodb"
+))]
 #[cfg_attr(
     docsrs,
-    doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "redis")))
+    doc(cfg(any(
+        feature = "sqlite",
+        feature = "postgres",
+        feature = "redis",
+        feature = "dynamodb"
+    )))
 )]
 impl IdempotencyLayer<idem::AnyStore> {
-    /// Opens the store at `location` (`sqlite://PATH`, `postgres://URL` or
-    /// `redis://HOST:PORT/DB`, as the crate features allow) with the config's
-    /// lease and retention, and makes a layer over it.
+    /// Opens the store at `location` (`sqlite://PATH`, `postgres://URL`,
+    /// `redis://HOST:PORT/DB` or `dynamodb:///TABLE`, as the crate features
+    /// allow) with the config's lease and retention, and makes a layer over
+    /// it.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
