@@ -80,6 +80,16 @@ impl Stream {
         let client = async_nats::connect(url)
             .await
             .with_context(|| format!("cannot reach NATS at {}", idem::redact_url(url)))?;
+        Self::create_with(client, name, 1).await
+    }
+
+    /// The same through `client`, the stream replicated on `replicas`
+    /// servers of its cluster.
+    pub(super) async fn create_with(
+        client: async_nats::Client,
+        name: String,
+        replicas: usize,
+    ) -> anyhow::Result<Self> {
         let jetstream = jetstream::new(client);
         let subject = name.clone();
         jetstream
@@ -87,6 +97,7 @@ impl Stream {
                 name: name.clone(),
                 subjects: vec![subject.clone()],
                 max_age: std::time::Duration::from_secs(3600),
+                num_replicas: replicas,
                 ..jetstream::stream::Config::default()
             })
             .await

@@ -61,6 +61,12 @@ pub enum Scenario {
     /// proxy, dropped or blackholed mid-load.
     #[value(name = "relay-nats-partition")]
     RelayNatsPartition,
+    /// The JetStream stack on a three-node cluster of the trial's own: an R3
+    /// stream, the relay and `idem forward` given every node, and one node
+    /// killed (SIGKILL) mid-load and restarted after 1 to 3 s: the stream's
+    /// leader in even trials, another node in odd ones.
+    #[value(name = "relay-nats-cluster-node-kill")]
+    RelayNatsClusterNodeKill,
     /// The whole chain on PostgreSQL: clients → `idem dup-proxy` → `idem
     /// serve` → an application writing an outbox row in its own PostgreSQL
     /// transaction → `idem relay` → RabbitMQ → `idem forward` → a downstream
@@ -78,11 +84,14 @@ pub enum Carrier {
     Rabbitmq,
     /// A JetStream stream, and `idem forward`.
     Nats,
+    /// A JetStream stream replicated on a three-node cluster of the trial's
+    /// own, and `idem forward`, both given every node.
+    NatsCluster,
 }
 
 impl Scenario {
     /// Every scenario, in the order a campaign runs them.
-    pub const ALL: [Self; 14] = [
+    pub const ALL: [Self; 15] = [
         Self::SqliteKill,
         Self::PostgresKill,
         Self::SqliteKillProbe,
@@ -96,6 +105,7 @@ impl Scenario {
         Self::RelayRabbitmqPartition,
         Self::RelayNatsKill,
         Self::RelayNatsPartition,
+        Self::RelayNatsClusterNodeKill,
         Self::ChainPostgres,
     ];
 
@@ -115,6 +125,7 @@ impl Scenario {
             Self::RelayRabbitmqPartition => "relay-rabbitmq-partition",
             Self::RelayNatsKill => "relay-nats-kill",
             Self::RelayNatsPartition => "relay-nats-partition",
+            Self::RelayNatsClusterNodeKill => "relay-nats-cluster-node-kill",
             Self::ChainPostgres => "chain-postgres",
         }
     }
@@ -165,6 +176,7 @@ impl Scenario {
             Self::RelayKill => Some(Carrier::Webhook),
             Self::RelayRabbitmqKill | Self::RelayRabbitmqPartition => Some(Carrier::Rabbitmq),
             Self::RelayNatsKill | Self::RelayNatsPartition => Some(Carrier::Nats),
+            Self::RelayNatsClusterNodeKill => Some(Carrier::NatsCluster),
             _ => None,
         }
     }

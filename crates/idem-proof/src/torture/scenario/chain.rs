@@ -196,6 +196,7 @@ async fn run(
         setting,
         Carrier::Rabbitmq,
         Some(&broker_proxy),
+        None,
         &deliver,
         &through_proxy(&databases.forward),
     )

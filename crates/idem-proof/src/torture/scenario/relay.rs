@@ -1,7 +1,8 @@
 //! The relay scenarios: an application enqueues a message per request in its
 //! record's transaction, `idem relay` publishes it (to the downstream
 //! directly, or through RabbitMQ or JetStream and `idem forward`) and is
-//! killed, crashed after a publish, or cut off its broker mid-load.
+//! killed, crashed after a publish, or cut off its broker mid-load; or a
+//! node of the three-node JetStream cluster it publishes to is killed.
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -9,9 +10,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use anyhow::Context as _;
 use idem::SqliteStore;
 use idem_check::history::Event;
 use idem_testkit::faultproxy::{FaultProxy, Mode};
+use idem_testkit::nats_cluster::{NODES, NatsCluster};
 use rand::Rng;
 
 use super::{CLIENTS, Carrier, Fault, Setting, TrialResult};
@@ -43,6 +46,7 @@ impl Route {
         setting: &Setting<'_>,
         carrier: Carrier,
         proxy: Option<&FaultProxy>,
+        cluster: Option<&NatsCluster>,
         deliver: &str,
         forward_store: &str,
     ) -> anyhow::Result<Self> {
@@ -81,6 +85,15 @@ impl Route {
                 let via = via.trim_end_matches('/');
                 route.to = format!("{via}/{}", stream.subject);
                 route.forward = Some(forward(&format!("{via}/{}/forward", stream.name)));
+                route.stream = Some(stream);
+            }
+            Carrier::NatsCluster => {
+                let cluster = cluster.context("a cluster scenario without its cluster")?;
+                let stream = Stream::create_with(cluster.client().await, name, NODES).await?;
+                // Every node in both URLs, as production would write them.
+                let servers = cluster.url();
+                route.to = format!("{servers}/{}", stream.subject);
+                route.forward = Some(forward(&format!("{servers}/{}/forward", stream.name)));
                 route.stream = Some(stream);
             }
         }
@@ -135,7 +148,21 @@ pub(super) async fn trial(setting: &Setting<'_>, carrier: Carrier) -> anyhow::Re
         (scenario.kills() && index % 2 == 1).then(|| format!("{}:#1", idem::crash::AFTER_PUBLISH));
     let deliver = format!("http://{}/deliver", down.addr);
     let forward_store = format!("sqlite://{}", dir.join("forward.db").display());
-    let mut route = Route::open(setting, carrier, proxy.as_ref(), &deliver, &forward_store).await?;
+    let mut cluster = match carrier {
+        Carrier::NatsCluster => Some(NatsCluster::start().await.context(
+            "a three-node NATS cluster could not start (nats-server on the PATH or IDEM_NATS_SERVER)",
+        )?),
+        _ => None,
+    };
+    let mut route = Route::open(
+        setting,
+        carrier,
+        proxy.as_ref(),
+        cluster.as_ref(),
+        &deliver,
+        &forward_store,
+    )
+    .await?;
     let app_store_url = format!("sqlite://{}", app_path.display());
     let mut relay = Process::relay(&app_store_url, &route.to, &dir.join("relay.log"));
     relay.start(crash.as_deref())?;
@@ -160,6 +187,9 @@ pub(super) async fn trial(setting: &Setting<'_>, carrier: Carrier) -> anyhow::Re
     let mut faults = Vec::new();
     let mut exits = Vec::new();
     let mut partition: Option<(Mode, Instant, i64)> = None;
+    // A killed cluster node: which, why it was chosen, when it comes back,
+    // and when it died.
+    let mut node_down: Option<(usize, &str, Instant, i64)> = None;
     let mut drained_by: Option<Instant> = None;
     while started.elapsed() < budget + Duration::from_secs(30) {
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -188,6 +218,23 @@ pub(super) async fn trial(setting: &Setting<'_>, carrier: Carrier) -> anyhow::Re
         } else if !injected && load.done.load(Ordering::SeqCst) >= fault_at {
             injected = true;
             match &proxy {
+                None if let Some(cluster) = &mut cluster => {
+                    let leader = match &route.stream {
+                        Some(stream) => cluster.stream_leader(&stream.name).await,
+                        None => None,
+                    };
+                    let (node, role) = match leader {
+                        Some(leader) if index % 2 == 0 => (leader, "the stream's leader"),
+                        Some(leader) => (
+                            (leader + rand::rng().random_range(1..NODES)) % NODES,
+                            "a follower",
+                        ),
+                        None => (rand::rng().random_range(0..NODES), "a node"),
+                    };
+                    let lasts = Duration::from_millis(rand::rng().random_range(1000..3000));
+                    cluster.kill(node);
+                    node_down = Some((node, role, Instant::now() + lasts, now_ms()));
+                }
                 Some(proxy) => {
                     let mode = if index % 2 == 0 {
                         Mode::Drop
@@ -216,6 +263,18 @@ pub(super) async fn trial(setting: &Setting<'_>, carrier: Carrier) -> anyhow::Re
             });
             continue;
         }
+        if let (Some(cluster), Some((node, role, until, at_ms))) = (&mut cluster, node_down)
+            && Instant::now() >= until
+        {
+            // Back when it has caught up with the others.
+            cluster.restart(node).await;
+            faults.push(Fault {
+                what: format!("sigkill {role}"),
+                at_ms,
+                until_ms: now_ms(),
+            });
+            node_down = None;
+        }
         if let (Some(proxy), Some((mode, until, at_ms))) = (&proxy, partition)
             && Instant::now() >= until
         {
@@ -229,7 +288,10 @@ pub(super) async fn trial(setting: &Setting<'_>, carrier: Carrier) -> anyhow::Re
         }
         // Once the clients are done and the broker heals, wait for the
         // outbox to drain and every acknowledged key to reach the downstream.
-        if partition.is_none() && clients.iter().all(|client| client.is_finished()) {
+        if partition.is_none()
+            && node_down.is_none()
+            && clients.iter().all(|client| client.is_finished())
+        {
             let deadline = *drained_by.get_or_insert_with(|| Instant::now() + DRAIN_WAIT);
             if Instant::now() > deadline {
                 break;
@@ -264,6 +326,7 @@ pub(super) async fn trial(setting: &Setting<'_>, carrier: Carrier) -> anyhow::Re
     };
     route.close().await;
     drop(proxy);
+    drop(cluster);
 
     let events =
         idem_check::history::read(std::io::BufReader::new(std::fs::File::open(&history_path)?))?;
