@@ -215,6 +215,13 @@ mod tests {
             assert_eq!(uri.authority.userinfo.username, "app");
             assert_eq!(uri.authority.userinfo.password, "pw");
         }
+        assert_eq!(
+            client_uri(&server.uris[1])
+                .unwrap()
+                .query
+                .connection_timeout,
+            Some(super::super::NODE_CONNECT_TIMEOUT_MS)
+        );
         let tls = AmqpServer::parse("amqps://a,b:5999/v").unwrap();
         let ports: Vec<u16> = tls
             .uris

@@ -26,7 +26,10 @@
 //! connection, the first and each one made again after a loss, tries the
 //! nodes in the order written and keeps the first that answers
 //! ([`AmqpNodes`]). `connection_timeout=MS` bounds how long one node may
-//! take to accept the TCP connection before the next is tried.
+//! take to accept the TCP connection before the next is tried; a list
+//! without it gets [`NODE_CONNECT_TIMEOUT_MS`], so that a node that drops
+//! packets (a host gone, a partition) does not spend a whole connection
+//! attempt before the next node is tried.
 
 #[cfg(feature = "amqp")]
 mod connect;
@@ -39,6 +42,12 @@ use std::path::PathBuf;
 
 use url::Url;
 use url::form_urlencoded;
+
+/// How long one node of a list may take to accept the TCP connection when
+/// the URL does not say (`connection_timeout=MS`): well under the connect
+/// timeout of a whole attempt (10 s by default), so the next node is tried
+/// within the same attempt.
+pub(crate) const NODE_CONNECT_TIMEOUT_MS: u64 = 3000;
 
 /// A RabbitMQ URL's nodes: the authority's host list cut apart, so that
 /// each node is a URL of its own with the user-info, path and query of the
@@ -181,6 +190,14 @@ impl AmqpServer {
                     .into(),
             );
         }
+        let mut timeout_given = false;
+        for (name, _) in parsed.query_pairs() {
+            timeout_given |= name == "connection_timeout";
+        }
+        if nodes.urls.len() > 1 && !timeout_given {
+            rest.append_pair("connection_timeout", &NODE_CONNECT_TIMEOUT_MS.to_string());
+            kept += 1;
+        }
         let query = (kept > 0).then(|| rest.finish());
         let mut uris = Vec::with_capacity(nodes.urls.len());
         for node in &nodes.urls {
@@ -222,12 +239,20 @@ mod tests {
         assert_eq!(
             server.uris,
             [
-                "amqps://app:s3cret@r1:5671/prod?heartbeat=10",
-                "amqps://app:s3cret@r2/prod?heartbeat=10",
-                "amqps://app:s3cret@[::1]:5673/prod?heartbeat=10",
+                "amqps://app:s3cret@r1:5671/prod?heartbeat=10&connection_timeout=3000",
+                "amqps://app:s3cret@r2/prod?heartbeat=10&connection_timeout=3000",
+                "amqps://app:s3cret@[::1]:5673/prod?heartbeat=10&connection_timeout=3000",
             ]
         );
         assert_eq!(server.ca, Some("/ca.pem".into()));
+        let given = AmqpServer::parse("amqp://r1,r2/v?connection_timeout=500").unwrap();
+        assert_eq!(
+            given.uris,
+            [
+                "amqp://r1/v?connection_timeout=500",
+                "amqp://r2/v?connection_timeout=500"
+            ]
+        );
         let nodes = AmqpNodes::parse("amqp://u:p@h1:5672, h2:5673/v").unwrap();
         assert_eq!(nodes.urls, ["amqp://u:p@h1:5672/v", "amqp://u:p@h2:5673/v"]);
         assert_eq!(
