@@ -241,6 +241,7 @@ async fn consumes_across_a_node_loss<K: Bank>(victim: Victim) {
         .await;
 
     let consumer_on = consumer_node(&cluster).await;
+    let consumer_leader = cluster.consumer_leader(stream, WORKER).await;
     let leader = cluster
         .stream_leader(stream)
         .await
@@ -298,7 +299,7 @@ async fn consumes_across_a_node_loss<K: Bank>(victim: Victim) {
     eprintln!(
         "nats cluster, {victim:?} on {store}: {MESSAGES} published ({retried} publish attempts again, \
          longest wait for an ack {wait:?}), {applied} effects, {replayed} redeliveries suppressed; \
-         consumer on n{consumer_on}, leader n{leader}; killed n{killed} after {before_applied} effects; \
+         consumer connected to n{consumer_on}, led by {consumer_leader:?}, stream leader n{leader}; killed n{killed} after {before_applied} effects; \
          new leader n{new_leader} after {leader_after:?}; longest stretch without a new effect {stall:?}; \
          n{killed} healthy {healthy_after_restart:?} after its restart; \
          cluster up in {cluster_up:?}, test {total:?}",

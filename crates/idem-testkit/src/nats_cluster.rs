@@ -210,6 +210,21 @@ impl NatsCluster {
         (0..NODES).find(|&node| Self::name(node) == leader)
     }
 
+    /// The node that leads the durable consumer `consumer` of `stream` now
+    /// (`$JS.API.CONSUMER.INFO.<stream>.<consumer>` → `cluster.leader`): a
+    /// replicated consumer has a RAFT group, and a leader, of its own.
+    pub async fn consumer_leader(&self, stream: &str, consumer: &str) -> Option<usize> {
+        let client = tokio::time::timeout(Duration::from_secs(5), self.client())
+            .await
+            .ok()?;
+        let mut js = jetstream::new(client);
+        js.set_timeout(Duration::from_secs(2));
+        let found = js.get_stream(stream).await.ok()?;
+        let info = found.consumer_info(consumer).await.ok()?;
+        let leader = info.cluster.as_ref()?.leader.clone()?;
+        (0..NODES).find(|&node| Self::name(node) == leader)
+    }
+
     /// Waits until `stream` has a leader other than `not` (a node just
     /// killed), and returns it and how long the wait took. Panics after a
     /// minute.
