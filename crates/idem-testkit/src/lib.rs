@@ -22,6 +22,7 @@
 //! - [`tlsproxy`]: a TLS-terminating proxy in front of a server without TLS;
 //! - [`nats`]: a `nats-server` of a test's own, also in operator mode (JWTs and `.creds` files);
 //! - [`nats_cluster`]: three routed `nats-server`s with JetStream, to kill and restart one by one;
+//! - [`rabbitmq_cluster`]: three clustered `rabbitmq-server` nodes, shared by a test binary, to kill and restart one by one;
 //! - `spans` (feature `spans`): the spans a test process finished, collected
 //!   in memory, to check trace context across hops.
 //!
@@ -50,6 +51,7 @@ pub mod pg_cluster;
 pub mod pgbouncer;
 pub mod postgres;
 pub mod rabbitmq;
+pub mod rabbitmq_cluster;
 pub mod redis;
 pub mod services;
 #[cfg(feature = "spans")]
