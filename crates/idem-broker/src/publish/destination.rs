@@ -64,9 +64,10 @@ pub enum Destination {
     },
     /// NATS JetStream: the subject must be bound to a stream.
     Nats {
-        /// The server: `nats://host:port` or `tls://host:port`, credentials in
-        /// the user-info part if any, TLS and other credentials as a query
-        /// (`?tls_ca=FILE&token=...`).
+        /// The server: `nats://host:port` or `tls://host:port`, or several
+        /// servers of a cluster (`nats://n1:4222,n2:4222,n3:4222`),
+        /// credentials in the user-info part if any, TLS and other
+        /// credentials as a query (`?tls_ca=FILE&token=...`).
         url: String,
         /// The subject published to.
         subject: String,

@@ -70,7 +70,8 @@ impl fmt::Debug for NatsSettle {
 }
 
 impl NatsTransport {
-    /// Connects to `url` (`nats://HOST:PORT`, `tls://HOST:PORT`, with the
+    /// Connects to `url` (`nats://HOST:PORT`, `tls://HOST:PORT`, or a
+    /// cluster's servers, `nats://N1:4222,N2:4222,N3:4222`, with the
     /// credentials and TLS options of [`Source::Nats`](crate::consume::Source::Nats)) and consumes `stream` through the
     /// durable pull consumer `consumer`, creating it (explicit acks, the given
     /// ack-wait) if it does not exist. An existing consumer must ack explicitly.
