@@ -21,7 +21,8 @@ use super::upkeep::{Upkeep, UpkeepArgs};
 /// `idem forward`
 #[derive(Debug, Args)]
 pub(crate) struct ForwardArgs {
-    /// Where messages come from: amqp://[USER:PASS@]HOST[:PORT]/[VHOST/]QUEUE,
+    /// Where messages come from: amqp://[USER:PASS@]HOST[:PORT][,HOST:PORT]/[VHOST/]QUEUE
+    /// (several nodes of a cluster, tried in order on every connection),
     /// nats://HOST[:PORT][,HOST:PORT]/STREAM/CONSUMER (a durable pull
     /// consumer, created with explicit acks if missing; several servers of a
     /// cluster, the client moving to another when one drops), or

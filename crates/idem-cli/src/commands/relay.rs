@@ -23,7 +23,8 @@ use super::upkeep::{Upkeep, UpkeepArgs};
 #[derive(Debug, Args)]
 pub(crate) struct RelayArgs {
     /// Where rows enqueued without a destination go:
-    /// amqp://USER:PASS@HOST:PORT/VHOST?queue=Q (or ?exchange=X&routing_key=K),
+    /// amqp://USER:PASS@HOST:PORT[,HOST:PORT]/VHOST?queue=Q (or
+    /// ?exchange=X&routing_key=K; several nodes of a cluster, tried in order),
     /// nats://HOST:PORT[,HOST:PORT]/SUBJECT (several servers of a cluster),
     /// kafka://HOST:PORT/TOPIC,
     /// sqs://[HOST]/[ACCOUNT/]QUEUE[?region=R&group=G] (Amazon SQS; on a FIFO
