@@ -39,7 +39,8 @@ pub enum Source {
     },
     /// A NATS JetStream durable pull consumer.
     Nats {
-        /// The server (`nats://127.0.0.1:4222`), with its credentials and TLS
+        /// The server (`nats://127.0.0.1:4222`) or a cluster's servers
+        /// (`nats://n1:4222,n2:4222,n3:4222`), with the credentials and TLS
         /// options (`tls://USER:PASSWORD@HOST:PORT?tls_ca=FILE`; see the
         /// connecting-securely chapter).
         url: String,
