@@ -6,6 +6,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use aws_config::environment::EnvironmentVariableRegionProvider;
+use aws_config::meta::region::RegionProviderChain;
+use aws_config::profile::ProfileFileRegionProvider;
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::config::{Credentials, Region};
 use idem_core::{Error, Settings, SharedClock, SystemClock, Timestamp};
@@ -171,8 +174,20 @@ async fn client(location: &TableUrl, shown: &str) -> Result<Client, Error> {
         ))
         .build_https();
     let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest()).http_client(http);
-    if let Some(region) = &location.region {
-        loader = loader.region(Region::new(region.clone()));
+    match (&location.region, &location.endpoint) {
+        (Some(region), _) => loader = loader.region(Region::new(region.clone())),
+        // An endpoint of the URL's own that names no region (an emulator):
+        // the environment's or the profile's region, else the emulators'
+        // default. Never the instance metadata service, which the standard
+        // chain asks last: off EC2 it only fails, with a warning and a wait.
+        (None, Some(_)) => {
+            loader = loader.region(
+                RegionProviderChain::first_try(EnvironmentVariableRegionProvider::new())
+                    .or_else(ProfileFileRegionProvider::builder().build())
+                    .or_else(Region::new(EMULATOR_REGION)),
+            );
+        }
+        (None, None) => {}
     }
     if let Some(endpoint) = &location.endpoint {
         loader = loader.endpoint_url(endpoint);
