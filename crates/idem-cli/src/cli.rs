@@ -26,8 +26,10 @@ use crate::commands::{atomic, location, migrate, open, open_waiting};
 #[command(name = "idem", version, about, long_about = None)]
 pub(crate) struct Cli {
     /// Where the store lives: sqlite://PATH or postgres://USER@HOST:PORT/DATABASE,
-    /// or for leased mode only (serve, forward, keys, gc, dlq, audit-log)
-    /// redis://HOST:PORT/DB or redis+cluster://HOST:PORT,HOST:PORT
+    /// or for leased mode only (serve, forward, keys, gc, dlq, audit-log,
+    /// console, migrate) redis://HOST:PORT/DB, redis+cluster://HOST:PORT,HOST:PORT,
+    /// dynamodb:///TABLE (the AWS chain's endpoint, region and credentials) or
+    /// dynamodb+http://KEY:SECRET@HOST:PORT/TABLE (an emulator)
     /// [default: sqlite://idem.db; `demo` and `bench` default to a temporary file].
     #[arg(long, env = "IDEM_STORE", global = true, hide_env_values = true)]
     pub store: Option<String>,

@@ -111,6 +111,96 @@ fn keys_migrate_and_gc_work_on_a_store_left_by_the_demo() {
     assert!(text(&out.stdout).contains("deleted 0 expired records; 20 records remain"));
 }
 
+/// On a DynamoDB table (moto's, its own): `idem migrate` creates it, `idem
+/// keys ls` lists what an application stored there, and `idem gc` deletes
+/// the records past their window and keeps the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_keys_and_gc_on_dynamodb() {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use idem::{
+        AnyStore, Clock, Fingerprint, IdempotencyKey, LeaseStore, ManualClock, Outcome, Scope,
+    };
+
+    let Some(store) = TestStore::dynamodb("cli") else {
+        return;
+    };
+    let out = idem(&["--store", &store.url, "migrate"]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        stdout.contains("schema up to date at dynamodb+http://"),
+        "{stdout}"
+    );
+    assert!(
+        !stdout.contains("test:test"),
+        "the secret is never shown: {stdout}"
+    );
+
+    // Three records written eight days ago (past the 7-day window), two now.
+    let scope = Scope::new("payments").unwrap();
+    let clock = ManualClock::starting_now();
+    clock.set(clock.now().minus(Duration::from_secs(8 * 24 * 3600)));
+    let earlier = AnyStore::open_with(
+        &store.location(),
+        idem::Settings::default(),
+        Arc::new(clock),
+    )
+    .await
+    .unwrap();
+    let now = store.open().await;
+    for (opened, key) in [
+        (&earlier, "old-1"),
+        (&earlier, "old-2"),
+        (&earlier, "old-3"),
+        (&now, "new-1"),
+        (&now, "new-2"),
+    ] {
+        let key = IdempotencyKey::new(key).unwrap();
+        let applied = opened
+            .apply_leased(&scope, &key, Fingerprint::of_bytes(b"10 EUR"), |_| async {
+                Ok::<_, std::convert::Infallible>(Outcome::success("paid"))
+            })
+            .await
+            .unwrap();
+        assert!(!applied.is_replay());
+    }
+
+    let listed = |out: Output| -> Vec<String> {
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let records: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let mut keys: Vec<String> = records
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["key"].as_str().unwrap().to_owned())
+            .collect();
+        keys.sort();
+        keys
+    };
+    // Past its window a record is gone for every read, before gc too.
+    assert_eq!(
+        listed(idem(&["--store", &store.url, "keys", "ls", "--json"])),
+        ["new-1", "new-2"]
+    );
+    let out = idem(&["--store", &store.url, "keys", "show", "payments", "new-1"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("completed"));
+
+    let out = idem(&["--store", &store.url, "gc", "--batch", "2"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("deleted 3 expired records; 2 records remain"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(
+        listed(idem(&["--store", &store.url, "keys", "ls", "--json"])),
+        ["new-1", "new-2"]
+    );
+}
+
 fn fails_clearly(args: &[&str], expected: &str) {
     let out = idem(args);
     let stderr = text(&out.stderr);
@@ -166,11 +256,11 @@ fn bad_input_gets_a_clear_error_and_no_panic() {
     );
 }
 
-/// The commands that need atomic mode refuse a Redis store before they
-/// connect to anything, saying why and what to use; an unreachable Redis is
-/// said to be unreachable.
+/// The commands that need atomic mode refuse a Redis store or a DynamoDB
+/// table before they connect to anything, saying why and what to use; an
+/// unreachable Redis is said to be unreachable.
 #[test]
-fn commands_that_need_atomic_mode_refuse_a_redis_store() {
+fn commands_that_need_atomic_mode_refuse_redis_and_dynamodb_stores() {
     // Port 1: nothing listens, so a refusal here came before connecting.
     let redis = "redis://:hunter2@127.0.0.1:1/0";
     let mut commands = vec![&["demo"][..], &["relay"]];
@@ -197,6 +287,33 @@ fn commands_that_need_atomic_mode_refuse_a_redis_store() {
         &["--store", "redis://127.0.0.1:1/0", "keys", "ls"],
         "Redis refused the connection",
     );
+    fails_clearly(
+        &[
+            "--store",
+            "dynamodb+http://key:secret@127.0.0.1:1/idem",
+            "keys",
+            "ls",
+        ],
+        "DynamoDB could not be reached",
+    );
+    // A DynamoDB table is refused the same way, saying what it keeps.
+    let dynamodb = "dynamodb+http://key:hunter2@127.0.0.1:1/idem";
+    for command in [&["demo"][..], &["relay"]] {
+        let mut args = vec!["--store", dynamodb];
+        args.extend_from_slice(command);
+        let out = idem(&args);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{command:?}: {stderr}");
+        assert!(
+            stderr.contains("needs atomic mode") && stderr.contains("is a DynamoDB table"),
+            "{command:?}: {stderr}"
+        );
+        assert!(
+            stderr.contains("use a sqlite:// or postgres:// store"),
+            "{stderr}"
+        );
+        assert!(!stderr.contains("hunter2"), "{stderr}");
+    }
     fails_clearly(
         &["--store", "rediss://127.0.0.1:1/0", "keys", "ls"],
         "asks for TLS to Redis",

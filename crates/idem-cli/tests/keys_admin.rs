@@ -369,6 +369,13 @@ async fn keys_rm_evicts_on_redis_cluster() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_rm_evicts_on_dynamodb() {
+    if let Some(backend) = TestStore::dynamodb("keys-admin") {
+        eviction(&backend).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_release_fences_the_holder_on_sqlite() {
     release(&TestStore::sqlite()).await;
 }
@@ -395,6 +402,13 @@ async fn keys_release_fences_the_holder_on_redis_cluster() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_release_fences_the_holder_on_dynamodb() {
+    if let Some(backend) = TestStore::dynamodb("keys-admin") {
+        release(&backend).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dlq_archive_and_discard_on_sqlite() {
     dead_letters(&TestStore::sqlite()).await;
 }
@@ -409,6 +423,13 @@ async fn dlq_archive_and_discard_on_postgres() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dlq_archive_and_discard_on_redis() {
     if let Some(backend) = TestStore::redis("keys-admin") {
+        dead_letters(&backend).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlq_archive_and_discard_on_dynamodb() {
+    if let Some(backend) = TestStore::dynamodb("keys-admin") {
         dead_letters(&backend).await;
     }
 }

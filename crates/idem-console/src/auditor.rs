@@ -164,7 +164,8 @@ impl From<&Finding> for FindingView {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
 pub struct AuditorView {
     /// Whether the store can be audited: the auditor reads the effect log
-    /// with SQL on the store's database, which a Redis store does not have.
+    /// with SQL on the store's database, which a Redis or DynamoDB store
+    /// does not have.
     pub available: bool,
     /// Whether this console runs an auditor; when not, the rest is empty.
     pub configured: bool,
@@ -261,7 +262,7 @@ impl Panel {
     pub(crate) fn view(&self, store: &AnyStore) -> AuditorView {
         let seen = self.seen.lock().expect("panel lock");
         AuditorView {
-            available: !matches!(store, AnyStore::Redis(_)),
+            available: store.offers_atomic_mode(),
             configured: seen.config.is_some(),
             config: seen.config.clone(),
             findings_by_kind: seen

@@ -195,7 +195,7 @@ pub async fn in_flight(store: &AnyStore, now: Timestamp) -> Result<InFlight, Pro
 /// How the outbox keeps up.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
 pub struct OutboxView {
-    /// Whether this store has an outbox (Redis has none).
+    /// Whether this store has an outbox (Redis and DynamoDB have none).
     pub available: bool,
     /// Messages waiting to be published.
     pub pending: u64,
@@ -214,9 +214,10 @@ pub struct OutboxView {
 /// How many recent sends and failures the outbox view shows.
 pub const OUTBOX_RECENT: usize = 20;
 
-/// Whether `store` keeps an outbox: the SQL stores do, Redis (records only) does not.
+/// Whether `store` keeps an outbox: the SQL stores do; Redis (records only)
+/// and DynamoDB (no SQL transaction for an effect to enqueue in) do not.
 fn has_outbox(store: &AnyStore) -> bool {
-    !matches!(store, AnyStore::Redis(_))
+    store.offers_atomic_mode()
 }
 
 /// Dead letters whose origin names the relay are the outbox's failures.

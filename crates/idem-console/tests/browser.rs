@@ -1,10 +1,10 @@
 //! The console in a real browser: headless Chromium, driven through
 //! chromedriver (Debian's `chromium` and `chromium-driver`), against a real
-//! store (SQLite, PostgreSQL, Redis). Finds a record by key and opens it,
-//! sees a dead letter and redrives it (a real consumer applies it once),
-//! evicts a key and sees the audit line, sees the pages a store cannot serve
-//! say so (Redis keeps no outbox and cannot be audited), and checks that a
-//! read-only sign-in shows no action button.
+//! store (SQLite, PostgreSQL, Redis, DynamoDB). Finds a record by key and
+//! opens it, sees a dead letter and redrives it (a real consumer applies it
+//! once), evicts a key and sees the audit line, sees the pages a store cannot
+//! serve say so (Redis and DynamoDB keep no outbox and cannot be audited),
+//! and checks that a read-only sign-in shows no action button.
 //! Each page's screenshot is kept in `target/console-screenshots/STORE/`.
 
 mod common;
@@ -166,6 +166,13 @@ async fn redis_in_a_browser() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamodb_in_a_browser() {
+    if let Some(store) = TestStore::fresh(Kind::DynamoDb).await {
+        operator_walk(store, "dynamodb").await;
+    }
+}
+
 async fn operator_walk(t: TestStore, name: &str) {
     let Some(driver) = Driver::start().await else {
         return;
@@ -315,7 +322,7 @@ async fn operator_walk(t: TestStore, name: &str) {
     shot(&browser, &dir, "audit").await;
 
     browser.goto(&served.url("/outbox")).await.unwrap();
-    if matches!(t.store, idem::AnyStore::Redis(_)) {
+    if !t.store.offers_atomic_mode() {
         assert!(
             text(&browser, "#no-outbox")
                 .await
@@ -327,7 +334,7 @@ async fn operator_walk(t: TestStore, name: &str) {
     shot(&browser, &dir, "outbox").await;
 
     browser.goto(&served.url("/auditor")).await.unwrap();
-    if matches!(t.store, idem::AnyStore::Redis(_)) {
+    if !t.store.offers_atomic_mode() {
         assert!(
             text(&browser, "#not-available")
                 .await

@@ -60,16 +60,21 @@ fn parse(url: &str) -> anyhow::Result<StoreLocation> {
 }
 
 /// The `--store` of a command that needs atomic mode (`what` names it and
-/// says why), if given; a Redis store is refused before anything opens.
+/// says why), if given; a Redis or DynamoDB store is refused before anything
+/// opens.
 pub(crate) fn atomic(store: Option<&str>, what: &str) -> anyhow::Result<Option<StoreLocation>> {
     let Some(location) = store.map(parse).transpose()? else {
         return Ok(None);
     };
-    anyhow::ensure!(
-        location.offers_atomic_mode(),
-        "{what} needs atomic mode, where an effect's SQL and its record commit in one transaction of the store's database, and {location} is not an SQL store: use a sqlite:// or postgres:// store for it (Redis and DynamoDB serve leased mode: idem serve, idem forward)"
-    );
-    Ok(Some(location))
+    match location {
+        StoreLocation::DynamoDb(_) => anyhow::bail!(
+            "{what} needs atomic mode, where an effect's SQL and its record commit in one transaction of the store's database, and {location} is a DynamoDB table, which keeps records, attempts and dead letters but no SQL, outbox or fencing leases (its own atomic mode commits DynamoDB writes, through the library's DynamoStore::apply): use a sqlite:// or postgres:// store for it (DynamoDB serves idem serve, idem forward, keys, gc, dlq, audit-log and console)"
+        ),
+        StoreLocation::Redis(_) => anyhow::bail!(
+            "{what} needs atomic mode, where an effect's SQL and its record commit in one transaction of the store's database, and {location} is a Redis store, which holds records only: use a sqlite:// or postgres:// store for it (Redis serves leased mode: idem serve, idem forward)"
+        ),
+        StoreLocation::Sqlite(_) | StoreLocation::Postgres(_) => Ok(Some(location)),
+    }
 }
 
 pub(crate) fn location(store: Option<&str>) -> anyhow::Result<StoreLocation> {

@@ -1,8 +1,9 @@
 //! The store a test runs `idem` on, made for the test and removed after it:
 //! an SQLite file in a temporary directory, a PostgreSQL database of its own
-//! (on `IDEM_TEST_POSTGRES_URL`), or a key prefix of its own on the machine's
-//! Redis, one node or a cluster. Every process-level test makes its store
-//! here.
+//! (on `IDEM_TEST_POSTGRES_URL`), a key prefix of its own on the machine's
+//! Redis, one node or a cluster, or a table of its own on moto's DynamoDB
+//! (left to moto, which keeps its tables in memory). Every process-level
+//! test makes its store here.
 
 use std::path::Path;
 
@@ -67,6 +68,17 @@ impl TestStore {
                 "{}?prefix={prefix}",
                 idem_testkit::redis::redis_cluster_url()
             ),
+            _dir: None,
+            _database: None,
+        })
+    }
+
+    /// A table of its own on moto's DynamoDB (`idem_testkit::dynamodb`),
+    /// created by the first command or library call that opens it; `None`
+    /// when moto does not answer.
+    pub(crate) fn dynamodb(name: &str) -> Option<TestStore> {
+        Some(TestStore {
+            url: idem_testkit::dynamodb::fresh_table_url(name)?,
             _dir: None,
             _database: None,
         })

@@ -46,7 +46,7 @@ pub(crate) async fn outbox(
     let content = html! {
         h1 { "Outbox" }
         @if !outbox.available {
-            p.muted #no-outbox { "The outbox is not available on this store: a Redis store holds records only, and an outbox lives in the database of the service's transactions (SQLite or PostgreSQL)." }
+            p.muted #no-outbox { "The outbox is not available on this store: a Redis or DynamoDB store holds records, attempts and dead letters but no outbox, which lives in the SQL database of the service's transactions (SQLite or PostgreSQL)." }
         } @else {
             div.tiles {
                 div.tile { div.figure #pending { (outbox.pending) } "pending" }
@@ -169,7 +169,7 @@ pub(crate) async fn auditor(
             }
         } @else if !panel.available {
             p #not-available {
-                "The auditor is not available on this store: it reads the service's effect log with SQL on the store's database, and a Redis store holds records only. "
+                "The auditor is not available on this store: it reads the service's effect log with SQL on the store's database, and a Redis or DynamoDB store has no SQL. "
                 "Run it against the SQLite or PostgreSQL database the service writes its effects to."
             }
         } @else {

@@ -40,11 +40,13 @@ pub enum Kind {
     Postgres,
     /// The machine's Redis, under a key prefix of the test's own.
     Redis,
+    /// A table of the test's own on moto's DynamoDB.
+    DynamoDb,
 }
 
 impl TestStore {
-    /// A fresh store of `kind`, its clock at now; `None` when PostgreSQL or
-    /// Redis is not there and services are not required.
+    /// A fresh store of `kind`, its clock at now; `None` when PostgreSQL,
+    /// Redis or DynamoDB is not there and services are not required.
     pub async fn fresh(kind: Kind) -> Option<Self> {
         let clock = ManualClock::starting_now();
         if let Kind::Redis = kind {
@@ -78,6 +80,10 @@ impl TestStore {
                 let database = TestDatabase::create("idem_console").await?;
                 let location: StoreLocation = database.url().parse().unwrap();
                 (location, None, Some(database))
+            }
+            Kind::DynamoDb => {
+                let url = idem_testkit::dynamodb::fresh_table_url("idem-console")?;
+                (StoreLocation::DynamoDb(url), None, None)
             }
             Kind::Redis => unreachable!("opened above"),
         };

@@ -1,8 +1,8 @@
-//! `idem forward` and `idem dlq` on a Redis store, run as a user would: the
-//! failed attempts of a message that keeps failing are counted in Redis, it
-//! is dead-lettered there after its attempts, `idem dlq` lists and redrives
-//! it with its original key, and the messages that succeed reach the endpoint
-//! once per key.
+//! `idem forward` and `idem dlq` on the stores without an SQL database,
+//! Redis and DynamoDB, run as a user would: the failed attempts of a message
+//! that keeps failing are counted in the store, it is dead-lettered there
+//! after its attempts, `idem dlq` lists and redrives it with its original
+//! key, and the messages that succeed reach the endpoint once per key.
 
 mod common;
 
@@ -79,10 +79,22 @@ async fn idem(store: &str, args: &[&str]) -> Output {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forward_counts_attempts_and_dead_letters_in_redis_and_dlq_redrives_them() {
-    let Some(store) = TestStore::redis("forward") else {
-        return;
-    };
-    let Some(queue) = common::TestQueue::declare("idem-t-forward-redis").await else {
+    if let Some(store) = TestStore::redis("forward") {
+        forward_counts_attempts_and_dead_letters(&store, "redis").await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forward_counts_attempts_and_dead_letters_in_dynamodb_and_dlq_redrives_them() {
+    if let Some(store) = TestStore::dynamodb("forward") {
+        forward_counts_attempts_and_dead_letters(&store, "dynamodb").await;
+    }
+}
+
+/// `idem forward` from a queue of its own to an endpoint that fails `bad-`
+/// keys until healed, its attempts and dead letters in `store`.
+async fn forward_counts_attempts_and_dead_letters(store: &TestStore, name: &str) {
+    let Some(queue) = common::TestQueue::declare(&format!("idem-t-forward-{name}")).await else {
         return;
     };
     let (calls, hook) = endpoint().await;
@@ -116,7 +128,10 @@ async fn forward_counts_attempts_and_dead_letters_in_redis_and_dlq_redrives_them
     };
     let letter = &letters[0];
     assert_eq!(letter["key"], "bad-1");
-    assert_eq!(letter["attempts"], 3, "the attempts were counted in Redis");
+    assert_eq!(
+        letter["attempts"], 3,
+        "the attempts were counted in the store"
+    );
     assert!(
         letter["last_error"].as_str().unwrap().contains("500"),
         "{letter}"
