@@ -319,7 +319,10 @@ mod tests {
     #[test]
     fn route_keeps_user_database_and_query() {
         assert_eq!(
-            routed("postgres://postgres@127.0.0.1:5432/db_1?sslmode=disable", 6999),
+            routed(
+                "postgres://postgres@127.0.0.1:5432/db_1?sslmode=disable",
+                6999
+            ),
             "postgres://postgres@127.0.0.1:6999/db_1?sslmode=disable"
         );
         assert_eq!(
