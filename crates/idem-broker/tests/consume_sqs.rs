@@ -1,6 +1,7 @@
 //! The consumer runtime against an SQS-compatible server (moto's, started by
-//! the test command), on SQLite and PostgreSQL: each test creates a queue of
-//! its own and deletes it after.
+//! the test command), on SQLite, PostgreSQL and DynamoDB (moto's too, a
+//! table per test): each test creates a queue of its own and deletes it
+//! after.
 //!
 //! Where moto differs from SQS: it checks visibility timeouts when a receive
 //! asks, in whole seconds, so the timings below leave a second of slack; it
@@ -16,7 +17,9 @@ use std::time::Duration;
 
 use aws_sdk_sqs::types::QueueAttributeName;
 use consumer_support::bank::Tx;
-use consumer_support::{Bank, Broker, PgBank, Running, SqliteBank, Sqs, config};
+use consumer_support::{
+    Bank, Broker, DynamoBank, OPENING_BALANCE, PgBank, Running, SqliteBank, Sqs, config,
+};
 use idem::Outcome;
 use idem_broker::consume::{
     ApplyBatch, AtomicApply, ConsumeError, Consumer, KeyRule, KeySource, KeyedMessage, SqsOptions,
@@ -24,6 +27,113 @@ use idem_broker::consume::{
 };
 
 consumer_tests!(Sqs);
+
+/// The scenarios on a DynamoDB store: the effect's ledger item and debit
+/// commit with the record in one `TransactWriteItems`. (Batches are not run
+/// here: a batch's effects would write the one account item several times
+/// in one transaction, which DynamoDB refuses.)
+mod dynamodb {
+    use super::*;
+    use consumer_support::scenarios;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn duplicates_and_redeliveries_apply_once() {
+        scenarios::duplicates_and_redeliveries::<Sqs, DynamoBank>().await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn poison_is_dead_lettered_with_its_key_then_redriven_once() {
+        scenarios::poison_then_redrive::<Sqs, DynamoBank>().await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_window_shorter_than_the_producer_horizon_stops_the_start() {
+        scenarios::window_shorter_than_the_producer_horizon::<Sqs, DynamoBank>().await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_message_without_a_key_is_dead_lettered() {
+        scenarios::keyless::<Sqs, DynamoBank>().await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn killed_after_commit_before_ack_the_redelivery_is_suppressed() {
+        scenarios::crash::<Sqs, DynamoBank>(idem::crash::BEFORE_ACK, "dynamodb::crash_child").await
+    }
+
+    /// The child died holding the key's claim (written before the effect
+    /// ran, unlike a SQL transaction's): the redelivery is refused as in
+    /// flight until the claim's lease ends, then takes it over and applies.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn killed_before_commit_the_redelivery_applies_it() {
+        scenarios::crash::<Sqs, DynamoBank>(idem::crash::INSIDE_EFFECT, "dynamodb::crash_child")
+            .await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "the child process of the crash tests; does nothing on its own"]
+    async fn crash_child() {
+        scenarios::crash_child::<Sqs, DynamoBank>().await
+    }
+
+    /// Three consumers on one queue, 40 orders each sent three times: every
+    /// copy is settled, each order debited once, whichever consumer got it
+    /// first; the copies racing an original in flight are refused by the
+    /// claim's conditional write and answered from the record once it
+    /// commits.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn competing_consumers_apply_each_order_once() {
+        let Some(queue) = Sqs::start().await else {
+            return;
+        };
+        let Some(bank) = DynamoBank::start().await else {
+            return;
+        };
+        let orders: Vec<String> = (0..40).map(|i| format!("order-{i:02}")).collect();
+        for _ in 0..3 {
+            for order in &orders {
+                queue.publish(Some(order), br#"{"amount": 3}"#).await;
+            }
+        }
+        let mut running = Vec::new();
+        for _ in 0..3 {
+            let consumer = Consumer::new(
+                queue.transport().await,
+                bank.apply(false),
+                config(queue.key_rule()),
+            );
+            running.push(Running::start(consumer.stats(), |stop| consumer.run(stop)));
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let settled: u64 = running
+                .iter()
+                .map(|r| {
+                    let s = r.stats_now();
+                    s.applied + s.replayed
+                })
+                .sum();
+            if settled >= 120 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{settled} of 120 copies settled in 60 s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let mut applied = 0;
+        for consumer in running {
+            let stats = consumer.stop().await;
+            assert_eq!(stats.dead_lettered, 0, "{stats:?}");
+            applied += stats.applied;
+        }
+        assert_eq!(applied, 40, "one effect per order");
+        assert_eq!(bank.ledger().await, orders, "one ledger item per order");
+        assert_eq!(bank.balance().await, OPENING_BALANCE - 3 * 40);
+        assert_eq!(queue.depth().await, (0, 0), "every copy deleted");
+    }
+}
 
 /// Waits inside an effect: on the runtime (PostgreSQL's effects), or on the
 /// thread (SQLite's effects run on its writer thread, outside the runtime).

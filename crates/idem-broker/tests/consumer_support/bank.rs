@@ -1,5 +1,6 @@
-//! The effect under test, on either store: debit an account and write a
-//! ledger row per applied message. Effects are counted from the ledger.
+//! The effect under test, on each store: debit an account and write a
+//! ledger row (on DynamoDB, a ledger item) per applied message. Effects are
+//! counted from the ledger.
 //!
 //! Payloads are JSON: `{"amount": 10}`; `{"amount": 10, "poison": true}`
 //! fails until the `poison_fixed` switch is turned on (the "fix" before a
@@ -8,8 +9,10 @@
 use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 
+use idem::dynamodb::Transaction;
+use idem::dynamodb::aws_sdk_dynamodb::types::{AttributeValue, Put, Update};
 use idem::sqlite::rusqlite;
-use idem::{AtomicStore, Outcome, PgStore, RecordStore, SqliteStore};
+use idem::{AtomicStore, DynamoStore, Outcome, PgStore, RecordStore, SqliteStore};
 use idem_broker::consume::{ApplyBatch, AtomicApply, ConsumerStore, KeyedMessage};
 use sqlx::{AssertSqlSafe, Connection, PgConnection};
 
@@ -319,3 +322,177 @@ impl TestDb {
 
 /// Shares a bank between the test and a consumer task.
 pub(crate) type Shared<B> = Arc<B>;
+
+/// The bank on DynamoDB (moto's, a table of its own): the account, the
+/// ledger and the switch are items of the store's own table under partition
+/// keys of their own (`bank/…`), written by the effect in the
+/// `TransactWriteItems` that completes the record. Each applied effect puts
+/// a ledger item of its own, so an effect applied twice shows twice.
+///
+/// Its lease is short (5 s), so a consumer that died inside an effect,
+/// holding the key, is taken over within the scenarios' patience. A batch
+/// of its effects would write the one account item several times in one
+/// transaction, which DynamoDB refuses: the batch scenario is not run on it.
+pub(crate) struct DynamoBank {
+    store: DynamoStore,
+    url: String,
+}
+
+/// The lease of the DynamoDB bank's claims.
+pub(crate) const DYNAMO_LEASE: std::time::Duration = std::time::Duration::from_secs(5);
+
+const DYNAMO_ACCOUNT: &str = "bank/account/1";
+const DYNAMO_SWITCH: &str = "bank/switch/poison_fixed";
+const DYNAMO_LEDGER: &str = "bank/ledger/";
+
+fn dynamo_key(pk: &str) -> std::collections::HashMap<String, AttributeValue> {
+    std::collections::HashMap::from([(
+        idem::dynamodb::PARTITION_KEY.to_owned(),
+        AttributeValue::S(pk.to_owned()),
+    )])
+}
+
+fn dynamo_number(
+    item: Option<&std::collections::HashMap<String, AttributeValue>>,
+    name: &str,
+) -> Result<i64, String> {
+    match item.and_then(|item| item.get(name)) {
+        Some(AttributeValue::N(n)) => n.parse().map_err(|e| format!("{name}: {e}")),
+        other => Err(format!("{name} is not a number: {other:?}")),
+    }
+}
+
+impl Bank for DynamoBank {
+    type Store = DynamoStore;
+    const NAME: &'static str = "dynamodb";
+
+    async fn start() -> Option<Self> {
+        let url = idem_testkit::dynamodb::fresh_table_url("broker")?;
+        let bank = Self::at(&url).await;
+        for (pk, name, value) in [
+            (DYNAMO_ACCOUNT, "balance", OPENING_BALANCE),
+            (DYNAMO_SWITCH, "flag", 0),
+        ] {
+            bank.store
+                .client()
+                .put_item()
+                .table_name(bank.store.table())
+                .set_item(Some(dynamo_key(pk)))
+                .item(name, AttributeValue::N(value.to_string()))
+                .send()
+                .await
+                .expect("the bank's items");
+        }
+        Some(bank)
+    }
+
+    async fn at(location: &str) -> Self {
+        let store = DynamoStore::builder(location)
+            .settings(idem::Settings::default().with_lease(DYNAMO_LEASE))
+            .open()
+            .await
+            .expect("open the DynamoDB store on moto");
+        Self {
+            store,
+            url: location.to_owned(),
+        }
+    }
+
+    fn location(&self) -> String {
+        self.url.clone()
+    }
+
+    fn store(&self) -> DynamoStore {
+        self.store.clone()
+    }
+
+    async fn poison_fixed(tx: &mut Transaction) -> Result<bool, String> {
+        let found = tx
+            .client()
+            .get_item()
+            .table_name(tx.table())
+            .set_key(Some(dynamo_key(DYNAMO_SWITCH)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| format!("{e:?}"))?;
+        Ok(dynamo_number(found.item(), "flag")? != 0)
+    }
+
+    async fn debit(tx: &mut Transaction, key: &str, amount: i64) -> Result<(), String> {
+        let debit = Update::builder()
+            .table_name(tx.table())
+            .set_key(Some(dynamo_key(DYNAMO_ACCOUNT)))
+            .update_expression("ADD balance :minus")
+            .expression_attribute_values(":minus", AttributeValue::N((-amount).to_string()))
+            .build()
+            .map_err(|e| e.to_string())?;
+        let entry = RandomState::new().hash_one((key, std::time::Instant::now()));
+        let mut item = dynamo_key(&format!("{DYNAMO_LEDGER}{key}/{entry:016x}"));
+        item.insert("key".to_owned(), AttributeValue::S(key.to_owned()));
+        item.insert("amount".to_owned(), AttributeValue::N(amount.to_string()));
+        let written = Put::builder()
+            .table_name(tx.table())
+            .set_item(Some(item))
+            .build()
+            .map_err(|e| e.to_string())?;
+        tx.update(debit).put(written);
+        Ok(())
+    }
+
+    async fn read_ledger(tx: &mut Transaction) -> Result<Vec<String>, String> {
+        let mut keys = Vec::new();
+        let mut start = None;
+        loop {
+            let page = tx
+                .client()
+                .scan()
+                .table_name(tx.table())
+                .filter_expression("begins_with(#pk, :ledger)")
+                .expression_attribute_names("#pk", idem::dynamodb::PARTITION_KEY)
+                .expression_attribute_values(":ledger", AttributeValue::S(DYNAMO_LEDGER.into()))
+                .consistent_read(true)
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(|e| format!("{e:?}"))?;
+            for item in page.items() {
+                match item.get("key") {
+                    Some(AttributeValue::S(key)) => keys.push(key.clone()),
+                    other => return Err(format!("a ledger item without its key: {other:?}")),
+                }
+            }
+            start = page.last_evaluated_key;
+            if start.is_none() {
+                break;
+            }
+        }
+        keys.sort();
+        Ok(keys)
+    }
+
+    async fn read_balance(tx: &mut Transaction) -> Result<i64, String> {
+        let found = tx
+            .client()
+            .get_item()
+            .table_name(tx.table())
+            .set_key(Some(dynamo_key(DYNAMO_ACCOUNT)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| format!("{e:?}"))?;
+        dynamo_number(found.item(), "balance")
+    }
+
+    async fn set_poison_fixed(tx: &mut Transaction) -> Result<(), String> {
+        let fixed = Update::builder()
+            .table_name(tx.table())
+            .set_key(Some(dynamo_key(DYNAMO_SWITCH)))
+            .update_expression("SET flag = :on")
+            .expression_attribute_values(":on", AttributeValue::N("1".into()))
+            .build()
+            .map_err(|e| e.to_string())?;
+        tx.update(fixed);
+        Ok(())
+    }
+}

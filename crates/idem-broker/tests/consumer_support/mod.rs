@@ -30,7 +30,7 @@ use idem_broker::consume::{ConsumeError, ConsumerConfig, KeyRule, Stats, StatsSn
 use idem_retry::Backoff;
 use tokio::sync::oneshot;
 
-pub(crate) use bank::{Bank, OPENING_BALANCE, PgBank, SqliteBank};
+pub(crate) use bank::{Bank, DynamoBank, OPENING_BALANCE, PgBank, SqliteBank};
 #[allow(unused_imports)]
 pub(crate) use brokers::{Broker, Jet, Kafka, Rabbit};
 #[allow(unused_imports)]
@@ -105,6 +105,11 @@ impl Running {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// The counters now.
+    pub(crate) fn stats_now(&self) -> StatsSnapshot {
+        self.stats.snapshot()
     }
 
     /// Stops the consumer and returns its final counters.
