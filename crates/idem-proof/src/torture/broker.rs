@@ -18,16 +18,37 @@ pub(super) struct Queue {
 impl Queue {
     /// Declares `name` on the broker at `url` (`amqp://USER:PASS@HOST:PORT/%2f`).
     pub(super) async fn declare(url: &str, name: String) -> anyhow::Result<Self> {
+        Self::declare_with(url, name, None).await
+    }
+
+    /// The same, a durable quorum queue with `members` members when given
+    /// (`url` one node of the cluster: the queue's first leader).
+    pub(super) async fn declare_with(
+        url: &str,
+        name: String,
+        members: Option<usize>,
+    ) -> anyhow::Result<Self> {
+        use lapin::types::{AMQPValue, FieldTable};
+
         let connection = lapin::Connection::connect(url, lapin::ConnectionProperties::default())
             .await
             .with_context(|| format!("cannot reach RabbitMQ at {}", idem::redact_url(url)))?;
         let channel = connection.create_channel().await?;
+        let mut arguments = FieldTable::default();
+        let mut options = lapin::options::QueueDeclareOptions::default();
+        if let Some(members) = members {
+            arguments.insert(
+                "x-queue-type".into(),
+                AMQPValue::LongString("quorum".into()),
+            );
+            arguments.insert(
+                "x-quorum-initial-group-size".into(),
+                AMQPValue::LongInt(i32::try_from(members)?),
+            );
+            options.durable = true;
+        }
         channel
-            .queue_declare(
-                name.as_str().into(),
-                lapin::options::QueueDeclareOptions::default(),
-                lapin::types::FieldTable::default(),
-            )
+            .queue_declare(name.as_str().into(), options, arguments)
             .await?;
         Ok(Self {
             channel,

@@ -67,6 +67,12 @@ pub enum Scenario {
     /// leader in even trials, another node in odd ones.
     #[value(name = "relay-nats-cluster-node-kill")]
     RelayNatsClusterNodeKill,
+    /// The RabbitMQ stack on a three-node cluster: a quorum queue on the
+    /// three nodes, the relay and `idem forward` given every node, and one
+    /// node killed (SIGKILL) mid-load and restarted after 1 to 3 s: the
+    /// queue's leader in even trials, another node in odd ones.
+    #[value(name = "relay-rabbitmq-cluster-node-kill")]
+    RelayRabbitmqClusterNodeKill,
     /// The whole chain on PostgreSQL: clients → `idem dup-proxy` → `idem
     /// serve` → an application writing an outbox row in its own PostgreSQL
     /// transaction → `idem relay` → RabbitMQ → `idem forward` → a downstream
@@ -87,11 +93,14 @@ pub enum Carrier {
     /// A JetStream stream replicated on a three-node cluster of the trial's
     /// own, and `idem forward`, both given every node.
     NatsCluster,
+    /// A quorum queue on a three-node RabbitMQ cluster of the campaign's
+    /// own, and `idem forward`, both given every node.
+    RabbitmqCluster,
 }
 
 impl Scenario {
     /// Every scenario, in the order a campaign runs them.
-    pub const ALL: [Self; 15] = [
+    pub const ALL: [Self; 16] = [
         Self::SqliteKill,
         Self::PostgresKill,
         Self::SqliteKillProbe,
@@ -106,6 +115,7 @@ impl Scenario {
         Self::RelayNatsKill,
         Self::RelayNatsPartition,
         Self::RelayNatsClusterNodeKill,
+        Self::RelayRabbitmqClusterNodeKill,
         Self::ChainPostgres,
     ];
 
@@ -126,6 +136,7 @@ impl Scenario {
             Self::RelayNatsKill => "relay-nats-kill",
             Self::RelayNatsPartition => "relay-nats-partition",
             Self::RelayNatsClusterNodeKill => "relay-nats-cluster-node-kill",
+            Self::RelayRabbitmqClusterNodeKill => "relay-rabbitmq-cluster-node-kill",
             Self::ChainPostgres => "chain-postgres",
         }
     }
@@ -177,6 +188,7 @@ impl Scenario {
             Self::RelayRabbitmqKill | Self::RelayRabbitmqPartition => Some(Carrier::Rabbitmq),
             Self::RelayNatsKill | Self::RelayNatsPartition => Some(Carrier::Nats),
             Self::RelayNatsClusterNodeKill => Some(Carrier::NatsCluster),
+            Self::RelayRabbitmqClusterNodeKill => Some(Carrier::RabbitmqCluster),
             _ => None,
         }
     }

@@ -197,6 +197,7 @@ async fn run(
         Carrier::Rabbitmq,
         Some(&broker_proxy),
         None,
+        None,
         &deliver,
         &through_proxy(&databases.forward),
     )

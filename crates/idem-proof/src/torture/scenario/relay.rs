@@ -2,7 +2,8 @@
 //! record's transaction, `idem relay` publishes it (to the downstream
 //! directly, or through RabbitMQ or JetStream and `idem forward`) and is
 //! killed, crashed after a publish, or cut off its broker mid-load; or a
-//! node of the three-node JetStream cluster it publishes to is killed.
+//! node of the three-node JetStream or RabbitMQ cluster it publishes to is
+//! killed.
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -15,6 +16,7 @@ use idem::SqliteStore;
 use idem_check::history::Event;
 use idem_testkit::faultproxy::{FaultProxy, Mode};
 use idem_testkit::nats_cluster::{NODES, NatsCluster};
+use idem_testkit::rabbitmq_cluster::{NODES as RABBIT_NODES, RabbitCluster};
 use rand::Rng;
 
 use super::{CLIENTS, Carrier, Fault, Setting, TrialResult};
@@ -47,6 +49,7 @@ impl Route {
         carrier: Carrier,
         proxy: Option<&FaultProxy>,
         cluster: Option<&NatsCluster>,
+        rabbit: Option<&RabbitCluster>,
         deliver: &str,
         forward_store: &str,
     ) -> anyhow::Result<Self> {
@@ -95,6 +98,17 @@ impl Route {
                 route.to = format!("{servers}/{}", stream.subject);
                 route.forward = Some(forward(&format!("{servers}/{}/forward", stream.name)));
                 route.stream = Some(stream);
+            }
+            Carrier::RabbitmqCluster => {
+                let rabbit = rabbit.context("a cluster scenario without its cluster")?;
+                // Declared through the first node, which leads it at first.
+                let queue =
+                    Queue::declare_with(&rabbit.url_in(&[0]), name, Some(RABBIT_NODES)).await?;
+                // Every node in both URLs, as production would write them.
+                let nodes = rabbit.url();
+                route.to = format!("{nodes}?queue={}", queue.name);
+                route.forward = Some(forward(&format!("{nodes}/{}", queue.name)));
+                route.queue = Some(queue);
             }
         }
         if let Some(forward) = &mut route.forward {
@@ -154,11 +168,20 @@ pub(super) async fn trial(setting: &Setting<'_>, carrier: Carrier) -> anyhow::Re
         )?),
         _ => None,
     };
+    // The campaign's RabbitMQ cluster, started by its first trial; a node an
+    // earlier trial left killed is running again.
+    let mut rabbit = match carrier {
+        Carrier::RabbitmqCluster => Some(RabbitCluster::shared().await.context(
+            "a three-node RabbitMQ cluster could not start (rabbitmq-server in /usr/lib/rabbitmq/bin or IDEM_RABBITMQ_SERVER)",
+        )?),
+        _ => None,
+    };
     let mut route = Route::open(
         setting,
         carrier,
         proxy.as_ref(),
         cluster.as_ref(),
+        rabbit.as_deref(),
         &deliver,
         &forward_store,
     )
@@ -235,6 +258,23 @@ pub(super) async fn trial(setting: &Setting<'_>, carrier: Carrier) -> anyhow::Re
                     cluster.kill(node);
                     node_down = Some((node, role, Instant::now() + lasts, now_ms()));
                 }
+                None if let Some(rabbit) = &mut rabbit => {
+                    let leader = match &route.queue {
+                        Some(queue) => rabbit.queue_leader(&queue.name).await,
+                        None => None,
+                    };
+                    let (node, role) = match leader {
+                        Some(leader) if index % 2 == 0 => (leader, "the queue's leader"),
+                        Some(leader) => (
+                            (leader + rand::rng().random_range(1..RABBIT_NODES)) % RABBIT_NODES,
+                            "a follower",
+                        ),
+                        None => (rand::rng().random_range(0..RABBIT_NODES), "a node"),
+                    };
+                    let lasts = Duration::from_millis(rand::rng().random_range(1000..3000));
+                    rabbit.kill(node);
+                    node_down = Some((node, role, Instant::now() + lasts, now_ms()));
+                }
                 Some(proxy) => {
                     let mode = if index % 2 == 0 {
                         Mode::Drop
@@ -268,6 +308,18 @@ pub(super) async fn trial(setting: &Setting<'_>, carrier: Carrier) -> anyhow::Re
         {
             // Back when it has caught up with the others.
             cluster.restart(node).await;
+            faults.push(Fault {
+                what: format!("sigkill {role}"),
+                at_ms,
+                until_ms: now_ms(),
+            });
+            node_down = None;
+        }
+        if let (Some(rabbit), Some((node, role, until, at_ms))) = (&mut rabbit, node_down)
+            && Instant::now() >= until
+        {
+            // Back when the cluster lists it running again.
+            rabbit.restart(node).await;
             faults.push(Fault {
                 what: format!("sigkill {role}"),
                 at_ms,
@@ -327,6 +379,7 @@ pub(super) async fn trial(setting: &Setting<'_>, carrier: Carrier) -> anyhow::Re
     route.close().await;
     drop(proxy);
     drop(cluster);
+    drop(rabbit);
 
     let events =
         idem_check::history::read(std::io::BufReader::new(std::fs::File::open(&history_path)?))?;
