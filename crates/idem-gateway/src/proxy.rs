@@ -25,7 +25,8 @@
 //! trailers (a gRPC answer's status) are kept.
 //!
 //! An `h2c://` upstream is spoken to in HTTP/2 with prior knowledge, whatever
-//! version the client used; `TE: trailers`, which gRPC servers expect, is the
+//! version the client used, and every answer goes back in the client's
+//! version, whatever the upstream's; `TE: trailers`, which gRPC servers expect, is the
 //! one hop-by-hop header kept for it. A gRPC call (`content-type:
 //! application/grpc…`) is answered in gRPC's terms when the upstream fails it:
 //! a trailers-only answer with `UNAVAILABLE` (nothing sent) or
@@ -217,6 +218,10 @@ impl Shared {
 
         let (mut parts, body) = answer.into_parts();
         hop::strip(&mut parts.headers);
+        // The answer goes out in the client's version, not the upstream's
+        // (an HTTP/1.0 upstream must not turn a client's HTTP/1.1 answer
+        // into HTTP/1.0, which ends its keep-alive).
+        parts.version = version;
         parts.extensions.insert(FromUpstream);
         if !keyed {
             return Response::from_parts(parts, Body::new(body));

@@ -1522,3 +1522,62 @@ async fn a_request_that_comes_back_to_the_gateway_is_answered_508() {
     // Each went round once: the gateway, the proxy, the gateway (refused).
     assert_eq!(back.calls.load(Ordering::SeqCst), 3);
 }
+
+/// An upstream that answers in HTTP/1.0 (Python's `http.server`, old
+/// appliances): the client still gets its answer in the version it spoke,
+/// the first time and on the replay, not the upstream's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_http_1_0_upstream_is_answered_in_the_clients_version() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = Arc::clone(&calls);
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let n = counted.fetch_add(1, Ordering::SeqCst) + 1;
+            tokio::spawn(async move {
+                let mut received = Vec::new();
+                let mut chunk = [0u8; 4096];
+                // The head and its 2-byte body, then the answer and close.
+                while !received.windows(4).any(|w| w == b"\r\n\r\n") || !received.ends_with(b"{}") {
+                    match stream.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(read) => received.extend_from_slice(&chunk[..read]),
+                    }
+                }
+                let body = format!("{{\"effect\":{n}}}");
+                let answer = format!(
+                    "HTTP/1.0 201 Created\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let config = IdempotencyConfig::default();
+    let store = common::gateway::embedded(dir.path(), &config, Arc::new(SystemClock)).await;
+    let gateway = Gateway::start(upstream, store, Options::default()).await;
+    let head = "POST /orders HTTP/1.1\r\nhost: gateway\r\nidempotency-key: \"v-1\"\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n";
+    for replayed in [false, true] {
+        let (answer, _) = raw_exchange(
+            gateway.addr,
+            head.to_owned(),
+            b"{}".to_vec(),
+            Duration::ZERO,
+            Duration::from_secs(10),
+        )
+        .await;
+        assert!(answer.starts_with("HTTP/1.1 201 Created\r\n"), "{answer:?}");
+        assert!(answer.ends_with("{\"effect\":1}"), "{answer:?}");
+        assert_eq!(
+            answer
+                .to_ascii_lowercase()
+                .contains("idempotent-replayed: true"),
+            replayed,
+            "{answer:?}"
+        );
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
