@@ -44,6 +44,25 @@ fn postgres_installed() -> bool {
     installed
 }
 
+/// Whether a `nats-server` binary is installed, for the scenario that
+/// starts a three-node cluster of its own.
+fn nats_server_installed() -> bool {
+    let on_path = std::env::var_os("PATH").is_some_and(|paths| {
+        std::env::split_paths(&paths).any(|dir| dir.join("nats-server").is_file())
+    });
+    let installed = std::env::var_os("IDEM_NATS_SERVER").is_some()
+        || on_path
+        || Path::new("/usr/sbin/nats-server").is_file();
+    if !installed {
+        assert!(
+            std::env::var_os("IDEM_REQUIRE_SERVICES").is_none(),
+            "nats-server is required"
+        );
+        eprintln!("nats-server is not installed: the NATS cluster scenario is skipped");
+    }
+    installed
+}
+
 /// A campaign's report folder, removed after a passing test and kept (its
 /// path printed) after a failing one, with the histories and logs that say
 /// why.
@@ -221,11 +240,28 @@ fn a_short_campaign_cuts_and_restarts_the_dependencies_and_finds_no_violation() 
     if up("NATS", "127.0.0.1:4222") {
         scenarios.push("relay-nats-partition");
     }
+    if nats_server_installed() {
+        scenarios.push("relay-nats-cluster-node-kill");
+    }
     if scenarios.is_empty() {
         return;
     }
-    let output = campaign(&scenarios, 2, report.path(), Duration::from_secs(210));
-    rows_are_clean(&output, &scenarios, 2, report.path());
+    let output = campaign(&scenarios, 2, report.path(), Duration::from_secs(270));
+    let rows = rows_are_clean(&output, &scenarios, 2, report.path());
+    // Two trials of the cluster: a follower killed, then the stream's leader.
+    if let Some(row) = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|row| row["scenario"] == "relay-nats-cluster-node-kill")
+    {
+        let kinds: Vec<&String> = row["fault_kinds"].as_object().unwrap().keys().collect();
+        assert_eq!(
+            kinds,
+            ["sigkill a follower", "sigkill the stream's leader"],
+            "{row}"
+        );
+    }
     // Two trials: both restart modes, both kinds of cut.
     let page = std::fs::read_to_string(report.path().join("index.html")).unwrap();
     for scenario in &scenarios {
