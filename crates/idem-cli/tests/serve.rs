@@ -260,15 +260,30 @@ async fn killed_mid_request_and_restarted_on_redis_the_effect_is_applied_once() 
     }
     let store = idem_testkit::redis::redis_url();
     let key = idem_testkit::redis::test_prefix("serve");
-    killed_mid_request_and_restarted_the_effect_is_applied_once(&store, &key).await;
+    killed_mid_request_and_restarted_then_shown_completed(&store, &key).await;
+}
+
+/// The same on a DynamoDB table of its own (moto's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killed_mid_request_and_restarted_on_dynamodb_the_effect_is_applied_once() {
+    let Some(store) = idem_testkit::dynamodb::fresh_table_url("serve") else {
+        return;
+    };
+    killed_mid_request_and_restarted_then_shown_completed(&store, "order-1").await;
+}
+
+/// [`killed_mid_request_and_restarted_the_effect_is_applied_once`] on a
+/// store of a server's own, then `idem keys show` on it.
+async fn killed_mid_request_and_restarted_then_shown_completed(store: &str, key: &str) {
+    killed_mid_request_and_restarted_the_effect_is_applied_once(store, key).await;
     let shown = idem()
         .args([
             "--store",
-            &store,
+            store,
             "keys",
             "show",
             "http:anon:POST:/pay",
-            &key,
+            key,
             "--json",
         ])
         .output()
