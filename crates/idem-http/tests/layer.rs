@@ -642,8 +642,8 @@ async fn a_load_shed_layer_answers_503_past_its_limit_and_admits_again_when_a_pl
     assert_eq!(upstream.effects(), 2);
 }
 
-/// The layer over a `RedisStore` itself (the layer takes any `LeaseStore`):
-/// a keyed POST runs once and its duplicate is replayed byte for byte; a
+/// The layer over a `RedisStore` (the layer takes any `LeaseStore`): a
+/// keyed POST runs once and its duplicate is replayed byte for byte; a
 /// concurrent duplicate of a slow request is answered 409 while it runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_layer_over_a_redis_store_runs_a_keyed_request_once() {
@@ -657,6 +657,30 @@ async fn the_layer_over_a_redis_store_runs_a_keyed_request_once() {
         .connect()
         .await
         .expect("connect the Redis store");
+    runs_a_keyed_request_once(store, config).await;
+}
+
+/// The same over a `DynamoStore`, on a table of its own on moto's DynamoDB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_layer_over_a_dynamodb_store_runs_a_keyed_request_once() {
+    let Some(url) = idem_testkit::dynamodb::fresh_table_url("layer") else {
+        return;
+    };
+    let config = IdempotencyConfig::default();
+    let store = idem::DynamoStore::builder(url)
+        .settings(config.store_settings())
+        .open()
+        .await
+        .expect("open the DynamoDB store on moto");
+    runs_a_keyed_request_once(store, config).await;
+}
+
+/// A keyed POST through the layer over `store` runs once and is replayed; a
+/// concurrent duplicate of a slow request is answered 409 while it runs.
+async fn runs_a_keyed_request_once<St>(store: St, config: IdempotencyConfig)
+where
+    St: idem::LeaseStore + idem::RecordStore + Send + Sync + 'static,
+{
     let upstream = Upstream::default();
     let app = Router::new()
         .route("/payments", post(pay))
