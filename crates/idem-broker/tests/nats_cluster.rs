@@ -269,6 +269,13 @@ async fn consumes_across_a_node_loss<K: Bank>(victim: Victim) {
         .await;
     let stall = stall.await.expect("the stall meter");
     until_settled(&js, stream).await;
+    let consumer_after = consumer_node(&cluster).await;
+    if matches!(victim, Victim::ConsumerNode) {
+        assert_ne!(
+            consumer_after, killed,
+            "the consumer reconnected to another server of its list"
+        );
+    }
     let stats = running.stop().await;
 
     // Effects per message id, from the store's database.
@@ -299,7 +306,7 @@ async fn consumes_across_a_node_loss<K: Bank>(victim: Victim) {
     eprintln!(
         "nats cluster, {victim:?} on {store}: {MESSAGES} published ({retried} publish attempts again, \
          longest wait for an ack {wait:?}), {applied} effects, {replayed} redeliveries suppressed; \
-         consumer connected to n{consumer_on}, led by {consumer_leader:?}, stream leader n{leader}; killed n{killed} after {before_applied} effects; \
+         consumer connected to n{consumer_on} (then n{consumer_after}), led by {consumer_leader:?}, stream leader n{leader}; killed n{killed} after {before_applied} effects; \
          new leader n{new_leader} after {leader_after:?}; longest stretch without a new effect {stall:?}; \
          n{killed} healthy {healthy_after_restart:?} after its restart; \
          cluster up in {cluster_up:?}, test {total:?}",
@@ -430,6 +437,18 @@ async fn the_relay_publishes_every_row_once_while_the_stream_leader_dies() {
         .expect("the relay stopped cleanly");
     let dead = store.dead_letter_stats().await.expect("dead-letter stats");
     assert_eq!(dead.waiting, 0, "no row dead-lettered: {dead:?}");
+    // The rows the kill made the relay publish more than once: a timed-out
+    // publish may have been stored, so the stream may have seen them twice.
+    let sends = store
+        .recent_sends(2 * MESSAGES)
+        .await
+        .expect("the sent rows");
+    assert_eq!(sends.len(), MESSAGES, "each row marked sent once");
+    let published_again = sends.iter().filter(|sent| sent.attempts > 1).count();
+    assert!(
+        published_again > 0,
+        "no row needed a second attempt: the kill did not reach the relay's publishes"
+    );
 
     // The stream, read message by message: each row's key once.
     let mut found = js.get_stream(stream).await.expect("the stream");
@@ -457,7 +476,8 @@ async fn the_relay_publishes_every_row_once_while_the_stream_leader_dies() {
     assert_eq!(state.messages, MESSAGES as u64, "{state:?}");
 
     eprintln!(
-        "nats cluster, relay: {MESSAGES} rows, {stored} in the stream, none twice; leader n{leader} killed \
+        "nats cluster, relay: {MESSAGES} rows ({published_again} published more than once), {stored} in \
+         the stream, none twice; leader n{leader} killed \
          after {stored_at_kill} rows stored, new leader n{new_leader} after {leader_after:?}, rows stored \
          again after {stored_again:?}; n{leader} healthy {healthy_after_restart:?} after \
          its restart; outbox empty {drained_after_kill:?} after the kill; test {total:?}",
