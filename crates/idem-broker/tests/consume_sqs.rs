@@ -113,12 +113,16 @@ mod dynamodb {
                     s.applied + s.replayed
                 })
                 .sum();
-            if settled >= 120 {
+            // Every copy settled and deleted (a copy held past its
+            // visibility timeout on a busy machine comes again, and is
+            // answered from the record too).
+            if settled >= 120 && queue.depth().await == (0, 0) {
                 break;
             }
             assert!(
                 std::time::Instant::now() < deadline,
-                "{settled} of 120 copies settled in 60 s"
+                "{settled} of 120 copies settled in 60 s, the queue at {:?}",
+                queue.depth().await
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -131,7 +135,6 @@ mod dynamodb {
         assert_eq!(applied, 40, "one effect per order");
         assert_eq!(bank.ledger().await, orders, "one ledger item per order");
         assert_eq!(bank.balance().await, OPENING_BALANCE - 3 * 40);
-        assert_eq!(queue.depth().await, (0, 0), "every copy deleted");
     }
 }
 
