@@ -313,6 +313,10 @@ async fn consumes_across_a_node_loss<K: Bank>(victim: Victim) {
 /// suppressing the copies a lost confirm left in the queue.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_relay_delivers_every_row_while_its_node_and_the_queue_leader_die() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
     let began = Instant::now();
     let Some(mut cluster) = RabbitCluster::shared().await else {
         return;
@@ -394,11 +398,26 @@ async fn the_relay_delivers_every_row_while_its_node_and_the_queue_leader_die() 
     } else {
         (leader, None)
     };
-    running
-        .until("applying again after the kill", |s| {
-            s.applied >= before.applied + AFTER_THE_KILL || s.applied >= MESSAGES as u64
-        })
-        .await;
+    // Where rows stand when they stop arriving: in the outbox, or in the
+    // queue.
+    loop {
+        let now = running.until("a look at the counters", |_| true).await;
+        if now.applied >= before.applied + AFTER_THE_KILL || now.applied >= MESSAGES as u64 {
+            break;
+        }
+        if killed_at.elapsed() > Duration::from_secs(60) {
+            panic!(
+                "no effects a minute after the kill: {now:?}; outbox {:?}; queue holds {:?}; leader {:?}; consumer on {:?}",
+                store.outbox_stats().await,
+                cluster.queue_messages(&queue).await,
+                cluster.queue_leader(&queue).await,
+                cluster
+                    .connection_node(&format!("idem consumer of {queue}"))
+                    .await,
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let applying_again = killed_at.elapsed();
     tokio::time::sleep(DOWN_FOR.saturating_sub(killed_at.elapsed())).await;
     let running_after_restart = cluster.restart(killed).await;

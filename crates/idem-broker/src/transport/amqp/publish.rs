@@ -5,7 +5,12 @@
 //! at least one queue: with `mandatory` set, an unroutable message comes back
 //! (`basic.return`) before its ack, and is reported as not taken, so a relay
 //! retries it instead of marking sent a message that nobody will ever read.
-//! A broken connection is reopened on the next publish.
+//! A broken connection is reopened on the next publish, and so is one whose
+//! channel refused a message (`basic.nack`): a channel opened while a
+//! quorum queue was electing a leader can go on refusing every publish to it
+//! after the election (seen on RabbitMQ 3.10), and a new one is not.
+
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use idem_core::IDEMPOTENCY_KEY_HEADER;
 use lapin::Confirmation;
@@ -30,13 +35,17 @@ pub struct AmqpPublisher {
     exchange: ShortString,
     routing_key: ShortString,
     link: Mutex<Option<Link>>,
+    /// Connections opened so far: each link's number, so that a refusal on
+    /// an old one never closes its successor.
+    opened: AtomicU64,
 }
 
 #[derive(Debug)]
 struct Link {
-    // Kept so the connection lives as long as the channel.
-    _connection: Connection,
+    // Kept so the connection lives as long as the channel, and closed with it.
+    connection: Connection,
     channel: Channel,
+    number: u64,
 }
 
 impl AmqpPublisher {
@@ -70,6 +79,7 @@ impl AmqpPublisher {
             exchange: short("exchange", exchange)?,
             routing_key: short("routing key", routing_key)?,
             link: Mutex::new(None),
+            opened: AtomicU64::new(0),
         };
         let link = publisher.open().await?;
         *publisher.link.lock().await = Some(link);
@@ -117,22 +127,39 @@ impl AmqpPublisher {
             .await
             .map_err(|e| unavailable("turn on publisher confirms", e))?;
         Ok(Link {
-            _connection: connection,
+            connection,
             channel,
+            number: self.opened.fetch_add(1, Ordering::Relaxed) + 1,
         })
     }
 
+    /// Closes link `number` if it is still the open one: the next publish
+    /// connects again (through the URL's nodes in order).
+    async fn retire(&self, number: u64) {
+        let mut link = self.link.lock().await;
+        let same = link.as_ref().is_some_and(|open| open.number == number);
+        if same
+            && let Some(old) = link.take()
+            && let Err(error) = old
+                .connection
+                .close(200, "reopened after a refusal".into())
+                .await
+        {
+            tracing::debug!(%error, "closing a RabbitMQ connection after a nack failed");
+        }
+    }
+
     /// The open channel, reopening the connection if it broke.
-    async fn channel(&self) -> Result<Channel, PublishError> {
+    async fn channel(&self) -> Result<(Channel, u64), PublishError> {
         let mut link = self.link.lock().await;
         if let Some(open) = link.as_ref()
             && open.channel.status().connected()
         {
-            return Ok(open.channel.clone());
+            return Ok((open.channel.clone(), open.number));
         }
         *link = None;
         let fresh = self.open().await?;
-        let channel = fresh.channel.clone();
+        let channel = (fresh.channel.clone(), fresh.number);
         *link = Some(fresh);
         Ok(channel)
     }
@@ -166,7 +193,7 @@ impl Publish for AmqpPublisher {
     async fn publish(&self, message: &Message) -> Result<(), PublishError> {
         let properties =
             Self::properties(message).map_err(|m| self.fail(PublishErrorKind::Rejected, m))?;
-        let channel = self.channel().await?;
+        let (channel, link) = self.channel().await?;
         let options = BasicPublishOptions {
             mandatory: true,
             ..BasicPublishOptions::default()
@@ -197,10 +224,13 @@ impl Publish for AmqpPublisher {
                     returned.reply_code, returned.reply_text, self.exchange.as_str(), self.routing_key.as_str()
                 ),
             )),
-            Confirmation::Nack(None) => Err(self.fail(
-                PublishErrorKind::NotTaken,
-                "RabbitMQ refused the message (basic.nack): it could not store it",
-            )),
+            Confirmation::Nack(None) => {
+                self.retire(link).await;
+                Err(self.fail(
+                    PublishErrorKind::NotTaken,
+                    "RabbitMQ refused the message (basic.nack): it could not store it; the next publish connects again",
+                ))
+            }
             Confirmation::NotRequested => Err(self.fail(
                 PublishErrorKind::Unavailable,
                 "the channel is not in confirm mode, so the broker never confirmed the message",
