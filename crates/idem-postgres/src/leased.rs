@@ -1,16 +1,29 @@
 //! Leased mode: claim a key with a lease, run the effect outside (or inside) the
 //! database, then settle the record fenced by the claim's token.
 //!
-//! `claim` follows the same path as the atomic apply, in its round trips
-//! (`BEGIN`; the key's lock tried and its record read; then the write and
-//! `COMMIT`), and writes an in-flight record with the new token and a lease.
-//! `complete`, `renew` and `release` wait for the key's lock (its holder is a
-//! short claim, or a takeover whose commit rightly fences them) and then make
-//! one fenced `UPDATE ... WHERE token = held AND state = 'in_flight'`. When that
-//! matches nothing the claim was taken over, and the same statement reports the
-//! current token. `complete` sends it all, `BEGIN` to `COMMIT`, in one round
-//! trip. With group commit on (see `group`), claims and completions of
-//! concurrent callers share transactions instead.
+//! `claim` first sends one statement, in a query that is its own transaction
+//! (`records::execute_claim`): `INSERT ... ON CONFLICT (scope, key) DO UPDATE
+//! ... WHERE` the record is past its window or released by its holder,
+//! `RETURNING` the token. For a new key that is the whole claim, one round
+//! trip, with neither a separate lock nor a read. When it claims nothing (a
+//! replay, a live or ended lease, another fingerprint, or a key whose
+//! advisory lock another transaction holds), the claim follows the locked
+//! path of the atomic apply after a look-up: the key's lock tried and its
+//! record read, then the in-flight record written and committed; takeovers
+//! of ended leases happen there. Behind a transaction pooler and with
+//! tombstones kept, only the locked path is used (see
+//! [`PgStore::claims_in_one_statement`]).
+//!
+//! `complete` is one fenced `UPDATE ... WHERE token = held AND state =
+//! 'in_flight'` (without the one-statement claim: in a transaction that
+//! first waits for the key's lock, all in one round trip). When it matches
+//! nothing the claim was taken over, and the same statement reports the
+//! current token. A locked takeover that read the record before the
+//! completion committed fails its write instead of overwriting it (see
+//! `records::replace_if_newer`). `renew` and `release` wait for the key's
+//! lock and make the same kind of fenced update. With group commit on (see
+//! `group`), claims and completions of concurrent callers may share
+//! transactions instead.
 //!
 //! `complete_with` ([`AtomicStore`](idem_core::AtomicStore)) is the leased completion for an effect that *is* a
 //! write in this database: the effect and the fenced completion commit together,
@@ -22,9 +35,11 @@
 //! repeat and the old holder stays fenced.
 
 use idem_core::{
-    ApplyError, AtomicEffect, Claim, Claimed, Error, ErrorKind, Fingerprint, IdempotencyKey,
-    LeaseStore, Operation, Outcome, Plan, RecordState, Replay, Scope, StoreError, Timestamp,
+    ApplyError, AtomicEffect, Claim, Claimed, Error, ErrorKind, FencingToken, Fingerprint,
+    IdempotencyKey, LeaseStore, Operation, Outcome, Plan, RecordState, Replay, Scope, StoreError,
+    Timestamp,
 };
+use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, PgConnection, Postgres, Transaction};
 
 use crate::atomic::locked::{self, Beginning};
@@ -78,33 +93,137 @@ impl LeaseStore for PgStore {
 }
 
 impl PgStore {
-    /// A claim in a transaction of its own, in the round trips of atomic
-    /// apply: `BEGIN` on an idle connection, the lock and the read in one
-    /// query, the in-flight record and `COMMIT` in another.
+    /// A claim in a transaction of its own: first the one-statement claim
+    /// (see the module docs), one round trip; when it claims nothing, the
+    /// locked path after a look-up (a replay is the likely answer). Where the
+    /// one statement is not used (see
+    /// [`claims_in_one_statement`](Self::claims_in_one_statement)), the
+    /// locked path in the round trips of atomic apply: `BEGIN` on an idle
+    /// connection, the lock and the read in one query, the in-flight record
+    /// and `COMMIT` in another.
     pub(crate) async fn claim_alone(
         &self,
         scope: &Scope,
         key: &IdempotencyKey,
         fingerprint: Fingerprint,
     ) -> Result<Claimed, Error> {
-        self.lock_then(First::Claim, scope, key, fingerprint, ClaimOnly)
-            .await
+        if !self.claims_in_one_statement() {
+            return self
+                .lock_then(First::Claim, scope, key, fingerprint, ClaimOnly)
+                .await;
+        }
+        match self
+            .claim_in_one_statement(scope, key, &fingerprint)
+            .await?
+        {
+            Some(claim) => Ok(Claimed::Fresh(claim)),
+            None => {
+                self.lock_then(First::Replay, scope, key, fingerprint, ClaimOnly)
+                    .await
+            }
+        }
     }
 
-    /// A completion in a transaction of its own, in one round trip: `BEGIN`,
-    /// waiting for the key's lock, the fenced update and `COMMIT` go as one
+    /// The one-statement claim: `Some` when it claimed the key, `None` when
+    /// the record it found needs the locked path's decision (or a lock it
+    /// would have waited for was held).
+    ///
+    /// An idle connection is used as it is, without the pool's ping; if it
+    /// turns out to be dead, the statement is sent again on a checked one.
+    /// That is safe even if the first one committed: the second finds the
+    /// record in flight with a live lease, claims nothing, and the locked
+    /// path answers `InFlight`; the key is never claimed twice, nor freed.
+    async fn claim_in_one_statement(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+    ) -> Result<Option<Claim>, Error> {
+        let now = self.clock().now();
+        let settings = self.settings();
+        let lease_until = now.plus(settings.lease);
+        let sql = records::execute_claim(
+            scope,
+            key,
+            fingerprint,
+            FencingToken::first_at(now),
+            lease_until,
+            now,
+            now.plus(settings.retention),
+        );
+        let idle = self
+            .idle_connections_trusted()
+            .then(|| self.pool().try_acquire())
+            .flatten();
+        let mut answered = None;
+        if let Some(mut conn) = idle {
+            match Self::claim_query(&mut conn, &sql).await {
+                Err(error) if locked::connection_lost(&error) => {
+                    tracing::debug!(%error, "an idle connection was dead; taking a checked one");
+                    conn.close_on_drop();
+                }
+                done => answered = Some(done),
+            }
+        }
+        let answered = match answered {
+            Some(done) => done,
+            None => {
+                let mut conn = self.pool().acquire().await.map_err(|e| self.fail(e))?;
+                Self::claim_query(&mut conn, &sql).await
+            }
+        };
+        match answered {
+            Ok(Some(row)) => Ok(Some(Claim {
+                scope: scope.clone(),
+                key: key.clone(),
+                token: records::claimed_token(&row).map_err(|e| self.fail(e))?,
+                lease_until,
+                took_over: false,
+                expires_at: records::claimed_window_end(&row).map_err(|e| self.fail(e))?,
+            })),
+            Ok(None) => Ok(None),
+            Err(error) if locked::has_code(&error, records::CLAIM_WAITED) => Ok(None),
+            Err(error) => Err(self.fail_commit(error)),
+        }
+    }
+
+    /// Runs the one-statement claim on `conn`, preparing the session's
+    /// statements first if it has none; its row, if it claimed.
+    async fn claim_query(conn: &mut PgConnection, sql: &str) -> sqlx::Result<Option<PgRow>> {
+        let rows = match sqlx::raw_sql(AssertSqlSafe(sql))
+            .fetch_all(&mut *conn)
+            .await
+        {
+            Err(error) if locked::has_code(&error, records::STATEMENT_MISSING) => {
+                records::prepare_session(conn).await?;
+                sqlx::raw_sql(AssertSqlSafe(sql))
+                    .fetch_all(&mut *conn)
+                    .await?
+            }
+            done => done?,
+        };
+        Ok(rows.into_iter().next())
+    }
+
+    /// A completion in a transaction of its own, in one round trip: the
+    /// fenced update alone (with the one-statement claim), or `BEGIN`,
+    /// waiting for the key's lock, the fenced update and `COMMIT` as one
     /// simple query. (A fenced update that matches nothing commits an empty
     /// transaction.) Until the query is answered the server may be inside
     /// its transaction, so a connection whose query failed is rolled back
     /// before it goes back to the pool, and one given up on is closed.
     pub(crate) async fn settle_alone(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
         let now = self.clock().now();
-        let sql = format!(
-            "{}; SELECT pg_advisory_xact_lock({}); {}; COMMIT",
-            self.pooling().begin(),
-            lock::lock_key(&claim.scope, &claim.key),
-            records::execute_settle(claim, outcome, now),
-        );
+        let sql = if self.claims_in_one_statement() {
+            records::execute_settle(claim, outcome, now)
+        } else {
+            format!(
+                "{}; SELECT pg_advisory_xact_lock({}); {}; COMMIT",
+                self.pooling().begin(),
+                lock::lock_key(&claim.scope, &claim.key),
+                records::execute_settle(claim, outcome, now),
+            )
+        };
         let conn = self.pool().acquire().await.map_err(|e| self.fail(e))?;
         let mut settling = Beginning::new(conn);
         let mut answered = Self::settle_query(settling.connection(), &sql).await;

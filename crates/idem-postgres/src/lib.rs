@@ -64,6 +64,13 @@
 //!   transaction: a replay or a refusal is answered in one round trip.
 //! - Completions are fenced in SQL: `UPDATE ... WHERE token = held AND state =
 //!   'in_flight'`, which finds nothing once a newer owner took the key over.
+//! - A leased claim first tries one statement that claims a new key (or one
+//!   past its window, or released) by itself: `INSERT ... ON CONFLICT DO
+//!   UPDATE ... WHERE ... RETURNING`, trying the key's lock inside it. Its
+//!   completion is then the fenced update alone, without the lock. Writes
+//!   made after a locked read replace a row only if it is still the row
+//!   they decided on, so a completion that settled it meanwhile is never
+//!   overwritten by a stale decision (see `leased`).
 //! - Times are the application's [`Clock`](idem_core::Clock), passed as
 //!   parameters; the database's `now()` is never used.
 //!

@@ -52,6 +52,9 @@ pub(crate) struct Inner {
     pooling: Pooling,
     /// The servers of a multi-host URL, or `target_session_attrs`.
     failover: Option<Arc<Failover>>,
+    /// Whether every claim and completion takes the key's advisory lock, as
+    /// before the one-statement claim (see `leased`): a benchmark's baseline.
+    locked_claims: bool,
 }
 
 impl fmt::Debug for PgStore {
@@ -119,6 +122,7 @@ impl PgStore {
                 groups: Groups::default(),
                 pooling: Pooling::Direct,
                 failover,
+                locked_claims: false,
             }),
         }
     }
@@ -137,11 +141,57 @@ impl PgStore {
             group,
             inner.failover.clone(),
         )
-        .with_pooling(inner.pooling);
+        .with_pooling(inner.pooling)
+        .with_locked(inner.locked_claims);
         if let Some(failover) = &store.inner.failover {
             failover.attach(store.downgrade());
         }
         store
+    }
+
+    /// Benchmark hook: a handle on the same pool, settings and clock whose
+    /// leased claims and completions take the key's advisory lock and read
+    /// the record first, as they did before a new key was claimed in one
+    /// statement (see `leased`), so that both ways can be measured in one
+    /// run. The answers are the same; only the statements differ.
+    #[doc(hidden)]
+    pub fn with_locked_claims(&self) -> PgStore {
+        let inner = &self.inner;
+        let store = PgStore::of(
+            inner.pool.clone(),
+            inner.settings.clone(),
+            inner.clock.clone(),
+            inner.endpoint.clone(),
+            inner.group_commit,
+            inner.failover.clone(),
+        )
+        .with_pooling(inner.pooling)
+        .with_locked(true);
+        if let Some(failover) = &store.inner.failover {
+            failover.attach(store.downgrade());
+        }
+        store
+    }
+
+    /// This store with `locked_claims`, for a store just made.
+    fn with_locked(mut self, locked: bool) -> PgStore {
+        match Arc::get_mut(&mut self.inner) {
+            Some(inner) => inner.locked_claims = locked,
+            None => unreachable!("a store just made has no other handle"),
+        }
+        self
+    }
+
+    /// Whether a leased claim tries the one-statement claim first and a
+    /// completion is one fenced `UPDATE` (see `leased`): on a server session
+    /// of the store's own (not through a transaction pooler, where a
+    /// statement outside a transaction may not find the session's prepared
+    /// statements) and without tombstones (whose check one statement
+    /// cannot make against a concurrent sweep).
+    pub(crate) fn claims_in_one_statement(&self) -> bool {
+        !self.inner.locked_claims
+            && self.pooling().sessions()
+            && self.settings().tombstones.is_none()
     }
 
     /// This store with `pooling`, for a store just made.
@@ -344,7 +394,7 @@ impl PgStore {
         Error::Store(StoreError::new(
             ErrorKind::SerializationFailure,
             format!(
-                "{changed} of {of} records changed in PostgreSQL at {} while their key was locked; something writes idem_records without taking the key's advisory lock; run the operation again",
+                "{changed} of {of} records changed in PostgreSQL at {} after they were read under their key's lock (a completion, which takes no lock, settled one meanwhile); run the operation again",
                 self.inner.endpoint
             ),
         ))

@@ -28,9 +28,14 @@ macro_rules! record_columns {
     };
 }
 
-/// What an upsert does on an existing row: replace it whole, but only if the
-/// new token is greater. Tokens only grow, so a smaller or equal one means the
-/// row changed after it was read and the writer's decision is stale.
+/// What an upsert does on an existing row: replace it whole, but only if it is
+/// still the row the writer's decision was made on. Tokens only grow, so a
+/// row whose token is not smaller changed since it was read. A completion
+/// takes no lock (see `leased`) and settles an in-flight row without
+/// changing its token, so the row must also be the one decided on: past its
+/// window when the new record starts a window of its own (`created_at` no
+/// earlier than the row's end), or else still in flight in the same window
+/// (a takeover, or a claim after a release, keeps the window).
 macro_rules! replace_if_newer {
     () => {
         "ON CONFLICT (scope, key) DO UPDATE SET \
@@ -39,7 +44,10 @@ macro_rules! replace_if_newer {
            outcome_body = EXCLUDED.outcome_body, outcome_meta = EXCLUDED.outcome_meta, \
            created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at, \
            expires_at = EXCLUDED.expires_at \
-         WHERE idem_records.token < EXCLUDED.token"
+         WHERE idem_records.token < EXCLUDED.token \
+           AND (idem_records.expires_at <= EXCLUDED.created_at \
+                OR (idem_records.state = 'in_flight' \
+                    AND idem_records.expires_at = EXCLUDED.expires_at))"
     };
 }
 
@@ -47,8 +55,9 @@ mod row;
 mod session;
 
 pub(crate) use session::{
-    INSERT_FAILED, REPLACE_FAILED, STATEMENT_MISSING, execute_fetch, execute_insert,
-    execute_replace, execute_settle, fetch_alone, from_row, prepare_session, prepare_statements,
+    CLAIM_WAITED, INSERT_FAILED, REPLACE_FAILED, STATEMENT_MISSING, execute_claim, execute_fetch,
+    execute_insert, execute_replace, execute_settle, fetch_alone, from_row, prepare_session,
+    prepare_statements,
 };
 
 /// The record of `(scope, key)`, if any.
@@ -124,6 +133,16 @@ pub(crate) async fn write(conn: &mut PgConnection, records: &[Record]) -> sqlx::
     .execute(conn)
     .await?;
     Ok(done.rows_affected())
+}
+
+/// The token of a row answered by [`execute_claim`].
+pub(crate) fn claimed_token(row: &sqlx::postgres::PgRow) -> sqlx::Result<FencingToken> {
+    row::token(row.try_get("token")?)
+}
+
+/// The end of the dedupe window of a row answered by [`execute_claim`].
+pub(crate) fn claimed_window_end(row: &sqlx::postgres::PgRow) -> sqlx::Result<Timestamp> {
+    Ok(Timestamp(row.try_get("expires_at")?))
 }
 
 /// What a fenced update found.

@@ -20,12 +20,15 @@
 //! `DEALLOCATE ALL`, a new connection); one dropped by name is found only when
 //! it is run, and that apply fails and rolls back.
 
-use idem_core::{Claim, IdempotencyKey, Outcome, Record, RecordState, Scope, Timestamp};
+use idem_core::{
+    Claim, FencingToken, Fingerprint, IdempotencyKey, Outcome, Record, RecordState, Scope,
+    Timestamp,
+};
 use sqlx::AssertSqlSafe;
 use sqlx::postgres::{PgConnection, PgRow};
 
 use super::row;
-use crate::literal;
+use crate::{literal, lock};
 
 /// Name of the prepared read of one record.
 macro_rules! fetch_name {
@@ -48,6 +51,13 @@ macro_rules! replace_name {
     };
 }
 
+/// Name of the prepared one-statement claim of a key.
+macro_rules! claim_name {
+    () => {
+        "idem_claim_v2"
+    };
+}
+
 /// Name of the prepared fenced settlement of an in-flight record.
 macro_rules! settle_name {
     () => {
@@ -66,7 +76,7 @@ macro_rules! record_types {
 /// statement that fails to prepare leaves the ones before it prepared, so a
 /// session that has a statement has every one before it: the read (what
 /// every locked path runs first) comes after the writes.
-const STATEMENTS: [(&str, &str); 4] = [
+const STATEMENTS: [(&str, &str); 5] = [
     (
         settle_name!(),
         concat!(
@@ -109,6 +119,33 @@ const STATEMENTS: [(&str, &str); 4] = [
         ),
     ),
     (
+        claim_name!(),
+        concat!(
+            "PREPARE ",
+            claim_name!(),
+            // $1 scope, $2 key, $3 fingerprint, $4 the token of a first claim
+            // now, $5 the lease's end, $6 now, $7 the end of a window
+            // starting now, $8 the key's advisory lock.
+            " (text, text, bytea, bigint, bigint, bigint, bigint, bigint) AS \
+             INSERT INTO idem_records AS r (",
+            record_columns!(),
+            ") SELECT $1, $2, $3, 'in_flight', $4, $5, NULL::text, NULL::bytea, NULL::text, \
+               $6, $6, $7 \
+             WHERE pg_try_advisory_xact_lock($8) \
+             ON CONFLICT (scope, key) DO UPDATE SET \
+               fingerprint = EXCLUDED.fingerprint, state = 'in_flight', \
+               token = CASE WHEN r.expires_at <= $6 THEN GREATEST(r.token + 1, $4) ELSE r.token + 1 END, \
+               lease_until = EXCLUDED.lease_until, outcome_kind = NULL, outcome_body = NULL, \
+               outcome_meta = NULL, \
+               created_at = CASE WHEN r.expires_at <= $6 THEN $6 ELSE r.created_at END, \
+               updated_at = $6, \
+               expires_at = CASE WHEN r.expires_at <= $6 THEN $7 ELSE r.expires_at END \
+             WHERE r.expires_at <= $6 \
+                OR (r.state = 'in_flight' AND r.lease_until IS NULL AND r.fingerprint = $3) \
+             RETURNING token, created_at, expires_at"
+        ),
+    ),
+    (
         fetch_name!(),
         concat!(
             "PREPARE ",
@@ -135,9 +172,13 @@ pub(crate) const REPLACE_FAILED: &str = "22012";
 /// Every statement's `PREPARE`, as one simple query's text: what a
 /// transaction through a pooler begins with, since it may be on a server
 /// connection that has none of them, or a stale set (see `pooler`).
+///
+/// The one-statement claim is left out: through a pooler it is not used
+/// (see `PgStore::claims_in_one_statement`).
 pub(crate) fn prepare_statements() -> String {
     STATEMENTS
         .iter()
+        .filter(|(name, _)| *name != claim_name!())
         .map(|(_, sql)| *sql)
         .collect::<Vec<_>>()
         .join("; ")
@@ -222,6 +263,66 @@ pub(crate) fn execute_replace(record: &Record) -> String {
     format!(
         concat!("EXECUTE ", replace_name!(), "({})"),
         row::literals(record)
+    )
+}
+
+/// How long the one-statement claim waits for a row lock (or for a
+/// concurrent insert of the same key to commit) before it gives up and the
+/// claim takes the locked path, which answers at once: a record being
+/// completed inside a transaction (`complete_with`) stays locked while its
+/// effect runs, and a duplicate is answered, not queued.
+const CLAIM_LOCK_TIMEOUT: &str = "50ms";
+
+/// The SQLSTATE (`lock_not_available`) of a claim that met
+/// [`CLAIM_LOCK_TIMEOUT`].
+pub(crate) const CLAIM_WAITED: &str = "55P03";
+
+/// Claims `(scope, key)` in one statement, as one simple query (outside any
+/// transaction: the query's statements are its own transaction): a key
+/// without a record gets an in-flight one with the first token of `now`; a
+/// record past its window is replaced by one (its token still grows); a
+/// record released by its holder (in flight, no lease) with the same
+/// fingerprint is claimed with the next token, keeping its window. The query
+/// answers one row (`token`, `created_at`, `expires_at`) when it claimed,
+/// none otherwise: then the record holds a stored answer, a live or ended
+/// lease, another fingerprint, which the locked path decides on.
+///
+/// The statement also *tries* the key's advisory lock, and claims nothing
+/// when another transaction holds it: an atomic apply (or a locked claim)
+/// holds the lock of a key it is claiming from before its record exists
+/// until it commits, and a leased claim meanwhile must be answered
+/// `InFlight`, which the locked path does. The lock is taken and released
+/// by this query's own transaction. The statement's snapshot is older than
+/// the lock, but it reads nothing through it: the conflict on the key and the
+/// `WHERE` of the update see the latest committed row.
+///
+/// A lease that ended is not taken over here: without the old row in
+/// `RETURNING` (PostgreSQL 18 has it) the answer could not tell a takeover
+/// from a claim after a release, and a takeover is what a caller reconciles.
+pub(crate) fn execute_claim(
+    scope: &Scope,
+    key: &IdempotencyKey,
+    fingerprint: &Fingerprint,
+    first: FencingToken,
+    lease_until: Timestamp,
+    now: Timestamp,
+    expires_at: Timestamp,
+) -> String {
+    format!(
+        concat!(
+            "SET LOCAL lock_timeout = '{}'; EXECUTE ",
+            claim_name!(),
+            "({}, {}, {}, {}, {}, {}, {}, {})"
+        ),
+        CLAIM_LOCK_TIMEOUT,
+        literal::text(scope.as_str()),
+        literal::text(key.as_str()),
+        literal::bytea(fingerprint.as_bytes()),
+        literal::bigint(Some(first.get())),
+        literal::bigint(Some(lease_until.0)),
+        literal::bigint(Some(now.0)),
+        literal::bigint(Some(expires_at.0)),
+        literal::bigint(Some(lock::lock_key(scope, key))),
     )
 }
 
