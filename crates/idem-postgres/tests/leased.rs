@@ -370,3 +370,103 @@ async fn a_claim_whose_caller_gave_up_in_the_queue_is_released() {
         "freed by the release, not by the lease's end"
     );
 }
+
+/// A completion whose effect runs in its transaction (`complete_with`) holds
+/// the key while the effect runs; a claim of the same key meanwhile is
+/// answered `InFlight` at once, neither queued behind it nor claimed, and
+/// replays once the completion commits.
+#[tokio::test]
+async fn a_claim_while_complete_with_runs_is_answered_at_once() {
+    let Some(db) = TestDb::new().await else {
+        return;
+    };
+    let clock = clock();
+    let store = db.store_at(&clock).await;
+
+    let claim = fresh(store.claim(&scope(), &key("pay-2"), fp()).await.unwrap());
+    let (entered, started) = tokio::sync::oneshot::channel::<()>();
+    let (proceed, go) = tokio::sync::oneshot::channel::<()>();
+    let completing = {
+        let store = store.clone();
+        let claim = claim.clone();
+        tokio::spawn(async move {
+            store
+                .complete_with(
+                    &claim,
+                    async move |conn: &mut PgConnection| -> sqlx::Result<Outcome> {
+                        sqlx::query("UPDATE accounts SET balance = balance - 10 WHERE id = 1")
+                            .execute(&mut *conn)
+                            .await?;
+                        entered.send(()).ok();
+                        go.await.ok();
+                        Ok(Outcome::success("debited"))
+                    },
+                )
+                .await
+        })
+    };
+    started.await.expect("the effect started");
+    let answer = tokio::time::timeout(
+        Duration::from_secs(5),
+        store.claim(&scope(), &key("pay-2"), fp()),
+    )
+    .await
+    .expect("a claim is answered while the completion's effect runs");
+    assert!(matches!(answer, Err(Error::InFlight { .. })), "{answer:?}");
+    proceed.send(()).unwrap();
+    assert_eq!(
+        completing.await.unwrap().unwrap(),
+        Outcome::success("debited")
+    );
+    assert_eq!(db.balance(&store, 1).await, 90);
+    assert_eq!(
+        store
+            .claim(&scope(), &key("pay-2"), fp())
+            .await
+            .unwrap()
+            .replayed()
+            .cloned(),
+        Some(Outcome::success("debited"))
+    );
+}
+
+/// The one-statement claim takes a record past its window (a new window,
+/// a greater token) and a released one (the next token, the same window),
+/// and leaves a stored answer to the replay.
+#[tokio::test]
+async fn one_statement_claims_of_released_and_expired_records() {
+    let Some(db) = TestDb::new().await else {
+        return;
+    };
+    let clock = clock();
+    let store = db.store_at(&clock).await;
+
+    let first = fresh(store.claim(&scope(), &key("k-9"), fp()).await.unwrap());
+    store.release(&first).await.unwrap();
+    let second = fresh(store.claim(&scope(), &key("k-9"), fp()).await.unwrap());
+    assert_eq!(second.token, first.token.next());
+    assert_eq!(second.expires_at, first.expires_at);
+    assert!(!second.took_over);
+    store
+        .complete(&second, &Outcome::success("sent"))
+        .await
+        .unwrap();
+    assert!(matches!(
+        store.claim(&scope(), &key("k-9"), fp()).await.unwrap(),
+        Claimed::Replayed(_)
+    ));
+
+    clock.advance(Duration::from_secs(2 * 3_600));
+    let third = fresh(store.claim(&scope(), &key("k-9"), fp()).await.unwrap());
+    assert!(third.token > second.token);
+    assert!(third.expires_at > second.expires_at);
+    assert!(!third.took_over);
+    let found = store
+        .get(&scope(), &key("k-9"))
+        .await
+        .unwrap()
+        .expect("the record");
+    assert_eq!(found.state, RecordState::InFlight);
+    assert_eq!(found.token, third.token);
+    assert_eq!(found.created_at, clock.now());
+}
