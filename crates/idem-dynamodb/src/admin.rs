@@ -48,6 +48,61 @@ fn seen_number(name: &str, placeholder: &str, seen: Option<i64>, values: &mut It
     }
 }
 
+/// An item's key and the condition that it is as an operator saw it:
+/// the write of an operator's change, as a delete or an update.
+struct Guard<'a> {
+    key: Item,
+    condition: String,
+    /// The placeholders `condition` names, and the attributes they stand for.
+    names: &'a [(&'static str, &'static str)],
+}
+
+impl Guard<'_> {
+    /// Deletes the item if it is as seen.
+    fn delete(
+        self,
+        store: &DynamoStore,
+        values: Option<Item>,
+        what: &str,
+    ) -> Result<TransactWriteItem, Error> {
+        let mut delete = Delete::builder()
+            .table_name(store.table())
+            .set_key(Some(self.key))
+            .condition_expression(self.condition)
+            .set_expression_attribute_values(values);
+        for (placeholder, name) in self.names {
+            delete = delete.expression_attribute_names(*placeholder, *name);
+        }
+        Ok(TransactWriteItem::builder()
+            .delete(delete.build().map_err(|e| build_error(what, e))?)
+            .build())
+    }
+
+    /// Applies `expression` to the item if it is as seen; `more_names` are
+    /// the placeholders only the expression uses.
+    fn update(
+        self,
+        store: &DynamoStore,
+        expression: &str,
+        more_names: &[(&str, &str)],
+        values: Option<Item>,
+        what: &str,
+    ) -> Result<TransactWriteItem, Error> {
+        let mut update = Update::builder()
+            .table_name(store.table())
+            .set_key(Some(self.key))
+            .update_expression(expression)
+            .condition_expression(self.condition)
+            .set_expression_attribute_values(values);
+        for (placeholder, name) in more_names.iter().chain(self.names) {
+            update = update.expression_attribute_names(*placeholder, *name);
+        }
+        Ok(TransactWriteItem::builder()
+            .update(update.build().map_err(|e| build_error(what, e))?)
+            .build())
+    }
+}
+
 impl DynamoStore {
     /// Writes `change` and the audit entry for it in one transaction.
     async fn change_and_log(
@@ -116,36 +171,23 @@ impl DynamoStore {
             ("#lease", record::LEASE),
         ];
         let key = item::key_of(item::record_pk(&seen.scope, &seen.key));
+        let guard = Guard {
+            key,
+            condition,
+            names: &names,
+        };
         let change = if action == AuditAction::Evict {
-            let mut delete = Delete::builder()
-                .table_name(self.table())
-                .set_key(Some(key))
-                .condition_expression(condition)
-                .set_expression_attribute_values(Some(values));
-            for (placeholder, name) in names {
-                delete = delete.expression_attribute_names(placeholder, name);
-            }
-            TransactWriteItem::builder()
-                .delete(delete.build().map_err(|e| build_error(&what, e))?)
-                .build()
+            guard.delete(self, Some(values), &what)?
         } else {
             values.insert(":one".into(), item::number(1));
             values.insert(":now".into(), item::number(DynamoStore::now(self).0));
-            let mut update = Update::builder()
-                .table_name(self.table())
-                .set_key(Some(key))
-                .update_expression(
-                    "SET #token = #token + :one, #updated = :now, #ver = #ver + :one REMOVE #lease",
-                )
-                .condition_expression(condition)
-                .expression_attribute_names("#ver", record::VERSION)
-                .set_expression_attribute_values(Some(values));
-            for (placeholder, name) in names {
-                update = update.expression_attribute_names(placeholder, name);
-            }
-            TransactWriteItem::builder()
-                .update(update.build().map_err(|e| build_error(&what, e))?)
-                .build()
+            guard.update(
+                self,
+                "SET #token = #token + :one, #updated = :now, #ver = #ver + :one REMOVE #lease",
+                &[("#ver", record::VERSION)],
+                Some(values),
+                &what,
+            )?
         };
         let entry = NewAuditEntry::for_record(actor, action, seen);
         match self.change_and_log(change, entry, &what).await? {
@@ -197,32 +239,16 @@ impl DynamoStore {
                 ("#redriven", REDRIVEN_AT),
                 ("#archived", ARCHIVED_AT),
             ];
+            let guard = Guard {
+                key,
+                condition,
+                names: &names,
+            };
             let change = if action == AuditAction::Discard {
-                let mut delete = Delete::builder()
-                    .table_name(self.table())
-                    .set_key(Some(key))
-                    .condition_expression(condition)
-                    .set_expression_attribute_values((!values.is_empty()).then_some(values));
-                for (placeholder, name) in names {
-                    delete = delete.expression_attribute_names(placeholder, name);
-                }
-                TransactWriteItem::builder()
-                    .delete(delete.build().map_err(|e| build_error(&what, e))?)
-                    .build()
+                guard.delete(self, (!values.is_empty()).then_some(values), &what)?
             } else {
                 values.insert(":now".into(), item::number(DynamoStore::now(self).0));
-                let mut update = Update::builder()
-                    .table_name(self.table())
-                    .set_key(Some(key))
-                    .update_expression("SET #archived = :now")
-                    .condition_expression(condition)
-                    .set_expression_attribute_values(Some(values));
-                for (placeholder, name) in names {
-                    update = update.expression_attribute_names(placeholder, name);
-                }
-                TransactWriteItem::builder()
-                    .update(update.build().map_err(|e| build_error(&what, e))?)
-                    .build()
+                guard.update(self, "SET #archived = :now", &[], Some(values), &what)?
             };
             let entry = NewAuditEntry::for_dead_letter(actor, action, &letter);
             if let Changed::Done(logged) = self.change_and_log(change, entry, &what).await? {

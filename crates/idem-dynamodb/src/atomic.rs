@@ -27,9 +27,9 @@
 
 use aws_sdk_dynamodb::types::{TransactWriteItem, Update};
 use idem_core::{
-    Applied, ApplyError, AtomicEffect, AtomicStore, BatchApplied, Claim, Claimed, Error, ErrorKind,
-    Fingerprint, IdempotencyKey, Operation, Outcome, Scope, SetApplied, StoreError, TxCall, crash,
-    decide, decide_batch, outcome_count_mismatch,
+    Applied, ApplyError, AtomicEffect, AtomicStore, BatchApplied, BatchPlan, Claim, Claimed, Error,
+    ErrorKind, Fingerprint, IdempotencyKey, Operation, Outcome, Scope, SetApplied, StoreError,
+    TxCall, crash, decide, decide_batch, outcome_count_mismatch,
 };
 
 use crate::item;
@@ -221,6 +221,67 @@ impl DynamoStore {
     }
 }
 
+/// What claiming the first occurrence of each key in a batch came to:
+/// per operation, its answer when it has one already (a replay or a
+/// refusal), and the claims taken, with their operations' indexes.
+type FirstClaims = (Vec<Option<Result<Applied, Error>>>, Vec<(usize, Claim)>);
+
+impl DynamoStore {
+    /// Claims the first occurrence of each key in `ops`. A store error
+    /// gives back the claims taken so far and ends the batch.
+    async fn claim_firsts(
+        &self,
+        ops: &[Operation],
+        batch: &BatchPlan,
+    ) -> Result<FirstClaims, Error> {
+        let mut results: Vec<Option<Result<Applied, Error>>> = Vec::with_capacity(ops.len());
+        let mut claims: Vec<(usize, Claim)> = Vec::new();
+        for (i, op) in ops.iter().enumerate() {
+            if !batch.is_first(i) {
+                results.push(None);
+                continue;
+            }
+            match self.claim_op(op).await {
+                Ok(Claimed::Fresh(claim)) => {
+                    claims.push((i, claim));
+                    results.push(None);
+                }
+                Ok(Claimed::Replayed(replay)) => {
+                    results.push(Some(Ok(Applied::Replayed(replay.outcome))))
+                }
+                Err(Error::Store(error)) => {
+                    self.release_all(&held(&claims)).await;
+                    return Err(Error::Store(error));
+                }
+                Err(refusal) => results.push(Some(Err(refusal))),
+            }
+        }
+        Ok((results, claims))
+    }
+
+    /// The answers of a batch: each operation's own, or for a later
+    /// occurrence of a key, one from the record its slot settled.
+    async fn answer_all(
+        &self,
+        ops: &[Operation],
+        batch: &BatchPlan,
+        results: Vec<Option<Result<Applied, Error>>>,
+        records: &[Option<idem_core::Record>],
+    ) -> Vec<Result<Applied, Error>> {
+        let mut answers = Vec::with_capacity(ops.len());
+        for (i, answer) in results.into_iter().enumerate() {
+            answers.push(match answer {
+                Some(answer) => answer,
+                None => {
+                    self.answer_later(&ops[i], records[batch.slot_of(i)].as_ref())
+                        .await
+                }
+            });
+        }
+        answers
+    }
+}
+
 /// The claims of a batch, without their operations' indexes.
 fn held(claims: &[(usize, Claim)]) -> Vec<Claim> {
     claims.iter().map(|(_, claim)| claim.clone()).collect()
@@ -258,28 +319,7 @@ impl AtomicStore for DynamoStore {
         E: Send + 'static,
     {
         let batch = decide_batch(ops);
-        let mut results: Vec<Option<Result<Applied, Error>>> = Vec::with_capacity(ops.len());
-        let mut claims: Vec<(usize, Claim)> = Vec::new();
-        for (i, op) in ops.iter().enumerate() {
-            if !batch.is_first(i) {
-                results.push(None);
-                continue;
-            }
-            match self.claim_op(op).await {
-                Ok(Claimed::Fresh(claim)) => {
-                    claims.push((i, claim));
-                    results.push(None);
-                }
-                Ok(Claimed::Replayed(replay)) => {
-                    results.push(Some(Ok(Applied::Replayed(replay.outcome))))
-                }
-                Err(Error::Store(error)) => {
-                    self.release_all(&held(&claims)).await;
-                    return Err(Error::Store(error).into());
-                }
-                Err(refusal) => results.push(Some(Err(refusal))),
-            }
-        }
+        let (mut results, claims) = self.claim_firsts(ops, &batch).await?;
         let mut tx = Transaction::new(self);
         let mut settled = Vec::with_capacity(claims.len());
         for (i, claim) in &claims {
@@ -302,17 +342,7 @@ impl AtomicStore for DynamoStore {
             records[batch.slot_of(*i)] = Some(self.settled(&ops[*i], claim, outcome.clone()));
             results[*i] = Some(Ok(Applied::Fresh(outcome.clone())));
         }
-        let mut answers = Vec::with_capacity(ops.len());
-        for (i, answer) in results.into_iter().enumerate() {
-            answers.push(match answer {
-                Some(answer) => answer,
-                None => {
-                    self.answer_later(&ops[i], records[batch.slot_of(i)].as_ref())
-                        .await
-                }
-            });
-        }
-        Ok(answers)
+        Ok(self.answer_all(ops, &batch, results, &records).await)
     }
 
     async fn apply_set<G, F, E>(&self, ops: &[Operation], effect_for: G) -> SetApplied<E>
@@ -322,28 +352,7 @@ impl AtomicStore for DynamoStore {
         E: Send + 'static,
     {
         let batch = decide_batch(ops);
-        let mut results: Vec<Option<Result<Applied, Error>>> = Vec::with_capacity(ops.len());
-        let mut claims: Vec<(usize, Claim)> = Vec::new();
-        for (i, op) in ops.iter().enumerate() {
-            if !batch.is_first(i) {
-                results.push(None);
-                continue;
-            }
-            match self.claim_op(op).await {
-                Ok(Claimed::Fresh(claim)) => {
-                    claims.push((i, claim));
-                    results.push(None);
-                }
-                Ok(Claimed::Replayed(replay)) => {
-                    results.push(Some(Ok(Applied::Replayed(replay.outcome))))
-                }
-                Err(Error::Store(error)) => {
-                    self.release_all(&held(&claims)).await;
-                    return Err(Error::Store(error).into());
-                }
-                Err(refusal) => results.push(Some(Err(refusal))),
-            }
-        }
+        let (mut results, claims) = self.claim_firsts(ops, &batch).await?;
         let mut records = vec![None; batch.slots()];
         if !claims.is_empty() {
             let new: Vec<usize> = claims.iter().map(|(i, _)| *i).collect();
@@ -375,17 +384,7 @@ impl AtomicStore for DynamoStore {
                 results[*i] = Some(Ok(Applied::Fresh(outcome)));
             }
         }
-        let mut answers = Vec::with_capacity(ops.len());
-        for (i, answer) in results.into_iter().enumerate() {
-            answers.push(match answer {
-                Some(answer) => answer,
-                None => {
-                    self.answer_later(&ops[i], records[batch.slot_of(i)].as_ref())
-                        .await
-                }
-            });
-        }
-        Ok(answers)
+        Ok(self.answer_all(ops, &batch, results, &records).await)
     }
 
     async fn complete_with<F, E>(&self, claim: &Claim, effect: F) -> Result<Outcome, ApplyError<E>>

@@ -13,9 +13,10 @@ use common::Dynamo;
 use effects::{add_in, counter, create_id_table, exists};
 use idem_core::Clock as _;
 use idem_core::{
-    AdminStore, Applied, ApplyError, AtomicStore, AttemptStore, Claimed, DEFAULT_RETENTION,
-    DeadLetterStore, Error, ErrorKind, Fingerprint, IdempotencyKey, LeaseStore, LetterAction,
-    NewDeadLetter, Operation, Outcome, RecordAction, RecordState, RecordStore, Scope, Settings,
+    AdminStore, Applied, ApplyError, AtomicEffect, AtomicStore, AttemptStore, Claim, Claimed,
+    DEFAULT_RETENTION, DeadLetterStore, Error, ErrorKind, Fingerprint, IdempotencyKey, LeaseStore,
+    LetterAction, NewDeadLetter, Operation, Outcome, RecordAction, RecordState, RecordStore, Scope,
+    Settings,
 };
 use idem_dynamodb::aws_sdk_dynamodb::types::{
     AttributeValue, BillingMode, ConditionCheck, Put, TimeToLiveStatus,
@@ -47,17 +48,51 @@ async fn apply_add(
     amount: i64,
 ) -> Result<Applied, ApplyError<String>> {
     let (table, name) = (table.to_owned(), name.to_owned());
+    apply_op(store, op, async move |tx: &mut Transaction| {
+        add_in(tx, &table, &name, amount);
+        Ok::<_, String>(Outcome::success(format!("added {amount}")))
+    })
+    .await
+}
+
+/// Atomic apply of `op` with `effect`.
+async fn apply_op<F>(
+    store: &DynamoStore,
+    op: &Operation,
+    effect: F,
+) -> Result<Applied, ApplyError<String>>
+where
+    F: AtomicEffect<Transaction, Outcome, String>,
+{
     store
-        .apply(
-            &op.scope,
-            &op.key,
-            op.fingerprint,
-            async move |tx: &mut Transaction| {
-                add_in(tx, &table, &name, amount);
-                Ok::<_, String>(Outcome::success(format!("added {amount}")))
-            },
-        )
+        .apply(&op.scope, &op.key, op.fingerprint, effect)
         .await
+}
+
+/// Claims `op`'s key, which must be free: `why` says why it is.
+async fn claim_fresh(store: &DynamoStore, op: &Operation, why: &str) -> Claim {
+    match store
+        .claim(&op.scope, &op.key, op.fingerprint)
+        .await
+        .unwrap()
+    {
+        Claimed::Fresh(claim) => claim,
+        Claimed::Replayed(_) => panic!("{why}"),
+    }
+}
+
+/// Checks that the first answers of a batch are `expected`, in order.
+fn assert_answers(answers: &[Result<Applied, Error>], expected: &[Applied]) {
+    for (i, want) in expected.iter().enumerate() {
+        assert_eq!(answers[i].as_ref().unwrap(), want, "answer {i}");
+    }
+}
+
+/// Checks that the counters of `effects` hold `expected`.
+async fn assert_counters(store: &DynamoStore, effects: &str, expected: &[(&str, i64)]) {
+    for (name, want) in expected {
+        assert_eq!(counter(store, effects, name).await, *want, "counter {name}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -98,18 +133,11 @@ async fn a_failed_effect_leaves_nothing_and_frees_the_key() {
     };
     let pay = op("payments", "p-2", "debit 5");
     let table = effects.clone();
-    let failed = h
-        .store
-        .apply(
-            &pay.scope,
-            &pay.key,
-            pay.fingerprint,
-            async move |tx: &mut Transaction| {
-                add_in(tx, &table, "bob", 5);
-                Err::<Outcome, _>("upstream refused".to_owned())
-            },
-        )
-        .await;
+    let failed = apply_op(&h.store, &pay, async move |tx: &mut Transaction| {
+        add_in(tx, &table, "bob", 5);
+        Err::<Outcome, _>("upstream refused".to_owned())
+    })
+    .await;
     assert!(matches!(failed, Err(ApplyError::Effect(ref e)) if e == "upstream refused"));
     assert!(
         !exists(&h.store, &effects, "bob").await,
@@ -118,26 +146,19 @@ async fn a_failed_effect_leaves_nothing_and_frees_the_key() {
 
     // An effect item whose condition fails cancels the whole transaction.
     let table = effects.clone();
-    let refused = h
-        .store
-        .apply(
-            &pay.scope,
-            &pay.key,
-            pay.fingerprint,
-            async move |tx: &mut Transaction| {
-                add_in(tx, &table, "bob", 5);
-                tx.condition_check(
-                    ConditionCheck::builder()
-                        .table_name(&table)
-                        .key("id", AttributeValue::S("limits".into()))
-                        .condition_expression("attribute_exists(id)")
-                        .build()
-                        .unwrap(),
-                );
-                Ok::<_, String>(Outcome::success("debited"))
-            },
-        )
-        .await;
+    let refused = apply_op(&h.store, &pay, async move |tx: &mut Transaction| {
+        add_in(tx, &table, "bob", 5);
+        tx.condition_check(
+            ConditionCheck::builder()
+                .table_name(&table)
+                .key("id", AttributeValue::S("limits".into()))
+                .condition_expression("attribute_exists(id)")
+                .build()
+                .unwrap(),
+        );
+        Ok::<_, String>(Outcome::success("debited"))
+    })
+    .await;
     match refused {
         Err(ApplyError::Protocol(Error::Store(e))) => {
             assert!(
@@ -161,24 +182,10 @@ async fn a_taken_over_claim_commits_nothing() {
         return;
     };
     let pay = op("payments", "p-3", "x");
-    let Claimed::Fresh(zombie) = h
-        .store
-        .claim(&pay.scope, &pay.key, pay.fingerprint)
-        .await
-        .unwrap()
-    else {
-        panic!("a new key is claimed");
-    };
+    let zombie = claim_fresh(&h.store, &pay, "a new key is claimed").await;
     h.clock
         .advance(Settings::default().lease + Duration::from_secs(1));
-    let Claimed::Fresh(successor) = h
-        .store
-        .claim(&pay.scope, &pay.key, pay.fingerprint)
-        .await
-        .unwrap()
-    else {
-        panic!("an expired lease is taken over");
-    };
+    let successor = claim_fresh(&h.store, &pay, "an expired lease is taken over").await;
     assert!(successor.took_over && successor.token > zombie.token);
 
     let table = effects.clone();
@@ -232,21 +239,16 @@ async fn batches_commit_their_effects_once() {
         })
         .await
         .unwrap();
-    assert_eq!(
-        answers[0].as_ref().unwrap(),
-        &Applied::Fresh(Outcome::success("op 0"))
-    );
-    assert_eq!(
-        answers[1].as_ref().unwrap(),
-        &Applied::Fresh(Outcome::success("op 1"))
-    );
-    assert_eq!(
-        answers[2].as_ref().unwrap(),
-        &Applied::Replayed(Outcome::success("op 0"))
+    assert_answers(
+        &answers,
+        &[
+            Applied::Fresh(Outcome::success("op 0")),
+            Applied::Fresh(Outcome::success("op 1")),
+            Applied::Replayed(Outcome::success("op 0")),
+        ],
     );
     assert!(matches!(answers[3], Err(Error::KeyReuse { .. })));
-    assert_eq!(counter(&h.store, &effects, "op-0").await, 1);
-    assert_eq!(counter(&h.store, &effects, "op-1").await, 1);
+    assert_counters(&h.store, &effects, &[("op-0", 1), ("op-1", 1)]).await;
     assert!(!exists(&h.store, &effects, "op-2").await);
 
     // One effect for the set of new operations; the known ones replay.
@@ -270,17 +272,13 @@ async fn batches_commit_their_effects_once() {
         })
         .await
         .unwrap();
-    assert_eq!(
-        answers[0].as_ref().unwrap(),
-        &Applied::Replayed(Outcome::success("op 0"))
-    );
-    assert_eq!(
-        answers[1].as_ref().unwrap(),
-        &Applied::Fresh(Outcome::success("set 1"))
-    );
-    assert_eq!(
-        answers[2].as_ref().unwrap(),
-        &Applied::Fresh(Outcome::success("set 2"))
+    assert_answers(
+        &answers,
+        &[
+            Applied::Replayed(Outcome::success("op 0")),
+            Applied::Fresh(Outcome::success("set 1")),
+            Applied::Fresh(Outcome::success("set 2")),
+        ],
     );
     assert_eq!(counter(&h.store, &effects, "orders").await, 2);
 
@@ -320,20 +318,13 @@ async fn a_transaction_over_dynamodbs_limits_is_refused_whole() {
     };
     let pay = op("bulk", "too-many", "x");
     let table = effects.clone();
-    let refused = h
-        .store
-        .apply(
-            &pay.scope,
-            &pay.key,
-            pay.fingerprint,
-            async move |tx: &mut Transaction| {
-                for i in 0..100 {
-                    add_in(tx, &table, &format!("item-{i}"), 1);
-                }
-                Ok::<_, String>(Outcome::success("all of them"))
-            },
-        )
-        .await;
+    let refused = apply_op(&h.store, &pay, async move |tx: &mut Transaction| {
+        for i in 0..100 {
+            add_in(tx, &table, &format!("item-{i}"), 1);
+        }
+        Ok::<_, String>(Outcome::success("all of them"))
+    })
+    .await;
     match refused {
         Err(ApplyError::Protocol(Error::Store(e))) => {
             let message = e.to_string();
@@ -346,27 +337,20 @@ async fn a_transaction_over_dynamodbs_limits_is_refused_whole() {
 
     let big = op("bulk", "too-big", "x");
     let table = effects.clone();
-    let refused = h
-        .store
-        .apply(
-            &big.scope,
-            &big.key,
-            big.fingerprint,
-            async move |tx: &mut Transaction| {
-                for i in 0..12 {
-                    tx.put(
-                        Put::builder()
-                            .table_name(&table)
-                            .item("id", AttributeValue::S(format!("blob-{i}")))
-                            .item("data", AttributeValue::S("x".repeat(390 * 1024)))
-                            .build()
-                            .unwrap(),
-                    );
-                }
-                Ok::<_, String>(Outcome::success("stored"))
-            },
-        )
-        .await;
+    let refused = apply_op(&h.store, &big, async move |tx: &mut Transaction| {
+        for i in 0..12 {
+            tx.put(
+                Put::builder()
+                    .table_name(&table)
+                    .item("id", AttributeValue::S(format!("blob-{i}")))
+                    .item("data", AttributeValue::S("x".repeat(390 * 1024)))
+                    .build()
+                    .unwrap(),
+            );
+        }
+        Ok::<_, String>(Outcome::success("stored"))
+    })
+    .await;
     match refused {
         Err(ApplyError::Protocol(Error::Store(e))) => {
             assert!(e.to_string().contains("(4 MB)"), "{e}")
@@ -388,14 +372,7 @@ async fn an_answer_over_400_kb_is_refused_not_cut() {
         return;
     };
     let job = op("http", "big-answer", "x");
-    let Claimed::Fresh(claim) = h
-        .store
-        .claim(&job.scope, &job.key, job.fingerprint)
-        .await
-        .unwrap()
-    else {
-        panic!("a new key is claimed");
-    };
+    let claim = claim_fresh(&h.store, &job, "a new key is claimed").await;
     let refused = h
         .store
         .complete(&claim, &Outcome::success(vec![b'a'; 410 * 1024]))
@@ -430,14 +407,7 @@ async fn items_past_their_window_read_as_absent_until_dynamodb_deletes_them() {
         return;
     };
     let job = op("mail", "m-1", "x");
-    let Claimed::Fresh(claim) = h
-        .store
-        .claim(&job.scope, &job.key, job.fingerprint)
-        .await
-        .unwrap()
-    else {
-        panic!("a new key is claimed");
-    };
+    let claim = claim_fresh(&h.store, &job, "a new key is claimed").await;
     h.store
         .complete(&claim, &Outcome::success("sent"))
         .await
@@ -465,14 +435,12 @@ async fn items_past_their_window_read_as_absent_until_dynamodb_deletes_them() {
     assert_eq!(h.store.count().await.unwrap().total, 1);
     assert!(h.store.get(&job.scope, &job.key).await.unwrap().is_none());
     assert!(h.store.list(&Default::default()).await.unwrap().is_empty());
-    let Claimed::Fresh(anew) = h
-        .store
-        .claim(&job.scope, &job.key, job.fingerprint)
-        .await
-        .unwrap()
-    else {
-        panic!("an expired record is claimed anew, not replayed");
-    };
+    let anew = claim_fresh(
+        &h.store,
+        &job,
+        "an expired record is claimed anew, not replayed",
+    )
+    .await;
     assert!(anew.token > claim.token && !anew.took_over);
 }
 
@@ -488,14 +456,7 @@ async fn tombstones_refuse_late_retries_until_the_grace_ends() {
         return;
     };
     let job = op("mail", "m-2", "x");
-    let Claimed::Fresh(claim) = h
-        .store
-        .claim(&job.scope, &job.key, job.fingerprint)
-        .await
-        .unwrap()
-    else {
-        panic!("a new key is claimed");
-    };
+    let claim = claim_fresh(&h.store, &job, "a new key is claimed").await;
     h.store
         .complete(&claim, &Outcome::success("sent"))
         .await
@@ -659,13 +620,7 @@ async fn attempts_dead_letters_and_the_operators_changes_are_kept() {
     assert_eq!((stats.waiting, stats.archived), (0, 1));
 
     let job = op("jobs", "stuck", "x");
-    let Claimed::Fresh(claim) = s
-        .claim(&job.scope, &job.key, job.fingerprint)
-        .await
-        .unwrap()
-    else {
-        panic!("a new key is claimed");
-    };
+    let claim = claim_fresh(s, &job, "a new key is claimed").await;
     let seen = s.get(&job.scope, &job.key).await.unwrap().unwrap();
     let RecordAction::Done(_) = s.release_claim(&seen, "ops").await.unwrap() else {
         panic!("a held claim is ended");
