@@ -28,13 +28,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use sqlx::postgres::{PgConnectOptions, PgConnection};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool};
 use sqlx::{ConnectOptions, Connection, Row};
 
 use idem_core::ErrorKind;
 
 use crate::hosts::{HostList, TargetSessionAttrs};
-use crate::store::{Inner, PgStore};
 
 /// How long the background search goes on without finding a server before
 /// it stops; the next failure starts another.
@@ -50,6 +49,12 @@ const MOST_BETWEEN_ROUNDS: Duration = Duration::from_millis(500);
 /// SQLSTATE `read_only_sql_transaction`: a write sent to a standby.
 const READ_ONLY: &str = "25006";
 
+/// What a switch points at another server: the connection pool of an open
+/// store (the store's shared state implements it).
+pub(crate) trait PoolOwner: Send + Sync {
+    fn pool(&self) -> &PgPool;
+}
+
 /// The servers of a multi-host URL and which of them the pool uses.
 pub(crate) struct Failover {
     list: HostList,
@@ -61,7 +66,7 @@ pub(crate) struct Failover {
     /// The handles on the store (one per `with_group_commit`), to point
     /// their shared pool at another server (weak: the pool's hooks hold this
     /// value, and the store holds the pool).
-    stores: Mutex<Vec<Weak<Inner>>>,
+    stores: Mutex<Vec<Weak<dyn PoolOwner>>>,
 }
 
 struct State {
@@ -97,16 +102,16 @@ impl Failover {
     }
 
     /// Lets the search point `store`'s pool at the server it finds.
-    pub(crate) fn attach(&self, store: Weak<Inner>) {
+    pub(crate) fn attach(&self, store: Weak<dyn PoolOwner>) {
         let mut stores = self.stores.lock().unwrap_or_else(|e| e.into_inner());
         stores.retain(|store| store.strong_count() > 0);
         stores.push(store);
     }
 
     /// A handle on the store, while one is open.
-    fn store(&self) -> Option<PgStore> {
+    fn store(&self) -> Option<Arc<dyn PoolOwner>> {
         let stores = self.stores.lock().unwrap_or_else(|e| e.into_inner());
-        stores.iter().find_map(PgStore::upgrade)
+        stores.iter().find_map(Weak::upgrade)
     }
 
     /// The first server, in the URL's order, that accepts a connection and

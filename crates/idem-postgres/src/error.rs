@@ -252,7 +252,7 @@ fn classify(error: &sqlx::Error, at: &Endpoint) -> (ErrorKind, String) {
                     ),
                 );
             }
-            if let Some(advice) = crate::pooler::explain_refusal(&code, message) {
+            if let Some(advice) = explain_refusal(&code, message) {
                 return (
                     ErrorKind::Config,
                     format!("PostgreSQL at {at} answered {code}: {message}; {advice}"),
@@ -340,6 +340,25 @@ fn classify(error: &sqlx::Error, at: &Endpoint) -> (ErrorKind, String) {
             ),
         ),
         other => (ErrorKind::Other, format!("PostgreSQL at {at}: {other}")),
+    }
+}
+
+/// What to do about an answer (SQLSTATE `code`, `message`) that says a
+/// pooler stands in the way: PgBouncer's refusal of a start-up parameter
+/// (`08P01`, "unsupported startup parameter"), or sqlx's prepared
+/// statements missing or taken on a shared server connection (`26000`,
+/// `42P05`). `None` for any other answer.
+pub(crate) fn explain_refusal(code: &str, message: &str) -> Option<&'static str> {
+    match code {
+        // PgBouncer's protocol violations are all 08P01; only its message
+        // tells a refused start-up parameter apart.
+        "08P01" if message.contains("unsupported startup parameter") => Some(
+            "a connection pooler (PgBouncer) refused a start-up parameter that sqlx sends: add ignore_startup_parameters = extra_float_digits to the [pgbouncer] section of pgbouncer.ini, or pgbouncer=true to the URL (which stops sending it)",
+        ),
+        "26000" | "42P05" if message.contains("sqlx_s_") => Some(
+            "a prepared statement of this connection is missing or another's: is a transaction pooler (PgBouncer with pool_mode = transaction) in between? add pgbouncer=true to the URL",
+        ),
+        _ => None,
     }
 }
 
@@ -455,5 +474,19 @@ mod tests {
         assert!(error.to_string().contains("unknown state"), "{error}");
         let error = store_error(sqlx::Error::ColumnNotFound("token".into()), &endpoint());
         assert_eq!(error.kind(), ErrorKind::Corrupt);
+    }
+
+    #[test]
+    fn a_poolers_refusals_are_explained() {
+        let refused = explain_refusal("08P01", "unsupported startup parameter: extra_float_digits");
+        assert!(
+            refused
+                .unwrap()
+                .contains("ignore_startup_parameters = extra_float_digits")
+        );
+        assert!(explain_refusal("08P01", "server conn crashed?").is_none());
+        let taken = explain_refusal("42P05", "prepared statement \"sqlx_s_1\" already exists");
+        assert!(taken.unwrap().contains("pgbouncer=true"));
+        assert!(explain_refusal("23505", "duplicate key").is_none());
     }
 }

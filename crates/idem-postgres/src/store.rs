@@ -57,6 +57,12 @@ pub(crate) struct Inner {
     locked_claims: bool,
 }
 
+impl crate::connect::PoolOwner for Inner {
+    fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+}
+
 impl fmt::Debug for PgStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PgStore")
@@ -496,8 +502,8 @@ impl PgStoreBuilder {
     /// has lately been faster: grouped, or alone, with one call in sixteen
     /// sent the other way to keep measuring it (the metric
     /// `store_group_calls_total` counts both). `false` gives every call a
-    /// transaction of its own (a claim in three round trips, a completion in
-    /// one).
+    /// transaction of its own (a new key's claim in one round trip, or three
+    /// where the one-statement claim is not used, a completion in one).
     pub fn group_commit(mut self, group: bool) -> Self {
         self.group_commit = group;
         self
