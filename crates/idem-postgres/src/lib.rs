@@ -57,10 +57,12 @@
 //! - Claim paths (`apply`, `apply_batch`, `claim`) only *try* the lock
 //!   (`pg_try_advisory_xact_lock`): a concurrent duplicate finds it taken and is
 //!   answered `InFlight` at once, never queued behind the original.
-//! - Completion paths for a held token (`complete`, `renew`, `release`,
-//!   `complete_with`) *wait* for it (`pg_advisory_xact_lock`): its holder is a
-//!   short claim, or a takeover whose commit rightly fences them.
-//! - Before any of that, `apply` and `claim` read the record once without a
+//! - Completion paths for a held token (`renew`, `release`, `complete_with`,
+//!   and `complete` where the one-statement claim is not used) *wait* for it
+//!   (`pg_advisory_xact_lock`): its holder is a short claim, or a takeover
+//!   whose commit rightly fences them.
+//! - Before any of that, `apply_replay_first` and a `claim` that the one
+//!   statement below did not settle read the record once without a
 //!   transaction: a replay or a refusal is answered in one round trip.
 //! - Completions are fenced in SQL: `UPDATE ... WHERE token = held AND state =
 //!   'in_flight'`, which finds nothing once a newer owner took the key over.

@@ -7,7 +7,9 @@
 //! once when it is taken; completion paths for a held token *wait* for it, since
 //! its holder is either a short claim or a takeover whose commit rightly fences
 //! them. The lock is released by the commit or rollback, never by hand, so a
-//! crashed caller cannot leave a key locked.
+//! crashed caller cannot leave a key locked. (A leased claim first tries the
+//! lock inside the one statement that claims a new key, and its completion
+//! then takes no lock; see `leased`.)
 //!
 //! Two details make the lock sound:
 //!
