@@ -38,19 +38,24 @@ async fn debit(store: &PgStore, key: &str) -> bool {
         .is_replay()
 }
 
+/// A test database, and a PgBouncer in front of its server that does not
+/// ignore `extra_float_digits`; `None` when either cannot start.
+async fn refusing_bouncer() -> Option<(TestDb, PgBouncer)> {
+    let db = TestDb::new().await?;
+    let config = PgBouncerConfig {
+        ignore_extra_float_digits: false,
+        ..PgBouncerConfig::default()
+    };
+    let bouncer = PgBouncer::start_with(&config)?;
+    Some((db, bouncer))
+}
+
 /// A PgBouncer that does not ignore `extra_float_digits` refuses sqlx's
 /// connections. That refusal gives it away: the store connects as with
 /// `pgbouncer=true` and applies each key once.
 #[tokio::test]
 async fn a_pgbouncer_refusing_extra_float_digits_is_detected() {
-    let Some(db) = TestDb::new().await else {
-        return;
-    };
-    let config = PgBouncerConfig {
-        ignore_extra_float_digits: false,
-        ..PgBouncerConfig::default()
-    };
-    let Some(bouncer) = PgBouncer::start_with(&config) else {
+    let Some((db, bouncer)) = refusing_bouncer().await else {
         return;
     };
     let store = PgStore::connect(&bouncer.route(&db.url))
@@ -72,14 +77,7 @@ async fn a_pgbouncer_refusing_extra_float_digits_is_detected() {
 /// setting to add.
 #[tokio::test]
 async fn a_refused_startup_parameter_is_explained() {
-    let Some(db) = TestDb::new().await else {
-        return;
-    };
-    let config = PgBouncerConfig {
-        ignore_extra_float_digits: false,
-        ..PgBouncerConfig::default()
-    };
-    let Some(bouncer) = PgBouncer::start_with(&config) else {
+    let Some((db, bouncer)) = refusing_bouncer().await else {
         return;
     };
     let url = format!("{}?target_session_attrs=any", bouncer.route(&db.url));

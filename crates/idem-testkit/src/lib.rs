@@ -53,6 +53,7 @@ pub mod postgres;
 pub mod rabbitmq;
 pub mod rabbitmq_cluster;
 pub mod redis;
+mod server_process;
 pub mod services;
 #[cfg(feature = "spans")]
 #[cfg_attr(docsrs, doc(cfg(feature = "spans")))]

@@ -17,15 +17,15 @@
 //! with a message, or fails it when `IDEM_REQUIRE_SERVICES` is set.
 
 use std::fmt;
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::tls_postgres::{
-    BIN_VARIABLE, StartError, append_file, binaries_under, check, fail, running_as_root,
-    system_user,
+use crate::server_process::{
+    NotAccepting, SERVER_USER, append_file, check, command_as, fail, free_port, postgres_binaries,
+    server_dir, wait_until_accepting,
 };
+use crate::tls_postgres::{BIN_VARIABLE, StartError};
 
 /// One server of the cluster.
 #[derive(Debug)]
@@ -75,28 +75,15 @@ impl PgCluster {
 
     /// Starts the cluster.
     pub fn try_start() -> Result<PgCluster, StartError> {
-        let bin = match std::env::var_os(BIN_VARIABLE) {
-            Some(dir) => PathBuf::from(dir),
-            None => binaries_under(Path::new(crate::postgres::INSTALLED_SERVERS))?,
-        };
+        let bin = postgres_binaries(BIN_VARIABLE, Path::new(crate::postgres::INSTALLED_SERVERS))?;
         if !bin.join("pg_basebackup").exists() {
             return Err(fail(format!(
                 "pg_basebackup is not in {}; install the `postgresql` package",
                 bin.display()
             )));
         }
-        let dir = tempfile::Builder::new()
-            .prefix("idem-pg-cluster-")
-            .tempdir()
-            .map_err(|e| fail(format!("cannot create a temporary directory: {e}")))?;
-        let run_as = if running_as_root()? {
-            let (uid, gid) = system_user("postgres")?;
-            std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid))
-                .map_err(|e| fail(format!("cannot hand the directory to `postgres`: {e}")))?;
-            Some("postgres".to_owned())
-        } else {
-            None
-        };
+        let (dir, owner) = server_dir("idem-pg-cluster-", "PostgreSQL")?;
+        let run_as = owner.map(|_| SERVER_USER.to_owned());
         let node = |name: &'static str| -> Result<Node, StartError> {
             Ok(Node {
                 name,
@@ -258,19 +245,14 @@ impl PgCluster {
                 "start",
             ],
         )?;
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while TcpStream::connect(("127.0.0.1", node.port)).is_err() {
-            if Instant::now() > deadline {
-                return Err(fail(format!(
-                    "the {} did not accept connections on port {} within 30 s; the logs:\n{}",
-                    node.name,
-                    node.port,
-                    self.log_text()
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Ok(())
+        wait_until_accepting(node.port, || None).map_err(|_: NotAccepting| {
+            fail(format!(
+                "the {} did not accept connections on port {} within 30 s; the logs:\n{}",
+                node.name,
+                node.port,
+                self.log_text()
+            ))
+        })
     }
 
     fn stop(&self, node: &Node) -> Result<(), StartError> {
@@ -324,16 +306,7 @@ impl PgCluster {
     }
 
     fn command(&self, program: &Path) -> Command {
-        let mut command = match &self.run_as {
-            Some(user) => {
-                let mut command = Command::new("runuser");
-                command.args(["-u", user, "--"]).arg(program);
-                command
-            }
-            None => Command::new(program),
-        };
-        command.current_dir(self.dir.path()).stdin(Stdio::null());
-        command
+        command_as(program, self.run_as.as_deref(), self.dir.path())
     }
 
     fn run(&self, program: &str, args: &[&str]) -> Result<(), StartError> {
@@ -361,11 +334,4 @@ impl Drop for PgCluster {
             }
         }
     }
-}
-
-fn free_port() -> Result<u16, StartError> {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .map(|address| address.port())
-        .map_err(|e| fail(format!("cannot find a free port: {e}")))
 }

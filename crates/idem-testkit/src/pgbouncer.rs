@@ -22,13 +22,16 @@
 //! set.
 
 use std::fmt;
-use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::str::FromStr;
-use std::time::{Duration, Instant};
 
 use sqlx::postgres::PgConnectOptions;
+
+pub use crate::server_process::StartError;
+use crate::server_process::{
+    NotAccepting, fail, free_port, server_dir, wait_until_accepting, write_file,
+};
 
 /// The variable naming the `pgbouncer` program to run.
 pub const BIN_VARIABLE: &str = "IDEM_TEST_PGBOUNCER";
@@ -36,22 +39,6 @@ pub const BIN_VARIABLE: &str = "IDEM_TEST_PGBOUNCER";
 /// Server connections per database and user: small, so that a test's
 /// concurrent clients really take turns on them.
 pub const POOL_SIZE: u32 = 3;
-
-/// Why PgBouncer could not be started.
-#[derive(Debug)]
-pub struct StartError(String);
-
-impl fmt::Display for StartError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for StartError {}
-
-fn fail(message: impl Into<String>) -> StartError {
-    StartError(message.into())
-}
 
 /// How a private PgBouncer is set up.
 #[derive(Debug, Clone)]
@@ -114,22 +101,8 @@ impl PgBouncer {
         let backend = PgConnectOptions::from_str(&crate::postgres::server_url())
             .map_err(|e| fail(format!("the test server's URL is not valid: {e}")))?;
         let user = backend.get_username().to_owned();
-        let dir = tempfile::Builder::new()
-            .prefix("idem-pgbouncer-")
-            .tempdir()
-            .map_err(|e| fail(format!("cannot create a temporary directory: {e}")))?;
-        let run_as = if running_as_root()? {
-            let owner = system_user("postgres")?;
-            std::os::unix::fs::chown(dir.path(), Some(owner.0), Some(owner.1))
-                .map_err(|e| fail(format!("cannot hand the directory to `postgres`: {e}")))?;
-            Some(owner)
-        } else {
-            None
-        };
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .map_err(|e| fail(format!("cannot find a free port: {e}")))?
-            .port();
+        let (dir, run_as) = server_dir("idem-pgbouncer-", "pgbouncer")?;
+        let port = free_port()?;
 
         let users = dir.path().join("userlist.txt");
         let ini = dir.path().join("pgbouncer.ini");
@@ -161,7 +134,7 @@ impl PgBouncer {
             log = log.display(),
         );
         for (path, text) in [(&users, format!("\"{user}\" \"\"\n")), (&ini, text)] {
-            write_file(path, &text, run_as)?;
+            write_file(path, &text, 0o644, run_as)?;
         }
 
         let mut command = match run_as {
@@ -210,26 +183,19 @@ impl PgBouncer {
     }
 
     fn wait_until_it_accepts(&mut self) -> Result<(), StartError> {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Err(fail(format!(
-                    "pgbouncer exited ({status}) before accepting connections; its log:\n{}",
-                    self.log_text()
-                )));
-            }
-            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                return Err(fail(format!(
-                    "pgbouncer did not accept connections on port {} within 30 s; its log:\n{}",
-                    self.port,
-                    self.log_text()
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let child = &mut self.child;
+        wait_until_accepting(self.port, || child.try_wait().ok().flatten()).map_err(|why| match why
+        {
+            NotAccepting::Exited(status) => fail(format!(
+                "pgbouncer exited ({status}) before accepting connections; its log:\n{}",
+                self.log_text()
+            )),
+            NotAccepting::TimedOut => fail(format!(
+                "pgbouncer did not accept connections on port {} within 30 s; its log:\n{}",
+                self.port,
+                self.log_text()
+            )),
+        })
     }
 }
 
@@ -274,42 +240,6 @@ fn program() -> Result<PathBuf, StartError> {
                 "pgbouncer is not installed (not on the PATH, not in /usr/sbin, ${BIN_VARIABLE} unset); install Debian's `pgbouncer` package (scripts/services.sh does)"
             ))
         })
-}
-
-fn write_file(path: &Path, text: &str, owner: Option<(u32, u32)>) -> Result<(), StartError> {
-    let written = (|| {
-        std::fs::write(path, text)?;
-        if let Some((uid, gid)) = owner {
-            std::os::unix::fs::chown(path, Some(uid), Some(gid))?;
-        }
-        Ok::<_, std::io::Error>(())
-    })();
-    written.map_err(|e| fail(format!("cannot write {}: {e}", path.display())))
-}
-
-fn running_as_root() -> Result<bool, StartError> {
-    let output = Command::new("id")
-        .arg("-u")
-        .output()
-        .map_err(|e| fail(format!("cannot run id: {e}")))?;
-    Ok(String::from_utf8_lossy(&output.stdout).trim() == "0")
-}
-
-/// A system user's uid and gid.
-fn system_user(name: &str) -> Result<(u32, u32), StartError> {
-    let id = |flag: &str| -> Option<u32> {
-        let output = Command::new("id").args([flag, name]).output().ok()?;
-        if !output.status.success() {
-            return None;
-        }
-        String::from_utf8_lossy(&output.stdout).trim().parse().ok()
-    };
-    match (id("-u"), id("-g")) {
-        (Some(uid), Some(gid)) => Ok((uid, gid)),
-        _ => Err(fail(format!(
-            "pgbouncer refuses to run as root, and there is no `{name}` user to run it as"
-        ))),
-    }
 }
 
 #[cfg(test)]

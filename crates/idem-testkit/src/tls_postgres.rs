@@ -18,33 +18,17 @@
 //! with a message, or fails it when `IDEM_REQUIRE_SERVICES` is set.
 
 use std::fmt;
-use std::io::Write as _;
-use std::net::TcpStream;
-use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
 
+pub use crate::server_process::StartError;
+use crate::server_process::{
+    NotAccepting, SERVER_USER, append_file, check, command_as, fail, free_port, postgres_binaries,
+    server_dir, wait_until_accepting, write_file,
+};
 use crate::tls::TlsPems;
 
 /// The variable naming a directory with `initdb`, `pg_ctl` and `postgres`.
 pub const BIN_VARIABLE: &str = "IDEM_TEST_POSTGRES_BIN";
-
-/// Why the server could not be started.
-#[derive(Debug)]
-pub struct StartError(String);
-
-impl fmt::Display for StartError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for StartError {}
-
-pub(crate) fn fail(message: impl Into<String>) -> StartError {
-    StartError(message.into())
-}
 
 /// A running server that requires TLS and a password; stopped and removed
 /// when dropped.
@@ -86,26 +70,9 @@ impl TlsPostgres {
 
     /// Starts a server whose user `postgres` has `password`.
     pub fn try_start(password: &str) -> Result<TlsPostgres, StartError> {
-        let bin = match std::env::var_os(BIN_VARIABLE) {
-            Some(dir) => PathBuf::from(dir),
-            None => binaries_under(Path::new(crate::postgres::INSTALLED_SERVERS))?,
-        };
-        let dir = tempfile::Builder::new()
-            .prefix("idem-tls-pg-")
-            .tempdir()
-            .map_err(|e| fail(format!("cannot create a temporary directory: {e}")))?;
-        let owner = if running_as_root()? {
-            let (uid, gid) = system_user("postgres")?;
-            std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid))
-                .map_err(|e| fail(format!("cannot hand the directory to `postgres`: {e}")))?;
-            Some((uid, gid))
-        } else {
-            None
-        };
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .map_err(|e| fail(format!("cannot find a free port: {e}")))?
-            .port();
+        let bin = postgres_binaries(BIN_VARIABLE, Path::new(crate::postgres::INSTALLED_SERVERS))?;
+        let (dir, owner) = server_dir("idem-tls-pg-", "PostgreSQL")?;
+        let port = free_port()?;
 
         // The server certificate names `localhost` only, so that `verify-full`
         // against 127.0.0.1 fails where `verify-ca` passes.
@@ -128,7 +95,7 @@ impl TlsPostgres {
         let server = TlsPostgres {
             bin,
             dir,
-            run_as: owner.map(|_| "postgres".to_owned()),
+            run_as: owner.map(|_| SERVER_USER.to_owned()),
             port,
             password: password.to_owned(),
             ca_file,
@@ -255,37 +222,19 @@ impl TlsPostgres {
     }
 
     fn wait_until_it_accepts(&self) -> Result<(), StartError> {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                return Err(fail(format!(
-                    "PostgreSQL did not accept connections on port {} within 30 s; its log:\n{}",
-                    self.port,
-                    self.log_text()
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_until_accepting(self.port, || None).map_err(|_: NotAccepting| {
+            fail(format!(
+                "PostgreSQL did not accept connections on port {} within 30 s; its log:\n{}",
+                self.port,
+                self.log_text()
+            ))
+        })
     }
 
     fn run(&self, program: &str, args: &[&str]) -> Result<(), StartError> {
         let path = self.bin.join(program);
-        let mut command = match &self.run_as {
-            Some(user) => {
-                let mut command = Command::new("runuser");
-                command.args(["-u", user, "--"]).arg(&path);
-                command
-            }
-            None => Command::new(&path),
-        };
-        command
-            .args(args)
-            .current_dir(self.dir.path())
-            .stdin(Stdio::null());
-        check(&format!("{}", path.display()), command.output()).map_err(|e| {
+        let mut command = command_as(&path, self.run_as.as_deref(), self.dir.path());
+        check(&format!("{}", path.display()), command.args(args).output()).map_err(|e| {
             let log = self.log_text();
             if log.is_empty() {
                 e
@@ -306,76 +255,5 @@ impl Drop for TlsPostgres {
                 self.dir.path().display()
             );
         }
-    }
-}
-
-pub(crate) fn write_file(
-    path: &Path,
-    text: &str,
-    mode: u32,
-    owner: Option<(u32, u32)>,
-) -> Result<(), StartError> {
-    let written = (|| {
-        std::fs::write(path, text)?;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
-        if let Some((uid, gid)) = owner {
-            std::os::unix::fs::chown(path, Some(uid), Some(gid))?;
-        }
-        Ok::<_, std::io::Error>(())
-    })();
-    written.map_err(|e| fail(format!("cannot write {}: {e}", path.display())))
-}
-
-pub(crate) fn append_file(path: &Path, text: &str) -> Result<(), StartError> {
-    std::fs::OpenOptions::new()
-        .append(true)
-        .open(path)
-        .and_then(|mut file| file.write_all(text.as_bytes()))
-        .map_err(|e| fail(format!("cannot append to {}: {e}", path.display())))
-}
-
-pub(crate) fn check(program: &str, output: std::io::Result<Output>) -> Result<(), StartError> {
-    let output = output.map_err(|e| fail(format!("cannot run {program}: {e}")))?;
-    if !output.status.success() {
-        return Err(fail(format!(
-            "{program} failed ({}): {}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr).trim()
-        )));
-    }
-    Ok(())
-}
-
-pub(crate) fn binaries_under(root: &Path) -> Result<PathBuf, StartError> {
-    crate::postgres::server_binaries(root).ok_or_else(|| {
-        fail(format!(
-            "the PostgreSQL server programs (initdb, pg_ctl, postgres under {}/VERSION/bin, or in ${BIN_VARIABLE}) are not installed; install the `postgresql` package",
-            root.display()
-        ))
-    })
-}
-
-pub(crate) fn running_as_root() -> Result<bool, StartError> {
-    let output = Command::new("id")
-        .arg("-u")
-        .output()
-        .map_err(|e| fail(format!("cannot run id: {e}")))?;
-    Ok(String::from_utf8_lossy(&output.stdout).trim() == "0")
-}
-
-/// A system user's uid and gid.
-pub(crate) fn system_user(name: &str) -> Result<(u32, u32), StartError> {
-    let id = |flag: &str| -> Option<u32> {
-        let output = Command::new("id").args([flag, name]).output().ok()?;
-        if !output.status.success() {
-            return None;
-        }
-        String::from_utf8_lossy(&output.stdout).trim().parse().ok()
-    };
-    match (id("-u"), id("-g")) {
-        (Some(uid), Some(gid)) => Ok((uid, gid)),
-        _ => Err(fail(format!(
-            "PostgreSQL refuses to run as root, and there is no `{name}` user to run it as"
-        ))),
     }
 }
