@@ -15,21 +15,20 @@
 //! Each test starts a cluster of its own ([`idem_testkit::nats_cluster`]),
 //! so a node killed in one is never under another.
 
+mod cluster_support;
 mod consumer_support;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_nats::HeaderMap;
 use async_nats::jetstream::{self, stream};
-use consumer_support::{Bank, OPENING_BALANCE, PgBank, Running, SqliteBank, config};
-use idem::{AnyStore, DeadLetterStore, IdempotencyKey, SqliteStore};
-use idem_broker::consume::{Consumer, KeyRule, KeySource, Reconnect, Source, SourceOptions, Stats};
-use idem_broker::outbox::{self, OutboxStore, Route};
-use idem_broker::publish::{Destination, Message};
-use idem_broker::relay::{Relay, RelayConfig};
+use cluster_support::{OutboxRelay, Tally, assert_each_applied_once, keys, quick};
+use consumer_support::{Bank, PgBank, Running, SqliteBank, config};
+use idem_broker::consume::{Consumer, KeyRule, KeySource, Source, SourceOptions, Stats};
+use idem_broker::outbox::OutboxStore;
+use idem_broker::publish::Destination;
 use idem_testkit::nats_cluster::{NODES, NatsCluster};
 
 /// Messages published per run.
@@ -67,14 +66,6 @@ async fn a_consumer_outlives_the_loss_of_its_node_on_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_outlives_the_loss_of_the_stream_leader_on_postgres() {
     consumes_across_a_node_loss::<PgBank>(Victim::StreamLeader).await
-}
-
-/// A quick reconnect, as `idem forward` would be configured in a test.
-fn quick() -> Reconnect {
-    Reconnect::default()
-        .min(Duration::from_millis(50))
-        .max(Duration::from_millis(500))
-        .connect_timeout(Duration::from_secs(10))
 }
 
 /// A stream replicated on every node, keeping messages a day.
@@ -279,29 +270,8 @@ async fn consumes_across_a_node_loss<K: Bank>(victim: Victim) {
     let stats = running.stop().await;
 
     // Effects per message id, from the store's database.
-    let mut effects: BTreeMap<String, usize> = BTreeMap::new();
-    for key in bank.ledger().await {
-        *effects.entry(key).or_default() += 1;
-    }
-    let missing: Vec<String> = (0..MESSAGES)
-        .map(|i| format!("m-{i}"))
-        .filter(|id| !effects.contains_key(id))
-        .collect();
-    let twice: Vec<(&String, &usize)> = effects.iter().filter(|(_, n)| **n > 1).collect();
     assert_eq!(published.acked, MESSAGES, "{published:?}");
-    assert!(
-        missing.is_empty(),
-        "acknowledged but never applied: {missing:?}"
-    );
-    assert!(twice.is_empty(), "applied more than once: {twice:?}");
-    assert_eq!(
-        effects.len(),
-        MESSAGES,
-        "no effect for an id never published"
-    );
-    assert_eq!(bank.balance().await, OPENING_BALANCE - MESSAGES as i64);
-    assert_eq!(stats.applied, MESSAGES as u64, "{stats:?}");
-    assert_eq!(stats.dead_lettered, 0, "{stats:?}");
+    assert_each_applied_once(&bank, &stats, "m", MESSAGES, "acknowledged").await;
 
     eprintln!(
         "nats cluster, {victim:?} on {store}: {MESSAGES} published ({retried} publish attempts again, \
@@ -337,51 +307,14 @@ async fn the_relay_publishes_every_row_once_while_the_stream_leader_dies() {
     let js = jetstream::new(cluster.client_named(PUBLISHER).await);
     let (stream, subject) = ("EVENTS", "events.created");
     r3_stream(&js, stream, subject).await;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let store = AnyStore::Sqlite(
-        SqliteStore::open(dir.path().join("outbox.db"))
-            .await
-            .expect("open the outbox"),
-    );
-    outbox::migrate(&store).await.expect("migrate the outbox");
     let to: Destination = format!("{}/{subject}", cluster.url())
         .parse()
         .expect("a NATS destination with three servers");
 
-    let config = RelayConfig {
-        poll_interval: Duration::from_millis(20),
-        lease: Duration::from_secs(10),
-        publish_timeout: Duration::from_secs(2),
-        max_attempts: 100,
-        backoff: idem_retry::Backoff::default()
-            .with_base(Duration::from_millis(20))
-            .with_cap(Duration::from_millis(200)),
-        reconnect: quick(),
-        ..RelayConfig::default()
-    };
-    let relay = Relay::new(store.clone(), config);
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let relaying = tokio::spawn(async move {
-        relay
-            .run(async {
-                let _ = stopped.await;
-            })
-            .await
+    let relay = OutboxRelay::start(Duration::from_secs(2)).await;
+    let enqueueing = relay.enqueue_all(&to, keys("row", MESSAGES), PACE, |key| {
+        key.as_bytes().to_vec()
     });
-    let enqueueing = {
-        let (store, to) = (store.clone(), to.clone());
-        tokio::spawn(async move {
-            let mut pace = tokio::time::interval(PACE);
-            for i in 0..MESSAGES {
-                pace.tick().await;
-                let key = format!("row-{i}");
-                let message = Message::new(IdempotencyKey::new(&key).unwrap(), key.into_bytes());
-                outbox::enqueue_now(&store, Route::To(&to), &message)
-                    .await
-                    .expect("enqueue");
-            }
-        })
-    };
     let in_stream = async || -> u64 {
         match js.get_stream(stream).await {
             Ok(mut found) => found.info().await.map(|i| i.state.messages).unwrap_or(0),
@@ -417,26 +350,9 @@ async fn the_relay_publishes_every_row_once_while_the_stream_leader_dies() {
     let healthy_after_restart = cluster.restart(leader).await;
     enqueueing.await.expect("enqueue every row");
 
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let stats = store.outbox_stats().await.expect("outbox stats");
-        if stats.pending == 0 && stats.sent == MESSAGES as u64 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the relay did not send every row within a minute: {stats:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    relay.until_sent(MESSAGES).await;
     let drained_after_kill = killed_at.elapsed();
-    let _ = stop.send(());
-    relaying
-        .await
-        .expect("the relay task")
-        .expect("the relay stopped cleanly");
-    let dead = store.dead_letter_stats().await.expect("dead-letter stats");
-    assert_eq!(dead.waiting, 0, "no row dead-lettered: {dead:?}");
+    let (store, _dir) = relay.stop().await;
     // The rows the kill made the relay publish more than once: a timed-out
     // publish may have been stored, so the stream may have seen them twice.
     let sends = store
@@ -453,7 +369,7 @@ async fn the_relay_publishes_every_row_once_while_the_stream_leader_dies() {
     // The stream, read message by message: each row's key once.
     let mut found = js.get_stream(stream).await.expect("the stream");
     let state = found.info().await.expect("stream info").state.clone();
-    let mut copies: BTreeMap<String, usize> = BTreeMap::new();
+    let mut ids = Vec::new();
     for sequence in state.first_sequence..=state.last_sequence {
         let message = found
             .get_raw_message(sequence)
@@ -464,13 +380,9 @@ async fn the_relay_publishes_every_row_once_while_the_stream_leader_dies() {
             .get("Nats-Msg-Id")
             .map(|v| v.as_str().to_owned())
             .expect("every message carries its key as Nats-Msg-Id");
-        *copies.entry(id).or_default() += 1;
+        ids.push(id);
     }
-    let missing: Vec<String> = (0..MESSAGES)
-        .map(|i| format!("row-{i}"))
-        .filter(|key| !copies.contains_key(key))
-        .collect();
-    let twice: Vec<(&String, &usize)> = copies.iter().filter(|(_, n)| **n > 1).collect();
+    let Tally { missing, twice, .. } = Tally::of(ids, keys("row", MESSAGES));
     assert!(missing.is_empty(), "rows not in the stream: {missing:?}");
     assert!(twice.is_empty(), "rows in the stream twice: {twice:?}");
     assert_eq!(state.messages, MESSAGES as u64, "{state:?}");

@@ -17,17 +17,17 @@
 //! ([`RabbitCluster::shared`]): it starts once, and a node one test kills
 //! is running again before the next test begins.
 
+mod cluster_support;
 mod consumer_support;
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use consumer_support::{Bank, OPENING_BALANCE, PgBank, Running, SqliteBank, config, suffix};
-use idem::{AnyStore, DeadLetterStore, IdempotencyKey, SqliteStore};
-use idem_broker::consume::{Consumer, KeyRule, KeySource, Reconnect, Source, SourceOptions};
-use idem_broker::outbox::{self, OutboxStore, Route};
+use cluster_support::{OutboxRelay, assert_each_applied_once, keys, quick};
+use consumer_support::{Bank, PgBank, Running, SqliteBank, config, suffix};
+use idem::IdempotencyKey;
+use idem_broker::consume::{Consumer, KeyRule, KeySource, Source, SourceOptions};
+use idem_broker::outbox::OutboxStore;
 use idem_broker::publish::{AmqpPublisher, Destination, Message, Publish};
-use idem_broker::relay::{Relay, RelayConfig};
 use idem_testkit::rabbitmq_cluster::RabbitCluster;
 use lapin::options::QueueDeclareOptions;
 use lapin::types::{AMQPValue, FieldTable};
@@ -72,14 +72,6 @@ async fn a_consumer_outlives_the_loss_of_its_node_on_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_outlives_the_loss_of_the_queue_leader_on_postgres() {
     consumes_across_a_node_loss::<PgBank>(Victim::QueueLeader).await
-}
-
-/// A quick reconnect, as `idem forward` would be configured in a test.
-fn quick() -> Reconnect {
-    Reconnect::default()
-        .min(Duration::from_millis(50))
-        .max(Duration::from_millis(500))
-        .connect_timeout(Duration::from_secs(10))
 }
 
 /// Declares durable quorum queue `queue` on all three nodes through node
@@ -168,23 +160,14 @@ async fn until_drained(cluster: &RabbitCluster, queue: &str) {
     }
 }
 
-/// Effects per key from the bank's ledger: the keys of `expected` with no
-/// effect, and the keys applied more than once.
-async fn effects<K: Bank>(
-    bank: &K,
-    expected: impl Iterator<Item = String>,
-) -> (usize, Vec<String>, Vec<(String, usize)>) {
-    let mut effects: BTreeMap<String, usize> = BTreeMap::new();
-    for key in bank.ledger().await {
-        *effects.entry(key).or_default() += 1;
-    }
-    let missing = expected.filter(|id| !effects.contains_key(id)).collect();
-    let twice = effects
-        .iter()
-        .filter(|(_, n)| **n > 1)
-        .map(|(key, n)| (key.clone(), *n))
-        .collect();
-    (effects.len(), missing, twice)
+/// The node names of `cluster` without their host (`rabbit-0`, …).
+fn short_name(cluster: &RabbitCluster, node: usize) -> String {
+    cluster
+        .name(node)
+        .split('@')
+        .next()
+        .unwrap_or("")
+        .to_owned()
 }
 
 async fn consumes_across_a_node_loss<K: Bank>(victim: Victim) {
@@ -262,26 +245,10 @@ async fn consumes_across_a_node_loss<K: Bank>(victim: Victim) {
     until_drained(&cluster, &queue).await;
     let stats = running.stop().await;
 
-    let (keys, missing, twice) = effects(&bank, (0..MESSAGES).map(|i| format!("m-{i}"))).await;
     assert_eq!(published.confirmed, MESSAGES, "{published:?}");
-    assert!(
-        missing.is_empty(),
-        "confirmed but never applied: {missing:?}"
-    );
-    assert!(twice.is_empty(), "applied more than once: {twice:?}");
-    assert_eq!(keys, MESSAGES, "no effect for an id never published");
-    assert_eq!(bank.balance().await, OPENING_BALANCE - MESSAGES as i64);
-    assert_eq!(stats.applied, MESSAGES as u64, "{stats:?}");
-    assert_eq!(stats.dead_lettered, 0, "{stats:?}");
+    assert_each_applied_once(&bank, &stats, "m", MESSAGES, "confirmed").await;
 
-    let name = |node: usize| {
-        cluster
-            .name(node)
-            .split('@')
-            .next()
-            .unwrap_or("")
-            .to_owned()
-    };
+    let name = |node: usize| short_name(&cluster, node);
     eprintln!(
         "rabbitmq cluster, {victim:?} on {store}: {MESSAGES} confirmed ({retried} publishes made again, \
          longest wait for a confirm {wait:?}), {applied} effects, {replayed} redeliveries suppressed; \
@@ -327,13 +294,6 @@ async fn the_relay_delivers_every_row_while_its_node_and_the_queue_leader_die() 
     let queue = format!("idem-relay-{}", suffix());
     quorum_queue(&cluster, 0, &queue).await;
     let leader = cluster.queue_leader(&queue).await.expect("a queue leader");
-    let dir = tempfile::tempdir().expect("temp dir");
-    let store = AnyStore::Sqlite(
-        SqliteStore::open(dir.path().join("outbox.db"))
-            .await
-            .expect("open the outbox"),
-    );
-    outbox::migrate(&store).await.expect("migrate the outbox");
     // The relay connects to node 0 first; the consumer to node 2.
     let to: Destination = format!("{}?queue={queue}", cluster.url())
         .parse()
@@ -352,40 +312,8 @@ async fn the_relay_delivers_every_row_while_its_node_and_the_queue_leader_die() 
     );
     let running = Running::start(consumer.stats(), |stop| consumer.run(stop));
 
-    let config = RelayConfig {
-        poll_interval: Duration::from_millis(20),
-        lease: Duration::from_secs(10),
-        publish_timeout: Duration::from_secs(5),
-        max_attempts: 100,
-        backoff: idem_retry::Backoff::default()
-            .with_base(Duration::from_millis(20))
-            .with_cap(Duration::from_millis(200)),
-        reconnect: quick(),
-        ..RelayConfig::default()
-    };
-    let relay = Relay::new(store.clone(), config);
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let relaying = tokio::spawn(async move {
-        relay
-            .run(async {
-                let _ = stopped.await;
-            })
-            .await
-    });
-    let enqueueing = {
-        let (store, to) = (store.clone(), to.clone());
-        tokio::spawn(async move {
-            let mut pace = tokio::time::interval(PACE);
-            for i in 0..MESSAGES {
-                pace.tick().await;
-                let key = format!("row-{i}");
-                let message = Message::new(IdempotencyKey::new(&key).unwrap(), ORDER.to_vec());
-                outbox::enqueue_now(&store, Route::To(&to), &message)
-                    .await
-                    .expect("enqueue");
-            }
-        })
-    };
+    let relay = OutboxRelay::start(Duration::from_secs(5)).await;
+    let enqueueing = relay.enqueue_all(&to, keys("row", MESSAGES), PACE, |_| ORDER.to_vec());
     let before = running
         .until("a fifth applied", |s| s.applied >= (MESSAGES / 5) as u64)
         .await;
@@ -408,7 +336,7 @@ async fn the_relay_delivers_every_row_while_its_node_and_the_queue_leader_die() 
         if killed_at.elapsed() > Duration::from_secs(60) {
             panic!(
                 "no effects a minute after the kill: {now:?}; outbox {:?}; queue holds {:?}; leader {:?}; consumer on {:?}",
-                store.outbox_stats().await,
+                relay.store.outbox_stats().await,
                 cluster.queue_messages(&queue).await,
                 cluster.queue_leader(&queue).await,
                 cluster
@@ -423,51 +351,18 @@ async fn the_relay_delivers_every_row_while_its_node_and_the_queue_leader_die() 
     let running_after_restart = cluster.restart(killed).await;
     enqueueing.await.expect("enqueue every row");
 
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let stats = store.outbox_stats().await.expect("outbox stats");
-        if stats.pending == 0 && stats.sent == MESSAGES as u64 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the relay did not send every row within a minute: {stats:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    relay.until_sent(MESSAGES).await;
     let sent_after_kill = killed_at.elapsed();
-    let _ = stop.send(());
-    relaying
-        .await
-        .expect("the relay task")
-        .expect("the relay stopped cleanly");
-    let dead = store.dead_letter_stats().await.expect("dead-letter stats");
-    assert_eq!(dead.waiting, 0, "no row dead-lettered: {dead:?}");
+    relay.stop().await;
 
     running
         .until("every row applied", |s| s.applied >= MESSAGES as u64)
         .await;
     until_drained(&cluster, &queue).await;
     let stats = running.stop().await;
-    let (keys, missing, twice) = effects(&bank, (0..MESSAGES).map(|i| format!("row-{i}"))).await;
-    assert!(
-        missing.is_empty(),
-        "rows sent but never applied: {missing:?}"
-    );
-    assert!(twice.is_empty(), "rows applied more than once: {twice:?}");
-    assert_eq!(keys, MESSAGES, "no effect for a row never enqueued");
-    assert_eq!(bank.balance().await, OPENING_BALANCE - MESSAGES as i64);
-    assert_eq!(stats.applied, MESSAGES as u64, "{stats:?}");
-    assert_eq!(stats.dead_lettered, 0, "{stats:?}");
+    assert_each_applied_once(&bank, &stats, "row", MESSAGES, "sent").await;
 
-    let name = |node: usize| {
-        cluster
-            .name(node)
-            .split('@')
-            .next()
-            .unwrap_or("")
-            .to_owned()
-    };
+    let name = |node: usize| short_name(&cluster, node);
     eprintln!(
         "rabbitmq cluster, relay: {MESSAGES} rows sent, {applied} effects, {replayed} copies suppressed; \
          killed {killed_name} (the relay's node; leader was {leader}) after {before_applied} effects, \

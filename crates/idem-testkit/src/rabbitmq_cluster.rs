@@ -291,6 +291,15 @@ impl RabbitCluster {
     /// running node's `rabbitmqctl list_queues name leader` answers; `None`
     /// while it has no leader that is a node of this cluster.
     pub async fn queue_leader(&self, queue: &str) -> Option<usize> {
+        let row = self.queue_row(queue, "leader").await?;
+        let leader = row.get("leader")?.as_str()?;
+        self.nodes.iter().position(|node| node.name == leader)
+    }
+
+    /// Queue `queue`'s (vhost `/`) row of `rabbitmqctl list_queues name
+    /// <column>`, as a running node answers it; `None` when none answers or
+    /// the queue is not listed.
+    async fn queue_row(&self, queue: &str, column: &str) -> Option<serde_json::Value> {
         let asked = (0..NODES).find(|&node| self.is_running(node))?;
         let output = self
             .ctl(
@@ -300,7 +309,7 @@ impl RabbitCluster {
                     "-p",
                     "/",
                     "name",
-                    "leader",
+                    column,
                     "--formatter",
                     "json",
                 ],
@@ -308,13 +317,7 @@ impl RabbitCluster {
             .await
             .ok()?;
         let rows: Vec<serde_json::Value> = serde_json::from_slice(&output).ok()?;
-        let leader = rows
-            .iter()
-            .find(|row| row["name"] == queue)?
-            .get("leader")?
-            .as_str()?
-            .to_owned();
-        self.nodes.iter().position(|node| node.name == leader)
+        rows.into_iter().find(|row| row["name"] == queue)
     }
 
     /// Waits (at most a minute) until `queue` has a leader other than
@@ -373,24 +376,7 @@ impl RabbitCluster {
     /// How many messages queue `queue` (vhost `/`) holds, ready and
     /// unacknowledged together.
     pub async fn queue_messages(&self, queue: &str) -> Option<u64> {
-        let asked = (0..NODES).find(|&node| self.is_running(node))?;
-        let output = self
-            .ctl(
-                asked,
-                &[
-                    "list_queues",
-                    "-p",
-                    "/",
-                    "name",
-                    "messages",
-                    "--formatter",
-                    "json",
-                ],
-            )
-            .await
-            .ok()?;
-        let rows: Vec<serde_json::Value> = serde_json::from_slice(&output).ok()?;
-        rows.iter().find(|row| row["name"] == queue)?["messages"].as_u64()
+        self.queue_row(queue, "messages").await?["messages"].as_u64()
     }
 
     /// The tail of what a node wrote: its standard output and its log file.
