@@ -170,6 +170,21 @@ fn short_name(cluster: &RabbitCluster, node: usize) -> String {
         .to_owned()
 }
 
+/// Starts a consumer of the quorum queue `source` names, keyed by message
+/// id, applying to `bank`, reconnecting quickly through the node list.
+async fn consume<K: Bank>(bank: &K, source: Source, options: SourceOptions) -> Running {
+    let transport = source
+        .connect_reconnecting(options, quick())
+        .await
+        .expect("consume the quorum queue");
+    let consumer = Consumer::new(
+        transport,
+        bank.apply(false),
+        config(KeyRule::new(KeySource::MessageId)),
+    );
+    Running::start(consumer.stats(), |stop| consumer.run(stop))
+}
+
 async fn consumes_across_a_node_loss<K: Bank>(victim: Victim) {
     let began = Instant::now();
     let Some(mut cluster) = RabbitCluster::shared().await else {
@@ -188,22 +203,15 @@ async fn consumes_across_a_node_loss<K: Bank>(victim: Victim) {
     let source: Source = format!("{}/{queue}", cluster.url())
         .parse()
         .expect("an AMQP source with three nodes");
-    let transport = source
-        .connect_reconnecting(
-            SourceOptions {
-                prefetch: 64,
-                ..SourceOptions::default()
-            },
-            quick(),
-        )
-        .await
-        .expect("consume the quorum queue");
-    let consumer = Consumer::new(
-        transport,
-        bank.apply(false),
-        config(KeyRule::new(KeySource::MessageId)),
-    );
-    let running = Running::start(consumer.stats(), |stop| consumer.run(stop));
+    let running = consume(
+        &bank,
+        source,
+        SourceOptions {
+            prefetch: 64,
+            ..SourceOptions::default()
+        },
+    )
+    .await;
     let consumer_on = cluster
         .connection_node(&format!("idem consumer of {queue}"))
         .await
@@ -301,16 +309,7 @@ async fn the_relay_delivers_every_row_while_its_node_and_the_queue_leader_die() 
     let source: Source = format!("{}/{queue}", cluster.url_in(&[2, 1, 0]))
         .parse()
         .expect("an AMQP source with three nodes");
-    let transport = source
-        .connect_reconnecting(SourceOptions::default(), quick())
-        .await
-        .expect("consume the quorum queue");
-    let consumer = Consumer::new(
-        transport,
-        bank.apply(false),
-        config(KeyRule::new(KeySource::MessageId)),
-    );
-    let running = Running::start(consumer.stats(), |stop| consumer.run(stop));
+    let running = consume(&bank, source, SourceOptions::default()).await;
 
     let relay = OutboxRelay::start(Duration::from_secs(5)).await;
     let enqueueing = relay.enqueue_all(&to, keys("row", MESSAGES), PACE, |_| ORDER.to_vec());
