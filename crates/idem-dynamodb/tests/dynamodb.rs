@@ -301,13 +301,7 @@ async fn batches_commit_their_effects_once() {
     assert!(matches!(failed, Err(ApplyError::Effect((1, _)))));
     assert_eq!(counter(&h.store, &effects, "op-0").await, 1);
     for free in &ops {
-        assert!(matches!(
-            h.store
-                .claim(&free.scope, &free.key, free.fingerprint)
-                .await
-                .unwrap(),
-            Claimed::Fresh(_)
-        ));
+        claim_fresh(&h.store, free, "a key of a failed batch is free").await;
     }
 }
 
@@ -480,13 +474,7 @@ async fn tombstones_refuse_late_retries_until_the_grace_ends() {
     );
     h.clock.advance(grace);
     assert!(h.store.get(&job.scope, &job.key).await.unwrap().is_none());
-    assert!(matches!(
-        h.store
-            .claim(&job.scope, &job.key, job.fingerprint)
-            .await
-            .unwrap(),
-        Claimed::Fresh(_)
-    ));
+    claim_fresh(&h.store, &job, "a tombstone past its grace is gone").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

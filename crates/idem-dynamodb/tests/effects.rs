@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+use std::collections::HashMap;
+
 use idem_dynamodb::aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType,
     ScalarAttributeType, Update,
@@ -53,25 +55,12 @@ pub(crate) fn add_in(tx: &mut Transaction, table: &str, name: &str, amount: i64)
     tx.update(add(table, name, amount));
 }
 
-/// Counter `name`'s value in `table` (0 when it was never written).
-pub(crate) async fn counter(store: &DynamoStore, table: &str, name: &str) -> i64 {
-    let found = store
-        .client()
-        .get_item()
-        .table_name(table)
-        .key("id", AttributeValue::S(name.to_owned()))
-        .consistent_read(true)
-        .send()
-        .await
-        .expect("read a counter");
-    match found.item.and_then(|item| item.get("n").cloned()) {
-        Some(AttributeValue::N(n)) => n.parse().expect("a whole number"),
-        _ => 0,
-    }
-}
-
-/// Whether item `name` exists in `table`.
-pub(crate) async fn exists(store: &DynamoStore, table: &str, name: &str) -> bool {
+/// Item `name` of `table`, read consistently; `None` when it is absent.
+async fn item(
+    store: &DynamoStore,
+    table: &str,
+    name: &str,
+) -> Option<HashMap<String, AttributeValue>> {
     store
         .client()
         .get_item()
@@ -82,5 +71,20 @@ pub(crate) async fn exists(store: &DynamoStore, table: &str, name: &str) -> bool
         .await
         .expect("read an item")
         .item
-        .is_some()
+}
+
+/// Counter `name`'s value in `table` (0 when it was never written).
+pub(crate) async fn counter(store: &DynamoStore, table: &str, name: &str) -> i64 {
+    match item(store, table, name)
+        .await
+        .and_then(|item| item.get("n").cloned())
+    {
+        Some(AttributeValue::N(n)) => n.parse().expect("a whole number"),
+        _ => 0,
+    }
+}
+
+/// Whether item `name` exists in `table`.
+pub(crate) async fn exists(store: &DynamoStore, table: &str, name: &str) -> bool {
+    item(store, table, name).await.is_some()
 }
