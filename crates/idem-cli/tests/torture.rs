@@ -63,6 +63,24 @@ fn nats_server_installed() -> bool {
     installed
 }
 
+/// Whether `redis-server` and `redis-cli` are installed, for the scenario
+/// that starts a Redis Cluster of its own.
+fn redis_installed() -> bool {
+    let on_path = |name: &str| {
+        std::env::var_os("PATH")
+            .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(name).is_file()))
+    };
+    let installed = on_path("redis-server") && on_path("redis-cli");
+    if !installed {
+        assert!(
+            std::env::var_os("IDEM_REQUIRE_SERVICES").is_none(),
+            "redis-server and redis-cli are required"
+        );
+        eprintln!("redis-server is not installed: the Redis Cluster scenario is skipped");
+    }
+    installed
+}
+
 /// A campaign's report folder, removed after a passing test and kept (its
 /// path printed) after a failing one, with the histories and logs that say
 /// why.
@@ -243,10 +261,13 @@ fn a_short_campaign_cuts_and_restarts_the_dependencies_and_finds_no_violation() 
     if nats_server_installed() {
         scenarios.push("relay-nats-cluster-node-kill");
     }
+    if redis_installed() {
+        scenarios.push("gateway-redis-cluster-failover");
+    }
     if scenarios.is_empty() {
         return;
     }
-    let output = campaign(&scenarios, 2, report.path(), Duration::from_secs(270));
+    let output = campaign(&scenarios, 2, report.path(), Duration::from_secs(330));
     let rows = rows_are_clean(&output, &scenarios, 2, report.path());
     // Two trials of the cluster: a follower killed, then the stream's leader.
     if let Some(row) = rows
@@ -259,6 +280,22 @@ fn a_short_campaign_cuts_and_restarts_the_dependencies_and_finds_no_violation() 
         assert_eq!(
             kinds,
             ["sigkill a follower", "sigkill the stream's leader"],
+            "{row}"
+        );
+    }
+    // A primary failed over in each trial, its replica promoted.
+    if let Some(row) = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|row| row["scenario"] == "gateway-redis-cluster-failover")
+    {
+        assert_eq!(row["faults"], 2, "{row}");
+        let kinds = row["fault_kinds"].as_object().unwrap();
+        assert!(
+            kinds
+                .keys()
+                .all(|kind| kind.starts_with("sigkill a primary")),
             "{row}"
         );
     }

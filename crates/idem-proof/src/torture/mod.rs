@@ -3,7 +3,8 @@
 //! in front of it as a child process, and clients that retry under one key
 //! per operation while writing the history; mid-load it kills the gateway,
 //! fires a crash point or cuts the gateway off its database through a fault
-//! proxy; then it reads the upstream's effects and runs the checker.
+//! proxy, or fails over a primary of its Redis Cluster; then it reads the
+//! upstream's effects and runs the checker.
 //!
 //! The upstream never dedupes, so every extra effect is one the gateway let
 //! through. The leased gateway lets one through in exactly one case — it
@@ -34,6 +35,8 @@
 //! - `gateway_process`, `dup_proxy_process`, `child`: `idem serve`, `idem
 //!   dup-proxy`, and `idem relay` and `idem forward`, as child processes of
 //!   the current binary;
+//! - `redis_failover`: a trial's own Redis Cluster and the failover of one
+//!   of its primaries;
 //! - `pgserver`: a PostgreSQL server of the campaign's own; `broker`: the
 //!   RabbitMQ queue and the JetStream stream of a trial;
 //! - `report`, `plot`: the table, the JSON, the HTML report and its plots;
@@ -47,6 +50,7 @@ mod findings;
 mod gateway_process;
 mod pgserver;
 mod plot;
+mod redis_failover;
 mod relay_services;
 mod report;
 mod scenario;

@@ -24,6 +24,11 @@ pub(super) struct Explanations {
     /// Nothing explains an extra effect: every hop dedupes, so even an
     /// unknown outcome must not apply a key twice.
     pub exact: bool,
+    /// The store may lose writes it acknowledged (Redis without `WAIT`, a
+    /// primary failing before its replica had them): extra effects nothing
+    /// else explains, and acknowledged operations without an effect, are
+    /// counted and noted, not violations.
+    pub lossy: bool,
 }
 
 /// Per key, the copies in a dup-proxy history whose outcome was unknown.
@@ -77,6 +82,7 @@ pub(super) fn judge(
     }
     let (mut expected_repeats, mut double_effects, mut lost_acked) = (0, 0, 0);
     let mut violations = Vec::new();
+    let mut notes = Vec::new();
     for violation in &report.violations {
         match violation.kind {
             ViolationKind::DoubleEffect => {
@@ -106,12 +112,21 @@ pub(super) fn judge(
             ViolationKind::AckedNotApplied => lost_acked += violation.keys.len(),
             _ => {}
         }
-        violations.push(format!(
+        let line = format!(
             "{}: {:?} {}",
             violation.kind.describe(),
             violation.keys,
             violation.message
-        ));
+        );
+        let lost_by_store = matches!(
+            violation.kind,
+            ViolationKind::DoubleEffect | ViolationKind::AckedNotApplied
+        );
+        if explain.lossy && lost_by_store {
+            notes.push(format!("a write the store acknowledged was lost: {line}"));
+        } else {
+            violations.push(line);
+        }
     }
     TrialResult {
         index,
@@ -124,7 +139,7 @@ pub(super) fn judge(
         lost_acked,
         violations,
         exits: Vec::new(),
-        notes: Vec::new(),
+        notes,
         proxy_copies: None,
         samples: Vec::new(),
         history: PathBuf::new(),
@@ -266,6 +281,22 @@ mod tests {
         let result = judged(&[invoke(1, "a"), ok(1)], &[]);
         assert_eq!(result.lost_acked, 1);
         assert_eq!(result.violations.len(), 1);
+    }
+
+    #[test]
+    fn a_store_that_may_lose_writes_has_its_losses_counted_and_noted() {
+        // Acknowledged, then applied again: the store lost the record.
+        let events = [invoke(1, "a"), ok(1), invoke(2, "a"), ok(2)];
+        let effects = [effect("a"), effect("a")];
+        let report = idem_check::check(&events, &effects);
+        let explain = Explanations {
+            lossy: true,
+            ..Explanations::default()
+        };
+        let result = judge(1, Vec::new(), report, &events, &effects, &explain);
+        assert_eq!(result.double_effects, 1);
+        assert!(result.violations.is_empty(), "{:?}", result.violations);
+        assert_eq!(result.notes.len(), 1, "{:?}", result.notes);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The catalogue of scenarios: their names on the command line, and what
 //! each needs and does (a kill, a cut, an upstream's ambiguous answers,
-//! PostgreSQL, a broker).
+//! PostgreSQL, a Redis Cluster, a broker).
 
 use clap::ValueEnum;
 
@@ -29,6 +29,17 @@ pub enum Scenario {
     /// before the retry; no repeat is expected.
     #[value(name = "gateway-5xx-after-apply")]
     FailAfterApply,
+    /// The gateway's store on a Redis Cluster of the trial's own (three
+    /// primaries, a replica each), every write followed by `WAIT 1`
+    /// (`?wait=1`); mid-load a primary is killed (SIGKILL), its replica
+    /// promoted, and the killed node restarted as the new primary's replica.
+    #[value(name = "gateway-redis-cluster-failover")]
+    RedisClusterFailover,
+    /// The same without `WAIT`: writes a primary acknowledged and never sent
+    /// to its replica are lost in the failover. Its double effects and lost
+    /// acknowledgements are counted, not taken for violations.
+    #[value(name = "gateway-redis-cluster-failover-nowait")]
+    RedisClusterFailoverNowait,
     /// The gateway's PostgreSQL connection through the fault proxy: dropped,
     /// blackholed or delayed mid-load, then healed.
     #[value(name = "gateway-postgres-partition")]
@@ -100,12 +111,14 @@ pub enum Carrier {
 
 impl Scenario {
     /// Every scenario, in the order a campaign runs them.
-    pub const ALL: [Self; 16] = [
+    pub const ALL: [Self; 18] = [
         Self::SqliteKill,
         Self::PostgresKill,
         Self::SqliteKillProbe,
         Self::PostgresKillProbe,
         Self::FailAfterApply,
+        Self::RedisClusterFailover,
+        Self::RedisClusterFailoverNowait,
         Self::PostgresPartition,
         Self::PostgresRestart,
         Self::DupProxyKill,
@@ -127,6 +140,8 @@ impl Scenario {
             Self::SqliteKillProbe => "gateway-sqlite-kill-probe",
             Self::PostgresKillProbe => "gateway-postgres-kill-probe",
             Self::FailAfterApply => "gateway-5xx-after-apply",
+            Self::RedisClusterFailover => "gateway-redis-cluster-failover",
+            Self::RedisClusterFailoverNowait => "gateway-redis-cluster-failover-nowait",
             Self::PostgresPartition => "gateway-postgres-partition",
             Self::PostgresRestart => "gateway-postgres-restart",
             Self::DupProxyKill => "gateway-dup-proxy-kill",
@@ -158,6 +173,16 @@ impl Scenario {
             self,
             Self::SqliteKillProbe | Self::PostgresKillProbe | Self::FailAfterApply
         )
+    }
+
+    /// For a scenario on a Redis Cluster of the trial's own, whether each
+    /// write waits for a replica (`WAIT 1`).
+    pub fn redis_cluster_waits(self) -> Option<bool> {
+        match self {
+            Self::RedisClusterFailover => Some(true),
+            Self::RedisClusterFailoverNowait => Some(false),
+            _ => None,
+        }
     }
 
     /// Whether the scenario starts a PostgreSQL server of its own.

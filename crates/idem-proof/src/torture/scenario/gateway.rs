@@ -1,8 +1,9 @@
 //! The gateway scenarios: `idem serve` in front of an upstream that applies
 //! every request, killed or crashed at a crash point, cut off its database
-//! through the fault proxy, its PostgreSQL server restarted mid-load, or
-//! its upstream answering 5xx after applying; with `--probe`, or behind
-//! `idem dup-proxy`, in some of them.
+//! through the fault proxy, its PostgreSQL server restarted mid-load, a
+//! primary of its Redis Cluster killed and failed over, or its upstream
+//! answering 5xx after applying; with `--probe`, or behind `idem
+//! dup-proxy`, in some of them.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -20,8 +21,13 @@ use crate::torture::dup_proxy_process::{DupProxy, Timing};
 use crate::torture::gateway_process::{Gateway, unstored_answers};
 use crate::torture::now_ms;
 use crate::torture::pgserver::Shutdown;
+use crate::torture::redis_failover::{FailoverCluster, Promotion};
 use crate::torture::upstream::{EFFECTS_QUERY, PROBE, Upstream};
 use crate::torture::verdict::{Explanations, copies_unknown, judge};
+
+/// How long a write to the Redis Cluster waits for its replica (`WAIT 1
+/// 500`) before the store reports it failed.
+const WAIT_TIMEOUT_MS: u64 = 500;
 
 /// A trial of a gateway scenario.
 pub(super) async fn trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> {
@@ -40,6 +46,11 @@ pub(super) async fn trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> 
     let proxy = match (scenario, postgres) {
         (Scenario::PostgresPartition, Some((_, server))) => Some(FaultProxy::start(server).await?),
         _ => None,
+    };
+    // Its servers are killed when the trial ends, on every way out.
+    let cluster = match scenario.redis_cluster_waits() {
+        Some(_) => Some(FailoverCluster::start().await?),
+        None => None,
     };
     let store = match (scenario, postgres, private) {
         (
@@ -63,6 +74,10 @@ pub(super) async fn trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> 
             let addr = proxy.as_ref().map_or(server, FaultProxy::addr);
             format!("postgres://postgres@{addr}/{database}")
         }
+        _ if let Some(cluster) = &cluster => match scenario.redis_cluster_waits() {
+            Some(true) => format!("{}?wait=1&wait_timeout_ms={WAIT_TIMEOUT_MS}", cluster.url()),
+            _ => cluster.url().to_owned(),
+        },
         _ => anyhow::bail!("{} needs PostgreSQL", scenario.name()),
     };
     // Three kill trials in four arm a crash point instead of a SIGKILL.
@@ -119,6 +134,7 @@ pub(super) async fn trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> 
 
     // The fault: at a random point of the load.
     let mut faults = Vec::new();
+    let mut exits = Vec::new();
     let fault_at = (ops as f64 * rand::rng().random_range(0.2..0.5)) as usize;
     let mut injected = false;
     let mut down_since: Option<(String, i64)> = None;
@@ -128,8 +144,19 @@ pub(super) async fn trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> 
     let finished = || clients.iter().all(|client| client.is_finished());
     while !finished() && started.elapsed() < budget + Duration::from_secs(30) {
         tokio::time::sleep(Duration::from_millis(20)).await;
-        // A gateway that ended (a crash point, a kill) is restarted unarmed.
+        // A gateway that ended (a crash point, a kill) is restarted unarmed;
+        // in a scenario that neither kills it nor arms a crash point it ended
+        // by itself, which is a finding, and it is restarted as a supervisor
+        // would.
         if let Some(exit) = gateway.exited() {
+            if !scenario.kills() {
+                exits.push("serve");
+                gateway
+                    .restart(None)
+                    .await
+                    .context("restarting the gateway")?;
+                continue;
+            }
             let what = match (exit, &crash) {
                 (Exit::Crashed, Some((point, _))) => format!("crash {point}"),
                 _ => "exit".to_owned(),
@@ -218,6 +245,24 @@ pub(super) async fn trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> 
                     until_ms: now_ms(),
                 });
             }
+            (None, None, _) if let Some(cluster) = &cluster => {
+                let hold = Duration::from_millis(rand::rng().random_range(1000..3000));
+                let at_ms = now_ms();
+                let failover = cluster
+                    .fail_over(index, hold)
+                    .await
+                    .context("failing over a primary of the Redis Cluster")?;
+                let what = match failover.promotion {
+                    Promotion::Automatic => "sigkill a primary, replica promoted",
+                    Promotion::Takeover => "sigkill a primary, replica took over",
+                };
+                faults.push(Fault {
+                    what: what.to_owned(),
+                    at_ms,
+                    until_ms: now_ms(),
+                });
+                tracing::debug!(promoted_after = ?failover.promoted_after, "failover");
+            }
             (None, None, _) => {
                 gateway.kill().await;
                 down_since = Some(("sigkill".to_owned(), now_ms()));
@@ -252,6 +297,7 @@ pub(super) async fn trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> 
     drop(dup_proxy);
     gateway.kill().await;
     drop(proxy);
+    drop(cluster);
 
     let events =
         idem_check::history::read(std::io::BufReader::new(std::fs::File::open(&history_path)?))?;
@@ -259,6 +305,7 @@ pub(super) async fn trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> 
     let report = idem_check::check(&events, &effects);
     let mut explain = Explanations {
         unstored: unstored_answers(&log)?,
+        lossy: scenario.redis_cluster_waits() == Some(false),
         ..Explanations::default()
     };
     if scenario == Scenario::DupProxyKill {
@@ -280,6 +327,7 @@ pub(super) async fn trial(setting: &Setting<'_>) -> anyhow::Result<TrialResult> 
             result.expected_repeats
         ));
     }
+    result.exits = exits;
     result.samples = load.samples();
     result.history = history_path;
     result.proxy_copies = proxy_copies;
