@@ -1,6 +1,6 @@
 //! Store URLs: any text parses or is refused without a panic. An SQLite
-//! location shows as a URL that parses back to it; a PostgreSQL or Redis one
-//! shows redacted (no password), and the redacted form is stable.
+//! location shows as a URL that parses back to it; a PostgreSQL, Redis or
+//! DynamoDB one shows redacted (no password), and the redacted form is stable.
 #![no_main]
 
 use idem::StoreLocation;
@@ -22,6 +22,10 @@ fuzz_target!(|text: &str| {
         }
         StoreLocation::Redis(_) => {
             assert!(matches!(again, StoreLocation::Redis(_)));
+            assert_eq!(again.to_string(), shown);
+        }
+        StoreLocation::DynamoDb(_) => {
+            assert!(matches!(again, StoreLocation::DynamoDb(_)));
             assert_eq!(again.to_string(), shown);
         }
     }
