@@ -7,6 +7,7 @@
 //! them as `user:***`.
 
 use std::fmt;
+use std::num::NonZeroUsize;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -346,6 +347,63 @@ pub struct GatewayConfig {
     pub(crate) routes: Vec<String>,
     pub(crate) upstream_tls: Option<Arc<rustls::ClientConfig>>,
     pub(crate) tls_subject_principal: bool,
+    pub(crate) runtime: Runtime,
+    pub(crate) workers: Option<NonZeroUsize>,
+}
+
+/// Where the gateway's connections are served.
+///
+/// - [`Shared`](Self::Shared): on the runtime that calls [`run`](crate::run),
+///   as every other task of the process. With tokio's multi-thread runtime a
+///   request may hop between worker threads as it goes from the client's
+///   connection to the upstream's and back, and each hop is a wake-up of
+///   another thread.
+/// - [`PerCore`](Self::PerCore): on single-threaded runtimes of their own,
+///   one per core ([`GatewayConfig::workers`]), each with its own listening
+///   socket and its own pool of upstream connections, so a request is read,
+///   forwarded and answered on one thread. The store and the layer are
+///   shared by all of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Runtime {
+    /// The caller's runtime.
+    Shared,
+    /// One single-threaded runtime per core.
+    #[default]
+    PerCore,
+}
+
+impl Runtime {
+    /// The setting's name: `shared` or `per-core`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Shared => "shared",
+            Self::PerCore => "per-core",
+        }
+    }
+}
+
+impl fmt::Display for Runtime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A runtime name other than `shared` and `per-core`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a runtime; write per-core or shared")]
+pub struct RuntimeError(String);
+
+impl FromStr for Runtime {
+    type Err = RuntimeError;
+
+    fn from_str(given: &str) -> Result<Self, RuntimeError> {
+        match given.trim().to_ascii_lowercase().as_str() {
+            "shared" => Ok(Self::Shared),
+            "per-core" | "per_core" => Ok(Self::PerCore),
+            _ => Err(RuntimeError(given.to_owned())),
+        }
+    }
 }
 
 impl GatewayConfig {
@@ -362,7 +420,35 @@ impl GatewayConfig {
             routes: Vec::new(),
             upstream_tls: None,
             tls_subject_principal: false,
+            runtime: Runtime::default(),
+            workers: None,
         }
+    }
+
+    /// Where connections are served (see [`Runtime`]; default:
+    /// [`Runtime::PerCore`]).
+    pub fn runtime(mut self, runtime: Runtime) -> Self {
+        self.runtime = runtime;
+        self
+    }
+
+    /// With [`Runtime::PerCore`], how many runtimes serve (default: the
+    /// number of cores the process may use).
+    pub fn workers(mut self, workers: NonZeroUsize) -> Self {
+        self.workers = Some(workers);
+        self
+    }
+
+    /// Where connections are served.
+    pub fn serving_runtime(&self) -> Runtime {
+        self.runtime
+    }
+
+    /// How many runtimes serve with [`Runtime::PerCore`]: as set, else the
+    /// number of cores the process may use.
+    pub fn worker_count(&self) -> NonZeroUsize {
+        self.workers
+            .unwrap_or_else(|| std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN))
     }
 
     /// Scopes keys by the verified client certificate's subject (its CN):

@@ -27,6 +27,8 @@
 //!   forwarding headers, timeout, and the outcome-unknown marker);
 //! - [`hop`]: the hop-by-hop headers;
 //! - `accept`: the accept loop (plain or TLS) and its graceful shutdown;
+//! - `cores`: serving on one single-threaded runtime per core, each with
+//!   its own listening socket ([`Runtime::PerCore`]);
 //! - `loops`: the upstream that is the gateway itself, refused at start-up,
 //!   and the `Via` entry that answers a request coming back 508;
 //! - `deadline`: the time a keyed request's body has to arrive (408 past it);
@@ -98,6 +100,7 @@
 mod accept;
 pub mod admin;
 mod config;
+mod cores;
 mod deadline;
 mod grpc;
 pub mod hop;
@@ -123,8 +126,10 @@ use tower::ServiceExt;
 use tracing::Instrument;
 
 pub use config::{
-    DEFAULT_BODY_TIMEOUT, DEFAULT_UPSTREAM_TIMEOUT, GatewayConfig, Upstream, UpstreamError,
+    DEFAULT_BODY_TIMEOUT, DEFAULT_UPSTREAM_TIMEOUT, GatewayConfig, Runtime, RuntimeError, Upstream,
+    UpstreamError,
 };
+pub use cores::bind_per_core;
 pub use observe::REQUESTS_TOTAL;
 pub use probe::{IDEMPOTENCY_ORIGINAL_STATUS, Probe, ProbeError};
 pub use settings::{
@@ -251,9 +256,15 @@ impl<St> Gateway<St> {
 /// period ([`GatewayConfig::shutdown_grace`]) are abandoned; their claims stay
 /// until their leases end, as after a crash.
 ///
+/// With [`Runtime::PerCore`] (the default) the connections are served on
+/// runtimes of their own, one thread each (see [`bind_per_core`] for the
+/// listener that spreads them best); the shutdown stops every one, each
+/// drains its own requests, and `run` returns once all are done. Dropping
+/// the future instead stops them at once.
+///
 /// Errors if the upstream is the listener itself (every request would be
 /// forwarded back to the gateway), if the spool cannot be read or written,
-/// or if accepting fails for good.
+/// if a serving thread cannot start, or if accepting fails for good.
 pub async fn run<St>(
     listener: TcpListener,
     gateway: Gateway<St>,
@@ -301,42 +312,110 @@ where
         }
         None => gateway.layer.clone(),
     };
-    let proxy = Proxy::new(&gateway.config, idempotency.clone(), instance.clone());
-    let forward = Forward::new(proxy.clone());
-    let grpc = match &gateway.grpc {
-        Some(guard) => guard(forward),
-        None => forward,
-    };
-    let service = tower::Layer::layer(&layer, proxy);
-    let grace = gateway.config.shutdown_grace_period();
-    let admission = Arc::new(Admission {
-        idempotency,
+    let serving = Serving {
+        layer,
         limit: gateway
             .config
             .max_in_flight
             .map(|limit| InFlightLimit::new(limit, gateway.layer.config().vocabulary())),
         routes: RouteTemplates::new(&gateway.config.routes),
-        tls_subject: gateway
-            .config
-            .tls_subject_principal
-            .then(|| HeaderName::from_static(TLS_SUBJECT_HEADER)),
-        grpc,
-        answered: observe::Answered::default(),
+        answered: Arc::default(),
+        grpc: gateway.grpc,
+        tls: gateway.tls.map(tokio_rustls::TlsAcceptor::from),
+        idempotency,
         instance,
-        body_timeout: gateway.config.body_timeout,
-    });
-    let per_request = move |request: Request<Incoming>, peer: Arc<Peer>| {
-        answer(service.clone(), Arc::clone(&admission), peer, request)
+        config: gateway.config,
     };
-    let tls = gateway.tls.map(tokio_rustls::TlsAcceptor::from);
-    let header_timeout = gateway.config.body_timeout;
-    if !accept::serve_within(listener, tls, shutdown, grace, header_timeout, per_request).await {
+    let grace = serving.config.shutdown_grace_period();
+    let drained = match serving.config.runtime {
+        Runtime::Shared => serving.serve(listener, shutdown).await,
+        Runtime::PerCore => {
+            let workers = serving.config.worker_count();
+            cores::serve(listener, serving, workers, shutdown).await?
+        }
+    };
+    if !drained {
         tracing::warn!(
             ?grace,
             "requests still running after the grace period were abandoned; their keys stay reserved until their leases end"
         );
     }
     Ok(())
+}
+
+/// Everything a runtime needs to serve the gateway's listener. What is
+/// shared between runtimes (the layer and its store, the limit of requests
+/// in flight, the counters) is shared by every clone; each runtime makes
+/// its own [`Proxy`], so its upstream connections are its own.
+struct Serving<St> {
+    layer: IdempotencyLayer<St>,
+    config: GatewayConfig,
+    idempotency: IdempotencyConfig,
+    instance: Instance,
+    limit: Option<InFlightLimit>,
+    routes: RouteTemplates,
+    answered: Arc<observe::Answered>,
+    grpc: Option<GrpcGuard>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+}
+
+impl<St> Clone for Serving<St> {
+    fn clone(&self) -> Self {
+        Self {
+            layer: self.layer.clone(),
+            config: self.config.clone(),
+            idempotency: self.idempotency.clone(),
+            instance: self.instance.clone(),
+            limit: self.limit.clone(),
+            routes: self.routes.clone(),
+            answered: Arc::clone(&self.answered),
+            grpc: self.grpc.clone(),
+            tls: self.tls.clone(),
+        }
+    }
+}
+
+impl<St: WaitableStore + 'static> Serving<St> {
+    /// Serves `listener` on the current runtime until `shutdown`, then
+    /// drains; `false` when requests were abandoned after the grace period.
+    async fn serve(&self, listener: TcpListener, shutdown: impl Future<Output = ()>) -> bool {
+        let proxy = Proxy::new(
+            &self.config,
+            self.idempotency.clone(),
+            self.instance.clone(),
+        );
+        let forward = Forward::new(proxy.clone());
+        let grpc = match &self.grpc {
+            Some(guard) => guard(forward),
+            None => forward,
+        };
+        let service = tower::Layer::layer(&self.layer, proxy);
+        let admission = Arc::new(Admission {
+            idempotency: self.idempotency.clone(),
+            limit: self.limit.clone(),
+            routes: self.routes.clone(),
+            tls_subject: self
+                .config
+                .tls_subject_principal
+                .then(|| HeaderName::from_static(TLS_SUBJECT_HEADER)),
+            grpc,
+            answered: Arc::clone(&self.answered),
+            instance: self.instance.clone(),
+            body_timeout: self.config.body_timeout,
+        });
+        let per_request = move |request: Request<Incoming>, peer: Arc<Peer>| {
+            answer(service.clone(), Arc::clone(&admission), peer, request)
+        };
+        accept::serve_within(
+            listener,
+            self.tls.clone(),
+            shutdown,
+            self.config.shutdown_grace_period(),
+            self.config.body_timeout,
+            per_request,
+        )
+        .await
+    }
 }
 
 /// What every request is admitted by: the layer's config, the limit of
@@ -351,7 +430,7 @@ struct Admission {
     /// Where gRPC calls go: the gRPC guard over the proxy, or the proxy.
     grpc: Forward,
     /// Requests counted by outcome and route.
-    answered: observe::Answered,
+    answered: Arc<observe::Answered>,
     /// This gateway's name in `Via`, to see a request come back.
     instance: Instance,
     /// How long a keyed request's body may take to arrive.

@@ -3,7 +3,9 @@
 //! Each case runs on the embedded store, on Redis, on PostgreSQL through a
 //! PgBouncer in transaction pooling mode and on DynamoDB (moto's)
 //! (`CASE::sqlite`, `CASE::redis`, `CASE::pgbouncer`, `CASE::dynamodb`): the
-//! gateway answers the same on all four.
+//! gateway answers the same on all four. The gateways serve on one runtime
+//! per core, the default; each case runs once more on the embedded store
+//! with the gateway on the test's own runtime (`CASE::sqlite_shared`).
 
 mod common;
 
@@ -13,7 +15,7 @@ use std::time::Duration;
 
 use axum::http::StatusCode;
 use bytes::Bytes;
-use common::gateway::{Gateway, Hangup, Keep, Options, StoreKind, Upstream};
+use common::gateway::{Gateway, Hangup, Keep, Options, StoreKind, Upstream, serving_on};
 use common::{Client, Server};
 use idem::{ManualClock, SystemClock};
 use idem_http::{IdempotencyConfig, Mode};
@@ -28,6 +30,15 @@ macro_rules! on_each_store {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn sqlite() {
                 super::$case(super::StoreKind::Embedded).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn sqlite_shared() {
+                super::serving_on(
+                    idem_gateway::Runtime::Shared,
+                    super::$case(super::StoreKind::Embedded),
+                )
+                .await
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -171,6 +171,7 @@ struct Setup {
     key: PathBuf,
     upstream_ca: Option<PathBuf>,
     client_ca: Option<PathBuf>,
+    runtime: idem_gateway::Runtime,
 }
 
 impl Setup {
@@ -184,7 +185,13 @@ impl Setup {
             key,
             upstream_ca: None,
             client_ca: None,
+            runtime: idem_gateway::Runtime::default(),
         }
+    }
+
+    fn serving_on(mut self, runtime: idem_gateway::Runtime) -> Self {
+        self.runtime = runtime;
+        self
     }
 
     fn trust_upstream(mut self, ca: &Ca) -> Self {
@@ -205,7 +212,7 @@ impl Setup {
         };
         let (server_config, reloader) = tls.load().unwrap();
         let mut idempotency = IdempotencyConfig::default();
-        let mut config = GatewayConfig::new(upstream.parse().unwrap());
+        let mut config = GatewayConfig::new(upstream.parse().unwrap()).runtime(self.runtime);
         if self.client_ca.is_some() {
             idempotency =
                 idempotency.principal_header(http::HeaderName::from_static(TLS_SUBJECT_HEADER));
@@ -221,7 +228,11 @@ impl Setup {
             .await
             .unwrap();
         let gateway = Gateway::new(layer, config).with_tls(server_config);
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let local = "127.0.0.1:0".parse().unwrap();
+        let listener = match self.runtime {
+            idem_gateway::Runtime::PerCore => gateway::bind_per_core(local).await.unwrap(),
+            _ => TcpListener::bind(local).await.unwrap(),
+        };
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(gateway::run(listener, gateway, async {
@@ -328,10 +339,20 @@ async fn post_keyed(
 
 #[tokio::test]
 async fn a_keyed_post_over_https_is_forwarded_to_an_https_upstream_and_replayed() {
+    keyed_post_over_https(idem_gateway::Runtime::PerCore).await;
+}
+
+#[tokio::test]
+async fn a_keyed_post_over_https_is_forwarded_and_replayed_on_the_shared_runtime() {
+    keyed_post_over_https(idem_gateway::Runtime::Shared).await;
+}
+
+async fn keyed_post_over_https(runtime: idem_gateway::Runtime) {
     let ca = Ca::new("test CA");
     let upstream = HttpsUpstream::start(&ca.server("upstream")).await;
     let gateway = Setup::new(&ca.server("gateway"))
         .trust_upstream(&ca)
+        .serving_on(runtime)
         .start(&upstream.url())
         .await;
 

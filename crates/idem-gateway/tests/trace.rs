@@ -1,7 +1,8 @@
 //! Spans and trace context over real sockets: the layer's `idempotency` span
 //! continues the `traceparent` a client sent, so every retry of a request is
 //! one more child in the same trace; the gateway continues it too and passes
-//! the trace on to the upstream.
+//! the trace on to the upstream. The spans name the thread they ran on,
+//! which shows a gateway serving one runtime per core use several.
 
 mod common;
 
@@ -17,6 +18,8 @@ use idem_http::{IdempotencyConfig, IdempotencyLayer};
 use idem_testkit::spans::{SpanId, Spans, TraceId, attribute};
 use idem_trace::KeyInSpans;
 use serde_json::json;
+use std::collections::BTreeSet;
+use std::time::Duration;
 
 const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const CALLER: &str = "00f067aa0ba902b7";
@@ -109,5 +112,68 @@ async fn the_gateway_continues_the_trace_and_passes_it_upstream() {
         parts[2],
         layer[0].span_context.span_id().to_string(),
         "as a child of the layer's span"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_core_requests_are_served_on_several_threads_and_each_drains_on_shutdown() {
+    const TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
+    const CONNECTIONS: usize = 16;
+    let spans = Spans::install();
+    let dir = tempfile::tempdir().unwrap();
+    let options = Options {
+        runtime: idem_gateway::Runtime::PerCore,
+        workers: std::num::NonZeroUsize::new(3),
+        ..Options::default()
+    };
+    let store = embedded(
+        dir.path(),
+        &options.idempotency,
+        Arc::new(ManualClock::starting_now()),
+    )
+    .await;
+    let upstream = Upstream::default();
+    let upstream_server = upstream.start().await;
+    let mut gateway = Gateway::start(upstream_server.addr, store, options).await;
+    // Each request on a connection of its own, held at the upstream: the
+    // kernel spreads the connections over the runtimes' sockets.
+    let client = gateway.client();
+    let in_flight: Vec<_> = (0..CONNECTIONS)
+        .map(|n| {
+            let call = client
+                .post("/slow")
+                .key(&format!("slow-{n}"))
+                .header("traceparent", &format!("00-{TRACE}-{CALLER}-01"));
+            tokio::spawn(call.send())
+        })
+        .collect();
+    while upstream.calls() < CONNECTIONS {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let stopped = gateway.shut_down();
+    let give_up = tokio::time::Instant::now() + Duration::from_secs(5);
+    while tokio::net::TcpStream::connect(gateway.addr).await.is_ok() {
+        assert!(tokio::time::Instant::now() < give_up, "still accepting");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!stopped.is_finished(), "requests are still in flight");
+    upstream.open_gate(CONNECTIONS);
+    for answer in in_flight {
+        assert_eq!(answer.await.unwrap().status, StatusCode::CREATED);
+    }
+    tokio::time::timeout(Duration::from_secs(10), stopped)
+        .await
+        .expect("the shutdown ends once every runtime drained")
+        .unwrap()
+        .unwrap();
+
+    let threads: BTreeSet<String> = spans
+        .in_trace("gateway", TraceId::from_hex(TRACE).unwrap())
+        .iter()
+        .map(|span| attribute(span, "thread.name").expect("the span names its thread"))
+        .collect();
+    assert!(
+        threads.len() >= 2 && threads.iter().all(|t| t.starts_with("idem-serve-")),
+        "served on {threads:?}"
     );
 }

@@ -33,7 +33,7 @@ pub(crate) struct ServeArgs {
     /// require_key, max_body, lease, retention, tombstones, replay_cache,
     /// admin_listen,
     /// upstream_timeout, body_timeout, probe, on_status, spool, principal_header, methods, sweep_every,
-    /// max_in_flight, concurrent, max_waiters, max_waiters_per_key, routes,
+    /// max_in_flight, runtime, workers, concurrent, max_waiters, max_waiters_per_key, routes,
     /// grpc_unary, grpc_probe, on_grpc_status, fingerprint, fingerprint_ignore, fingerprint_header,
     /// upstream_ca, upstream_cert, upstream_key, tls_cert, tls_key,
     /// tls_client_ca, admin_token_file, allow_hosts.
@@ -91,9 +91,12 @@ pub(crate) async fn run(
         }
         layer = layer.with_spool(spool);
     }
-    let listener = TcpListener::bind(settings.listen)
-        .await
-        .with_context(|| format!("cannot listen on {} (--listen)", settings.listen))?;
+    let listener = match settings.runtime {
+        // Each serving runtime binds a socket of its own beside this one.
+        gateway::Runtime::PerCore => gateway::bind_per_core(settings.listen).await,
+        _ => TcpListener::bind(settings.listen).await,
+    }
+    .with_context(|| format!("cannot listen on {} (--listen)", settings.listen))?;
     let upkeep = Upkeep::start_with_console(
         layer.store(),
         settings.admin_listen,

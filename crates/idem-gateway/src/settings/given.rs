@@ -299,6 +299,20 @@ pub struct GivenSettings {
     )]
     #[serde(default, deserialize_with = "number_or_text")]
     pub max_in_flight: Option<String>,
+    /// Where connections are served: per-core (one single-threaded runtime
+    /// per core, each with its own listening socket and upstream
+    /// connections, so a request stays on one thread) or shared (the
+    /// process's multi-threaded runtime) [default: per-core].
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, env = "IDEM_RUNTIME", value_name = "per-core|shared")
+    )]
+    pub runtime: Option<String>,
+    /// With --runtime per-core: how many runtimes (threads) serve
+    /// [default: the number of cores].
+    #[cfg_attr(feature = "cli", arg(long, env = "IDEM_WORKERS", value_name = "N"))]
+    #[serde(default, deserialize_with = "number_or_text")]
+    pub workers: Option<String>,
     /// What a duplicate gets while its original is still running: `reject`
     /// (409 with Retry-After at once) or `wait:DURATION`, such as wait:5s
     /// (the original's answer as a replay as soon as it is stored, or 409

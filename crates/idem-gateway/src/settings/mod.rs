@@ -32,6 +32,7 @@ mod tests;
 mod write;
 
 use std::net::SocketAddr;
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -42,7 +43,7 @@ use idem_http::{
 };
 
 use crate::admin::AllowedHosts;
-use crate::{GatewayConfig, ListenerTls, Probe, TlsError, Upstream, UpstreamTls};
+use crate::{GatewayConfig, ListenerTls, Probe, Runtime, TlsError, Upstream, UpstreamTls};
 
 pub use file::SettingsFile;
 pub use given::GivenSettings;
@@ -130,6 +131,12 @@ pub struct GatewaySettings {
     /// `Retry-After` at once. `None`: no limit (`off`); by default
     /// [`DEFAULT_MAX_IN_FLIGHT`].
     pub max_in_flight: Option<usize>,
+    /// Where connections are served: one runtime per core, or the
+    /// process's shared runtime.
+    pub runtime: Runtime,
+    /// How many runtimes serve with [`Runtime::PerCore`]; `None`: one per
+    /// core.
+    pub workers: Option<NonZeroUsize>,
     /// What a concurrent duplicate gets: 409 at once, or a bounded wait for
     /// the original's answer.
     pub concurrent: Concurrent,
@@ -210,6 +217,10 @@ impl GatewaySettings {
         }
         if let Some(limit) = self.max_in_flight {
             config = config.max_in_flight(limit);
+        }
+        config = config.runtime(self.runtime);
+        if let Some(workers) = self.workers {
+            config = config.workers(workers);
         }
         Ok(match &self.probe {
             Some(probe) => config.probe(probe.clone()),

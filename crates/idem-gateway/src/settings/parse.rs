@@ -2,6 +2,7 @@
 //! limits (`256`, `off`), method, route and gRPC method lists, each refused
 //! with what to write instead.
 
+use std::num::NonZeroUsize;
 use std::time::Duration;
 
 use http::Method;
@@ -56,6 +57,22 @@ pub fn parse_limit(text: &str) -> Result<Option<usize>, SettingsError> {
         return Err(explain());
     }
     Ok(Some(limit))
+}
+
+/// The most `--workers`.
+pub(crate) const MAX_WORKERS: usize = 1024;
+
+/// A number of serving runtimes (`--workers`): 1 to [`MAX_WORKERS`].
+pub(crate) fn parse_workers(text: &str) -> Result<NonZeroUsize, SettingsError> {
+    match text.trim().parse::<usize>() {
+        Ok(workers) if workers <= MAX_WORKERS => NonZeroUsize::new(workers),
+        _ => None,
+    }
+    .ok_or_else(|| {
+        SettingsError::new(format!(
+            "{text:?} is not a number of runtimes; write a whole number from 1 to {MAX_WORKERS}, such as 4"
+        ))
+    })
 }
 
 /// The longest wait `--concurrent wait:DURATION` takes: 10 minutes.

@@ -4,6 +4,7 @@
 //! checks that span groups.
 
 use std::net::SocketAddr;
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -18,6 +19,7 @@ use super::file::{Found, Sources, pick};
 use super::parse::{
     DEFAULT_MAX_IN_FLIGHT, parse_concurrent, parse_duration, parse_grpc_methods, parse_grpc_probe,
     parse_lease, parse_limit, parse_methods, parse_routes, parse_size, parse_waiters,
+    parse_workers,
 };
 use super::{
     DEFAULT_LISTEN, DEFAULT_SPOOL, DEFAULT_STORE, GatewaySettings, GivenSettings, SettingsError,
@@ -25,7 +27,7 @@ use super::{
 };
 use crate::admin::AllowedHosts;
 use crate::{
-    DEFAULT_BODY_TIMEOUT, DEFAULT_UPSTREAM_TIMEOUT, ListenerTls, Probe, TLS_SUBJECT,
+    DEFAULT_BODY_TIMEOUT, DEFAULT_UPSTREAM_TIMEOUT, ListenerTls, Probe, Runtime, TLS_SUBJECT,
     TLS_SUBJECT_HEADER, Upstream, UpstreamTls,
 };
 
@@ -78,6 +80,8 @@ impl GatewaySettings {
             admin_listen: listener.admin_listen,
             body_timeout: listener.body_timeout,
             max_in_flight: listener.max_in_flight,
+            runtime: listener.runtime,
+            workers: listener.workers,
             routes: listener.routes,
             tls: listener.tls,
             admin_token_file: listener.admin_token_file,
@@ -316,6 +320,8 @@ struct ListenerGroup {
     admin_listen: Option<SocketAddr>,
     body_timeout: Duration,
     max_in_flight: Option<usize>,
+    runtime: Runtime,
+    workers: Option<NonZeroUsize>,
     routes: Vec<String>,
     tls: Option<ListenerTls>,
     admin_token_file: Option<PathBuf>,
@@ -335,6 +341,23 @@ impl ListenerGroup {
             None => Some(DEFAULT_MAX_IN_FLIGHT),
             Some(found) => parse_limit(&found.value).map_err(|e| e.of(&found.origin))?,
         };
+        let runtime = match pick!(sources, runtime) {
+            None => Runtime::default(),
+            Some(found) => found
+                .value
+                .parse()
+                .map_err(|e| SettingsError::new(format!("invalid {}: {e}", found.origin)))?,
+        };
+        let workers = match pick!(sources, workers) {
+            None => None,
+            Some(found) if runtime == Runtime::Shared => {
+                return Err(SettingsError::new(format!(
+                    "{} sets how many runtimes serve one per core, but the runtime is shared: give --runtime per-core too, or leave the workers out",
+                    found.origin
+                )));
+            }
+            Some(found) => Some(parse_workers(&found.value).map_err(|e| e.of(&found.origin))?),
+        };
         let routes = match pick!(sources, routes) {
             None => Vec::new(),
             Some(found) => parse_routes(&found.value).map_err(|e| e.of(&found.origin))?,
@@ -349,6 +372,8 @@ impl ListenerGroup {
             admin_listen,
             body_timeout: duration_or(pick!(sources, body_timeout), DEFAULT_BODY_TIMEOUT)?,
             max_in_flight,
+            runtime,
+            workers,
             routes,
             tls: listener_tls(sources)?,
             admin_token_file: pem_path(pick!(sources, admin_token_file))?,

@@ -219,6 +219,57 @@ mod resolution {
     }
 
     #[test]
+    fn the_runtime_and_its_workers_read_from_flags_and_file() {
+        let defaults = GatewaySettings::resolve(&upstream(), None).unwrap();
+        assert_eq!(defaults.runtime, crate::Runtime::default());
+        assert_eq!(defaults.workers, None);
+
+        let text = "upstream = \"http://127.0.0.1:9000\"\nruntime = \"per-core\"\nworkers = 3\n";
+        let mut given = GivenSettings::default();
+        let filed = from_file(&given, text).unwrap();
+        assert_eq!(filed.runtime, crate::Runtime::PerCore);
+        assert_eq!(filed.workers, std::num::NonZeroUsize::new(3));
+        let config = filed.gateway().unwrap();
+        assert_eq!(config.serving_runtime(), crate::Runtime::PerCore);
+        assert_eq!(config.worker_count().get(), 3);
+        assert_eq!(from_file(&given, &filed.to_toml()).unwrap(), filed);
+        assert!(filed.to_string().contains("runtime per-core (3)"));
+
+        given.runtime = Some("Shared".into());
+        let error = from_file(&given, text).unwrap_err().to_string();
+        assert!(
+            error.contains("runtime is shared") && error.contains("workers"),
+            "{error}"
+        );
+        let flagged = from_file(&given, "upstream = \"http://127.0.0.1:9000\"\n").unwrap();
+        assert_eq!(flagged.runtime, crate::Runtime::Shared);
+        assert_eq!(
+            flagged.gateway().unwrap().serving_runtime(),
+            crate::Runtime::Shared
+        );
+        assert_eq!(
+            from_file(&GivenSettings::default(), &flagged.to_toml()).unwrap(),
+            flagged
+        );
+
+        given.runtime = Some("threads".into());
+        let error = from_file(&given, text).unwrap_err().to_string();
+        assert!(
+            error.contains("--runtime (or IDEM_RUNTIME)") && error.contains("per-core or shared"),
+            "{error}"
+        );
+        given.runtime = None;
+        for bad in ["0", "lots", "5000"] {
+            given.workers = Some(bad.into());
+            let error = from_file(&given, text).unwrap_err().to_string();
+            assert!(
+                error.contains("--workers (or IDEM_WORKERS)") && error.contains("from 1 to"),
+                "{bad}: {error}"
+            );
+        }
+    }
+
+    #[test]
     fn the_limit_in_flight_and_the_routes_read_from_flags_and_file() {
         let text = "upstream = \"http://127.0.0.1:9000\"\nmax_in_flight = 256\nroutes = [\"/payments/{id}\", \"/orders\"]\n";
         let mut given = GivenSettings::default();

@@ -92,6 +92,7 @@ impl GatewaySettings {
                 self.max_in_flight
                     .map_or_else(|| quoted("off"), |limit| limit.to_string())
             ),
+            format!("runtime = {}", quoted(self.runtime.as_str())),
             format!("concurrent = {}", quoted(&concurrent_text(self.concurrent))),
             format!("max_waiters = {}", self.waiter_caps.total),
             format!("max_waiters_per_key = {}", self.waiter_caps.per_key),
@@ -128,6 +129,9 @@ impl GatewaySettings {
                     .collect::<Vec<_>>()
                     .join(", ")
             ));
+        }
+        if let Some(workers) = self.workers {
+            lines.push(format!("workers = {workers}"));
         }
         if let Some(admin) = self.admin_listen {
             lines.push(format!("admin_listen = {}", quoted(&admin.to_string())));
@@ -173,7 +177,7 @@ impl fmt::Display for GatewaySettings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "store {}; mode {}; key {} on {}; max body {} bytes; lease {}; retention {}; upstream timeout {}; body timeout {}; principal {}; in flight {}; fingerprint {}; concurrent duplicates {}",
+            "store {}; mode {}; key {} on {}; max body {} bytes; lease {}; retention {}; upstream timeout {}; body timeout {}; principal {}; in flight {}; runtime {}; fingerprint {}; concurrent duplicates {}",
             self.store,
             mode_name(self.mode),
             if self.require_key {
@@ -202,6 +206,10 @@ impl fmt::Display for GatewaySettings {
                 || "unlimited".to_owned(),
                 |limit| format!("at most {limit}")
             ),
+            match (self.runtime, self.workers) {
+                (crate::Runtime::PerCore, Some(workers)) => format!("per-core ({workers})"),
+                (runtime, _) => runtime.to_string(),
+            },
             self.fingerprint,
             match self.concurrent {
                 Concurrent::Reject => "409 at once".to_owned(),

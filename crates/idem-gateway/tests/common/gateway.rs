@@ -16,7 +16,7 @@ use axum::routing::post;
 use axum::{Json, Router};
 use bytes::Bytes;
 use idem::{AnyStore, SharedClock, StoreLocation};
-use idem_gateway::{self as gateway, GatewayConfig};
+use idem_gateway::{self as gateway, GatewayConfig, Runtime};
 use idem_http::{IdempotencyConfig, IdempotencyLayer};
 use serde_json::{Value, json};
 use tokio::io::AsyncReadExt;
@@ -335,6 +335,17 @@ pub(crate) struct Gateway {
     admin_task: Option<JoinHandle<std::io::Result<()>>>,
 }
 
+tokio::task_local! {
+    /// The runtime the gateways a case starts serve on, when the test that
+    /// runs the case names one; else the gateway's default.
+    pub(crate) static SERVING: Runtime;
+}
+
+/// Runs `case` with the gateways it starts serving on `runtime`.
+pub(crate) async fn serving_on<F: std::future::Future>(runtime: Runtime, case: F) -> F::Output {
+    SERVING.scope(runtime, case).await
+}
+
 /// How to start a gateway.
 pub(crate) struct Options {
     pub idempotency: IdempotencyConfig,
@@ -348,6 +359,12 @@ pub(crate) struct Options {
     /// The upstream URL to give the gateway instead of `http://ADDR` (with
     /// a user and password, say).
     pub upstream_url: Option<String>,
+    /// Where connections are served: [`SERVING`] when the test set it,
+    /// else the gateway's default.
+    pub runtime: Runtime,
+    /// How many runtimes serve one per core (the gateway's default when
+    /// `None`).
+    pub workers: Option<std::num::NonZeroUsize>,
 }
 
 impl Default for Options {
@@ -360,6 +377,8 @@ impl Default for Options {
             routes: Vec::new(),
             body_timeout: None,
             upstream_url: None,
+            runtime: SERVING.try_with(|runtime| *runtime).unwrap_or_default(),
+            workers: None,
         }
     }
 }
@@ -373,14 +392,22 @@ impl Gateway {
             .unwrap_or_else(|| format!("http://{upstream}"));
         let mut config = GatewayConfig::new(url.parse().unwrap())
             .upstream_timeout(options.upstream_timeout)
-            .routes(options.routes);
+            .routes(options.routes)
+            .runtime(options.runtime);
         if let Some(limit) = options.max_in_flight {
             config = config.max_in_flight(limit);
+        }
+        if let Some(workers) = options.workers {
+            config = config.workers(workers);
         }
         if let Some(timeout) = options.body_timeout {
             config = config.body_timeout(timeout);
         }
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let local = "127.0.0.1:0".parse().unwrap();
+        let listener = match options.runtime {
+            Runtime::PerCore => gateway::bind_per_core(local).await.unwrap(),
+            _ => tokio::net::TcpListener::bind(local).await.unwrap(),
+        };
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
         let (admin, admin_task) = if options.admin {
