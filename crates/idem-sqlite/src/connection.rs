@@ -17,6 +17,7 @@ use rusqlite::{Connection, OpenFlags};
 use tokio::sync::{Semaphore, oneshot};
 
 use crate::error::map_error;
+use crate::lease_writes::{LeaseAnswer, LeaseContext, LeaseJob, ended_early};
 
 /// How hard SQLite works to make a commit durable (`PRAGMA synchronous`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -74,30 +75,63 @@ enum Job {
     /// transaction committed: group commit, one disk flush for many small writes.
     /// `None` means no transaction could be started.
     Grouped(GroupedJob),
+    /// A leased claim or completion, decided and written by the writer in the
+    /// same shared transaction, without a savepoint (see `lease_writes`).
+    Lease(LeaseJob),
+}
+
+impl Job {
+    /// Answers a job of a group with `error`, without running it.
+    fn refuse(self, error: &Error) {
+        match self {
+            Self::Grouped(job) => job(None)(Some(error)),
+            Self::Lease(job) => job.refuse(error),
+            Self::Alone(_) => unreachable!("jobs that run alone are not grouped"),
+        }
+    }
+}
+
+/// A grouped job's answer, sent once its transaction's commit is known.
+enum Answer {
+    Grouped(Deliver),
+    Lease(LeaseAnswer),
+}
+
+impl Answer {
+    fn send(self, commit_error: Option<&Error>) {
+        match self {
+            Self::Grouped(deliver) => deliver(commit_error),
+            Self::Lease(answer) => answer.send(commit_error),
+        }
+    }
 }
 
 /// Most grouped jobs committed together.
-const MAX_GROUP: usize = 128;
+const MAX_GROUP: usize = 256;
 
-/// Runs the writer's queue until every sender is gone.
-fn serve(conn: &mut Connection, jobs: &mpsc::Receiver<Job>) {
+/// Runs the writer's queue until every sender is gone. Grouped and lease jobs
+/// queued at the same moment share one transaction; the two vectors are kept
+/// from one group to the next, so a group allocates nothing of its own.
+fn serve(conn: &mut Connection, jobs: &mpsc::Receiver<Job>, context: &LeaseContext) {
+    let mut group = Vec::with_capacity(MAX_GROUP);
+    let mut answers = Vec::with_capacity(MAX_GROUP);
     let mut next = jobs.recv().ok();
     while let Some(job) = next.take() {
         match job {
             Job::Alone(run) => run(conn),
-            Job::Grouped(first) => {
-                let mut group = vec![first];
+            first => {
+                group.push(first);
                 while group.len() < MAX_GROUP {
                     match jobs.try_recv() {
-                        Ok(Job::Grouped(more)) => group.push(more),
-                        Ok(alone) => {
+                        Ok(alone @ Job::Alone(_)) => {
                             next = Some(alone);
                             break;
                         }
+                        Ok(more) => group.push(more),
                         Err(_) => break,
                     }
                 }
-                commit_group(conn, group);
+                commit_group(conn, context, &mut group, &mut answers);
             }
         }
         if next.is_none() {
@@ -106,33 +140,59 @@ fn serve(conn: &mut Connection, jobs: &mpsc::Receiver<Job>) {
     }
 }
 
-fn commit_group(conn: &mut Connection, group: Vec<GroupedJob>) {
-    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
-        let error = map_error("begin a write transaction", e);
-        for job in group {
-            job(None)(Some(&error));
-        }
+/// Runs `group` in one transaction, commits once, then answers every job.
+/// A job that ends the transaction before its commit (an error that rolls it
+/// back, an effect that commits or rolls back itself) gets the jobs before it
+/// answered with an error, never as committed; the rest of the group goes on
+/// in a new transaction.
+fn commit_group(
+    conn: &mut Connection,
+    context: &LeaseContext,
+    group: &mut Vec<Job>,
+    answers: &mut Vec<Answer>,
+) {
+    if let Err(error) = begin(conn) {
+        group.drain(..).for_each(|job| job.refuse(&error));
         return;
     }
-    let mut delivers: Vec<Deliver> = Vec::with_capacity(group.len());
-    for job in group {
-        delivers.push(job(Some(&mut *conn)));
+    let mut jobs = group.drain(..);
+    while let Some(job) = jobs.next() {
+        answers.push(match job {
+            Job::Grouped(run) => Answer::Grouped(run(Some(&mut *conn))),
+            Job::Lease(job) => Answer::Lease(job.run(conn, context)),
+            Job::Alone(_) => unreachable!("jobs that run alone are not grouped"),
+        });
         if conn.is_autocommit() {
-            // The job ended the shared transaction itself (an effect that
-            // ran COMMIT): what came before it is committed; the rest of the
-            // group gets a transaction of its own.
-            let _ = conn.execute_batch("BEGIN IMMEDIATE");
+            let ended = ended_early();
+            answers
+                .drain(..)
+                .for_each(|answer| answer.send(Some(&ended)));
+            if let Err(error) = begin(conn) {
+                jobs.by_ref().for_each(|job| job.refuse(&error));
+                return;
+            }
         }
     }
+    drop(jobs);
     let committed = conn
-        .execute_batch("COMMIT")
+        .prepare_cached("COMMIT")
+        .and_then(|mut commit| commit.execute([]))
         .map_err(|e| map_error("commit", e));
     if committed.is_err() && !conn.is_autocommit() {
         let _ = conn.execute_batch("ROLLBACK");
     }
-    for deliver in delivers {
-        deliver(committed.as_ref().err());
-    }
+    let commit_error = committed.as_ref().err();
+    answers
+        .drain(..)
+        .for_each(|answer| answer.send(commit_error));
+}
+
+/// Begins the shared write transaction (`BEGIN IMMEDIATE`, a cached statement).
+fn begin(conn: &Connection) -> Result<(), Error> {
+    conn.prepare_cached("BEGIN IMMEDIATE")
+        .and_then(|mut begin| begin.execute([]))
+        .map(drop)
+        .map_err(|e| map_error("begin a write transaction", e))
 }
 
 /// The most read connections open at once. Each keeps its own page cache (up
@@ -188,6 +248,7 @@ impl Connections {
     pub(crate) async fn open(
         path: PathBuf,
         options: ConnectionOptions,
+        context: LeaseContext,
         setup: impl FnOnce(&mut Connection) -> Result<(), Error> + Send + 'static,
     ) -> Result<Self, Error> {
         let (writer, jobs) = mpsc::channel::<Job>();
@@ -209,7 +270,7 @@ impl Connections {
                         return;
                     }
                 };
-                serve(&mut conn, &jobs);
+                serve(&mut conn, &jobs, &context);
             })
             .map_err(|e| {
                 StoreError::with_source(
@@ -291,6 +352,17 @@ impl Connections {
         }));
         self.writer.send(grouped).map_err(|_| stopped())?;
         done_rx.await.map_err(|_| X::from(stopped()))?
+    }
+
+    /// Sends a lease job to the writer and waits for its answer, which comes
+    /// once the transaction it was written in has committed.
+    pub(crate) async fn lease<R>(
+        &self,
+        job: LeaseJob,
+        answer: oneshot::Receiver<Result<R, Error>>,
+    ) -> Result<R, Error> {
+        self.writer.send(Job::Lease(job)).map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
     }
 
     /// Runs `job` on a read connection on the blocking pool, once one of the
@@ -383,6 +455,10 @@ mod tests {
         let connections = Connections::open(
             dir.path().join("idem.db"),
             ConnectionOptions::default(),
+            LeaseContext {
+                settings: idem_core::Settings::default(),
+                clock: Arc::new(idem_core::SystemClock),
+            },
             |_| Ok(()),
         )
         .await

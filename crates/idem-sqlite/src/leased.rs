@@ -1,9 +1,11 @@
 //! Leased mode: claim a key with a lease, run the effect outside (or inside) the
 //! database, then settle the record fenced by the claim's token.
 //!
-//! `claim` follows the path of the atomic apply (a reader's answer, the
-//! in-process hold, then the writer's read and decision) and writes an
-//! in-flight record with the new token and a lease. `complete`, `renew` and
+//! `claim` takes the in-process hold and goes to the writer, which reads the
+//! record in its transaction, decides, and writes an in-flight record with
+//! the new token and a lease. Claims and completions travel to the writer
+//! as lease jobs, decided and written many to a transaction (see
+//! `lease_writes`). `complete`, `renew` and
 //! `release` change the record on the writer only while it is in flight
 //! with the claim's token; otherwise the claim was taken over and the answer
 //! is `Fenced` with the current token.
@@ -19,9 +21,9 @@ use idem_core::{
 };
 use rusqlite::Connection;
 
-use crate::decision::decide_in;
+use crate::lease_writes::{LeaseJob, change_held_in, claim_in, fenced};
 use crate::records::{self, HeldChange};
-use crate::store::{SqliteStore, fenced, run_effect};
+use crate::store::{SqliteStore, run_effect};
 use crate::write_tx::WriteTx;
 
 impl LeaseStore for SqliteStore {
@@ -45,26 +47,13 @@ impl LeaseStore for SqliteStore {
                 None => Err(self.busy(&op)),
             };
         };
+        if self.lease_batches() {
+            let (job, answer) = LeaseJob::claim(op);
+            return self.connections().lease(job, answer).await;
+        }
         let store = self.clone();
         self.connections()
-            .write_grouped(move |conn| {
-                let protocol = store.protocol();
-                let (found, decision) = match decide_in(conn, &protocol, &op)? {
-                    Ok(claim) => claim,
-                    Err(replay) => return Ok(Claimed::Replayed(replay)),
-                };
-                let plan = protocol.plan(found.as_ref(), &decision, &op.scope);
-                let record = plan.in_flight(&op, protocol.now, protocol.settings);
-                records::write(conn, &record)?;
-                Ok(Claimed::Fresh(Claim {
-                    scope: op.scope,
-                    key: op.key,
-                    token: record.token,
-                    lease_until: record.lease_until.expect("claims carry a lease"),
-                    took_over: plan.took_over,
-                    expires_at: record.expires_at,
-                }))
-            })
+            .write_grouped(move |conn| claim_in(conn, &store.protocol(), op))
             .await
     }
 
@@ -82,7 +71,12 @@ impl LeaseStore for SqliteStore {
     }
 
     async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
-        let (claim, outcome, store) = (claim.clone(), outcome.clone(), self.clone());
+        let (claim, outcome) = (claim.clone(), outcome.clone());
+        if self.lease_batches() {
+            let (job, answer) = LeaseJob::complete(claim, outcome);
+            return self.connections().lease(job, answer).await;
+        }
+        let store = self.clone();
         self.connections()
             .write_grouped(move |conn| {
                 let now = store.clock().now();
@@ -160,19 +154,4 @@ impl SqliteStore {
             })
             .await?
     }
-}
-
-/// Applies `change` to a held claim, or answers `Fenced` with the current token.
-fn change_held_in(
-    conn: &Connection,
-    claim: &Claim,
-    change: HeldChange<'_>,
-    now: Timestamp,
-) -> Result<(), Error> {
-    let (scope, key) = (claim.scope.as_str(), claim.key.as_str());
-    if records::update_held(conn, scope, key, claim.token, change, now)? {
-        return Ok(());
-    }
-    let current = records::select(conn, scope, key)?.map(|r| r.token);
-    Err(fenced(claim, current))
 }

@@ -32,6 +32,8 @@
 //!
 //! - `connection`: the writer thread and reader connections that keep SQLite off
 //!   the async runtime (WAL, `BEGIN IMMEDIATE`, busy timeout, `synchronous=FULL`);
+//! - `lease_writes`: leased claims and completions as jobs the writer decides
+//!   and writes many to a transaction, without a savepoint each;
 //! - `write_tx`: the writer's `BEGIN IMMEDIATE` transaction, handed to effects as the connection;
 //! - `holds`: in-process try-locks that answer concurrent duplicates at once;
 //! - `schema`: migrations of every table above, versioned by `PRAGMA user_version`.
@@ -50,6 +52,7 @@ mod fences;
 mod headers;
 mod holds;
 mod inspect;
+mod lease_writes;
 mod leased;
 mod outbox;
 mod records;

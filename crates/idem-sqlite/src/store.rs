@@ -1,6 +1,6 @@
 //! The store handle and how it is made: [`SqliteStore`], [`SqliteStoreBuilder`],
 //! and the small helpers every protocol path shares (the writer's effect
-//! runner, the in-process holds, fencing refusals).
+//! runner, the in-process holds).
 //!
 //! Every decision is taken by [`idem_core::decide`] inside a `BEGIN IMMEDIATE`
 //! transaction on the writer thread, so the record read and the record written
@@ -13,13 +13,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use idem_core::{
-    AtomicEffect, Claim, Error, FencingToken, Operation, Settings, SharedClock, SystemClock,
-    TxCall, observe, protocol,
+    AtomicEffect, Error, Operation, Settings, SharedClock, SystemClock, TxCall, observe, protocol,
 };
 use rusqlite::Connection;
 
 use crate::connection::{ConnectionOptions, Connections, Synchronous};
 use crate::holds::{Hold, Holds};
+use crate::lease_writes::LeaseContext;
 use crate::schema;
 
 /// The embedded store. Cheap to clone; clones share the writer thread.
@@ -57,6 +57,7 @@ struct Inner {
     holds: Holds,
     settings: Settings,
     clock: SharedClock,
+    lease_batches: bool,
 }
 
 /// Options for opening a [`SqliteStore`].
@@ -66,6 +67,7 @@ pub struct SqliteStoreBuilder {
     settings: Settings,
     clock: SharedClock,
     connection: ConnectionOptions,
+    lease_batches: bool,
 }
 
 impl SqliteStoreBuilder {
@@ -93,15 +95,31 @@ impl SqliteStoreBuilder {
         self
     }
 
+    /// Whether the writer decides and writes leased claims and completions
+    /// itself, many in one transaction (the default), or runs each as a
+    /// grouped job in a savepoint of its own, as every other write. The
+    /// second way is kept to be compared against in benchmarks.
+    #[doc(hidden)]
+    pub fn lease_batches(mut self, on: bool) -> Self {
+        self.lease_batches = on;
+        self
+    }
+
     /// Opens (creating if needed) the file and brings its schema up to date.
     pub async fn open(self) -> Result<SqliteStore, Error> {
-        let connections = Connections::open(self.path, self.connection, schema::migrate).await?;
+        let context = LeaseContext {
+            settings: self.settings.clone(),
+            clock: Arc::clone(&self.clock),
+        };
+        let connections =
+            Connections::open(self.path, self.connection, context, schema::migrate).await?;
         Ok(SqliteStore {
             inner: Arc::new(Inner {
                 connections,
                 holds: Holds::default(),
                 settings: self.settings,
                 clock: self.clock,
+                lease_batches: self.lease_batches,
             }),
         })
     }
@@ -121,6 +139,7 @@ impl SqliteStore {
             settings: Settings::default(),
             clock: Arc::new(SystemClock),
             connection: ConnectionOptions::default(),
+            lease_batches: true,
         }
     }
 
@@ -153,6 +172,11 @@ impl SqliteStore {
         &self.inner.connections
     }
 
+    /// Whether claims and completions go to the writer as lease jobs.
+    pub(crate) fn lease_batches(&self) -> bool {
+        self.inner.lease_batches
+    }
+
     /// The in-process holds on keys.
     pub(crate) fn holds(&self) -> &Holds {
         &self.inner.holds
@@ -181,16 +205,4 @@ where
     F: AtomicEffect<Connection, T, E>,
 {
     futures::executor::block_on(TxCall::call(effect, conn))
-}
-
-/// The refusal for a claim whose token is no longer current, reported.
-pub(crate) fn fenced(claim: &Claim, current: Option<FencingToken>) -> Error {
-    let error = Error::Fenced {
-        scope: claim.scope.clone(),
-        key: claim.key.clone(),
-        held: claim.token,
-        current,
-    };
-    observe::refused(&error);
-    error
 }
