@@ -367,9 +367,9 @@ pub struct GatewayConfig {
 #[non_exhaustive]
 pub enum Runtime {
     /// The caller's runtime.
+    #[default]
     Shared,
     /// One single-threaded runtime per core.
-    #[default]
     PerCore,
 }
 
@@ -426,7 +426,7 @@ impl GatewayConfig {
     }
 
     /// Where connections are served (see [`Runtime`]; default:
-    /// [`Runtime::PerCore`]).
+    /// [`Runtime::Shared`]).
     pub fn runtime(mut self, runtime: Runtime) -> Self {
         self.runtime = runtime;
         self

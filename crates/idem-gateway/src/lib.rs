@@ -256,7 +256,7 @@ impl<St> Gateway<St> {
 /// period ([`GatewayConfig::shutdown_grace`]) are abandoned; their claims stay
 /// until their leases end, as after a crash.
 ///
-/// With [`Runtime::PerCore`] (the default) the connections are served on
+/// With [`Runtime::PerCore`] the connections are served on
 /// runtimes of their own, one thread each (see [`bind_per_core`] for the
 /// listener that spreads them best); the shutdown stops every one, each
 /// drains its own requests, and `run` returns once all are done. Dropping

@@ -3,9 +3,10 @@
 //! Each case runs on the embedded store, on Redis, on PostgreSQL through a
 //! PgBouncer in transaction pooling mode and on DynamoDB (moto's)
 //! (`CASE::sqlite`, `CASE::redis`, `CASE::pgbouncer`, `CASE::dynamodb`): the
-//! gateway answers the same on all four. The gateways serve on one runtime
-//! per core, the default; each case runs once more on the embedded store
-//! with the gateway on the test's own runtime (`CASE::sqlite_shared`).
+//! gateway answers the same on all four. On the embedded store each case
+//! runs with the gateway on both runtimes: one runtime per core
+//! (`CASE::sqlite`) and the test's own (`CASE::sqlite_shared`); on the
+//! others, on the gateway's default.
 
 mod common;
 
@@ -29,7 +30,11 @@ macro_rules! on_each_store {
         mod $case {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn sqlite() {
-                super::$case(super::StoreKind::Embedded).await
+                super::serving_on(
+                    idem_gateway::Runtime::PerCore,
+                    super::$case(super::StoreKind::Embedded),
+                )
+                .await
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
