@@ -163,7 +163,8 @@ impl RedisStore {
         let Answer::Done(id) = answer(&reply)? else {
             return Ok((answer(&reply)?, None));
         };
-        self.wait_for_replicas(subject_key, what).await?;
+        self.wait_for_replicas(subject_key, || what.to_owned())
+            .await?;
         let id = if one_step {
             id
         } else {
@@ -182,7 +183,7 @@ impl RedisStore {
                 })?
         };
         if !one_step {
-            self.wait_for_replicas(&log, what).await?;
+            self.wait_for_replicas(&log, || what.to_owned()).await?;
         }
         Ok((Answer::Done(id), Some(entry.clone().stored(id, now))))
     }

@@ -58,7 +58,7 @@ impl AttemptStore for RedisStore {
             .invoke_async(&mut self.connection())
             .await
             .map_err(|e| map_error(&what, true, e))?;
-        self.wait_for_replicas(&name, &what).await?;
+        self.wait_for_replicas(&name, || what).await?;
         Ok(Failures {
             count,
             first_at: Timestamp(first),

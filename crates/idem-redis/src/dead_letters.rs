@@ -87,7 +87,7 @@ impl DeadLetterStore for RedisStore {
             .invoke_async(&mut self.connection())
             .await
             .map_err(|e| map_error(&what, true, e))?;
-        self.wait_for_replicas(&counter, &what).await?;
+        self.wait_for_replicas(&counter, || what).await?;
         Ok(id)
     }
 
@@ -133,7 +133,7 @@ impl DeadLetterStore for RedisStore {
         if marked == 0 {
             return Err(no_such_dead_letter(id));
         }
-        self.wait_for_replicas(&name, &what).await
+        self.wait_for_replicas(&name, || what).await
     }
 
     async fn dead_letter_stats(&self) -> Result<DeadLetterStats, Error> {

@@ -49,7 +49,7 @@ impl LeaseStore for RedisStore {
                 if took_over {
                     observe::took_over(scope, token);
                 }
-                self.wait_for_replicas(&record, &format!("claim of {scope}/{key}"))
+                self.wait_for_replicas(&record, || format!("claim of {scope}/{key}"))
                     .await?;
                 return Ok(Claimed::Fresh(Claim {
                     scope: scope.clone(),
@@ -136,7 +136,7 @@ impl RedisStore {
             observe::refused(&error);
             return Err(error);
         }
-        self.wait_for_replicas(&record, &format!("{what} of {scope}/{key}"))
+        self.wait_for_replicas(&record, || format!("{what} of {scope}/{key}"))
             .await
     }
 }

@@ -29,7 +29,14 @@ use redis::Script;
 /// KEYS: the record. ARGV: scope, key, fingerprint, now, the first token of a
 /// window starting now, lease, retention, longest retry-after (ms), the mark
 /// of a fingerprint made under a rule ([`idem_core::RULE_MARK`]), the
-/// tombstone grace period (ms, 0 for none).
+/// tombstone grace period (ms, 0 for none), then what a new key's record
+/// holds, worked out by the caller: the lease end, the window's end and the
+/// record's time to live (retention and grace period, ms).
+///
+/// A key with no record (the common case) costs `HMGET`, `HSET` and
+/// `PEXPIRE`, with the caller's values written as they come: no number is
+/// formatted and nothing is deleted. Any other record goes through the
+/// protocol table below, which deletes the record before writing it anew.
 ///
 /// With a grace period, a record outlives its window by that much (Redis
 /// expires it then) and stands as its own tombstone: a claim of its key in
@@ -43,6 +50,12 @@ static CLAIM: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 local f = redis.call('HMGET', KEYS[1], 'fp', 'state', 'token', 'lease', 'kind', 'body', 'meta', 'created', 'expires')
+if not (f[1] or f[2] or f[3] or f[4] or f[5] or f[6] or f[7] or f[8] or f[9]) then
+  redis.call('HSET', KEYS[1], 'scope', ARGV[1], 'key', ARGV[2], 'fp', ARGV[3], 'state', 'in_flight',
+    'token', ARGV[5], 'lease', ARGV[11], 'created', ARGV[4], 'updated', ARGV[4], 'expires', ARGV[12])
+  redis.call('PEXPIRE', KEYS[1], ARGV[13])
+  return {'claimed', ARGV[5], ARGV[11], '0', ARGV[12]}
+end
 local function rule_of(fp)
   if string.len(fp) == 32 and string.sub(fp, 1, 4) == ARGV[9] then
     return string.sub(fp, 5, 8)
@@ -211,6 +224,9 @@ pub(crate) fn claim_invocation(
     record: &str,
     args: &ClaimArgs<'_>,
 ) -> redis::ScriptInvocation<'static> {
+    let lease = millis(args.settings.lease);
+    let retention = millis(args.settings.retention);
+    let grace = args.settings.tombstones.map_or(0, millis);
     let mut invocation = CLAIM.key(record);
     invocation
         .arg(args.scope.as_str())
@@ -218,11 +234,14 @@ pub(crate) fn claim_invocation(
         .arg(args.fingerprint.as_bytes().as_slice())
         .arg(args.now.0)
         .arg(FencingToken::first_at(args.now).get())
-        .arg(millis(args.settings.lease))
-        .arg(millis(args.settings.retention))
+        .arg(lease)
+        .arg(retention)
         .arg(millis(args.settings.in_flight_retry_after))
         .arg(RULE_MARK.as_slice())
-        .arg(args.settings.tombstones.map_or(0, millis));
+        .arg(grace)
+        .arg(args.now.0.saturating_add(lease))
+        .arg(args.now.0.saturating_add(retention))
+        .arg(retention.saturating_add(grace).max(1));
     invocation
 }
 

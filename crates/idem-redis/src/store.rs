@@ -114,11 +114,17 @@ impl RedisStore {
     }
 
     /// Waits for the replicas the durability setting asks for, after a
-    /// write to `record` (`what` says which, for the error).
-    pub(crate) async fn wait_for_replicas(&self, record: &str, what: &str) -> Result<(), Error> {
+    /// write to `record` (`what` says which, for the error; it is only
+    /// worked out when the store waits).
+    pub(crate) async fn wait_for_replicas(
+        &self,
+        record: &str,
+        what: impl FnOnce() -> String,
+    ) -> Result<(), Error> {
         let Durability::Replicas { count, timeout } = self.inner.durability else {
             return Ok(());
         };
+        let what = what();
         let mut wait = redis::cmd("WAIT");
         wait.arg(count)
             .arg(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX));
