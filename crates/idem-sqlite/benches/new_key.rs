@@ -156,7 +156,7 @@ async fn main() {
     for phase in &phases {
         run(
             &phase.store,
-            &format!("warm-{}", phase.name),
+            &format!("warm-{}", phase.name.replace(' ', "")),
             1_000,
             args.tasks,
         )
