@@ -112,6 +112,46 @@ async fn a_missing_queue_or_refused_credentials_are_not_retried() {
     assert_eq!(error.kind(), TransportErrorKind::Refused, "{error:?}");
 }
 
+/// A node of a list that takes the TCP connection and then says nothing is
+/// given up after its bound, and the next node is connected to within the
+/// same attempt: without the bound every attempt would end on the silent
+/// node and the consumer would never connect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_node_of_a_list_gives_way_to_the_next() {
+    use consumer_support::Broker;
+    use idem_broker::consume::{Source, SourceOptions};
+
+    let Some(broker) = Rabbit::start().await else {
+        return;
+    };
+    // Takes connections and never answers; holds them until the test ends.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let silent_addr = silent.local_addr().expect("address");
+    let held = tokio::spawn(async move {
+        let mut kept = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            kept.push(socket);
+        }
+    });
+    let source: Source = format!(
+        "amqp://guest:guest@{silent_addr},{}/{}?connection_timeout=1000",
+        consumer_support::cuts::address(&broker.url),
+        broker.queue
+    )
+    .parse()
+    .unwrap();
+    let connected = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        source.connect_reconnecting(SourceOptions::default(), consumer_support::cuts::quick()),
+    )
+    .await
+    .expect("the next node is tried within the attempt");
+    assert!(connected.is_ok(), "{:?}", connected.err());
+    held.abort();
+}
+
 /// An effect that hangs holds its delivery for ever; the watchdog notices
 /// that nothing was settled for its limit, restarts the consumer on a new
 /// connection, and the broker's redelivery is applied: one effect per key.

@@ -8,8 +8,16 @@
 //! by itself; when it is lost, the transport or publisher above calls
 //! [`connect`] again, which starts from the first node once more, so a node
 //! back from a restart is used again for the next connection.
+//!
+//! Each node of a list but the last has a bound on its whole attempt — TCP,
+//! TLS and the AMQP handshake — of its `connection_timeout` (3 s unless the
+//! URL says), so a node that takes the TCP connection and then says
+//! nothing (a broker half up, a proxy in front of a dead node) is given up
+//! in time for the next one to be tried within the same attempt. The last
+//! node has the rest of the attempt.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use idem_core::redact_url;
 use url::Url;
@@ -36,6 +44,10 @@ pub(crate) enum ConnectFailure {
     Config(String),
     /// The server's certificate did not verify, or the handshake failed.
     Tls(String),
+    /// A node of a list did not finish connecting within its bound (it took
+    /// the TCP connection, or never answered, and the handshake did not
+    /// complete): the next node is tried.
+    Silent(Duration),
     /// What the client said, and advice when there is some: the failure
     /// may pass (a broker restarting), so connecting again is tried.
     Client(lapin::Error, Option<&'static str>),
@@ -72,15 +84,23 @@ pub(crate) async fn connect(
     let tls = server.ca.is_some() || server.cert.is_some() || url.starts_with("amqps:");
     let mut failure = None;
     for (index, node) in server.uris.iter().enumerate() {
-        let tried = connect_node(
+        let attempt = connect_node(
             node,
             properties.clone(),
             &server,
             tls,
             cert_chain.clone(),
             identity.clone(),
-        )
-        .await;
+        );
+        let tried = if index + 1 < server.uris.len() {
+            let bound = node_bound(node)?;
+            match tokio::time::timeout(bound, attempt).await {
+                Ok(tried) => tried,
+                Err(_) => Err(ConnectFailure::Silent(bound)),
+            }
+        } else {
+            attempt.await
+        };
         match tried {
             Ok(connection) => {
                 if index > 0 {
@@ -108,6 +128,17 @@ pub(crate) async fn connect(
         }
     }
     Err(failure.unwrap_or_else(|| ConnectFailure::Config("the URL names no node".into())))
+}
+
+/// How long a node of a list that is not the last may take over its whole
+/// attempt: its `connection_timeout`, which a list always has.
+fn node_bound(node: &str) -> Result<Duration, ConnectFailure> {
+    let uri = client_uri(node).map_err(ConnectFailure::Config)?;
+    Ok(Duration::from_millis(
+        uri.query
+            .connection_timeout
+            .unwrap_or(super::NODE_CONNECT_TIMEOUT_MS),
+    ))
 }
 
 /// One attempt on one node.
@@ -161,6 +192,11 @@ impl std::fmt::Display for ConnectFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Config(why) | Self::Tls(why) => f.write_str(why),
+            Self::Silent(bound) => write!(
+                f,
+                "the node did not complete the connection (TCP, TLS and the AMQP handshake) within {} ms; set connection_timeout=MS in the URL to give each node longer",
+                bound.as_millis()
+            ),
             Self::Client(error, None) => write!(f, "{error}"),
             Self::Client(error, Some(advice)) => write!(f, "{error}; {advice}"),
         }

@@ -117,6 +117,9 @@ impl AmqpTransport {
                 ConnectFailure::Client(e, Some(advice)) => {
                     TransportError::new("connect to RabbitMQ", format!("{e}; {advice}"))
                 }
+                silent @ ConnectFailure::Silent(_) => {
+                    TransportError::new("connect to RabbitMQ", silent.to_string())
+                }
                 ConnectFailure::Config(why) | ConnectFailure::Tls(why) => {
                     TransportError::of(TransportErrorKind::Config, "connect to RabbitMQ", why)
                 }

@@ -113,6 +113,10 @@ impl AmqpPublisher {
                         format!("could not connect: {e}; {advice}"),
                     )
                     .with_source(e),
+                silent @ ConnectFailure::Silent(_) => self.fail(
+                    PublishErrorKind::Unavailable,
+                    format!("could not connect: {silent}"),
+                ),
                 ConnectFailure::Config(why) | ConnectFailure::Tls(why) => self.fail(
                     PublishErrorKind::Config,
                     format!("could not connect: {why}"),
