@@ -41,6 +41,7 @@
 #![warn(missing_docs)]
 
 mod admin;
+mod admit;
 mod atomic;
 mod attempts;
 mod batch;
