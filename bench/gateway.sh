@@ -436,13 +436,15 @@ cpu_sample() {
 # other idle" (the gateway is idem or the peer; the database PostgreSQL or
 # Redis; nginx the upstream and the proxies; idle counts every core).
 cpu_per_request() {
-    awk -F'\t' -v n="$3" -v hz="$(getconf CLK_TCK)" '
+    # (the kernel names a process by its binary's first 15 characters: an
+    # IDEM_BIN of another name is the gateway too)
+    awk -F'\t' -v n="$3" -v hz="$(getconf CLK_TCK)" -v gw="$(basename "$idem" | cut -c1-15)" '
         FNR == NR { before[$1] = $2; next }
         {
             d = $2 - before[$1]
             if ($1 == "@idle") idle += d
             else if ($1 == "@busy") busy += d
-            else if ($1 == "idem" || $1 ~ /^idempotent-pro/) g += d
+            else if ($1 == "idem" || $1 == gw || $1 ~ /^idempotent-pro/) g += d
             else if ($1 == "postgres" || $1 == "redis-server" || $1 == "moto_server") db += d
             else if ($1 == "nginx") ng += d
             else if ($1 == "wrk") w += d
