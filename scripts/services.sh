@@ -27,6 +27,8 @@
 # pgbouncer package is installed, not started. Exits non-zero, naming the service, if one
 # still does not answer.
 set -uo pipefail
+# This script's folder: the helpers beside it (moto_server.py).
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 log() { printf '[services] %s\n' "$*" >&2; }
 
@@ -181,7 +183,9 @@ start_moto() {
   fi
   local data=/var/lib/idem-moto
   mkdir -p "$data"
-  (cd "$data" && nohup "$moto/bin/moto_server" -H 127.0.0.1 -p "$MOTO_PORT" >>"$data/moto.log" 2>&1 &)
+  # moto's server through scripts/moto_server.py, which makes DynamoDB's
+  # conditional writes atomic, as DynamoDB's are (see the file).
+  (cd "$data" && nohup "$moto/bin/python" "$here/moto_server.py" -H 127.0.0.1 -p "$MOTO_PORT" >>"$data/moto.log" 2>&1 &)
 }
 
 # A port that accepts connections is not enough: the server on it must answer
