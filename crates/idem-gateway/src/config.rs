@@ -242,17 +242,22 @@ impl FromStr for Upstream {
 impl Upstream {
     /// Where a request for `target` (a path and query) goes upstream.
     pub(crate) fn uri_for(&self, target: Option<&PathAndQuery>) -> Result<Uri, http::Error> {
-        let target = target.map_or("/", PathAndQuery::as_str);
-        let target = if target.starts_with('/') {
-            format!("{}{target}", self.base_path)
-        } else {
-            // An asterisk-form target (`OPTIONS *`): the upstream's base.
-            format!("{}/", self.base_path)
-        };
-        Uri::builder()
+        let builder = Uri::builder()
             .scheme(self.scheme.clone())
-            .authority(self.authority.clone())
-            .path_and_query(target)
+            .authority(self.authority.clone());
+        let Some(target) = target.filter(|target| target.as_str().starts_with('/')) else {
+            // No target, or an asterisk-form one (`OPTIONS *`): the
+            // upstream's base.
+            return builder
+                .path_and_query(format!("{}/", self.base_path))
+                .build();
+        };
+        if self.base_path.is_empty() {
+            // The client's target as it came (sharing its bytes).
+            return builder.path_and_query(target.clone()).build();
+        }
+        builder
+            .path_and_query(format!("{}{}", self.base_path, target.as_str()))
             .build()
     }
 }
@@ -426,7 +431,8 @@ impl GatewayConfig {
     }
 
     /// Where connections are served (see [`Runtime`]; default:
-    /// [`Runtime::Shared`]).
+    /// [`Runtime::Shared`], the runtime that calls [`run`](crate::run);
+    /// `idem serve` sets [`Runtime::PerCore`] unless told otherwise).
     pub fn runtime(mut self, runtime: Runtime) -> Self {
         self.runtime = runtime;
         self

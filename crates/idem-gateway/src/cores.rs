@@ -34,7 +34,12 @@
 //! asked for it belongs to that runtime's reactor; it serves the others too
 //! while that runtime runs, and fails when it has stopped, after `run`
 //! returns, when the pool tests it before handing it out and opens a new
-//! one. The limit of requests in flight is one for all runtimes.
+//! one. A Redis connection the client reopens (after the server closed
+//! it) while a request on a serving runtime was using it is driven by that
+//! runtime in the same way: every runtime's commands go through it while
+//! it runs; after `run` returns, the first command on it fails and the
+//! client opens a new one. The limit of requests in flight is one for all
+//! runtimes.
 //!
 //! # Shutdown
 //!
@@ -42,14 +47,17 @@
 //! every runtime to stop accepting. Each drains its own requests within the
 //! grace period, its runtime is dropped (abandoning what still runs), and
 //! `run` returns when every thread has finished. Dropping `run`'s future
-//! stops every runtime at once, without draining.
+//! stops every runtime at once, without draining. A serving thread that
+//! ends before the shutdown (its accept loop panicked; a request's panic
+//! ends only its connection's task) stops the others the same way, and `run`
+//! returns its error.
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 
 use tokio::net::TcpListener;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use super::Serving;
 use idem_http::WaitableStore;
@@ -152,7 +160,10 @@ fn listeners(
 
 /// Serves `serving` on `workers` threads, each with a current-thread
 /// runtime and a listener of its own, until `shutdown`; then drains every
-/// one and returns whether all drained within the grace period.
+/// one and returns whether all drained within the grace period. A thread
+/// that ends before the shutdown (its accept loop panicked) stops them all:
+/// the others drain, and this returns the error, so the process exits and
+/// its supervisor starts it again rather than serving on fewer cores.
 pub(crate) async fn serve<St>(
     listener: TcpListener,
     serving: Serving<St>,
@@ -165,33 +176,98 @@ where
     // `true` once the shutdown came; dropping the sender (when `run`'s
     // future is dropped) stops every runtime at once.
     let (stop, stopping) = watch::channel(false);
-    let mut running = Vec::with_capacity(workers.get());
+    let (report, finished) = mpsc::unbounded_channel();
+    let mut threads = 0;
     for (index, listener) in listeners(listener, workers)?.into_iter().enumerate() {
         let (ready, started) = oneshot::channel();
-        let (report, finished) = oneshot::channel();
         let serving = serving.clone();
         let stopping = stopping.clone();
-        std::thread::Builder::new()
-            .name(format!("idem-serve-{index}"))
-            .spawn(move || {
-                let drained = serve_on_own_runtime(listener, serving, stopping, ready);
-                report.send(drained).ok();
-            })?;
+        spawn_serving(index, report.clone(), move || {
+            serve_on_own_runtime(listener, serving, stopping, ready)
+        })?;
         started
             .await
             .map_err(|_| std::io::Error::other("a serving thread ended as it started"))??;
-        running.push(finished);
+        threads += 1;
     }
-    tracing::debug!(runtimes = running.len(), "serving on one runtime per core");
-    shutdown.await;
+    tracing::debug!(runtimes = threads, "serving on one runtime per core");
+    drop(report);
+    supervise(threads, finished, stop, shutdown).await
+}
+
+/// How a serving thread ended: whether it drained within the grace period,
+/// or what it panicked with.
+type Ended = (usize, Result<bool, String>);
+
+/// Starts thread `idem-serve-{index}` running `body`, and reports how it
+/// ended on `report`, a panic included.
+fn spawn_serving(
+    index: usize,
+    report: mpsc::UnboundedSender<Ended>,
+    body: impl FnOnce() -> bool + Send + 'static,
+) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name(format!("idem-serve-{index}"))
+        .spawn(move || {
+            let ended = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body))
+                .map_err(|panic| panic_message(panic.as_ref()));
+            report.send((index, ended)).ok();
+        })?;
+    Ok(())
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|text| (*text).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned())
+}
+
+/// Waits for `shutdown`, or for one of the `threads` serving threads to end
+/// before it; then tells every thread to stop and waits for each. Returns
+/// whether all drained, or the error of the first thread that ended early.
+async fn supervise(
+    threads: usize,
+    mut finished: mpsc::UnboundedReceiver<Ended>,
+    stop: watch::Sender<bool>,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<bool> {
+    let early = tokio::select! {
+        () = shutdown => None,
+        ended = finished.recv() => ended,
+    };
+    let failure = early.as_ref().map(|(index, ended)| {
+        let why = match ended {
+            Err(message) => format!("panicked: {message}"),
+            Ok(_) => "stopped accepting".to_owned(),
+        };
+        let failure = format!(
+            "serving thread idem-serve-{index} {why}; every runtime was stopped, so restart the gateway"
+        );
+        tracing::error!("{failure}");
+        failure
+    });
     stop.send_replace(true);
     let mut drained = true;
-    for finished in running {
-        drained &= finished
-            .await
-            .map_err(|_| std::io::Error::other("a serving thread panicked"))?;
+    let mut left = threads - usize::from(early.is_some());
+    while left > 0 {
+        let Some((index, ended)) = finished.recv().await else {
+            break;
+        };
+        left -= 1;
+        match ended {
+            Ok(done) => drained &= done,
+            Err(message) => {
+                tracing::error!("serving thread idem-serve-{index} panicked: {message}");
+                drained = false;
+            }
+        }
     }
-    Ok(drained)
+    match failure {
+        Some(failure) => Err(std::io::Error::other(failure)),
+        None => Ok(drained),
+    }
 }
 
 /// One serving thread: a current-thread runtime that serves `listener`
@@ -257,6 +333,57 @@ mod tests {
         for listener in &all {
             assert_eq!(listener.local_addr().unwrap(), addr);
         }
+    }
+
+    #[tokio::test]
+    async fn a_thread_that_panics_stops_every_thread_and_is_reported() {
+        let (stop, stopping) = watch::channel(false);
+        let (report, finished) = mpsc::unbounded_channel();
+        let told = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let seen = told.clone();
+        let mut waiting = stopping.clone();
+        spawn_serving(0, report.clone(), move || {
+            // Serves until told to stop, as an accept loop does.
+            let told_to_stop = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap()
+                .block_on(async move { waiting.wait_for(|stop| *stop).await.is_ok() });
+            seen.store(told_to_stop, std::sync::atomic::Ordering::SeqCst);
+            true
+        })
+        .unwrap();
+        spawn_serving(1, report, || panic!("the accept loop broke")).unwrap();
+        let error = supervise(2, finished, stop, std::future::pending())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("idem-serve-1 panicked: the accept loop broke"),
+            "{error}"
+        );
+        assert!(told.load(std::sync::atomic::Ordering::SeqCst));
+        drop(stopping);
+    }
+
+    #[tokio::test]
+    async fn after_the_shutdown_every_thread_drains_and_reports() {
+        let (stop, stopping) = watch::channel(false);
+        let (report, finished) = mpsc::unbounded_channel();
+        for index in 0..3 {
+            let mut waiting = stopping.clone();
+            spawn_serving(index, report.clone(), move || {
+                tokio::runtime::Builder::new_current_thread()
+                    .build()
+                    .unwrap()
+                    .block_on(async move { waiting.wait_for(|stop| *stop).await.is_ok() })
+                    && index != 2
+            })
+            .unwrap();
+        }
+        drop(report);
+        // Thread 2 did not drain within its grace period.
+        let drained = supervise(3, finished, stop, async {}).await.unwrap();
+        assert!(!drained);
     }
 
     #[tokio::test]

@@ -34,33 +34,44 @@ struct TimedOut;
 /// the request is marked as timed out.
 pub(crate) struct Deadline<B> {
     body: B,
-    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
-    expired: Arc<AtomicBool>,
+    /// The deadline and the flag set when it passes; `None` without one.
+    deadline: Option<(Pin<Box<tokio::time::Sleep>>, Arc<AtomicBool>)>,
 }
 
 impl<B> Deadline<B> {
     /// `body`, failing once `within` has passed (from now) when given; and
     /// the flag that says whether it did.
     pub(crate) fn new(body: B, within: Option<Duration>) -> (Self, Expired) {
+        let Some(within) = within else {
+            return (
+                Self {
+                    body,
+                    deadline: None,
+                },
+                Expired(None),
+            );
+        };
         let expired = Arc::new(AtomicBool::new(false));
+        let sleep = Box::pin(tokio::time::sleep(within));
         (
             Self {
                 body,
-                deadline: within.map(|within| Box::pin(tokio::time::sleep(within))),
-                expired: Arc::clone(&expired),
+                deadline: Some((sleep, Arc::clone(&expired))),
             },
-            Expired(expired),
+            Expired(Some(expired)),
         )
     }
 }
 
 /// Whether a [`Deadline`] body ran out of time.
 #[derive(Debug, Clone)]
-pub(crate) struct Expired(Arc<AtomicBool>);
+pub(crate) struct Expired(Option<Arc<AtomicBool>>);
 
 impl Expired {
     pub(crate) fn get(&self) -> bool {
-        self.0.load(Ordering::Acquire)
+        self.0
+            .as_ref()
+            .is_some_and(|expired| expired.load(Ordering::Acquire))
     }
 }
 
@@ -80,11 +91,11 @@ where
         if let Poll::Ready(frame) = Pin::new(&mut this.body).poll_frame(cx) {
             return Poll::Ready(frame.map(|frame| frame.map_err(Into::into)));
         }
-        if let Some(deadline) = &mut this.deadline
+        if let Some((deadline, expired)) = &mut this.deadline
             && deadline.as_mut().poll(cx).is_ready()
         {
+            expired.store(true, Ordering::Release);
             this.deadline = None;
-            this.expired.store(true, Ordering::Release);
             return Poll::Ready(Some(Err(TimedOut.into())));
         }
         Poll::Pending

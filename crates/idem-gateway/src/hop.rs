@@ -26,12 +26,18 @@ const HOP_BY_HOP: [HeaderName; 9] = [
 /// header names first (never `Idempotency-Key`, which is end to end), then
 /// the fixed list (which includes `Connection`).
 pub fn strip(headers: &mut HeaderMap) {
+    // `close` and `keep-alive`, the usual values, name no other header: no
+    // list is made for them.
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|value| value.to_str().ok())
         .flat_map(|value| value.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .map(str::trim)
+        .filter(|name| {
+            !name.eq_ignore_ascii_case("close") && !name.eq_ignore_ascii_case("keep-alive")
+        })
+        .filter_map(|name| HeaderName::from_bytes(name.as_bytes()).ok())
         .filter(|name| *name != IDEMPOTENCY_KEY)
         .collect();
     for name in named.iter().chain(HOP_BY_HOP.iter()) {

@@ -133,10 +133,10 @@ pub use cores::bind_per_core;
 pub use observe::REQUESTS_TOTAL;
 pub use probe::{IDEMPOTENCY_ORIGINAL_STATUS, Probe, ProbeError};
 pub use settings::{
-    DEFAULT_LISTEN, DEFAULT_MAX_IN_FLIGHT, DEFAULT_STORE, GatewaySettings, GivenSettings,
-    MAX_CONCURRENT_WAIT, MAX_IN_FLIGHT, MIN_LEASE, SettingsError, SettingsFile, parse_concurrent,
-    parse_duration, parse_grpc_methods, parse_lease, parse_limit, parse_methods, parse_routes,
-    parse_size, parse_waiters,
+    DEFAULT_LISTEN, DEFAULT_MAX_IN_FLIGHT, DEFAULT_RUNTIME, DEFAULT_STORE, GatewaySettings,
+    GivenSettings, MAX_CONCURRENT_WAIT, MAX_IN_FLIGHT, MIN_LEASE, SettingsError, SettingsFile,
+    parse_concurrent, parse_duration, parse_grpc_methods, parse_lease, parse_limit, parse_methods,
+    parse_routes, parse_size, parse_waiters,
 };
 
 pub use accept::{Peer, serve_connections, serve_connections_over};

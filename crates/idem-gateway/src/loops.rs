@@ -33,11 +33,23 @@ const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2);
 /// The problem type of a request that came back to the gateway.
 pub(crate) const LOOP_DETECTED: &str = "loop-detected";
 
+/// The versions a request can come in, as `Via` names them.
+const VERSIONS: [(Version, &str); 5] = [
+    (Version::HTTP_10, "1.0"),
+    (Version::HTTP_11, "1.1"),
+    (Version::HTTP_2, "2"),
+    (Version::HTTP_3, "3"),
+    (Version::HTTP_09, "0.9"),
+];
+
 /// One running gateway's name in `Via` headers: `idem-` and 16 random hex
 /// digits, new at every start.
 #[derive(Debug, Clone)]
 pub(crate) struct Instance {
     token: String,
+    /// This instance's `Via` entry for each version a request can come in,
+    /// made once (cloning a `HeaderValue` shares its bytes).
+    entries: [HeaderValue; 5],
 }
 
 impl Instance {
@@ -51,25 +63,24 @@ impl Instance {
         if let Ok(now) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
             hasher.write_u128(now.as_nanos());
         }
-        Self {
-            token: format!("idem-{:016x}", hasher.finish()),
-        }
+        let token = format!("idem-{:016x}", hasher.finish());
+        let entries = VERSIONS.map(|(_, protocol)| {
+            HeaderValue::try_from(format!("{protocol} {token}"))
+                .expect("a version and hex digits make a valid header value")
+        });
+        Self { token, entries }
     }
 
     /// Adds this instance's `Via` entry to a request being forwarded, after
     /// any the request came with; `version` is the one the request was
     /// received in.
     pub(crate) fn stamp(&self, version: Version, headers: &mut HeaderMap) {
-        let protocol = match version {
-            Version::HTTP_09 => "0.9",
-            Version::HTTP_10 => "1.0",
-            Version::HTTP_2 => "2",
-            Version::HTTP_3 => "3",
-            _ => "1.1",
-        };
-        if let Ok(value) = HeaderValue::try_from(format!("{protocol} {}", self.token)) {
-            headers.append(VIA, value);
-        }
+        // HTTP/1.1 unless another version is named.
+        let entry = VERSIONS
+            .iter()
+            .position(|(known, _)| *known == version)
+            .unwrap_or(1);
+        headers.append(VIA, self.entries[entry].clone());
     }
 
     /// Whether a request's `Via` names this instance: it was forwarded by

@@ -18,7 +18,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use common::gateway::embedded;
+use common::gateway::{embedded, on_both_runtimes};
 use common::{Client, Server};
 use idem::ManualClock;
 use idem_gateway::{self as gateway, Gateway, GatewayConfig, IDEMPOTENCY_ORIGINAL_STATUS};
@@ -107,7 +107,15 @@ impl Fixture {
         if probe {
             gateway_config = gateway_config.probe("GET /pay/by-key/{key}".parse().unwrap());
         }
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let runtime = common::gateway::SERVING
+            .try_with(|runtime| *runtime)
+            .unwrap_or_default();
+        gateway_config = gateway_config.runtime(runtime);
+        let local = "127.0.0.1:0".parse().unwrap();
+        let listener = match runtime {
+            gateway::Runtime::PerCore => gateway::bind_per_core(local).await.unwrap(),
+            _ => tokio::net::TcpListener::bind(local).await.unwrap(),
+        };
         let addr = listener.local_addr().unwrap();
         let client = Client::to(addr);
         let gateway = tokio::spawn(gateway::run(
@@ -273,7 +281,7 @@ async fn the_policy_is_settable_per_status() {
     assert_eq!(f.effects(), 2);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+on_both_runtimes!(a_client_that_hangs_up_right_after_sending_leaves_no_claim_behind);
 async fn a_client_that_hangs_up_right_after_sending_leaves_no_claim_behind() {
     use tokio::io::AsyncWriteExt;
 

@@ -6,7 +6,9 @@
 //! gateway answers the same on all four. On the embedded store each case
 //! runs with the gateway on both runtimes: one runtime per core
 //! (`CASE::sqlite`) and the test's own (`CASE::sqlite_shared`); on the
-//! others, on the gateway's default.
+//! others, on the gateway's default. The cases about the listener itself
+//! (slow heads and bodies, loops, upstream versions) run on the embedded
+//! store on both runtimes (`CASE::per_core`, `CASE::shared`).
 
 mod common;
 
@@ -16,7 +18,9 @@ use std::time::Duration;
 
 use axum::http::StatusCode;
 use bytes::Bytes;
-use common::gateway::{Gateway, Hangup, Keep, Options, StoreKind, Upstream, serving_on};
+use common::gateway::{
+    Gateway, Hangup, Keep, Options, StoreKind, Upstream, on_both_runtimes, serving_on,
+};
 use common::{Client, Server};
 use idem::{ManualClock, SystemClock};
 use idem_http::{IdempotencyConfig, Mode};
@@ -1248,7 +1252,7 @@ async fn raw_exchange(
     (String::from_utf8_lossy(&received).into_owned(), elapsed)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+on_both_runtimes!(a_keyed_body_dribbled_past_the_body_timeout_is_408_and_the_key_stays_free);
 async fn a_keyed_body_dribbled_past_the_body_timeout_is_408_and_the_key_stays_free() {
     let Some(f) = start(
         StoreKind::Embedded,
@@ -1299,7 +1303,7 @@ async fn a_keyed_body_dribbled_past_the_body_timeout_is_408_and_the_key_stays_fr
     assert_eq!(f.upstream.effects(), 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+on_both_runtimes!(a_request_head_dribbled_past_the_timeout_closes_the_connection);
 async fn a_request_head_dribbled_past_the_timeout_closes_the_connection() {
     let Some(f) = start(
         StoreKind::Embedded,
@@ -1328,7 +1332,7 @@ async fn a_request_head_dribbled_past_the_timeout_closes_the_connection() {
     assert_eq!(f.upstream.calls(), 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+on_both_runtimes!(a_body_over_the_limit_expecting_100_continue_gets_413_without_100);
 async fn a_body_over_the_limit_expecting_100_continue_gets_413_without_100() {
     let Some(f) = start(
         StoreKind::Embedded,
@@ -1354,7 +1358,7 @@ async fn a_body_over_the_limit_expecting_100_continue_gets_413_without_100() {
     assert_eq!(f.upstream.calls(), 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+on_both_runtimes!(connection_naming_the_key_does_not_strip_it_from_the_forwarded_request);
 async fn connection_naming_the_key_does_not_strip_it_from_the_forwarded_request() {
     let Some(f) = start(StoreKind::Embedded, Options::default()).await else {
         return;
@@ -1386,7 +1390,7 @@ async fn connection_naming_the_key_does_not_strip_it_from_the_forwarded_request(
     assert_eq!(f.upstream.effects(), 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+on_both_runtimes!(the_upstream_urls_credentials_are_sent_as_basic_auth_and_never_shown);
 async fn the_upstream_urls_credentials_are_sent_as_basic_auth_and_never_shown() {
     let dir = tempfile::tempdir().unwrap();
     let config = IdempotencyConfig::default();
@@ -1474,7 +1478,7 @@ async fn an_upstream_that_is_the_gateway_itself_is_refused_at_start() {
 
 /// A loop the start-up check cannot see: the upstream is a proxy on another
 /// port that sends every request back to the gateway.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+on_both_runtimes!(a_request_that_comes_back_to_the_gateway_is_answered_508);
 async fn a_request_that_comes_back_to_the_gateway_is_answered_508() {
     use axum::extract::State;
     use http_body_util::BodyExt;
@@ -1542,7 +1546,7 @@ async fn a_request_that_comes_back_to_the_gateway_is_answered_508() {
 /// An upstream that answers in HTTP/1.0 (Python's `http.server`, old
 /// appliances): the client still gets its answer in the version it spoke,
 /// the first time and on the replay, not the upstream's.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+on_both_runtimes!(an_http_1_0_upstream_is_answered_in_the_clients_version);
 async fn an_http_1_0_upstream_is_answered_in_the_clients_version() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -1596,4 +1600,86 @@ async fn an_http_1_0_upstream_is_answered_in_the_clients_version() {
         );
     }
     assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+/// One runtime per core on Redis, when Redis closes the gateway's
+/// connection while it serves: the client reopens it from a serving
+/// runtime's request, every runtime goes on using it, each key is applied
+/// once, and the store still answers after `run` has returned and that
+/// runtime is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_redis_connection_reopened_on_a_serving_runtime_serves_and_outlives_it() {
+    use idem::{AnyStore, RecordStore, StoreLocation};
+
+    let Some(redis) = idem_testkit::redis::RedisServer::start(&[]) else {
+        return;
+    };
+    let idempotency = IdempotencyConfig::default();
+    let store = AnyStore::open_with(
+        &StoreLocation::Redis(redis.url()),
+        idempotency.store_settings(),
+        Arc::new(SystemClock),
+    )
+    .await
+    .expect("open the private Redis");
+    let upstream = Upstream::default();
+    let upstream_server = upstream.start().await;
+    let mut gateway = Gateway::start(
+        upstream_server.addr,
+        store.clone(),
+        Options {
+            idempotency,
+            runtime: idem_gateway::Runtime::PerCore,
+            workers: std::num::NonZeroUsize::new(2),
+            ..Options::default()
+        },
+    )
+    .await;
+    let client = gateway.client();
+    let pay = |key: String| {
+        let client = client.clone();
+        async move {
+            // An answer the store could not give (503) is retried as a
+            // client would; the key decides whether it runs again.
+            for _ in 0..50 {
+                let answer = client
+                    .post("/payments")
+                    .key(&key)
+                    .json(&json!({ "amount": 1 }))
+                    .send()
+                    .await;
+                if answer.status == StatusCode::CREATED {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            panic!("{key} was never answered 201");
+        }
+    };
+    for n in 0..4 {
+        pay(format!("before-{n}")).await;
+    }
+    // Redis closes every client's connection but this command's own.
+    idem_testkit::redis::command("127.0.0.1", redis.port(), &["CLIENT", "KILL", "TYPE", "normal"])
+        .expect("CLIENT KILL");
+    let mut paying = JoinSet::new();
+    for n in 0..32 {
+        paying.spawn(pay(format!("after-{n}")));
+    }
+    while let Some(done) = paying.join_next().await {
+        done.expect("every key answered");
+    }
+    assert_eq!(upstream.effects(), 36, "each key applied once");
+
+    gateway.shut_down().await.unwrap().unwrap();
+    let mut counted = None;
+    for _ in 0..20 {
+        if let Ok(Ok(count)) = tokio::time::timeout(Duration::from_secs(2), store.count()).await {
+            counted = Some(count);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let counted = counted.expect("the store answers after the gateway stopped");
+    assert_eq!(counted.total, 36);
 }

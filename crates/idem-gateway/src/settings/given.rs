@@ -302,7 +302,7 @@ pub struct GivenSettings {
     /// Where connections are served: per-core (one single-threaded runtime
     /// per core, each with its own listening socket and upstream
     /// connections, so a request stays on one thread) or shared (the
-    /// process's multi-threaded runtime) [default: shared].
+    /// process's multi-threaded runtime) [default: per-core].
     #[cfg_attr(
         feature = "cli",
         arg(long, env = "IDEM_RUNTIME", value_name = "per-core|shared")

@@ -48,9 +48,9 @@ use crate::{GatewayConfig, ListenerTls, Probe, Runtime, TlsError, Upstream, Upst
 pub use file::SettingsFile;
 pub use given::GivenSettings;
 pub use parse::{
-    DEFAULT_MAX_IN_FLIGHT, MAX_CONCURRENT_WAIT, MAX_IN_FLIGHT, MIN_LEASE, parse_concurrent,
-    parse_duration, parse_grpc_methods, parse_lease, parse_limit, parse_methods, parse_routes,
-    parse_size, parse_waiters,
+    DEFAULT_MAX_IN_FLIGHT, DEFAULT_RUNTIME, MAX_CONCURRENT_WAIT, MAX_IN_FLIGHT, MIN_LEASE,
+    parse_concurrent, parse_duration, parse_grpc_methods, parse_lease, parse_limit, parse_methods,
+    parse_routes, parse_size, parse_waiters,
 };
 
 /// Where the gateway listens by default.
@@ -131,8 +131,8 @@ pub struct GatewaySettings {
     /// `Retry-After` at once. `None`: no limit (`off`); by default
     /// [`DEFAULT_MAX_IN_FLIGHT`].
     pub max_in_flight: Option<usize>,
-    /// Where connections are served: one runtime per core, or the
-    /// process's shared runtime.
+    /// Where connections are served: one runtime per core (by default,
+    /// [`DEFAULT_RUNTIME`]), or the process's shared runtime.
     pub runtime: Runtime,
     /// How many runtimes serve with [`Runtime::PerCore`]; `None`: one per
     /// core.

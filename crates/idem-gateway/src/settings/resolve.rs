@@ -17,9 +17,9 @@ use idem_http::{
 
 use super::file::{Found, Sources, pick};
 use super::parse::{
-    DEFAULT_MAX_IN_FLIGHT, parse_concurrent, parse_duration, parse_grpc_methods, parse_grpc_probe,
-    parse_lease, parse_limit, parse_methods, parse_routes, parse_size, parse_waiters,
-    parse_workers,
+    DEFAULT_MAX_IN_FLIGHT, DEFAULT_RUNTIME, parse_concurrent, parse_duration, parse_grpc_methods,
+    parse_grpc_probe, parse_lease, parse_limit, parse_methods, parse_routes, parse_size,
+    parse_waiters, parse_workers,
 };
 use super::{
     DEFAULT_LISTEN, DEFAULT_SPOOL, DEFAULT_STORE, GatewaySettings, GivenSettings, SettingsError,
@@ -342,7 +342,7 @@ impl ListenerGroup {
             Some(found) => parse_limit(&found.value).map_err(|e| e.of(&found.origin))?,
         };
         let runtime = match pick!(sources, runtime) {
-            None => Runtime::default(),
+            None => DEFAULT_RUNTIME,
             Some(found) => found
                 .value
                 .parse()

@@ -221,7 +221,11 @@ mod resolution {
     #[test]
     fn the_runtime_and_its_workers_read_from_flags_and_file() {
         let defaults = GatewaySettings::resolve(&upstream(), None).unwrap();
-        assert_eq!(defaults.runtime, crate::Runtime::default());
+        assert_eq!(defaults.runtime, crate::Runtime::PerCore);
+        assert_eq!(
+            defaults.gateway().unwrap().serving_runtime(),
+            crate::Runtime::PerCore
+        );
         assert_eq!(defaults.workers, None);
 
         let text = "upstream = \"http://127.0.0.1:9000\"\nruntime = \"per-core\"\nworkers = 3\n";

@@ -341,6 +341,29 @@ tokio::task_local! {
     pub(crate) static SERVING: Runtime;
 }
 
+/// Runs a case with its gateways serving on each runtime, as two tests:
+/// `CASE::per_core` and `CASE::shared`.
+#[allow(unused_macros)]
+macro_rules! on_both_runtimes {
+    ($case:ident) => {
+        mod $case {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn per_core() {
+                crate::common::gateway::serving_on(idem_gateway::Runtime::PerCore, super::$case())
+                    .await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn shared() {
+                crate::common::gateway::serving_on(idem_gateway::Runtime::Shared, super::$case())
+                    .await
+            }
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use on_both_runtimes;
+
 /// Runs `case` with the gateways it starts serving on `runtime`.
 pub(crate) async fn serving_on<F: std::future::Future>(runtime: Runtime, case: F) -> F::Output {
     SERVING.scope(runtime, case).await
