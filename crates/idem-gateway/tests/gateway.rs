@@ -1476,9 +1476,9 @@ async fn an_upstream_that_is_the_gateway_itself_is_refused_at_start() {
     }
 }
 
+on_both_runtimes!(a_request_that_comes_back_to_the_gateway_is_answered_508);
 /// A loop the start-up check cannot see: the upstream is a proxy on another
 /// port that sends every request back to the gateway.
-on_both_runtimes!(a_request_that_comes_back_to_the_gateway_is_answered_508);
 async fn a_request_that_comes_back_to_the_gateway_is_answered_508() {
     use axum::extract::State;
     use http_body_util::BodyExt;
@@ -1543,10 +1543,10 @@ async fn a_request_that_comes_back_to_the_gateway_is_answered_508() {
     assert_eq!(back.calls.load(Ordering::SeqCst), 3);
 }
 
+on_both_runtimes!(an_http_1_0_upstream_is_answered_in_the_clients_version);
 /// An upstream that answers in HTTP/1.0 (Python's `http.server`, old
 /// appliances): the client still gets its answer in the version it spoke,
 /// the first time and on the replay, not the upstream's.
-on_both_runtimes!(an_http_1_0_upstream_is_answered_in_the_clients_version);
 async fn an_http_1_0_upstream_is_answered_in_the_clients_version() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
