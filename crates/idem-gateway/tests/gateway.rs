@@ -1660,8 +1660,12 @@ async fn a_redis_connection_reopened_on_a_serving_runtime_serves_and_outlives_it
         pay(format!("before-{n}")).await;
     }
     // Redis closes every client's connection but this command's own.
-    idem_testkit::redis::command("127.0.0.1", redis.port(), &["CLIENT", "KILL", "TYPE", "normal"])
-        .expect("CLIENT KILL");
+    idem_testkit::redis::command(
+        "127.0.0.1",
+        redis.port(),
+        &["CLIENT", "KILL", "TYPE", "normal"],
+    )
+    .expect("CLIENT KILL");
     let mut paying = JoinSet::new();
     for n in 0..32 {
         paying.spawn(pay(format!("after-{n}")));
