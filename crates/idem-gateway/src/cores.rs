@@ -191,8 +191,10 @@ where
         threads += 1;
     }
     tracing::debug!(runtimes = threads, "serving on one runtime per core");
+    // Each thread holds a sender until it has reported: the channel closes
+    // once every one has.
     drop(report);
-    supervise(threads, finished, stop, shutdown).await
+    supervise(finished, stop, shutdown).await
 }
 
 /// How a serving thread ended: whether it drained within the grace period,
@@ -224,11 +226,11 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "a panic without a message".to_owned())
 }
 
-/// Waits for `shutdown`, or for one of the `threads` serving threads to end
-/// before it; then tells every thread to stop and waits for each. Returns
-/// whether all drained, or the error of the first thread that ended early.
+/// Waits for `shutdown`, or for one of the serving threads reporting on
+/// `finished` to end before it; then tells every thread to stop and waits
+/// for each to report. Returns whether all drained, or the error of the
+/// first thread that ended early.
 async fn supervise(
-    threads: usize,
     mut finished: mpsc::UnboundedReceiver<Ended>,
     stop: watch::Sender<bool>,
     shutdown: impl Future<Output = ()>,
@@ -250,12 +252,7 @@ async fn supervise(
     });
     stop.send_replace(true);
     let mut drained = true;
-    let mut left = threads - usize::from(early.is_some());
-    while left > 0 {
-        let Some((index, ended)) = finished.recv().await else {
-            break;
-        };
-        left -= 1;
+    while let Some((index, ended)) = finished.recv().await {
         match ended {
             Ok(done) => drained &= done,
             Err(message) => {
@@ -353,7 +350,7 @@ mod tests {
         })
         .unwrap();
         spawn_serving(1, report, || panic!("the accept loop broke")).unwrap();
-        let error = supervise(2, finished, stop, std::future::pending())
+        let error = supervise(finished, stop, std::future::pending())
             .await
             .unwrap_err()
             .to_string();
@@ -382,7 +379,7 @@ mod tests {
         }
         drop(report);
         // Thread 2 did not drain within its grace period.
-        let drained = supervise(3, finished, stop, async {}).await.unwrap();
+        let drained = supervise(finished, stop, async {}).await.unwrap();
         assert!(!drained);
     }
 

@@ -33,10 +33,11 @@ const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2);
 /// The problem type of a request that came back to the gateway.
 pub(crate) const LOOP_DETECTED: &str = "loop-detected";
 
-/// The versions a request can come in, as `Via` names them.
+/// The versions a request can come in, as `Via` names them; the first,
+/// HTTP/1.1, also stands for any version not listed.
 const VERSIONS: [(Version, &str); 5] = [
-    (Version::HTTP_10, "1.0"),
     (Version::HTTP_11, "1.1"),
+    (Version::HTTP_10, "1.0"),
     (Version::HTTP_2, "2"),
     (Version::HTTP_3, "3"),
     (Version::HTTP_09, "0.9"),
@@ -75,11 +76,10 @@ impl Instance {
     /// any the request came with; `version` is the one the request was
     /// received in.
     pub(crate) fn stamp(&self, version: Version, headers: &mut HeaderMap) {
-        // HTTP/1.1 unless another version is named.
         let entry = VERSIONS
             .iter()
             .position(|(known, _)| *known == version)
-            .unwrap_or(1);
+            .unwrap_or(0);
         headers.append(VIA, self.entries[entry].clone());
     }
 
